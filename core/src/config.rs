@@ -1,0 +1,434 @@
+//! Parsing and validating the JSON plugin configuration into a [`Policy`].
+//!
+//! Every error names the field it is about, as a path such as `rules[0].limits[1].per`.
+
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::limit::{Limit, Period};
+use crate::net::Cidr;
+use crate::policy::{
+    Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy, Rule,
+    Service,
+};
+
+/// Default per-rule key capacity of one proxy.
+pub const DEFAULT_MAX_KEYS: u32 = 65_536;
+/// Default sync interval with the counter service.
+pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 100;
+
+/// A configuration error: the field, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.problem)
+        } else {
+            write!(f, "{}: {}", self.field, self.problem)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    headers: Option<String>,
+    #[serde(default)]
+    bypass: Option<RawBypass>,
+    #[serde(default)]
+    client_ip: Option<RawClientIp>,
+    rules: Vec<RawRule>,
+    #[serde(default)]
+    max_keys: Option<u32>,
+    #[serde(default)]
+    service: Option<RawService>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBypass {
+    #[serde(default)]
+    paths: Vec<String>,
+    #[serde(default)]
+    cidrs: Vec<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClientIp {
+    #[serde(default)]
+    trusted_hops: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    #[serde(default, rename = "match")]
+    matcher: Option<RawMatch>,
+    key: Vec<String>,
+    limits: Vec<RawLimit>,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    consistency: Option<String>,
+    #[serde(default)]
+    fallback: Option<RawFallback>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    #[serde(default)]
+    path_prefix: Option<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    requests: u64,
+    per: String,
+    #[serde(default)]
+    burst: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFallback {
+    policy: String,
+    #[serde(default)]
+    limits: Option<Vec<RawLimit>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    cluster: String,
+    #[serde(default)]
+    authority: Option<String>,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    sync_interval_ms: Option<u64>,
+    #[serde(default)]
+    breaker_failures: Option<u32>,
+    #[serde(default)]
+    breaker_cooldown_ms: Option<u64>,
+}
+
+/// Parses and validates a plugin configuration.
+pub fn parse(json: &[u8]) -> Result<Policy, ConfigError> {
+    if json.iter().all(u8::is_ascii_whitespace) {
+        return Err(err("", "the configuration is empty; expected a JSON object with \"rules\""));
+    }
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let raw: RawPolicy = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        err(field, e.into_inner().to_string())
+    })?;
+    validate(raw)
+}
+
+fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
+    let headers = match raw.headers.as_deref().unwrap_or("draft") {
+        "none" => HeaderStyle::None,
+        "legacy" => HeaderStyle::Legacy,
+        "draft" => HeaderStyle::Draft,
+        "both" => HeaderStyle::Both,
+        other => {
+            return Err(err(
+                "headers",
+                format!("expected one of none, legacy, draft, both, got {other:?}"),
+            ))
+        }
+    };
+
+    let bypass = match raw.bypass {
+        None => Bypass::default(),
+        Some(b) => {
+            for (i, path) in b.paths.iter().enumerate() {
+                if !path.starts_with('/') {
+                    return Err(err(
+                        format!("bypass.paths[{i}]"),
+                        format!("must start with '/', got {path:?}"),
+                    ));
+                }
+            }
+            let cidrs = b
+                .cidrs
+                .iter()
+                .enumerate()
+                .map(|(i, c)| Cidr::parse(c).map_err(|p| err(format!("bypass.cidrs[{i}]"), p)))
+                .collect::<Result<_, _>>()?;
+            Bypass {
+                paths: b.paths,
+                cidrs,
+                all: b.all,
+            }
+        }
+    };
+
+    let client_ip = ClientIp {
+        trusted_hops: raw.client_ip.map_or(0, |c| c.trusted_hops),
+    };
+    if client_ip.trusted_hops > 32 {
+        return Err(err("client_ip.trusted_hops", "must be at most 32"));
+    }
+
+    let max_keys = raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+    if !(crate::table::WAYS as u32..=16_777_216).contains(&max_keys) {
+        return Err(err(
+            "max_keys",
+            format!("must be between {} and 16777216", crate::table::WAYS),
+        ));
+    }
+
+    let service = raw.service.map(service).transpose()?;
+
+    if raw.rules.is_empty() {
+        return Err(err("rules", "must hold at least one rule"));
+    }
+    let mut rules = Vec::with_capacity(raw.rules.len());
+    for (i, r) in raw.rules.into_iter().enumerate() {
+        let rule = rule(&format!("rules[{i}]"), r, service.is_some())?;
+        if rules.iter().any(|other: &Rule| other.name == rule.name) {
+            return Err(err(
+                format!("rules[{i}].name"),
+                format!("{:?} is used by an earlier rule; names must be unique", rule.name),
+            ));
+        }
+        rules.push(rule);
+    }
+
+    Ok(Policy {
+        headers,
+        bypass,
+        client_ip,
+        rules,
+        max_keys,
+        service,
+    })
+}
+
+fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError> {
+    let name_ok = !raw.name.is_empty()
+        && raw.name.len() <= 64
+        && raw
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if !name_ok {
+        return Err(err(
+            format!("{at}.name"),
+            format!("must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.', got {:?}", raw.name),
+        ));
+    }
+
+    let matcher = match raw.matcher {
+        None => Matcher::default(),
+        Some(m) => {
+            if let Some(prefix) = &m.path_prefix {
+                if !prefix.starts_with('/') {
+                    return Err(err(
+                        format!("{at}.match.path_prefix"),
+                        format!("must start with '/', got {prefix:?}"),
+                    ));
+                }
+            }
+            let mut methods = Vec::with_capacity(m.methods.len());
+            for (j, method) in m.methods.iter().enumerate() {
+                if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+                    return Err(err(
+                        format!("{at}.match.methods[{j}]"),
+                        format!("must be an HTTP method such as GET, got {method:?}"),
+                    ));
+                }
+                methods.push(method.to_ascii_uppercase());
+            }
+            Matcher {
+                path_prefix: m.path_prefix,
+                methods,
+            }
+        }
+    };
+
+    if raw.key.is_empty() {
+        return Err(err(
+            format!("{at}.key"),
+            "must hold at least one part (use [\"const:all\"] for one shared bucket)",
+        ));
+    }
+    let key = raw
+        .key
+        .iter()
+        .enumerate()
+        .map(|(j, part)| key_part(part).map_err(|p| err(format!("{at}.key[{j}]"), p)))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let limits = limits(&format!("{at}.limits"), &raw.limits)?;
+
+    let mode = match raw.mode.as_deref().unwrap_or("enforce") {
+        "enforce" => Mode::Enforce,
+        "shadow" => Mode::Shadow,
+        other => {
+            return Err(err(
+                format!("{at}.mode"),
+                format!("expected one of enforce, shadow, got {other:?}"),
+            ))
+        }
+    };
+
+    let default_consistency = if have_service { "cached" } else { "local" };
+    let consistency = match raw.consistency.as_deref().unwrap_or(default_consistency) {
+        "local" => Consistency::Local,
+        "cached" => Consistency::Cached,
+        "strict" => Consistency::Strict,
+        other => {
+            return Err(err(
+                format!("{at}.consistency"),
+                format!("expected one of local, cached, strict, got {other:?}"),
+            ))
+        }
+    };
+    if consistency != Consistency::Local && !have_service {
+        return Err(err(
+            format!("{at}.consistency"),
+            "cached and strict need a top-level \"service\" section",
+        ));
+    }
+
+    let fallback = match raw.fallback {
+        None => Fallback::Open(limits.clone()),
+        Some(f) => match f.policy.as_str() {
+            "fail_open" => match &f.limits {
+                Some(l) => Fallback::Open(self::limits(&format!("{at}.fallback.limits"), l)?),
+                None => Fallback::Open(limits.clone()),
+            },
+            "fail_closed" => {
+                if f.limits.is_some() {
+                    return Err(err(
+                        format!("{at}.fallback.limits"),
+                        "fail_closed denies without limits; remove \"limits\" or use fail_open",
+                    ));
+                }
+                Fallback::Closed
+            }
+            other => {
+                return Err(err(
+                    format!("{at}.fallback.policy"),
+                    format!("expected one of fail_open, fail_closed, got {other:?}"),
+                ))
+            }
+        },
+    };
+
+    Ok(Rule {
+        name: raw.name,
+        matcher,
+        key,
+        limits,
+        mode,
+        consistency,
+        fallback,
+    })
+}
+
+fn limits(at: &str, raw: &[RawLimit]) -> Result<Vec<Limit>, ConfigError> {
+    if raw.is_empty() {
+        return Err(err(at, "must hold at least one limit"));
+    }
+    if raw.len() > 8 {
+        return Err(err(at, "must hold at most 8 limits"));
+    }
+    raw.iter()
+        .enumerate()
+        .map(|(k, l)| {
+            let period = Period::parse(&l.per).ok_or_else(|| {
+                err(
+                    format!("{at}[{k}].per"),
+                    format!("expected one of {}, got {:?}", Period::NAMES, l.per),
+                )
+            })?;
+            Limit::new(l.requests, period, l.burst).map_err(|problem| {
+                let field = if problem.starts_with("burst") { "burst" } else { "requests" };
+                err(format!("{at}[{k}].{field}"), problem)
+            })
+        })
+        .collect()
+}
+
+fn key_part(part: &str) -> Result<KeyPart, String> {
+    match part {
+        "client_ip" => Ok(KeyPart::ClientIp),
+        "path" => Ok(KeyPart::Path),
+        "method" => Ok(KeyPart::Method),
+        _ => {
+            if let Some(name) = part.strip_prefix("header:") {
+                let valid = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+                if !valid {
+                    return Err(format!("{part:?} does not name a header"));
+                }
+                Ok(KeyPart::Header(name.to_ascii_lowercase()))
+            } else if let Some(value) = part.strip_prefix("const:") {
+                Ok(KeyPart::Const(value.to_string()))
+            } else {
+                Err(format!(
+                    "expected client_ip, path, method, header:NAME or const:VALUE, got {part:?}"
+                ))
+            }
+        }
+    }
+}
+
+fn service(raw: RawService) -> Result<Service, ConfigError> {
+    if raw.cluster.is_empty() {
+        return Err(err("service.cluster", "must name an Envoy cluster"));
+    }
+    let timeout_ms = raw.timeout_ms.unwrap_or(200);
+    if !(1..=60_000).contains(&timeout_ms) {
+        return Err(err("service.timeout_ms", "must be between 1 and 60000"));
+    }
+    let sync_interval_ms = raw.sync_interval_ms.unwrap_or(DEFAULT_SYNC_INTERVAL_MS);
+    if !(10..=60_000).contains(&sync_interval_ms) {
+        return Err(err("service.sync_interval_ms", "must be between 10 and 60000"));
+    }
+    let breaker_failures = raw.breaker_failures.unwrap_or(3);
+    if breaker_failures == 0 {
+        return Err(err("service.breaker_failures", "must be at least 1"));
+    }
+    Ok(Service {
+        authority: raw.authority.unwrap_or_else(|| raw.cluster.clone()),
+        cluster: raw.cluster,
+        token: raw.token.unwrap_or_default(),
+        timeout_ms,
+        sync_interval_ms,
+        breaker_failures,
+        breaker_cooldown_ms: raw.breaker_cooldown_ms.unwrap_or(2_000),
+    })
+}

@@ -1,0 +1,50 @@
+//! Every outcome has a name: what the limiter decided, and what each rule said.
+
+use crate::limit::Limit;
+
+/// What a client is told about one limit: the figures behind the rate-limit headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub limit: Limit,
+    /// Requests the client may still make now.
+    pub remaining: u64,
+    /// Microseconds until the quota is whole again.
+    pub reset_us: u64,
+}
+
+/// The decision for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Skipped every rule (health check, allowlisted client, emergency switch).
+    Bypass,
+    /// Admitted. `quota` is the most restrictive answer among the rules that counted it.
+    Allow { quota: Option<(usize, Quota)> },
+    /// Refused by rule `rule`; nothing was spent.
+    Deny {
+        rule: usize,
+        quota: Quota,
+        retry_after_us: u64,
+    },
+}
+
+/// What one rule said about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed,
+    Denied,
+    /// A shadow rule would have denied; the request went on.
+    ShadowDenied,
+    /// The rule's state could not be updated (contention, host failure): the request went on
+    /// uncounted by this rule.
+    Unavailable,
+}
+
+/// The decision, with each matching rule's outcome (for metrics) and the keys whose counts the
+/// counter service has not seen yet (for the sync).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evaluation {
+    pub decision: Decision,
+    pub outcomes: Vec<(usize, Outcome)>,
+    /// (rule, key) pairs that just got their first unsynced count since the last sync.
+    pub newly_unsynced: Vec<(usize, String)>,
+}

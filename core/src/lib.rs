@@ -1,0 +1,24 @@
+//! sluice's pure core: limits and their algorithms, the policy model, key building, headers and
+//! the sync protocol. No I/O and no clock: time is an argument.
+
+pub mod bucket;
+pub mod config;
+pub mod decision;
+pub mod headers;
+pub mod key;
+pub mod limit;
+pub mod limiter;
+pub mod net;
+pub mod policy;
+pub mod protocol;
+pub mod store;
+pub mod table;
+
+pub use bucket::{Bucket, Verdict};
+pub use config::{parse, ConfigError};
+pub use decision::{Decision, Evaluation, Outcome, Quota};
+pub use key::{PlainRequest, RequestView};
+pub use limit::{Limit, Period};
+pub use limiter::{Conditions, Limiter};
+pub use policy::Policy;
+pub use store::{MemoryStore, Store, StoreError};

@@ -1,0 +1,293 @@
+//! The limiter: a validated [`Policy`] and the code that enforces it over a [`Store`].
+
+use std::net::IpAddr;
+
+use crate::bucket::{Bucket, Verdict};
+use crate::decision::{Decision, Evaluation, Outcome, Quota};
+use crate::key::{self, RequestView};
+use crate::limit::Limit;
+use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
+use crate::store::{self, Store};
+use crate::table::{self, Record, Table};
+
+/// What the limiter needs to know about the world besides the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conditions {
+    /// Microseconds since the Unix epoch.
+    pub now_us: u64,
+    /// Whether the counter service is usable (circuit breaker not open).
+    pub service_up: bool,
+}
+
+/// A policy, ready to enforce.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    policy: Policy,
+    tables: Vec<Table>,
+}
+
+/// How a rule spent a request's tokens, so they can be given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spend {
+    Buckets,
+    Grant,
+}
+
+struct RuleVerdict {
+    allowed: bool,
+    quota: Quota,
+    retry_after_us: u64,
+    spend: Spend,
+}
+
+impl Limiter {
+    pub fn new(policy: Policy) -> Limiter {
+        let tables = policy
+            .rules
+            .iter()
+            .map(|rule| Table::new(&rule.name, bucket_limits(rule), policy.max_keys))
+            .collect();
+        Limiter { policy, tables }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The key table of rule `rule`.
+    pub fn table(&self, rule: usize) -> Option<&Table> {
+        self.tables.get(rule)
+    }
+
+    /// Whether a request skips every rule.
+    pub fn bypassed(&self, path: &str, client: Option<IpAddr>) -> bool {
+        let bypass = &self.policy.bypass;
+        bypass.all
+            || bypass.paths.iter().any(|p| p == path)
+            || client.is_some_and(|ip| bypass.cidrs.iter().any(|c| c.contains(ip)))
+    }
+
+    /// Decides one request: every matching rule must allow, and tokens are spent only when all
+    /// do (a rule that spent is refunded when a later rule denies).
+    pub fn decide(
+        &self,
+        request: &mut dyn RequestView,
+        conditions: Conditions,
+        store: &mut dyn Store,
+    ) -> Evaluation {
+        let now = conditions.now_us;
+        let mut outcomes = Vec::new();
+        let mut newly_unsynced = Vec::new();
+        let mut spent: Vec<(usize, u64, Spend)> = Vec::new();
+        let mut tightest: Option<(usize, Quota)> = None;
+        let mut denial = None;
+
+        for (index, rule) in self.policy.rules.iter().enumerate() {
+            if rule.consistency == Consistency::Strict
+                || !rule.matcher.matches(request.method(), request.path())
+            {
+                continue;
+            }
+            let Some(key) = key::build(rule, request) else {
+                continue;
+            };
+            let fingerprint = table::fingerprint(&key);
+            let table = &self.tables[index];
+            let step = store::update(store, &table.set_key(fingerprint), |set| {
+                let mut record =
+                    table.find_or_fresh(set, fingerprint, bucket_limits(rule), now);
+                let was_unsynced = record.unsynced();
+                let verdict = judge(rule, &mut record, conditions);
+                record.seen_us = now;
+                table.store(set, &record);
+                let dirty = rule.consistency != Consistency::Local
+                    && !was_unsynced
+                    && record.unsynced();
+                ((verdict, dirty), true)
+            });
+            let Ok((verdict, dirty)) = step else {
+                outcomes.push((index, Outcome::Unavailable));
+                continue;
+            };
+            if dirty {
+                newly_unsynced.push((index, key));
+            }
+            if verdict.allowed {
+                spent.push((index, fingerprint, verdict.spend));
+                outcomes.push((index, Outcome::Allowed));
+                if tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining) {
+                    tightest = Some((index, verdict.quota));
+                }
+            } else if rule.mode == Mode::Shadow {
+                outcomes.push((index, Outcome::ShadowDenied));
+                tightest = Some((index, verdict.quota));
+            } else {
+                outcomes.push((index, Outcome::Denied));
+                denial = Some(Decision::Deny {
+                    rule: index,
+                    quota: verdict.quota,
+                    retry_after_us: verdict.retry_after_us,
+                });
+                break;
+            }
+        }
+
+        let decision = match denial {
+            Some(deny) => {
+                for (index, fingerprint, how) in spent {
+                    self.refund(index, fingerprint, how, store);
+                }
+                deny
+            }
+            None => Decision::Allow { quota: tightest },
+        };
+        Evaluation {
+            decision,
+            outcomes,
+            newly_unsynced,
+        }
+    }
+
+    /// Gives back one token that rule `index` spent for a request another rule denied.
+    fn refund(&self, index: usize, fingerprint: u64, how: Spend, store: &mut dyn Store) {
+        let rule = &self.policy.rules[index];
+        let table = &self.tables[index];
+        // Best effort: a refund that loses every race leaves the client one token short.
+        let _ = store::update(store, &table.set_key(fingerprint), |set| {
+            let Some(mut record) = table.find(set, fingerprint) else {
+                return ((), false);
+            };
+            match how {
+                Spend::Grant => record.grant = record.grant.saturating_add(1),
+                Spend::Buckets => {
+                    for (bucket, limit) in record.buckets.iter_mut().zip(bucket_limits(rule)) {
+                        *bucket = bucket.refund(limit, 1);
+                    }
+                }
+            }
+            if rule.consistency != Consistency::Local {
+                record.spent = record.spent.saturating_sub(1);
+            }
+            table.store(set, &record);
+            ((), true)
+        });
+    }
+}
+
+/// The limits a rule's local buckets follow: its own when local, its fallback otherwise.
+pub fn bucket_limits(rule: &Rule) -> &[Limit] {
+    match (&rule.consistency, &rule.fallback) {
+        (Consistency::Local, _) => &rule.limits,
+        (_, Fallback::Open(limits)) => limits,
+        (_, Fallback::Closed) => &[],
+    }
+}
+
+/// One rule's answer for one record, spending on allow and counting for the sync.
+fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
+    let now = conditions.now_us;
+    let synced = rule.consistency != Consistency::Local;
+    let verdict = if synced && conditions.service_up && now < record.grant_until_us {
+        spend_grant(rule, record, now)
+    } else {
+        match (&rule.consistency, &rule.fallback) {
+            (Consistency::Local, _) | (_, Fallback::Open(_)) => {
+                spend_buckets(bucket_limits(rule), &mut record.buckets, now)
+            }
+            (_, Fallback::Closed) => closed(first_limit(rule)),
+        }
+    };
+    if synced {
+        if verdict.allowed {
+            record.spent = record.spent.saturating_add(1);
+        } else {
+            record.denied = record.denied.saturating_add(1);
+        }
+    }
+    verdict
+}
+
+fn first_limit(rule: &Rule) -> Limit {
+    rule.limits.first().copied().unwrap_or(Limit::UNIT)
+}
+
+/// A denial that spends nothing: the fail-closed answer.
+fn closed(limit: Limit) -> RuleVerdict {
+    RuleVerdict {
+        allowed: false,
+        quota: Quota {
+            limit,
+            remaining: 0,
+            reset_us: 0,
+        },
+        retry_after_us: 1_000_000,
+        spend: Spend::Buckets,
+    }
+}
+
+fn spend_grant(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
+    let limit = first_limit(rule);
+    let allowed = record.grant >= 1;
+    if allowed {
+        record.grant -= 1;
+    }
+    RuleVerdict {
+        allowed,
+        quota: Quota {
+            limit,
+            remaining: record.grant as u64,
+            reset_us: record.grant_until_us.saturating_sub(now),
+        },
+        retry_after_us: if allowed {
+            0
+        } else {
+            limit.period().micros() / limit.requests()
+        },
+        spend: Spend::Grant,
+    }
+}
+
+/// All limits must have the token; then each spends it.
+fn spend_buckets(limits: &[Limit], buckets: &mut [Bucket], now: u64) -> RuleVerdict {
+    let mut verdicts: [Option<Verdict>; table::MAX_LIMITS] = [None; table::MAX_LIMITS];
+    let mut allowed = true;
+    for (i, (limit, bucket)) in limits.iter().zip(buckets.iter()).enumerate() {
+        let (verdict, _) = bucket.peek(limit, now, 1);
+        allowed &= verdict.allowed;
+        verdicts[i] = Some(verdict);
+    }
+    if allowed {
+        for (i, (limit, bucket)) in limits.iter().zip(buckets.iter_mut()).enumerate() {
+            let (verdict, next) = bucket.take(limit, now, 1);
+            *bucket = next;
+            verdicts[i] = Some(verdict);
+        }
+    }
+    // The most restrictive limit speaks: when denying, the one that makes the client wait
+    // longest; when allowing, the one with the fewest requests left.
+    let mut chosen: Option<(Limit, Verdict)> = None;
+    for (limit, verdict) in limits.iter().zip(verdicts.iter().flatten()) {
+        let tighter = match chosen {
+            None => true,
+            Some((_, c)) if allowed => verdict.remaining < c.remaining,
+            Some((_, c)) => !verdict.allowed && verdict.retry_after_us > c.retry_after_us,
+        };
+        if tighter && (allowed || !verdict.allowed) {
+            chosen = Some((*limit, *verdict));
+        }
+    }
+    let Some((limit, verdict)) = chosen else {
+        // No limits: only a fail-closed fallback has none, and it never gets here.
+        return closed(Limit::UNIT);
+    };
+    RuleVerdict {
+        allowed,
+        quota: Quota {
+            limit,
+            remaining: verdict.remaining,
+            reset_us: verdict.reset_us,
+        },
+        retry_after_us: verdict.retry_after_us,
+        spend: Spend::Buckets,
+    }
+}

@@ -1,0 +1,157 @@
+//! The validated policy: what the operator configured, as values. Built by [`crate::config`].
+
+use crate::limit::Limit;
+use crate::net::Cidr;
+
+/// The whole plugin configuration, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub headers: HeaderStyle,
+    pub bypass: Bypass,
+    pub client_ip: ClientIp,
+    pub rules: Vec<Rule>,
+    /// Per rule, how many keys a proxy remembers before it forgets the least recently used.
+    pub max_keys: u32,
+    /// The counter service, when rules share limits across proxies.
+    pub service: Option<Service>,
+}
+
+/// Which rate-limit headers go on responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderStyle {
+    None,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    Legacy,
+    /// IETF draft-11 `RateLimit-Policy` and `RateLimit`.
+    Draft,
+    Both,
+}
+
+impl HeaderStyle {
+    pub fn legacy(self) -> bool {
+        matches!(self, HeaderStyle::Legacy | HeaderStyle::Both)
+    }
+
+    pub fn draft(self) -> bool {
+        matches!(self, HeaderStyle::Draft | HeaderStyle::Both)
+    }
+}
+
+/// Requests that skip every rule.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Bypass {
+    /// Exact paths (query string ignored), e.g. health checks.
+    pub paths: Vec<String>,
+    /// Client addresses that are never limited.
+    pub cidrs: Vec<Cidr>,
+    /// The emergency switch: when set, nothing is limited.
+    pub all: bool,
+}
+
+/// How the client address is found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientIp {
+    /// 0: the downstream peer. N > 0: the N-th `X-Forwarded-For` entry from the right.
+    pub trusted_hops: u32,
+}
+
+/// One rate-limit rule: which requests, keyed how, limited how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub name: String,
+    pub matcher: Matcher,
+    pub key: Vec<KeyPart>,
+    pub limits: Vec<Limit>,
+    pub mode: Mode,
+    pub consistency: Consistency,
+    pub fallback: Fallback,
+}
+
+/// Which requests a rule applies to. Empty parts match everything.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Matcher {
+    pub path_prefix: Option<String>,
+    /// Upper-case method names.
+    pub methods: Vec<String>,
+}
+
+/// One part of a rule's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    ClientIp,
+    /// A request header, by lower-case name. A request without it is not counted by the rule.
+    Header(String),
+    Path,
+    Method,
+    Const(String),
+}
+
+/// Whether a rule denies, or only counts what it would deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Shadow,
+}
+
+/// Where a rule's count lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consistency {
+    /// This proxy only.
+    Local,
+    /// Local decisions from a quota lease that the sync refreshes.
+    Cached,
+    /// One counter-service check per request.
+    Strict,
+}
+
+/// What a rule does when the counter service cannot be used (breaker open, lease expired).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fallback {
+    /// Decide locally with these limits.
+    Open(Vec<Limit>),
+    /// Deny.
+    Closed,
+}
+
+/// The counter service, as an Envoy cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub cluster: String,
+    pub authority: String,
+    pub token: String,
+    pub timeout_ms: u64,
+    pub sync_interval_ms: u64,
+    /// Consecutive failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long the breaker stays open before one probe.
+    pub breaker_cooldown_ms: u64,
+}
+
+impl Policy {
+    /// Whether any rule keys on the client address (so the filter must read it).
+    pub fn needs_client_ip(&self) -> bool {
+        !self.bypass.cidrs.is_empty()
+            || self
+                .rules
+                .iter()
+                .any(|rule| rule.key.contains(&KeyPart::ClientIp))
+    }
+
+    /// Whether any rule talks to the counter service.
+    pub fn needs_service(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|rule| rule.consistency != Consistency::Local)
+    }
+}
+
+impl Matcher {
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        if let Some(prefix) = &self.path_prefix {
+            if !path.starts_with(prefix.as_str()) {
+                return false;
+            }
+        }
+        self.methods.is_empty() || self.methods.iter().any(|m| m == method)
+    }
+}

@@ -1,0 +1,109 @@
+//! The wire types of the sync protocol between the filter and the counter service (`/v1`).
+//!
+//! They are plain data: the filter builds them from its shared state, the service answers them
+//! from Redis. Algorithms never see them.
+
+use serde::{Deserialize, Serialize};
+
+/// The limit parameters of one key, as the service needs them to keep the global bucket.
+/// A token bucket that holds at most `burst` tokens and refills `requests` tokens every `period_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitSpec {
+    pub requests: u64,
+    pub period_ms: u64,
+    pub burst: u64,
+}
+
+/// `POST /v1/sync`: one batch from one proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncRequest {
+    /// Identifies the proxy process (stable for its lifetime, unique in the fleet).
+    pub proxy: String,
+    /// The sync interval the proxy is using, in milliseconds (sizes the grants).
+    pub interval_ms: u64,
+    pub entries: Vec<SyncEntry>,
+}
+
+/// What one proxy did with one key since its previous sync.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncEntry {
+    /// The global key: the rule name and the key value, as built by the filter.
+    pub key: String,
+    /// Every limit of the rule; the grant covers all of them.
+    pub limits: Vec<LimitSpec>,
+    /// Tokens spent (requests admitted) since the previous sync, from a grant or a fallback.
+    pub spent: u64,
+    /// Requests denied since the previous sync (unmet demand: sizes the next grant).
+    pub denied: u64,
+}
+
+/// The answer to a [`SyncRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncResponse {
+    /// One grant per entry, in the order of the request.
+    pub grants: Vec<Grant>,
+    pub hints: Hints,
+}
+
+/// A quota lease: the proxy may spend `tokens` more on this key until `ttl_ms` from the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub tokens: u64,
+    pub ttl_ms: u64,
+    /// Tokens left in the global bucket (the most restrictive limit), for rate-limit headers.
+    pub remaining: u64,
+    /// Milliseconds until the global bucket is full again (the most restrictive limit).
+    pub reset_ms: u64,
+}
+
+/// Batch-wide advice from the service.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hints {
+    /// When to sync next, in milliseconds. Raised when the service or Redis is strained.
+    pub next_sync_ms: u64,
+    #[serde(default)]
+    pub overrides: Overrides,
+}
+
+/// Fleet-wide switches that later features fill in. Unknown fields are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Overrides {
+    /// Emergency bypass: admit everything while set.
+    #[serde(default)]
+    pub bypass: bool,
+    /// Fleet load level in [0, 1], for load shedding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_level: Option<f64>,
+}
+
+/// `POST /v1/check`: one strict decision for one key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckRequest {
+    pub key: String,
+    pub limits: Vec<LimitSpec>,
+    #[serde(default = "one")]
+    pub cost: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// The answer to a [`CheckRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResponse {
+    pub allowed: bool,
+    /// Tokens left after this decision (the most restrictive limit).
+    pub remaining: u64,
+    /// When denied: milliseconds until the request could be admitted.
+    pub retry_after_ms: u64,
+    /// Milliseconds until the bucket is full again.
+    pub reset_ms: u64,
+}
+
+/// The JSON body of every error the service answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+}
