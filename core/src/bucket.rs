@@ -40,7 +40,8 @@ impl Bucket {
             return self;
         }
         let elapsed = (now_us - self.stamp_us) as f64;
-        let tokens = self.tokens + elapsed * limit.requests() as f64 / limit.period().micros() as f64;
+        let tokens =
+            self.tokens + elapsed * limit.requests() as f64 / limit.period().micros() as f64;
         Bucket {
             tokens: tokens.min(limit.burst() as f64),
             stamp_us: now_us,

@@ -141,7 +141,10 @@ struct RawService {
 /// Parses and validates a plugin configuration.
 pub fn parse(json: &[u8]) -> Result<Policy, ConfigError> {
     if json.iter().all(u8::is_ascii_whitespace) {
-        return Err(err("", "the configuration is empty; expected a JSON object with \"rules\""));
+        return Err(err(
+            "",
+            "the configuration is empty; expected a JSON object with \"rules\"",
+        ));
     }
     let mut de = serde_json::Deserializer::from_slice(json);
     let raw: RawPolicy = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -199,10 +202,10 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
     }
 
     let max_keys = raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
-    if !(crate::table::WAYS as u32..=16_777_216).contains(&max_keys) {
+    if !(crate::table::WAYS as u32..=1_048_576).contains(&max_keys) {
         return Err(err(
             "max_keys",
-            format!("must be between {} and 16777216", crate::table::WAYS),
+            format!("must be between {} and 1048576", crate::table::WAYS),
         ));
     }
 
@@ -217,7 +220,10 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         if rules.iter().any(|other: &Rule| other.name == rule.name) {
             return Err(err(
                 format!("rules[{i}].name"),
-                format!("{:?} is used by an earlier rule; names must be unique", rule.name),
+                format!(
+                    "{:?} is used by an earlier rule; names must be unique",
+                    rule.name
+                ),
             ));
         }
         rules.push(rule);
@@ -243,7 +249,10 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
     if !name_ok {
         return Err(err(
             format!("{at}.name"),
-            format!("must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.', got {:?}", raw.name),
+            format!(
+                "must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.', got {:?}",
+                raw.name
+            ),
         ));
     }
 
@@ -373,7 +382,11 @@ fn limits(at: &str, raw: &[RawLimit]) -> Result<Vec<Limit>, ConfigError> {
                 )
             })?;
             Limit::new(l.requests, period, l.burst).map_err(|problem| {
-                let field = if problem.starts_with("burst") { "burst" } else { "requests" };
+                let field = if problem.starts_with("burst") {
+                    "burst"
+                } else {
+                    "requests"
+                };
                 err(format!("{at}[{k}].{field}"), problem)
             })
         })
@@ -416,7 +429,10 @@ fn service(raw: RawService) -> Result<Service, ConfigError> {
     }
     let sync_interval_ms = raw.sync_interval_ms.unwrap_or(DEFAULT_SYNC_INTERVAL_MS);
     if !(10..=60_000).contains(&sync_interval_ms) {
-        return Err(err("service.sync_interval_ms", "must be between 10 and 60000"));
+        return Err(err(
+            "service.sync_interval_ms",
+            "must be between 10 and 60000",
+        ));
     }
     let breaker_failures = raw.breaker_failures.unwrap_or(3);
     if breaker_failures == 0 {

@@ -103,6 +103,9 @@ mod tests {
         assert_eq!(body["error"], "rate_limited");
         assert_eq!(body["rule"], "per-ip");
         assert_eq!(body["retryAfter"], 4);
-        assert!(body["message"].as_str().unwrap().contains("100 requests per minute"));
+        assert!(body["message"]
+            .as_str()
+            .unwrap()
+            .contains("100 requests per minute"));
     }
 }

@@ -94,15 +94,13 @@ impl Limiter {
             let fingerprint = table::fingerprint(&key);
             let table = &self.tables[index];
             let step = store::update(store, &table.set_key(fingerprint), |set| {
-                let mut record =
-                    table.find_or_fresh(set, fingerprint, bucket_limits(rule), now);
+                let mut record = table.find_or_fresh(set, fingerprint, bucket_limits(rule), now);
                 let was_unsynced = record.unsynced();
                 let verdict = judge(rule, &mut record, conditions);
                 record.seen_us = now;
                 table.store(set, &record);
-                let dirty = rule.consistency != Consistency::Local
-                    && !was_unsynced
-                    && record.unsynced();
+                let dirty =
+                    rule.consistency != Consistency::Local && !was_unsynced && record.unsynced();
                 ((verdict, dirty), true)
             });
             let Ok((verdict, dirty)) = step else {

@@ -34,9 +34,12 @@ impl Cidr {
 
     pub fn contains(&self, addr: IpAddr) -> bool {
         match (self.network, addr) {
-            (IpAddr::V4(net), IpAddr::V4(a)) => {
-                mask_eq(u32::from(net) as u128, u32::from(a) as u128, self.prefix, 32)
-            }
+            (IpAddr::V4(net), IpAddr::V4(a)) => mask_eq(
+                u32::from(net) as u128,
+                u32::from(a) as u128,
+                self.prefix,
+                32,
+            ),
             (IpAddr::V6(net), IpAddr::V6(a)) => {
                 mask_eq(u128::from(net), u128::from(a), self.prefix, 128)
             }
@@ -102,9 +105,7 @@ mod tests {
         let block = Cidr::parse("10.1.0.0/16").unwrap();
         assert!(block.contains("10.1.200.3".parse().unwrap()));
         assert!(!block.contains("10.2.0.1".parse().unwrap()));
-        assert!(Cidr::parse("::1")
-            .unwrap()
-            .contains("::1".parse().unwrap()));
+        assert!(Cidr::parse("::1").unwrap().contains("::1".parse().unwrap()));
         assert!(Cidr::parse("0.0.0.0/0")
             .unwrap()
             .contains("8.8.8.8".parse().unwrap()));

@@ -65,7 +65,10 @@ impl MemoryStore {
     }
 
     pub fn bytes(&self) -> usize {
-        self.entries.iter().map(|(k, (v, _))| k.len() + v.len()).sum()
+        self.entries
+            .iter()
+            .map(|(k, (v, _))| k.len() + v.len())
+            .sum()
     }
 }
 
@@ -126,7 +129,10 @@ mod tests {
         let mut runs = 0;
         let answer = update(&mut store, "n", |bytes| {
             runs += 1;
-            let n = std::str::from_utf8(bytes).unwrap_or("0").parse::<u32>().unwrap_or(0);
+            let n = std::str::from_utf8(bytes)
+                .unwrap_or("0")
+                .parse::<u32>()
+                .unwrap_or(0);
             *bytes = (n + 1).to_string().into_bytes();
             (n + 1, true)
         })

@@ -175,7 +175,13 @@ impl Table {
 
     /// The record of `fingerprint`, or a fresh one that will take a free way or the least
     /// recently used one (preferring records with nothing left to sync).
-    pub fn find_or_fresh(&self, set: &[u8], fingerprint: u64, limits: &[Limit], now_us: u64) -> Record {
+    pub fn find_or_fresh(
+        &self,
+        set: &[u8],
+        fingerprint: u64,
+        limits: &[Limit],
+        now_us: u64,
+    ) -> Record {
         self.find(set, fingerprint)
             .unwrap_or_else(|| Record::fresh(fingerprint, limits, now_us))
     }

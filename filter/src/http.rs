@@ -104,7 +104,8 @@ impl HttpContext for Request {
             let policy = self.shared.limiter.policy();
             let name = policy.rules.get(rule).map_or("", |r| r.name.as_str());
             for (header, value) in render(policy.headers, name, &quota) {
-                let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(&value));
+                let _ =
+                    hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(&value));
             }
         }
         Action::Continue

@@ -1,0 +1,241 @@
+//! Time-based scenarios for the limiter, on a fake clock and an in-memory store.
+
+use sluice_core::limiter::Conditions;
+use sluice_core::{Decision, Limiter, MemoryStore, Outcome, PlainRequest};
+
+const SECOND: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * SECOND;
+
+fn limiter(json: &str) -> Limiter {
+    Limiter::new(sluice_core::parse(json.as_bytes()).unwrap())
+}
+
+fn at(now_us: u64) -> Conditions {
+    Conditions {
+        now_us,
+        service_up: true,
+    }
+}
+
+fn allowed(d: &Decision) -> bool {
+    matches!(d, Decision::Allow { .. })
+}
+
+const PER_IP: &str = r#"{"rules": [{"name": "per-ip", "match": {"path_prefix": "/api/"},
+    "key": ["client_ip"], "limits": [{"requests": 60, "per": "minute", "burst": 5}]}]}"#;
+
+#[test]
+fn burst_then_one_per_second() {
+    let limiter = limiter(PER_IP);
+    let mut store = MemoryStore::default();
+    let mut req = PlainRequest::get("/api/a").from_ip("10.0.0.1");
+    for i in 0..5 {
+        let e = limiter.decide(&mut req, at(T0), &mut store);
+        assert!(allowed(&e.decision), "request {i} at T0");
+    }
+    let denied = limiter.decide(&mut req, at(T0), &mut store);
+    let Decision::Deny {
+        rule,
+        quota,
+        retry_after_us,
+    } = denied.decision
+    else {
+        panic!("6th request at T0 admitted: {denied:?}");
+    };
+    assert_eq!(rule, 0);
+    assert_eq!(quota.remaining, 0);
+    assert_eq!(retry_after_us, SECOND, "one token a second");
+    assert_eq!(denied.outcomes, vec![(0, Outcome::Denied)]);
+
+    let now = T0 + SECOND;
+    assert!(
+        allowed(&limiter.decide(&mut req, at(now), &mut store).decision),
+        "at T0+1s"
+    );
+    assert!(
+        !allowed(&limiter.decide(&mut req, at(now), &mut store).decision),
+        "at T0+1s again"
+    );
+}
+
+#[test]
+fn keys_are_separate_and_other_paths_are_not_limited() {
+    let limiter = limiter(PER_IP);
+    let mut store = MemoryStore::default();
+    for _ in 0..5 {
+        limiter.decide(
+            &mut PlainRequest::get("/api/a").from_ip("10.0.0.1"),
+            at(T0),
+            &mut store,
+        );
+    }
+    let other_ip = limiter.decide(
+        &mut PlainRequest::get("/api/a").from_ip("10.0.0.2"),
+        at(T0),
+        &mut store,
+    );
+    assert!(allowed(&other_ip.decision));
+    let other_path = limiter.decide(
+        &mut PlainRequest::get("/static").from_ip("10.0.0.1"),
+        at(T0),
+        &mut store,
+    );
+    assert_eq!(other_path.decision, Decision::Allow { quota: None });
+    assert!(other_path.outcomes.is_empty());
+}
+
+#[test]
+fn every_limit_of_a_rule_is_enforced() {
+    let limiter = limiter(
+        r#"{"rules": [{"name": "tiered", "key": ["header:x-api-key"],
+        "limits": [{"requests": 2, "per": "second"}, {"requests": 5, "per": "hour"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let mut admitted = 0;
+    // 2 a second would allow 20 over 10 s; the hourly 5 stops it at 5.
+    for s in 0..10 {
+        for _ in 0..3 {
+            let mut req = PlainRequest::get("/").with_header("x-api-key", "k1");
+            admitted += allowed(
+                &limiter
+                    .decide(&mut req, at(T0 + s * SECOND), &mut store)
+                    .decision,
+            ) as u32;
+        }
+    }
+    assert_eq!(admitted, 5);
+}
+
+#[test]
+fn a_request_without_the_key_header_is_not_counted() {
+    let limiter = limiter(
+        r#"{"rules": [{"name": "per-key", "key": ["header:x-api-key"],
+        "limits": [{"requests": 1, "per": "hour"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    for _ in 0..3 {
+        let e = limiter.decide(&mut PlainRequest::get("/"), at(T0), &mut store);
+        assert_eq!(e.decision, Decision::Allow { quota: None });
+    }
+    assert!(store.is_empty(), "nothing stored for unkeyed requests");
+}
+
+#[test]
+fn tokens_are_spent_only_when_every_rule_allows() {
+    // "wide" has plenty; "narrow" allows 1. Denied requests must not drain "wide".
+    let both = limiter(
+        r#"{"headers": "both", "rules": [
+        {"name": "wide", "key": ["client_ip"], "limits": [{"requests": 3, "per": "hour"}]},
+        {"name": "narrow", "key": ["client_ip"], "limits": [{"requests": 1, "per": "hour"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let mut req = PlainRequest::get("/").from_ip("10.0.0.1");
+    let first = both.decide(&mut req, at(T0), &mut store);
+    let Decision::Allow {
+        quota: Some((rule, quota)),
+    } = first.decision
+    else {
+        panic!("{first:?}");
+    };
+    assert_eq!(
+        (rule, quota.remaining),
+        (1, 0),
+        "the tightest rule sets the headers"
+    );
+    for _ in 0..10 {
+        let e = both.decide(&mut req, at(T0), &mut store);
+        assert!(
+            matches!(e.decision, Decision::Deny { rule: 1, .. }),
+            "{e:?}"
+        );
+    }
+    // A request that only "wide" counts (other client, narrow untouched) shows wide's tokens.
+    let wide_only = self::limiter(
+        r#"{"rules": [{"name": "wide", "key": ["client_ip"], "limits": [{"requests": 3, "per": "hour"}]}]}"#,
+    );
+    let e = wide_only.decide(&mut req, at(T0), &mut store);
+    let Decision::Allow {
+        quota: Some((_, quota)),
+    } = e.decision
+    else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        quota.remaining, 1,
+        "wide spent 1 for the admitted request and 1 now: refunds worked"
+    );
+}
+
+#[test]
+fn shadow_rules_count_but_never_deny() {
+    let limiter = limiter(
+        r#"{"rules": [{"name": "trial", "key": ["const:all"], "mode": "shadow",
+        "limits": [{"requests": 2, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let outcomes: Vec<_> = (0..4)
+        .map(|_| {
+            let e = limiter.decide(&mut PlainRequest::get("/"), at(T0), &mut store);
+            assert!(allowed(&e.decision));
+            e.outcomes[0].1
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Allowed,
+            Outcome::Allowed,
+            Outcome::ShadowDenied,
+            Outcome::ShadowDenied
+        ]
+    );
+}
+
+#[test]
+fn bypass_by_path_cidr_and_switch() {
+    let limiter = limiter(
+        r#"{"bypass": {"paths": ["/healthz"], "cidrs": ["10.9.0.0/16"]},
+        "rules": [{"name": "a", "key": ["client_ip"], "limits": [{"requests": 1, "per": "hour"}]}]}"#,
+    );
+    assert!(limiter.bypassed("/healthz", None));
+    assert!(!limiter.bypassed("/healthz/x", None));
+    assert!(limiter.bypassed("/x", Some("10.9.3.4".parse().unwrap())));
+    assert!(!limiter.bypassed("/x", Some("10.8.3.4".parse().unwrap())));
+}
+
+#[test]
+fn a_flood_of_unique_keys_stays_within_max_keys() {
+    let limiter = limiter(
+        r#"{"max_keys": 1024, "rules": [{"name": "per-ip", "key": ["client_ip"],
+        "limits": [{"requests": 10, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    for i in 0..50_000u32 {
+        let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string();
+        limiter.decide(
+            &mut PlainRequest::get("/").from_ip(&ip),
+            at(T0 + i as u64),
+            &mut store,
+        );
+    }
+    let record = sluice_core::table::record_len(1);
+    let sets = 1024 / sluice_core::table::WAYS;
+    assert!(store.len() <= sets, "{} sets", store.len());
+    let payload: usize = store.bytes();
+    assert!(
+        payload <= 1024 * record + sets * 40,
+        "{payload} bytes for 1024 keys of {record} bytes"
+    );
+    // The most recent keys are remembered: the last IP is limited exactly.
+    let last = std::net::Ipv4Addr::from(0x0a00_0000 + 49_999u32).to_string();
+    let mut req = PlainRequest::get("/").from_ip(&last);
+    let mut admitted = 1; // it was admitted once in the flood
+    for _ in 0..20 {
+        admitted += allowed(
+            &limiter
+                .decide(&mut req, at(T0 + 50_000), &mut store)
+                .decision,
+        ) as u32;
+    }
+    assert_eq!(admitted, 10);
+}
