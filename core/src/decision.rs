@@ -47,4 +47,6 @@ pub struct Evaluation {
     pub outcomes: Vec<(usize, Outcome)>,
     /// (rule, key) pairs that just got their first unsynced count since the last sync.
     pub newly_unsynced: Vec<(usize, String)>,
+    /// What an admitted request spent, to give back if a strict check denies it after all.
+    pub spent: Vec<crate::limiter::Spent>,
 }

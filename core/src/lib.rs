@@ -22,3 +22,5 @@ pub use limit::{Limit, Period};
 pub use limiter::{Conditions, Limiter};
 pub use policy::Policy;
 pub use store::{MemoryStore, Store, StoreError};
+pub mod breaker;
+pub mod sync;

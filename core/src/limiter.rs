@@ -33,11 +33,28 @@ enum Spend {
     Grant,
 }
 
+/// A token a rule spent for a request; given back with [`Limiter::refund`] if the request is
+/// denied later (by a strict rule's answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spent {
+    rule: usize,
+    fingerprint: u64,
+    how: Spend,
+}
+
 struct RuleVerdict {
     allowed: bool,
     quota: Quota,
     retry_after_us: u64,
     spend: Spend,
+}
+
+/// One rule's answer, outside a whole-request decision (strict fallbacks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleAnswer {
+    pub allowed: bool,
+    pub quota: Quota,
+    pub retry_after_us: u64,
 }
 
 impl Limiter {
@@ -78,7 +95,7 @@ impl Limiter {
         let now = conditions.now_us;
         let mut outcomes = Vec::new();
         let mut newly_unsynced = Vec::new();
-        let mut spent: Vec<(usize, u64, Spend)> = Vec::new();
+        let mut spent: Vec<Spent> = Vec::new();
         let mut tightest: Option<(usize, Quota)> = None;
         let mut denial = None;
 
@@ -111,7 +128,11 @@ impl Limiter {
                 newly_unsynced.push((index, key));
             }
             if verdict.allowed {
-                spent.push((index, fingerprint, verdict.spend));
+                spent.push(Spent {
+                    rule: index,
+                    fingerprint,
+                    how: verdict.spend,
+                });
                 outcomes.push((index, Outcome::Allowed));
                 if tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining) {
                     tightest = Some((index, verdict.quota));
@@ -132,9 +153,8 @@ impl Limiter {
 
         let decision = match denial {
             Some(deny) => {
-                for (index, fingerprint, how) in spent {
-                    self.refund(index, fingerprint, how, store);
-                }
+                self.refund(&spent, store);
+                spent.clear();
                 deny
             }
             None => Decision::Allow { quota: tightest },
@@ -143,13 +163,70 @@ impl Limiter {
             decision,
             outcomes,
             newly_unsynced,
+            spent,
         }
     }
 
-    /// Gives back one token that rule `index` spent for a request another rule denied.
-    fn refund(&self, index: usize, fingerprint: u64, how: Spend, store: &mut dyn Store) {
-        let rule = &self.policy.rules[index];
-        let table = &self.tables[index];
+    /// The strict rules that match this request, with their keys: each needs one check.
+    pub fn strict_keys(&self, request: &mut dyn RequestView) -> Vec<(usize, String)> {
+        let mut keys = Vec::new();
+        for (index, rule) in self.policy.rules.iter().enumerate() {
+            if rule.consistency == Consistency::Strict
+                && rule.matcher.matches(request.method(), request.path())
+            {
+                if let Some(key) = key::build(rule, request) {
+                    keys.push((index, key));
+                }
+            }
+        }
+        keys
+    }
+
+    /// A strict rule's answer when the counter service cannot give one: its fallback.
+    pub fn fallback(
+        &self,
+        rule: usize,
+        key: &str,
+        now_us: u64,
+        store: &mut dyn Store,
+    ) -> Option<RuleAnswer> {
+        let spec = self.policy.rules.get(rule)?;
+        let table = self.tables.get(rule)?;
+        let fingerprint = table::fingerprint(key);
+        let conditions = Conditions {
+            now_us,
+            service_up: false,
+        };
+        let verdict = store::update(store, &table.set_key(fingerprint), |set| {
+            let mut record = table.find_or_fresh(set, fingerprint, bucket_limits(spec), now_us);
+            let verdict = judge(spec, &mut record, conditions);
+            record.seen_us = now_us;
+            // Strict rules report nothing to the sync: their counts are already global.
+            record.spent = 0;
+            record.denied = 0;
+            table.store(set, &record);
+            (verdict, true)
+        })
+        .ok()?;
+        Some(RuleAnswer {
+            allowed: verdict.allowed,
+            quota: verdict.quota,
+            retry_after_us: verdict.retry_after_us,
+        })
+    }
+
+    /// Gives back the tokens a request spent (it was denied after they were spent).
+    pub fn refund(&self, spent: &[Spent], store: &mut dyn Store) {
+        for s in spent {
+            self.refund_one(s.rule, s.fingerprint, s.how, store);
+        }
+    }
+
+    fn refund_one(&self, index: usize, fingerprint: u64, how: Spend, store: &mut dyn Store) {
+        let (Some(rule), Some(table)) = (self.policy.rules.get(index), self.tables.get(index))
+        else {
+            return;
+        };
         // Best effort: a refund that loses every race leaves the client one token short.
         let _ = store::update(store, &table.set_key(fingerprint), |set| {
             let Some(mut record) = table.find(set, fingerprint) else {

@@ -7,6 +7,7 @@ mod host;
 mod http;
 mod metrics;
 mod root;
+mod sync;
 
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;

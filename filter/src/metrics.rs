@@ -1,9 +1,12 @@
-//! Envoy stats through `define_metric`: per rule allowed / denied / shadow-denied, and totals.
-//! Envoy shows them prefixed with `wasmcustom.`.
+//! Envoy stats through `define_metric`: per rule allowed / denied / shadow-denied, and the
+//! sync's health. Envoy shows them prefixed with `wasmcustom.`.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+use sluice_core::breaker::BreakerState;
 use sluice_core::Outcome;
+
+use crate::sync::Failure;
 
 /// Metric ids of one rule.
 #[derive(Debug, Clone, Copy, Default)]
@@ -19,15 +22,32 @@ struct RuleMetrics {
 pub struct Metrics {
     rules: Vec<RuleMetrics>,
     bypassed: u32,
+    sync_sent: u32,
+    sync_ok: u32,
+    sync_failed: u32,
+    sync_timeout: u32,
+    sync_unauthorized: u32,
+    sync_latency_ms: u32,
+    breaker_open: u32,
+    check_sent: u32,
+    check_failed: u32,
+}
+
+fn define(kind: MetricType, name: &str) -> u32 {
+    // A host that cannot define metrics gets id 0 and the updates go nowhere.
+    hostcalls::define_metric(kind, name).unwrap_or(0)
 }
 
 fn counter(name: &str) -> u32 {
-    // A host that cannot define metrics gets id 0 and the increments go nowhere.
-    hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0)
+    define(MetricType::Counter, name)
+}
+
+fn bump(id: u32) {
+    let _ = hostcalls::increment_metric(id, 1);
 }
 
 impl Metrics {
-    pub fn define<'a>(rule_names: impl Iterator<Item = &'a str>) -> Metrics {
+    pub fn define<'a>(rule_names: impl Iterator<Item = &'a str>, with_service: bool) -> Metrics {
         let rules = rule_names
             .map(|name| RuleMetrics {
                 allowed: counter(&format!("sluice.rule.{name}.allowed")),
@@ -36,26 +56,72 @@ impl Metrics {
                 unavailable: counter(&format!("sluice.rule.{name}.unavailable")),
             })
             .collect();
-        Metrics {
+        let mut metrics = Metrics {
             rules,
             bypassed: counter("sluice.bypassed"),
+            ..Metrics::default()
+        };
+        if with_service {
+            metrics.sync_sent = counter("sluice.sync.sent");
+            metrics.sync_ok = counter("sluice.sync.ok");
+            metrics.sync_failed = counter("sluice.sync.failed");
+            metrics.sync_timeout = counter("sluice.sync.timeout");
+            metrics.sync_unauthorized = counter("sluice.sync.unauthorized");
+            metrics.sync_latency_ms = define(MetricType::Histogram, "sluice.sync.latency_ms");
+            metrics.breaker_open = define(MetricType::Gauge, "sluice.breaker.open");
+            metrics.check_sent = counter("sluice.check.sent");
+            metrics.check_failed = counter("sluice.check.failed");
         }
+        metrics
     }
 
     pub fn outcome(&self, rule: usize, outcome: Outcome) {
         let Some(ids) = self.rules.get(rule) else {
             return;
         };
-        let id = match outcome {
+        bump(match outcome {
             Outcome::Allowed => ids.allowed,
             Outcome::Denied => ids.denied,
             Outcome::ShadowDenied => ids.shadow_denied,
             Outcome::Unavailable => ids.unavailable,
-        };
-        let _ = hostcalls::increment_metric(id, 1);
+        });
     }
 
     pub fn bypassed(&self) {
-        let _ = hostcalls::increment_metric(self.bypassed, 1);
+        bump(self.bypassed);
+    }
+
+    pub fn sync_sent(&self) {
+        bump(self.sync_sent);
+    }
+
+    pub fn sync_ok(&self) {
+        bump(self.sync_ok);
+    }
+
+    pub fn sync_failed(&self, failure: Failure) {
+        bump(self.sync_failed);
+        match failure {
+            Failure::Timeout => bump(self.sync_timeout),
+            Failure::Unauthorized => bump(self.sync_unauthorized),
+            Failure::NotSent | Failure::Status => {}
+        }
+    }
+
+    pub fn sync_latency(&self, ms: u64) {
+        let _ = hostcalls::record_metric(self.sync_latency_ms, ms);
+    }
+
+    pub fn breaker(&self, state: BreakerState) {
+        let open = (state != BreakerState::Closed) as u64;
+        let _ = hostcalls::record_metric(self.breaker_open, open);
+    }
+
+    pub fn check_sent(&self) {
+        bump(self.check_sent);
+    }
+
+    pub fn check_failed(&self) {
+        bump(self.check_failed);
     }
 }

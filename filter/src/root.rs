@@ -1,29 +1,65 @@
-//! The root context: parses the configuration once, prepares shared state, and makes one
-//! HTTP context per request.
+//! The root context: parses the configuration once, prepares shared state, runs the sync on
+//! ticks, and makes one HTTP context per request.
 
+use std::cell::Cell;
+use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
+use sluice_core::policy::Service;
+use sluice_core::sync::SyncState;
 use sluice_core::{Limiter, Store};
 
 use crate::host::SharedData;
 use crate::http::Request;
 use crate::metrics::Metrics;
+use crate::sync::Syncer;
 
-/// What every request of this VM shares: the limiter and the metric ids.
+/// What every request of this VM shares: the limiter, metric ids, and what the last tick
+/// learned about the counter service.
 pub struct Shared {
     pub limiter: Limiter,
     pub metrics: Metrics,
+    pub queue: Option<u32>,
+    /// The breaker is closed: grants and strict checks may be used.
+    pub service_up: Cell<bool>,
+    /// The service's emergency bypass override is on.
+    pub bypass: Cell<bool>,
+}
+
+impl Shared {
+    /// Publishes the proxy-wide sync state to this worker's requests.
+    pub fn publish(&self, state: &SyncState, service: &Service, now_us: u64) {
+        let breaker = state.breaker.state(service.breaker_failures, now_us);
+        self.service_up
+            .set(state.breaker.service_up(service.breaker_failures, now_us));
+        self.bypass.set(state.bypass);
+        self.metrics.breaker(breaker);
+    }
 }
 
 #[derive(Default)]
 pub struct Root {
     shared: Option<Rc<Shared>>,
+    syncer: Syncer,
+    proxy_id: String,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(shared) = self.shared.clone() {
+            self.syncer.answered(&shared, token_id, body_size);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -40,17 +76,44 @@ impl RootContext for Root {
         };
         let limiter = Limiter::new(policy);
         prepare(&limiter);
-        let metrics = Metrics::define(limiter.policy().rules.iter().map(|r| r.name.as_str()));
+        let service = limiter.policy().service.clone();
+        let metrics = Metrics::define(
+            limiter.policy().rules.iter().map(|r| r.name.as_str()),
+            service.is_some(),
+        );
+        if let Some(service) = service
+            .as_ref()
+            .filter(|_| limiter.policy().needs_service())
+        {
+            self.syncer.start(service);
+            self.proxy_id = proxy_id();
+        }
         let _ = hostcalls::log(
             LogLevel::Info,
             &format!(
-                "sluice: configured {} rule(s), {} keys per rule",
+                "sluice: configured {} rule(s), {} keys per rule{}",
                 limiter.policy().rules.len(),
-                limiter.policy().max_keys
+                limiter.policy().max_keys,
+                service.map_or(String::new(), |s| format!(
+                    ", syncing with cluster {:?} every {} ms as {}",
+                    s.cluster, s.sync_interval_ms, self.proxy_id
+                )),
             ),
         );
-        self.shared = Some(Rc::new(Shared { limiter, metrics }));
+        self.shared = Some(Rc::new(Shared {
+            limiter,
+            metrics,
+            queue: self.syncer.queue(),
+            service_up: Cell::new(true),
+            bypass: Cell::new(false),
+        }));
         true
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(shared) = self.shared.clone() {
+            self.syncer.tick(&shared, &self.proxy_id);
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -80,5 +143,29 @@ fn prepare(limiter: &Limiter) {
         for set in 0..table.sets() {
             let _ = store.set(&table.set_key_at(set), &[], 0);
         }
+    }
+}
+
+const PROXY_ID_KEY: &str = "sluice/proxy-id";
+
+/// This proxy's identity towards the counter service: random, made once per process and
+/// shared by its workers.
+fn proxy_id() -> String {
+    let mut store = SharedData;
+    if let Ok(Some((id, _))) = store.get(PROXY_ID_KEY) {
+        if let Ok(id) = String::from_utf8(id) {
+            if !id.is_empty() {
+                return id;
+            }
+        }
+    }
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let id = format!("p-{random:016x}");
+    let _ = store.set(PROXY_ID_KEY, id.as_bytes(), 0);
+    match store.get(PROXY_ID_KEY) {
+        Ok(Some((stored, _))) => String::from_utf8(stored).unwrap_or(id),
+        _ => id,
     }
 }

@@ -1,0 +1,256 @@
+//! The proxy side of the sync: who syncs this round, what goes into the batch, and how the
+//! answer becomes grants. Pure steps over [`Store`] values; the filter does the I/O.
+
+use crate::breaker::Breaker;
+use crate::limiter::Limiter;
+use crate::protocol::{Grant, SyncEntry};
+use crate::store::{self, Store, StoreError};
+use crate::table;
+
+/// Shared-data key of the proxy's [`SyncState`].
+pub const STATE_KEY: &str = "sluice/sync";
+/// Shared queue the workers announce keys with unsynced counts on.
+pub const QUEUE_NAME: &str = "sluice/unsynced";
+
+/// The proxy-wide sync state, in shared data so every worker sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncState {
+    /// When the next round may start.
+    pub next_at_us: u64,
+    /// A round in flight owns the sync until then (its timeout, plus a margin).
+    pub busy_until_us: u64,
+    /// The interval the service last asked for (backpressure); 0: the configured one.
+    pub interval_ms: u64,
+    pub breaker: Breaker,
+    /// The service's emergency bypass override.
+    pub bypass: bool,
+    /// Rounds started, for logs and tests.
+    pub rounds: u64,
+}
+
+impl SyncState {
+    const LEN: usize = 8 * 5 + 4 + 1;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::LEN);
+        b.extend_from_slice(&self.next_at_us.to_le_bytes());
+        b.extend_from_slice(&self.busy_until_us.to_le_bytes());
+        b.extend_from_slice(&self.interval_ms.to_le_bytes());
+        b.extend_from_slice(&self.breaker.open_until_us.to_le_bytes());
+        b.extend_from_slice(&self.rounds.to_le_bytes());
+        b.extend_from_slice(&self.breaker.failures.to_le_bytes());
+        b.push(self.bypass as u8);
+        b
+    }
+
+    /// Decodes; anything malformed (or empty) reads as the initial state.
+    pub fn decode(bytes: &[u8]) -> SyncState {
+        if bytes.len() != Self::LEN {
+            return SyncState::default();
+        }
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let mut f = [0u8; 4];
+        f.copy_from_slice(&bytes[40..44]);
+        SyncState {
+            next_at_us: u64_at(0),
+            busy_until_us: u64_at(8),
+            interval_ms: u64_at(16),
+            breaker: Breaker {
+                open_until_us: u64_at(24),
+                failures: u32::from_le_bytes(f),
+            },
+            rounds: u64_at(32),
+            bypass: bytes[44] != 0,
+        }
+    }
+
+    /// The interval to use: the service's hint, never below the configured one nor above 10×.
+    pub fn effective_interval_ms(&self, configured_ms: u64) -> u64 {
+        if self.interval_ms == 0 {
+            configured_ms
+        } else {
+            self.interval_ms
+                .clamp(configured_ms, configured_ms.saturating_mul(10))
+        }
+    }
+}
+
+/// Reads the sync state.
+pub fn read_state(store: &mut dyn Store) -> SyncState {
+    match store.get(STATE_KEY) {
+        Ok(Some((bytes, _))) => SyncState::decode(&bytes),
+        _ => SyncState::default(),
+    }
+}
+
+/// Changes the sync state atomically.
+pub fn update_state<T>(
+    store: &mut dyn Store,
+    mut step: impl FnMut(&mut SyncState) -> T,
+) -> Result<T, StoreError> {
+    store::update(store, STATE_KEY, |bytes| {
+        let mut state = SyncState::decode(bytes);
+        let answer = step(&mut state);
+        *bytes = state.encode();
+        (answer, true)
+    })
+}
+
+/// Tries to claim this round for the calling worker: succeeds for exactly one worker per
+/// interval. `busy_us` is how long the round may stay in flight.
+pub fn claim_round(
+    store: &mut dyn Store,
+    now_us: u64,
+    configured_interval_ms: u64,
+    busy_us: u64,
+    breaker_threshold: u32,
+) -> Option<SyncState> {
+    update_state(store, |state| {
+        let due = now_us >= state.next_at_us && now_us >= state.busy_until_us;
+        if !due || !state.breaker.may_call(breaker_threshold, now_us) {
+            return None;
+        }
+        state.next_at_us = now_us + state.effective_interval_ms(configured_interval_ms) * 1_000;
+        state.busy_until_us = now_us + busy_us;
+        state.rounds += 1;
+        Some(*state)
+    })
+    .ok()
+    .flatten()
+}
+
+/// Encodes a queue message announcing that `key` of rule `rule` has unsynced counts.
+pub fn announce(rule: usize, key: &str) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(4 + key.len());
+    msg.extend_from_slice(&(rule as u32).to_le_bytes());
+    msg.extend_from_slice(key.as_bytes());
+    msg
+}
+
+/// Decodes a queue message; `None` if malformed.
+pub fn announced(msg: &[u8]) -> Option<(usize, String)> {
+    let rule = u32::from_le_bytes(msg.get(..4)?.try_into().ok()?) as usize;
+    let key = std::str::from_utf8(msg.get(4..)?).ok()?;
+    Some((rule, key.to_string()))
+}
+
+/// Takes a key's unsynced counts (resetting them) and makes its batch entry.
+/// `None` if the key was evicted or has nothing to report.
+pub fn snapshot(
+    limiter: &Limiter,
+    rule: usize,
+    key: &str,
+    store: &mut dyn Store,
+) -> Option<SyncEntry> {
+    let spec = limiter.policy().rules.get(rule)?;
+    let table = limiter.table(rule)?;
+    let fingerprint = table::fingerprint(key);
+    let (spent, denied) = store::update(store, &table.set_key(fingerprint), |set| {
+        let Some(mut record) = table.find(set, fingerprint) else {
+            return ((0, 0), false);
+        };
+        let counts = (record.spent, record.denied);
+        record.spent = 0;
+        record.denied = 0;
+        table.store(set, &record);
+        (counts, true)
+    })
+    .ok()?;
+    if spent == 0 && denied == 0 {
+        return None;
+    }
+    Some(SyncEntry {
+        key: key.to_string(),
+        limits: spec.limits.iter().map(|l| l.spec()).collect(),
+        spent: spent as u64,
+        denied: denied as u64,
+    })
+}
+
+/// Installs a grant: the lease replaces the old one, less what this proxy spent while the
+/// answer was on its way (that spend is already counted in `spent` for the next sync, and the
+/// service sized the grant without it).
+pub fn apply_grant(
+    limiter: &Limiter,
+    rule: usize,
+    key: &str,
+    grant: &Grant,
+    now_us: u64,
+    store: &mut dyn Store,
+) -> Result<(), StoreError> {
+    let (Some(spec), Some(table)) = (limiter.policy().rules.get(rule), limiter.table(rule)) else {
+        return Ok(());
+    };
+    let limits = crate::limiter::bucket_limits(spec);
+    let fingerprint = table::fingerprint(key);
+    store::update(store, &table.set_key(fingerprint), |set| {
+        let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
+        let tokens = grant.tokens.min(u32::MAX as u64) as u32;
+        record.grant = tokens.saturating_sub(record.spent);
+        record.grant_until_us = now_us + grant.ttl_ms * 1_000;
+        table.store(set, &record);
+        ((), true)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn state_round_trips() {
+        let s = SyncState {
+            next_at_us: 1,
+            busy_until_us: 2,
+            interval_ms: 3,
+            breaker: Breaker {
+                failures: 4,
+                open_until_us: 5,
+            },
+            bypass: true,
+            rounds: 6,
+        };
+        assert_eq!(SyncState::decode(&s.encode()), s);
+        assert_eq!(SyncState::decode(b"junk"), SyncState::default());
+    }
+
+    #[test]
+    fn one_claim_per_interval() {
+        let mut store = MemoryStore::default();
+        let t = 1_000_000;
+        assert!(claim_round(&mut store, t, 100, 50_000, 3).is_some());
+        assert!(
+            claim_round(&mut store, t + 10, 100, 50_000, 3).is_none(),
+            "another worker, same round"
+        );
+        // The round finished early, but the interval has not passed.
+        update_state(&mut store, |s| s.busy_until_us = 0).unwrap();
+        assert!(claim_round(&mut store, t + 99_000, 100, 50_000, 3).is_none());
+        assert!(claim_round(&mut store, t + 100_000, 100, 50_000, 3).is_some());
+    }
+
+    #[test]
+    fn an_open_breaker_stops_claims() {
+        let mut store = MemoryStore::default();
+        update_state(&mut store, |s| s.breaker.failed(1, 0, 1_000_000, 1.0)).unwrap();
+        assert!(claim_round(&mut store, 10, 100, 50_000, 1).is_none());
+        assert!(
+            claim_round(&mut store, 1_000_000, 100, 50_000, 1).is_some(),
+            "half-open probe"
+        );
+    }
+
+    #[test]
+    fn announcements_round_trip() {
+        assert_eq!(
+            announced(&announce(3, "a\u{1f}b")),
+            Some((3, "a\u{1f}b".to_string()))
+        );
+        assert_eq!(announced(b"ab"), None);
+    }
+}

@@ -1,0 +1,235 @@
+//! The sync, worker side: on each tick, refresh what requests need to know (breaker, bypass);
+//! if this worker wins the round, gather every worker's unsynced keys and send one batch.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, LogLevel, MapType};
+use sluice_core::policy::Service;
+use sluice_core::protocol::{SyncRequest, SyncResponse};
+use sluice_core::sync::{self, SyncState};
+use sluice_core::{table, Limiter};
+
+use crate::host::{self, SharedData};
+use crate::root::Shared;
+
+/// Bound on keys per batch; the rest wait for the next round (they stay unsynced and are
+/// announced again after their next change).
+const MAX_BATCH: usize = 10_000;
+
+/// A batch on its way: which key each grant in the answer belongs to.
+pub struct InFlight {
+    keys: Vec<(usize, String)>,
+    sent_at_us: u64,
+}
+
+/// The worker's part in syncing.
+#[derive(Default)]
+pub struct Syncer {
+    queue: Option<u32>,
+    in_flight: HashMap<u32, InFlight>,
+}
+
+impl Syncer {
+    pub fn queue(&self) -> Option<u32> {
+        self.queue
+    }
+
+    /// Joins the proxy's announcement queue and starts ticking.
+    pub fn start(&mut self, service: &Service) {
+        self.queue = hostcalls::register_shared_queue(sync::QUEUE_NAME).ok();
+        let tick_ms = (service.sync_interval_ms / 4).clamp(5, 1_000);
+        let _ = hostcalls::set_tick_period(Duration::from_millis(tick_ms));
+    }
+
+    pub fn tick(&mut self, shared: &Shared, proxy_id: &str) {
+        let Some(service) = shared.limiter.policy().service.as_ref() else {
+            return;
+        };
+        let now = host::now_us();
+        let mut store = SharedData;
+        let state = sync::read_state(&mut store);
+        shared.publish(&state, service, now);
+
+        let busy_us = (service.timeout_ms + 50) * 1_000;
+        let Some(claimed) = sync::claim_round(
+            &mut store,
+            now,
+            service.sync_interval_ms,
+            busy_us,
+            service.breaker_failures,
+        ) else {
+            return;
+        };
+        let interval_ms = claimed.effective_interval_ms(service.sync_interval_ms);
+        let keys = self.drain();
+        let limiter = &shared.limiter;
+        let mut entries = Vec::with_capacity(keys.len());
+        let mut batch_keys = Vec::with_capacity(keys.len());
+        for (rule, key) in keys {
+            if let Some(entry) = sync::snapshot(limiter, rule, &key, &mut store) {
+                entries.push(entry);
+                batch_keys.push((rule, key));
+            }
+        }
+        if entries.is_empty() {
+            let _ = sync::update_state(&mut store, |s| s.busy_until_us = 0);
+            return;
+        }
+        let request = SyncRequest {
+            proxy: proxy_id.to_string(),
+            interval_ms,
+            entries,
+        };
+        let Ok(body) = serde_json::to_vec(&request) else {
+            return;
+        };
+        let auth = format!("Bearer {}", service.token);
+        let headers = vec![
+            (":method", "POST"),
+            (":path", "/v1/sync"),
+            (":authority", service.authority.as_str()),
+            ("content-type", "application/json"),
+            ("authorization", auth.as_str()),
+        ];
+        let timeout = Duration::from_millis(service.timeout_ms);
+        match hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout)
+        {
+            Ok(token) => {
+                shared.metrics.sync_sent();
+                self.in_flight.insert(
+                    token,
+                    InFlight {
+                        keys: batch_keys,
+                        sent_at_us: now,
+                    },
+                );
+            }
+            Err(status) => {
+                let _ = hostcalls::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "sluice: sync to cluster {:?} not sent: {status:?}",
+                        service.cluster
+                    ),
+                );
+                failed(shared, service, now, Failure::NotSent);
+            }
+        }
+    }
+
+    /// Every key announced since the last round, once each.
+    fn drain(&mut self) -> Vec<(usize, String)> {
+        let Some(queue) = self.queue else {
+            return Vec::new();
+        };
+        let mut seen = HashSet::new();
+        let mut keys = Vec::new();
+        while keys.len() < MAX_BATCH {
+            match hostcalls::dequeue_shared_queue(queue) {
+                Ok(Some(msg)) => {
+                    if let Some((rule, key)) = sync::announced(&msg) {
+                        if seen.insert(table::fingerprint(&key) ^ rule as u64) {
+                            keys.push((rule, key));
+                        }
+                    }
+                }
+                _ => break,
+            }
+        }
+        keys
+    }
+
+    /// The service answered (or the call failed: no `:status`).
+    pub fn answered(&mut self, shared: &Shared, token: u32, body_size: usize) {
+        let Some(batch) = self.in_flight.remove(&token) else {
+            return;
+        };
+        let Some(service) = shared.limiter.policy().service.as_ref() else {
+            return;
+        };
+        let now = host::now_us();
+        shared
+            .metrics
+            .sync_latency(now.saturating_sub(batch.sent_at_us) / 1_000);
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten();
+        let response = match status.as_deref() {
+            Some("200") => hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                .ok()
+                .flatten()
+                .and_then(|body| serde_json::from_slice::<SyncResponse>(&body).ok())
+                .filter(|r| r.grants.len() == batch.keys.len()),
+            _ => None,
+        };
+        let Some(response) = response else {
+            let failure = match status.as_deref() {
+                None => Failure::Timeout,
+                Some("401") | Some("403") => Failure::Unauthorized,
+                Some(_) => Failure::Status,
+            };
+            if failure == Failure::Unauthorized {
+                let _ = hostcalls::log(
+                    LogLevel::Error,
+                    "sluice: the counter service refused our token (401): check service.token",
+                );
+            }
+            failed(shared, service, now, failure);
+            return;
+        };
+        apply(&shared.limiter, &batch.keys, &response, now);
+        let mut store = SharedData;
+        let hints = &response.hints;
+        let _ = sync::update_state(&mut store, |s| {
+            s.breaker.succeeded();
+            s.busy_until_us = 0;
+            s.interval_ms = hints.next_sync_ms;
+            s.bypass = hints.overrides.bypass;
+        });
+        shared.metrics.sync_ok();
+        let state = sync::read_state(&mut store);
+        shared.publish(&state, service, now);
+    }
+}
+
+fn apply(limiter: &Limiter, keys: &[(usize, String)], response: &SyncResponse, now: u64) {
+    let mut store = SharedData;
+    for ((rule, key), grant) in keys.iter().zip(&response.grants) {
+        let _ = sync::apply_grant(limiter, *rule, key, grant, now, &mut store);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    NotSent,
+    Timeout,
+    Unauthorized,
+    Status,
+}
+
+/// Counts a failed call against the breaker and releases the round.
+pub fn failed(shared: &Shared, service: &Service, now: u64, failure: Failure) {
+    let jitter = 0.5 + (table::fnv1a(&now.to_le_bytes()) % 1_000) as f64 / 1_000.0;
+    let mut store = SharedData;
+    let _ = sync::update_state(&mut store, |s| {
+        s.busy_until_us = 0;
+        s.breaker.failed(
+            service.breaker_failures,
+            now,
+            service.breaker_cooldown_ms * 1_000,
+            jitter,
+        );
+    });
+    shared.metrics.sync_failed(failure);
+    let state: SyncState = sync::read_state(&mut store);
+    shared.publish(&state, service, now);
+}
+
+/// Reports a failed strict check to the breaker (shared with the sync).
+pub fn check_failed(shared: &Shared, failure: Failure) {
+    if let Some(service) = shared.limiter.policy().service.as_ref() {
+        failed(shared, service, host::now_us(), failure);
+    }
+}
