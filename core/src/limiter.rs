@@ -263,7 +263,17 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
     let now = conditions.now_us;
     let synced = rule.consistency != Consistency::Local;
     let verdict = if synced && conditions.service_up && now < record.grant_until_us {
-        spend_grant(rule, record, now)
+        let verdict = spend_grant(rule, record, now);
+        if verdict.allowed {
+            // The fallback buckets follow what this proxy spends, so a lapse of the lease
+            // falls back to what is left locally, not to a fresh burst.
+            for (bucket, limit) in record.buckets.iter_mut().zip(bucket_limits(rule)) {
+                let mut refilled = bucket.refilled(limit, now);
+                refilled.tokens = (refilled.tokens - 1.0).max(0.0);
+                *bucket = refilled;
+            }
+        }
+        verdict
     } else {
         match (&rule.consistency, &rule.fallback) {
             (Consistency::Local, _) | (_, Fallback::Open(_)) => {

@@ -1,0 +1,143 @@
+//! Cached consistency on one proxy: fallbacks before the first grant, grants as leases, the
+//! snapshot the sync sends, and what happens when the lease lapses or the service is down.
+
+use sluice_core::limiter::Conditions;
+use sluice_core::protocol::Grant;
+use sluice_core::sync::{apply_grant, snapshot};
+use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
+
+const MS: u64 = 1_000;
+const T0: u64 = 1_700_000_000_000_000;
+
+fn limiter(fallback: &str) -> Limiter {
+    let json = format!(
+        r#"{{"service": {{"cluster": "svc", "token": "t"}},
+        "rules": [{{"name": "shared", "key": ["const:all"],
+                    "limits": [{{"requests": 100, "per": "second"}}]{fallback}}}]}}"#
+    );
+    Limiter::new(sluice_core::parse(json.as_bytes()).unwrap())
+}
+
+fn up(now_us: u64) -> Conditions {
+    Conditions {
+        now_us,
+        service_up: true,
+    }
+}
+
+fn down(now_us: u64) -> Conditions {
+    Conditions {
+        now_us,
+        service_up: false,
+    }
+}
+
+fn admitted(limiter: &Limiter, store: &mut MemoryStore, n: usize, c: Conditions) -> usize {
+    (0..n)
+        .filter(|_| {
+            let e = limiter.decide(&mut PlainRequest::get("/"), c, store);
+            matches!(e.decision, Decision::Allow { .. })
+        })
+        .count()
+}
+
+fn grant(tokens: u64) -> Grant {
+    Grant {
+        tokens,
+        ttl_ms: 300,
+        remaining: 0,
+        reset_ms: 0,
+    }
+}
+
+const KEY: &str = "shared\u{1f}all";
+
+#[test]
+fn before_the_first_grant_the_fallback_decides_and_the_key_is_announced_once() {
+    let limiter = limiter(
+        r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 10, "per": "second"}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let first = limiter.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
+    assert_eq!(first.newly_unsynced, vec![(0, KEY.to_string())]);
+    let second = limiter.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
+    assert!(second.newly_unsynced.is_empty(), "announced once per sync");
+    assert_eq!(
+        admitted(&limiter, &mut store, 20, up(T0)),
+        8,
+        "fallback burst of 10"
+    );
+
+    let entry = snapshot(&limiter, 0, KEY, &mut store).unwrap();
+    assert_eq!((entry.spent, entry.denied), (10, 12));
+    assert_eq!(entry.limits[0].requests, 100);
+    assert!(
+        snapshot(&limiter, 0, KEY, &mut store).is_none(),
+        "counts were taken"
+    );
+    let after = limiter.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
+    assert_eq!(
+        after.newly_unsynced.len(),
+        1,
+        "announced again after the snapshot"
+    );
+}
+
+#[test]
+fn a_grant_is_spent_exactly_and_in_flight_spend_is_deducted() {
+    let limiter = limiter("");
+    let mut store = MemoryStore::default();
+    admitted(&limiter, &mut store, 3, up(T0));
+    snapshot(&limiter, 0, KEY, &mut store).unwrap();
+    // Two more requests while the sync is on its way: the service did not see them.
+    admitted(&limiter, &mut store, 2, up(T0 + MS));
+    apply_grant(&limiter, 0, KEY, &grant(10), T0 + 2 * MS, &mut store).unwrap();
+    let n = admitted(&limiter, &mut store, 20, up(T0 + 3 * MS));
+    assert_eq!(n, 8, "10 granted, 2 already spent in flight");
+    let entry = snapshot(&limiter, 0, KEY, &mut store).unwrap();
+    assert_eq!(
+        (entry.spent, entry.denied),
+        (10, 12),
+        "in-flight spend is reported next"
+    );
+}
+
+#[test]
+fn a_lapsed_lease_falls_back_to_what_is_left_locally() {
+    let limiter = limiter(
+        r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 10, "per": "minute"}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    admitted(&limiter, &mut store, 1, up(T0));
+    snapshot(&limiter, 0, KEY, &mut store).unwrap();
+    apply_grant(&limiter, 0, KEY, &grant(50), T0, &mut store).unwrap();
+    assert_eq!(admitted(&limiter, &mut store, 60, up(T0 + MS)), 50);
+    // The lease (300 ms) lapses; the local fallback bucket was drained by the grant spend.
+    assert_eq!(admitted(&limiter, &mut store, 5, up(T0 + 400 * MS)), 0);
+}
+
+#[test]
+fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
+    let open = limiter(
+        r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 5, "per": "minute"}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    admitted(&open, &mut store, 1, up(T0));
+    apply_grant(&open, 0, KEY, &grant(50), T0, &mut store).unwrap();
+    assert_eq!(
+        admitted(&open, &mut store, 20, down(T0 + MS)),
+        4,
+        "grant ignored, fallback 5 less 1 spent"
+    );
+
+    let closed = limiter(r#", "fallback": {"policy": "fail_closed"}"#);
+    let mut store = MemoryStore::default();
+    assert_eq!(admitted(&closed, &mut store, 3, down(T0)), 0);
+    assert_eq!(
+        admitted(&closed, &mut store, 3, up(T0)),
+        0,
+        "no lease yet: fail closed"
+    );
+    apply_grant(&closed, 0, KEY, &grant(2), T0, &mut store).unwrap();
+    assert_eq!(admitted(&closed, &mut store, 3, up(T0 + MS)), 2);
+}
