@@ -2,7 +2,7 @@
 //! headers as a [`RequestView`], the clock as microseconds.
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{MapType, Status};
+use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_core::{RequestView, Store, StoreError};
 
 /// proxy-wasm shared data: one map per VM id, shared by every worker of the proxy.
@@ -37,8 +37,35 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// A request header. Read as bytes: the SDK's string getter panics on a value that is not
+/// UTF-8, and HTTP allows such values.
 pub fn request_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+    hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The `:status` of a callout's answer, or `None` when the call failed without one.
+///
+/// With no headers (a reset), the host has no response map and answers `BadArgument`, which
+/// the SDK's getter turns into a panic: so headers are read only when there are some.
+pub fn call_status(num_headers: usize) -> Option<String> {
+    if num_headers == 0 {
+        return None;
+    }
+    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The body of a callout's answer.
+pub fn call_body(body_size: usize) -> Option<Vec<u8>> {
+    if body_size == 0 {
+        return None;
+    }
+    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
         .ok()
         .flatten()
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, BufferType, MapType};
+use proxy_wasm::types::{Action, MapType};
 use sluice_core::headers::{denial_body, render, retry_after_seconds};
 use sluice_core::limiter::{Conditions, RuleAnswer, Spent};
 use sluice_core::net::client_address;
@@ -171,7 +171,7 @@ impl Context for Request {
     fn on_http_call_response(
         &mut self,
         token_id: u32,
-        _num_headers: usize,
+        num_headers: usize,
         body_size: usize,
         _num_trailers: usize,
     ) {
@@ -179,13 +179,9 @@ impl Context for Request {
             return;
         };
         let (_, rule, key) = self.pending.swap_remove(at);
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten();
+        let status = host::call_status(num_headers);
         let answer = match status.as_deref() {
-            Some("200") => hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .ok()
-                .flatten()
+            Some("200") => host::call_body(body_size)
                 .and_then(|body| serde_json::from_slice::<CheckResponse>(&body).ok()),
             _ => None,
         };
@@ -212,12 +208,7 @@ impl Context for Request {
             }
             None => {
                 self.shared.metrics.check_failed();
-                let failure = match status.as_deref() {
-                    None => Failure::Timeout,
-                    Some("401") | Some("403") => Failure::Unauthorized,
-                    Some(_) => Failure::Status,
-                };
-                check_failed(&self.shared, failure);
+                check_failed(&self.shared, Failure::of(status.as_deref()));
                 self.fall_back(rule, &key);
             }
         }

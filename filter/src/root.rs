@@ -51,12 +51,13 @@ impl Context for Root {
     fn on_http_call_response(
         &mut self,
         token_id: u32,
-        _num_headers: usize,
+        num_headers: usize,
         body_size: usize,
         _num_trailers: usize,
     ) {
         if let Some(shared) = self.shared.clone() {
-            self.syncer.answered(&shared, token_id, body_size);
+            self.syncer
+                .answered(&shared, token_id, num_headers, body_size);
         }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, LogLevel, MapType};
+use proxy_wasm::types::LogLevel;
 use sluice_core::policy::Service;
 use sluice_core::protocol::{SyncRequest, SyncResponse};
 use sluice_core::sync::{self, SyncState};
@@ -142,7 +142,7 @@ impl Syncer {
     }
 
     /// The service answered (or the call failed: no `:status`).
-    pub fn answered(&mut self, shared: &Shared, token: u32, body_size: usize) {
+    pub fn answered(&mut self, shared: &Shared, token: u32, num_headers: usize, body_size: usize) {
         let Some(batch) = self.in_flight.remove(&token) else {
             return;
         };
@@ -153,23 +153,15 @@ impl Syncer {
         shared
             .metrics
             .sync_latency(now.saturating_sub(batch.sent_at_us) / 1_000);
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten();
+        let status = host::call_status(num_headers);
         let response = match status.as_deref() {
-            Some("200") => hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .ok()
-                .flatten()
+            Some("200") => host::call_body(body_size)
                 .and_then(|body| serde_json::from_slice::<SyncResponse>(&body).ok())
                 .filter(|r| r.grants.len() == batch.keys.len()),
             _ => None,
         };
         let Some(response) = response else {
-            let failure = match status.as_deref() {
-                None => Failure::Timeout,
-                Some("401") | Some("403") => Failure::Unauthorized,
-                Some(_) => Failure::Status,
-            };
+            let failure = Failure::of(status.as_deref());
             if failure == Failure::Unauthorized {
                 let _ = hostcalls::log(
                     LogLevel::Error,
@@ -201,12 +193,25 @@ fn apply(limiter: &Limiter, keys: &[(usize, String)], response: &SyncResponse, n
     }
 }
 
+/// Why a callout did not give an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
     NotSent,
+    /// Envoy's async client timed out (504) or the call was reset (no status).
     Timeout,
     Unauthorized,
     Status,
+}
+
+impl Failure {
+    /// Classifies a callout's `:status` (not 200).
+    pub fn of(status: Option<&str>) -> Failure {
+        match status {
+            None | Some("504") => Failure::Timeout,
+            Some("401") | Some("403") => Failure::Unauthorized,
+            Some(_) => Failure::Status,
+        }
+    }
 }
 
 /// Counts a failed call against the breaker and releases the round.
