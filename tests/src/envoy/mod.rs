@@ -1,0 +1,39 @@
+//! A real Envoy (from the project's virtualenv) with sluice loaded, for end-to-end tests: pick free loopback
+//! ports, render a template from `envoy/`, start, wait until ready, kill on drop.
+//!
+//! `make test` sets `SLUICE_ENVOY` (`.venv/bin/envoy`) and `SLUICE_WASM` (the release `.wasm`); without
+//! `SLUICE_ENVOY` every start fails with a message that says so. Each Envoy gets its own temp dir with the
+//! rendered `envoy.yaml` and `envoy.log`; a test that panics prints the log's last lines.
+//!
+//! ```no_run
+//! use sluice_tests::envoy::{agent, burst, get, Envoy, EnvoyOptions, Template};
+//!
+//! let envoy = Envoy::start(EnvoyOptions {
+//!     template: Template::Sluice,
+//!     plugin_config_json: r#"{"rules":[{"name":"per-ip","match":{"path_prefix":"/api/"},
+//!         "key":["client_ip"],"limits":[{"requests":50,"per":"minute"}]}]}"#
+//!         .to_owned(),
+//!     concurrency: 4,
+//!     ..EnvoyOptions::default()
+//! })?;
+//! let result = burst(&envoy.url("/api/x"), 500, 16)?; // 16 keep-alive connections
+//! assert_eq!(result.count(200), 50);
+//! let reply = get(&agent(), &envoy.url("/healthz"), &[])?;
+//! assert_eq!(envoy.counter("wasmcustom.sluice.rule.per-ip.denied")?, Some(450));
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+mod client;
+mod load;
+mod paths;
+mod ports;
+mod process;
+mod stats;
+mod template;
+
+pub use client::{agent, get, Reply};
+pub use load::{burst, Burst};
+pub use paths::{envoy_binary, repo_root, wasm_path};
+pub use process::{Envoy, EnvoyOptions, EnvoyRefusal};
+pub use stats::Stats;
+pub use template::{render, Template};

