@@ -39,19 +39,14 @@ pub fn render(style: HeaderStyle, rule: &str, quota: &Quota) -> Vec<(&'static st
     headers
 }
 
-/// The JSON body of a 429.
+/// The JSON body of a 429. Rule names are validated to `[A-Za-z0-9._-]`, so nothing in it
+/// needs escaping.
 pub fn denial_body(rule: &str, quota: &Quota, retry_after: u64) -> String {
-    serde_json::json!({
-        "error": "rate_limited",
-        "rule": rule,
-        "message": format!(
-            "rate limit exceeded: {} requests per {} for rule {rule}; retry in {retry_after} s",
-            quota.limit.requests(),
-            quota.limit.period()
-        ),
-        "retryAfter": retry_after,
-    })
-    .to_string()
+    format!(
+        "{{\"error\":\"rate_limited\",\"rule\":\"{rule}\",\"message\":\"rate limit exceeded: {} requests per {} for rule {rule}; retry in {retry_after} s\",\"retryAfter\":{retry_after}}}",
+        quota.limit.requests(),
+        quota.limit.period(),
+    )
 }
 
 #[cfg(test)]

@@ -10,6 +10,9 @@ use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::store::{self, Store};
 use crate::table::{self, Record, Table};
 
+/// How stale a key's recency may get before a denial writes it anyway.
+const RECENCY_US: u64 = 1_000_000;
+
 /// What the limiter needs to know about the world besides the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conditions {
@@ -111,9 +114,20 @@ impl Limiter {
             let fingerprint = table::fingerprint(&key);
             let table = &self.tables[index];
             let step = store::update(store, &table.set_key(fingerprint), |set| {
-                let mut record = table.find_or_fresh(set, fingerprint, bucket_limits(rule), now);
+                let found = table.find(set, fingerprint);
+                let mut record =
+                    found.unwrap_or_else(|| Record::fresh(fingerprint, bucket_limits(rule), now));
                 let was_unsynced = record.unsynced();
                 let verdict = judge(rule, &mut record, conditions);
+                // A local denial changes nothing a later request could tell apart (the refill
+                // is a function of the stored stamp), so it skips the write, keeping the deny
+                // path to one read; it still refreshes the key's recency once a second.
+                let unchanged = !verdict.allowed
+                    && rule.consistency == Consistency::Local
+                    && found.is_some_and(|r| now.saturating_sub(r.seen_us) < RECENCY_US);
+                if unchanged {
+                    return ((verdict, false), false);
+                }
                 record.seen_us = now;
                 table.store(set, &record);
                 let dirty =

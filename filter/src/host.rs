@@ -1,6 +1,8 @@
 //! The host, seen through core's narrow interfaces: shared data as a [`Store`], request
 //! headers as a [`RequestView`], the clock as microseconds.
 
+use std::cell::OnceCell;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, Status};
 use sluice_core::{RequestView, Store, StoreError};
@@ -77,16 +79,18 @@ pub fn property(path: Vec<&str>) -> Option<String> {
         .and_then(|bytes| String::from_utf8(bytes).ok())
 }
 
-/// The request being decided, read lazily: a header costs a host call only if a rule asks.
+/// The request being decided, read lazily: the method and headers cost a host call only if a
+/// rule asks.
 pub struct HostRequest {
-    pub method: String,
+    pub method: OnceCell<String>,
     pub path: String,
     pub client_ip: Option<String>,
 }
 
 impl RequestView for HostRequest {
     fn method(&self) -> &str {
-        &self.method
+        self.method
+            .get_or_init(|| request_header(":method").unwrap_or_default())
     }
 
     fn path(&self) -> &str {

@@ -42,7 +42,6 @@ impl Request {
 
     fn read_request(&self) -> HostRequest {
         let policy = self.shared.limiter.policy();
-        let method = host::request_header(":method").unwrap_or_default();
         let mut path = host::request_header(":path").unwrap_or_default();
         if let Some(query) = path.find('?') {
             path.truncate(query);
@@ -56,7 +55,7 @@ impl Request {
             client_address(&peer, xff.as_deref(), hops).to_string()
         });
         HostRequest {
-            method,
+            method: Default::default(),
             path,
             client_ip,
         }

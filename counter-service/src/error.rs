@@ -1,0 +1,130 @@
+//! Every way a request can fail, as one enum that answers with a JSON [`ErrorBody`].
+//!
+//! The body names the problem for the caller; internals (Redis errors, addresses) stay in the
+//! logs: the response carries an [`ErrorReport`] extension that the logging middleware reads.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sluice_core::protocol::ErrorBody;
+
+use crate::backend::BackendError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// No bearer token, or a wrong one.
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    /// The body is not the JSON the endpoint takes.
+    #[error("malformed JSON: {0}")]
+    MalformedJson(String),
+    /// The body is larger than `--max-body-bytes`.
+    #[error("request body larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The JSON is well formed, but a value is out of bounds.
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    /// Too many requests in flight: shed.
+    #[error("the service is overloaded, retry later")]
+    Overloaded,
+    /// The request did not finish within `--request-timeout-ms`.
+    #[error("the request timed out, retry later")]
+    Timeout,
+    /// Redis did not answer in time, or at all.
+    #[error("the counter store is unavailable, retry later")]
+    Unavailable(#[source] BackendError),
+    /// Redis answered something the service does not understand.
+    #[error("internal error")]
+    Internal(String),
+    /// No such route.
+    #[error("no such endpoint")]
+    NotFound,
+}
+
+/// What the logging middleware learns about an error response (never sent to the client).
+#[derive(Debug, Clone)]
+pub struct ErrorReport {
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+impl AppError {
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> AppError {
+        AppError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The stable name of this error: the `error` field of the body and the metrics label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AppError::Unauthorized => "unauthorized",
+            AppError::MalformedJson(_) => "malformed_json",
+            AppError::PayloadTooLarge(_) => "payload_too_large",
+            AppError::Invalid { .. } => "invalid_request",
+            AppError::Overloaded => "overloaded",
+            AppError::Timeout => "timeout",
+            AppError::Unavailable(_) => "redis_unavailable",
+            AppError::Internal(_) => "internal",
+            AppError::NotFound => "not_found",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AppError::Unauthorized => StatusCode::UNAUTHORIZED,
+            AppError::MalformedJson(_) | AppError::Invalid { .. } => StatusCode::BAD_REQUEST,
+            AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            AppError::Overloaded | AppError::Timeout | AppError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            AppError::NotFound => StatusCode::NOT_FOUND,
+        }
+    }
+
+    /// What goes to the logs: the public message plus any internal cause.
+    fn detail(&self) -> String {
+        match self {
+            AppError::Unavailable(cause) => format!("{self}: {cause}"),
+            AppError::Internal(cause) => format!("{self}: {cause}"),
+            _ => self.to_string(),
+        }
+    }
+}
+
+impl From<BackendError> for AppError {
+    fn from(error: BackendError) -> AppError {
+        match error {
+            BackendError::Reply(detail) => AppError::Internal(detail),
+            other => AppError::Unavailable(other),
+        }
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = ErrorBody {
+            error: self.kind().to_owned(),
+            message: self.to_string(),
+        };
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response.extensions_mut().insert(ErrorReport {
+            kind: self.kind(),
+            detail: self.detail(),
+        });
+        response
+    }
+}

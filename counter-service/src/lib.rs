@@ -1,0 +1,26 @@
+//! sluice's counter service: keeps the global truth of every limit in Redis and answers the
+//! proxies' batched syncs (`POST /v1/sync`) with quota leases, and strict checks (`POST /v1/check`).
+//!
+//! Stateless: any number of replicas can share one Redis or Redis Cluster.
+
+pub mod app;
+pub mod auth;
+pub mod backend;
+pub mod backpressure;
+pub mod body;
+pub mod check;
+pub mod error;
+pub mod keys;
+pub mod metrics;
+pub mod probes;
+pub mod scripts;
+pub mod settings;
+pub mod state;
+pub mod sync;
+pub mod validate;
+
+pub use app::app;
+pub use backend::{Backend, BackendError};
+pub use error::AppError;
+pub use settings::Settings;
+pub use state::AppState;

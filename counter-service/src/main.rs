@@ -1,0 +1,83 @@
+//! `sluice-counter-service`: see the README for flags and endpoints.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice_counter_service::{app, AppState, Settings};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let settings = Settings::parse();
+    if let Err(reason) = settings.validate() {
+        eprintln!("sluice-counter-service: {reason}");
+        return ExitCode::from(2);
+    }
+    let bind = settings.bind;
+    let cluster = settings.is_cluster();
+    let state = match AppState::new(settings) {
+        Ok(state) => state,
+        Err(error) => {
+            eprintln!("sluice-counter-service: --redis-url: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match TcpListener::bind(bind).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("sluice-counter-service: cannot listen on {bind}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let address = listener.local_addr().unwrap_or(bind);
+    // One line on stdout that tools can wait for (the port is the real one with `--bind …:0`).
+    println!("sluice-counter-service listening on {address}");
+    tracing::info!(%address, cluster, "listening");
+
+    let served = axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown())
+        .await;
+    match served {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            tracing::error!(%error, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM: the server then stops accepting and drains what is in flight.
+async fn shutdown() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: draining requests in flight");
+}

@@ -1,0 +1,161 @@
+//! The service's Prometheus metrics (OpenMetrics text at `GET /metrics`), and the Redis latency
+//! average that drives backpressure.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::backpressure::Ewma;
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// Every metric, registered once.
+pub struct Metrics {
+    registry: Registry,
+    /// `POST /v1/sync` batches answered.
+    pub syncs: Counter,
+    /// Entries (keys) applied by syncs.
+    pub entries_synced: Counter,
+    /// Script calls, by script: one per hash slot per sync batch.
+    script_calls: Family<Labels, Counter>,
+    /// Strict checks, by decision.
+    checks: Family<Labels, Counter>,
+    /// Requests the proxies reported as denied (unmet demand).
+    pub reported_denials: Counter,
+    /// Grants answered, and those of zero tokens.
+    pub grants: Counter,
+    pub empty_grants: Counter,
+    /// Tokens handed out in grants.
+    pub granted_tokens: Counter,
+    /// Redis call latency, by operation and outcome.
+    redis_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Error responses, by kind.
+    errors: Family<Labels, Counter>,
+    /// Requests in flight on `/v1`, and the last `next_sync_ms` hint.
+    pub in_flight: Gauge,
+    pub next_sync_ms: Gauge,
+    /// Redis latency, moving average, for backpressure.
+    pub redis_latency: Ewma,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~1.6 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 15))
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sluice");
+        let metrics = Metrics {
+            syncs: Counter::default(),
+            entries_synced: Counter::default(),
+            script_calls: Family::default(),
+            checks: Family::default(),
+            reported_denials: Counter::default(),
+            grants: Counter::default(),
+            empty_grants: Counter::default(),
+            granted_tokens: Counter::default(),
+            redis_seconds: Family::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+            in_flight: Gauge::default(),
+            next_sync_ms: Gauge::default(),
+            redis_latency: Ewma::new(0.2),
+            registry: Registry::default(),
+        };
+        registry.register("syncs", "Sync batches answered", metrics.syncs.clone());
+        registry.register(
+            "sync_entries",
+            "Keys applied by syncs",
+            metrics.entries_synced.clone(),
+        );
+        registry.register(
+            "script_calls",
+            "Lua script calls, by script",
+            metrics.script_calls.clone(),
+        );
+        registry.register(
+            "checks",
+            "Strict checks, by decision",
+            metrics.checks.clone(),
+        );
+        registry.register(
+            "reported_denials",
+            "Requests the proxies reported as denied",
+            metrics.reported_denials.clone(),
+        );
+        registry.register("grants", "Grants answered", metrics.grants.clone());
+        registry.register(
+            "empty_grants",
+            "Grants of zero tokens",
+            metrics.empty_grants.clone(),
+        );
+        registry.register(
+            "granted_tokens",
+            "Tokens handed out in grants",
+            metrics.granted_tokens.clone(),
+        );
+        registry.register(
+            "redis_seconds",
+            "Redis call latency, by operation and outcome",
+            metrics.redis_seconds.clone(),
+        );
+        registry.register("errors", "Error responses, by kind", metrics.errors.clone());
+        registry.register(
+            "in_flight",
+            "Requests in flight on /v1",
+            metrics.in_flight.clone(),
+        );
+        registry.register(
+            "next_sync_ms",
+            "The last next_sync_ms hint",
+            metrics.next_sync_ms.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    pub fn observe_redis(&self, op: &'static str, elapsed: Duration, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.redis_seconds
+            .get_or_create(&vec![("op", op), ("outcome", outcome)])
+            .observe(elapsed.as_secs_f64());
+        self.redis_latency.observe(elapsed.as_secs_f64() * 1000.0);
+    }
+
+    pub fn script_called(&self, script: &'static str, calls: u64) {
+        self.script_calls
+            .get_or_create(&vec![("script", script)])
+            .inc_by(calls);
+    }
+
+    pub fn checked(&self, allowed: bool) {
+        let decision = if allowed { "allowed" } else { "denied" };
+        self.checks
+            .get_or_create(&vec![("decision", decision)])
+            .inc();
+    }
+
+    pub fn error(&self, kind: &'static str) {
+        self.errors.get_or_create(&vec![("kind", kind)]).inc();
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,98 @@
+//! Against a local 3-master Redis Cluster: a batch whose keys span several hash slots is applied
+//! with one script call per slot, each call's keys in one slot.
+
+mod common;
+
+use std::collections::HashSet;
+
+use axum::http::StatusCode;
+use common::{get, post, settings};
+use serde_json::json;
+use sluice_core::protocol::LimitSpec;
+use sluice_counter_service::{keys, AppState};
+use sluice_tests::redis::RedisCluster;
+
+#[tokio::test]
+async fn a_batch_over_many_slots_makes_one_call_per_slot() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let state = AppState::new(settings(&cluster.url_list(), &[])).unwrap();
+    assert!(state.backend.is_cluster());
+    let limits = [
+        LimitSpec {
+            requests: 10,
+            period_ms: 1_000,
+            burst: 10,
+        },
+        LimitSpec {
+            requests: 100,
+            period_ms: 60_000,
+            burst: 20,
+        },
+    ];
+    // 40 entries; "user:3" twice, so two entries share a slot
+    let mut names: Vec<String> = (0..39).map(|i| format!("user:{i}")).collect();
+    names.push("user:3".into());
+    let entries: Vec<_> = names
+        .iter()
+        .map(|key| json!({"key": key, "limits": limits, "spent": 0, "denied": 1000}))
+        .collect();
+    let body = json!({"proxy": "p1", "interval_ms": 100, "entries": entries});
+
+    // warm up: load the script on every node, so that NOSCRIPT retries do not count below
+    let warm = post(&state, "/v1/sync", &body).await;
+    assert_eq!(warm.status, StatusCode::OK, "{warm:?}");
+    cluster.reset_stats().unwrap();
+
+    let mut slots = HashSet::new();
+    for name in &names {
+        let tag = format!("{{{}}}", keys::hash_tag(name));
+        let slot = cluster.slot(&tag).unwrap();
+        for limit in &limits {
+            assert_eq!(cluster.slot(&keys::limit_key(name, limit)).unwrap(), slot);
+        }
+        slots.insert(slot);
+    }
+    assert_eq!(
+        slots.len(),
+        39,
+        "39 distinct keys, 39 slots (no collision among these)"
+    );
+
+    let answer = post(&state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let grants = answer.body["grants"].as_array().unwrap();
+    assert_eq!(grants.len(), 40);
+    assert_eq!(grants[0]["remaining"], 10, "the tighter limit holds 10");
+
+    assert_eq!(
+        cluster.command_calls("evalsha").unwrap(),
+        slots.len() as u64,
+        "one EVALSHA per slot"
+    );
+    let text = get(&state, "/metrics")
+        .await
+        .body
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.contains("sluice_script_calls_total{script=\"sync\"} 78"),
+        "two batches of 39 calls: {text}"
+    );
+    let holding = cluster
+        .nodes()
+        .iter()
+        .filter(|node| node.text(&["DBSIZE"]).unwrap() != "0")
+        .count();
+    assert_eq!(holding, 3, "the keys are spread over every master");
+
+    // a strict check is routed to its slot too
+    let check = json!({"key": "user:0", "limits": limits});
+    let answer = post(&state, "/v1/check", &check).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(readyz(&state).await, StatusCode::OK);
+}
+
+async fn readyz(state: &AppState) -> StatusCode {
+    get(state, "/readyz").await.status
+}

@@ -1,0 +1,166 @@
+-- sync.lua: applies one proxy's reported spend to the global token buckets of a batch of entries,
+-- and answers each entry with a quota lease (a grant) sized by the proxy's demand.
+-- The service makes one call per Redis Cluster hash slot: every key of one call is in one slot.
+--
+-- KEYS: every limit key of every entry, in entry order then limit order:
+--       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>
+-- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
+--       interval_ms, grant_ttl_ms, entry count,
+--       then per entry: n_limits, spent, denied, then n_limits x (requests, period_ms, burst).
+-- Returns: a flat array of integers, four per entry in order: grant, ttl_ms, remaining, reset_ms.
+--
+-- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p: g:p (outstanding
+-- grant), x:p (its expiry, us), w:p (last want), d:p (demand EWMA, tokens/s), s:p (last sync, us).
+-- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
+
+-- Key lifetimes are capped (~34 years): a larger number would reach Redis in exponent notation.
+local MAX_TTL_MS = 1099511627776
+
+local function clock(override)
+  local value = tonumber(override)
+  if value ~= nil and value ~= 0 then
+    return value
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local now = clock(ARGV[1])
+local proxy = ARGV[2]
+local interval_ms = tonumber(ARGV[3])
+local grant_ttl_ms = tonumber(ARGV[4])
+local count = tonumber(ARGV[5])
+local interval_us = interval_ms * 1000
+local grant_ttl_us = grant_ttl_ms * 1000
+local stale_before = now - grant_ttl_us
+
+local g_field = 'g:' .. proxy
+local x_field = 'x:' .. proxy
+local w_field = 'w:' .. proxy
+local d_field = 'd:' .. proxy
+local s_field = 's:' .. proxy
+
+-- The hash of one key as a table, with its fields in the order Redis gave them.
+local function load(key)
+  local flat = redis.call('HGETALL', key)
+  local fields = {}
+  for i = 1, #flat, 2 do
+    fields[flat[i]] = flat[i + 1]
+  end
+  return flat, fields
+end
+
+-- Unexpired grants of the other proxies; drops the fields of proxies silent for a grant TTL.
+local function reserved_by_others(key, flat, fields)
+  local others = 0
+  for i = 1, #flat, 2 do
+    local field = flat[i]
+    if string.sub(field, 1, 2) == 'x:' then
+      local q = string.sub(field, 3)
+      local expiry = tonumber(flat[i + 1]) or 0
+      if q ~= proxy then
+        if expiry > now then
+          others = others + (tonumber(fields['g:' .. q]) or 0)
+        elseif expiry <= stale_before then
+          redis.call('HDEL', key, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
+        end
+      end
+    end
+  end
+  return others
+end
+
+local result = {}
+local arg = 6
+local key_index = 1
+for _ = 1, count do
+  local n = tonumber(ARGV[arg])
+  local spent = tonumber(ARGV[arg + 1])
+  local denied = tonumber(ARGV[arg + 2])
+  arg = arg + 3
+
+  local limits = {}
+  local demand_fields = nil
+  for i = 1, n do
+    local key = KEYS[key_index]
+    key_index = key_index + 1
+    local requests = tonumber(ARGV[arg])
+    local period_ms = tonumber(ARGV[arg + 1])
+    local burst = tonumber(ARGV[arg + 2])
+    arg = arg + 3
+    local flat, fields = load(key)
+    if i == 1 then
+      demand_fields = fields
+    end
+    -- 1. refill (a new key starts full), then debit what the proxy spent since its last sync
+    local tokens = tonumber(fields['tokens'])
+    local ts = tonumber(fields['ts'])
+    if tokens == nil or ts == nil then
+      tokens = burst
+      ts = now
+    elseif now > ts then
+      tokens = math.min(burst, tokens + (now - ts) * requests / (period_ms * 1000))
+      ts = now
+    end
+    tokens = tokens - spent
+    limits[i] = {
+      key = key, requests = requests, period_ms = period_ms, burst = burst,
+      tokens = tokens, ts = ts, others = reserved_by_others(key, flat, fields),
+    }
+  end
+
+  -- 2. the proxy's demand on this entry (tokens/s, EWMA) and what it wants for two intervals
+  local last_sync = tonumber(demand_fields[s_field])
+  local previous = tonumber(demand_fields[d_field])
+  local since = interval_us
+  if last_sync ~= nil and now - last_sync > since then
+    since = now - last_sync
+  end
+  local rate = (spent + denied) * 1000000 / since
+  local demand = rate
+  if last_sync ~= nil and previous ~= nil then
+    demand = 0.5 * previous + 0.5 * rate
+  end
+  local want = math.ceil(demand * interval_ms / 1000 * 2) + 1
+
+  -- 3. the grant: what every limit still holds once the other proxies' leases are set aside
+  local grant = want
+  for i = 1, n do
+    local available = math.floor(limits[i].tokens - limits[i].others)
+    if available < grant then
+      grant = available
+    end
+  end
+  if grant < 0 then
+    grant = 0
+  end
+
+  -- 4. write back; an idle key vanishes once it would be full again and every lease expired
+  local remaining = nil
+  local reset_ms = 0
+  for i = 1, n do
+    local l = limits[i]
+    redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts,
+      g_field, grant, x_field, now + grant_ttl_us, w_field, want, d_field, demand, s_field, now)
+    local refill_ms = math.ceil((l.burst - l.tokens) * l.period_ms / l.requests)
+    redis.call('PEXPIRE', l.key, math.min(refill_ms + grant_ttl_ms + 1000, MAX_TTL_MS))
+    if remaining == nil or l.tokens < remaining then
+      remaining = l.tokens
+    end
+    if refill_ms > reset_ms then
+      reset_ms = refill_ms
+    end
+  end
+
+  -- 5. the answer, integers only (Redis truncates Lua numbers in replies)
+  remaining = math.floor(remaining or 0)
+  if remaining < 0 then
+    remaining = 0
+  end
+  result[#result + 1] = grant
+  result[#result + 1] = grant_ttl_ms
+  result[#result + 1] = remaining
+  result[#result + 1] = reset_ms
+end
+
+return result

@@ -1,0 +1,6 @@
+//! sluice's test harnesses.
+
+pub mod envoy;
+pub mod host;
+pub mod redis;
+pub mod service;

@@ -1,0 +1,227 @@
+//! One running service process.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tempfile::TempDir;
+
+use super::binary::service_binary;
+use super::client::{agent, send, Reply};
+
+/// How to start the service.
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    /// `--redis-url`: one URL, or comma-separated cluster nodes.
+    pub redis_url: String,
+    /// `--token`.
+    pub token: String,
+    /// More flags, e.g. `["--redis-timeout-ms", "200"]`.
+    pub args: Vec<String>,
+}
+
+impl ServiceOptions {
+    pub fn new(redis_url: impl Into<String>) -> ServiceOptions {
+        ServiceOptions {
+            redis_url: redis_url.into(),
+            token: format!("test-token-{}", std::process::id()),
+            args: Vec::new(),
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> ServiceOptions {
+        self.args.push(arg.into());
+        self
+    }
+}
+
+/// A running `sluice-counter-service`, killed on drop.
+pub struct Service {
+    options: ServiceOptions,
+    binary: PathBuf,
+    dir: TempDir,
+    address: Option<SocketAddr>,
+    child: Option<Child>,
+    agent: ureq::Agent,
+}
+
+impl Service {
+    /// Starts the service for the Redis at `redis_url` with a generated token.
+    pub fn start(redis_url: &str) -> Result<Service> {
+        Service::start_with(ServiceOptions::new(redis_url))
+    }
+
+    /// Starts the service on a free loopback port and waits until `/healthz` answers 200.
+    pub fn start_with(options: ServiceOptions) -> Result<Service> {
+        let mut service = Service {
+            options,
+            binary: service_binary()?,
+            dir: tempfile::Builder::new()
+                .prefix("sluice-service-")
+                .tempdir()?,
+            address: None,
+            child: None,
+            agent: agent(),
+        };
+        service.restart()?;
+        Ok(service)
+    }
+
+    /// `127.0.0.1:<port>` (kept across restarts).
+    pub fn address(&self) -> Option<SocketAddr> {
+        self.address
+    }
+
+    /// `http://127.0.0.1:<port>`
+    pub fn url(&self) -> String {
+        match self.address {
+            Some(address) => format!("http://{address}"),
+            None => "http://127.0.0.1:0".into(),
+        }
+    }
+
+    pub fn token(&self) -> &str {
+        &self.options.token
+    }
+
+    /// The service's log (stderr) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("service.log")).unwrap_or_default()
+    }
+
+    /// `GET path` without a token.
+    pub fn get(&self, path: &str) -> Result<Reply> {
+        send(
+            &self.agent,
+            "GET",
+            &format!("{}{path}", self.url()),
+            None,
+            None,
+        )
+    }
+
+    /// `POST path` with `body` and the service's token.
+    pub fn post(&self, path: &str, body: &str) -> Result<Reply> {
+        self.post_with_token(path, body, Some(self.token()))
+    }
+
+    /// `POST path` with `body` and the given token (or none).
+    pub fn post_with_token(&self, path: &str, body: &str, token: Option<&str>) -> Result<Reply> {
+        send(
+            &self.agent,
+            "POST",
+            &format!("{}{path}", self.url()),
+            token,
+            Some(body),
+        )
+    }
+
+    /// Kills the service (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Asks the service to stop (SIGTERM) and waits up to `within` for it to exit; its status.
+    pub fn terminate(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
+        let Some(mut child) = self.child.take() else {
+            bail!("the service is not running");
+        };
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the service did not exit within {within:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the service again (on the same port once it had one) and waits for `/healthz`.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        let bind = match self.address {
+            Some(address) => address.to_string(),
+            None => "127.0.0.1:0".to_owned(),
+        };
+        let log = File::create(self.dir.path().join("service.log"))?;
+        let mut command = Command::new(&self.binary);
+        command
+            .args(["--bind", &bind, "--redis-url", &self.options.redis_url])
+            .args(["--token", &self.options.token])
+            .args(&self.options.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe; the service dies with the thread that started it.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary.display()))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        self.child = Some(child);
+
+        // The service prints `... listening on <address>` once bound; keep draining after.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(address) = line.rsplit(' ').next() {
+                    if line.contains("listening on") {
+                        let _ = tx.send(address.to_owned());
+                    }
+                }
+            }
+        });
+        let address = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(address) => address,
+            Err(_) => {
+                self.kill();
+                bail!("the service did not start listening: {}", self.log());
+            }
+        };
+        self.address = Some(address.parse().context("the service's listening address")?);
+        self.wait_for_health(Duration::from_secs(10))
+    }
+
+    fn wait_for_health(&mut self, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            if matches!(self.get("/healthz"), Ok(reply) if reply.status == 200) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                bail!("/healthz did not answer 200 in {within:?}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
