@@ -12,9 +12,8 @@ use sluice_tests::host::{
 fn module() -> &'static FilterModule {
     static MODULE: OnceLock<FilterModule> = OnceLock::new();
     MODULE.get_or_init(|| {
-        FilterModule::load(filter_wasm_path()).unwrap_or_else(|e| {
-            panic!("{e}: build the filter first (`make test` does)")
-        })
+        FilterModule::load(filter_wasm_path())
+            .unwrap_or_else(|e| panic!("{e}: build the filter first (`make test` does)"))
     })
 }
 
@@ -36,7 +35,11 @@ fn get(path: &str, ip: &str) -> RequestSpec {
 
 /// Sends one request through `worker` and answers it 200 upstream if the filter let it go.
 /// Returns the status the client sees and the response.
-fn send(proxy: &Proxy, worker: usize, spec: RequestSpec) -> (u32, ExchangeState, Vec<(String, String)>) {
+fn send(
+    proxy: &Proxy,
+    worker: usize,
+    spec: RequestSpec,
+) -> (u32, ExchangeState, Vec<(String, String)>) {
     let exchange = proxy.worker(worker).request(spec).unwrap();
     let state = exchange.state().unwrap();
     match &state {
@@ -45,7 +48,9 @@ fn send(proxy: &Proxy, worker: usize, spec: RequestSpec) -> (u32, ExchangeState,
             exchange.finish().unwrap();
             (200, state, response.headers)
         }
-        ExchangeState::LocalResponse { status, headers, .. } => (*status, state.clone(), headers.clone()),
+        ExchangeState::LocalResponse {
+            status, headers, ..
+        } => (*status, state.clone(), headers.clone()),
         other => panic!("unexpected state {other:?}"),
     }
 }
@@ -76,10 +81,16 @@ fn tokens_come_back_with_time() {
     }
     assert_eq!(send(&proxy, 0, get("/api/x", "10.0.0.1")).0, 429);
     proxy.advance(Duration::from_millis(1_200)).unwrap();
-    assert_eq!(send(&proxy, 1, get("/api/x", "10.0.0.1")).0, 200, "one token per 1.2 s");
+    assert_eq!(
+        send(&proxy, 1, get("/api/x", "10.0.0.1")).0,
+        200,
+        "one token per 1.2 s"
+    );
     assert_eq!(send(&proxy, 0, get("/api/x", "10.0.0.1")).0, 429);
     proxy.advance(Duration::from_secs(60)).unwrap();
-    let admitted = (0..60).filter(|i| send(&proxy, i % 2, get("/api/x", "10.0.0.1")).0 == 200).count();
+    let admitted = (0..60)
+        .filter(|i| send(&proxy, i % 2, get("/api/x", "10.0.0.1")).0 == 200)
+        .count();
     assert_eq!(admitted, 50, "a full bucket after a minute, no more");
 }
 
@@ -89,14 +100,25 @@ fn a_denial_is_honest() {
     let (_, _, first) = send(&proxy, 0, get("/api/x", "10.0.0.1"));
     assert_eq!(header(&first, "x-ratelimit-limit"), Some("50"));
     assert_eq!(header(&first, "x-ratelimit-remaining"), Some("49"));
-    assert_eq!(header(&first, "ratelimit-policy"), Some("\"per-ip\";q=50;w=60"));
-    assert_eq!(header(&first, "ratelimit"), Some("\"per-ip\";r=49;t=2"), "1.2 s to refill one token");
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        Some("\"per-ip\";q=50;w=60")
+    );
+    assert_eq!(
+        header(&first, "ratelimit"),
+        Some("\"per-ip\";r=49;t=2"),
+        "1.2 s to refill one token"
+    );
     for _ in 0..49 {
         send(&proxy, 0, get("/api/x", "10.0.0.1"));
     }
     let (status, state, headers) = send(&proxy, 0, get("/api/x", "10.0.0.1"));
     assert_eq!(status, 429);
-    assert_eq!(header(&headers, "retry-after"), Some("2"), "1.2 s, rounded up");
+    assert_eq!(
+        header(&headers, "retry-after"),
+        Some("2"),
+        "1.2 s, rounded up"
+    );
     assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("0"));
     assert_eq!(header(&headers, "x-ratelimit-reset"), Some("60"));
     assert_eq!(header(&headers, "ratelimit"), Some("\"per-ip\";r=0;t=60"));
@@ -108,7 +130,10 @@ fn a_denial_is_honest() {
     assert_eq!(body["error"], "rate_limited");
     assert_eq!(body["rule"], "per-ip");
     assert_eq!(body["retryAfter"], 2);
-    assert!(body["message"].as_str().unwrap().contains("50 requests per minute"));
+    assert!(body["message"]
+        .as_str()
+        .unwrap()
+        .contains("50 requests per minute"));
 }
 
 #[test]
@@ -119,7 +144,11 @@ fn bypass_and_unmatched_paths_are_not_limited() {
     }
     let (status, _, headers) = send(&proxy, 0, get("/healthz", "10.0.0.1"));
     assert_eq!(status, 200);
-    assert_eq!(header(&headers, "ratelimit"), None, "no headers on a bypassed request");
+    assert_eq!(
+        header(&headers, "ratelimit"),
+        None,
+        "no headers on a bypassed request"
+    );
     assert_eq!(send(&proxy, 0, get("/static/a.css", "10.0.0.1")).0, 200);
     assert_eq!(proxy.metric("sluice.bypassed"), Some(1));
 }
@@ -136,7 +165,11 @@ fn trusted_hops_pick_the_client_from_forwarded_for() {
     };
     assert_eq!(send(&proxy, 0, via_lb("192.0.2.1")).0, 200);
     assert_eq!(send(&proxy, 0, via_lb("192.0.2.1")).0, 429);
-    assert_eq!(send(&proxy, 0, via_lb("192.0.2.2")).0, 200, "another client behind the same balancer");
+    assert_eq!(
+        send(&proxy, 0, via_lb("192.0.2.2")).0,
+        200,
+        "another client behind the same balancer"
+    );
 }
 
 #[test]
@@ -145,12 +178,20 @@ fn shadow_rules_report_and_never_deny() {
       "limits": [{"requests": 3, "per": "minute"}]}]}"#;
     let proxy = proxy(config, 2);
     for i in 0..10 {
-        let (status, _, _) = send(&proxy, i % 2, RequestSpec::get("/").header("x-api-key", "k"));
+        let (status, _, _) = send(
+            &proxy,
+            i % 2,
+            RequestSpec::get("/").header("x-api-key", "k"),
+        );
         assert_eq!(status, 200);
     }
     assert_eq!(proxy.metric("sluice.rule.trial.allowed"), Some(3));
     assert_eq!(proxy.metric("sluice.rule.trial.shadow_denied"), Some(7));
-    assert_eq!(send(&proxy, 0, RequestSpec::get("/")).0, 200, "no key header: not counted");
+    assert_eq!(
+        send(&proxy, 0, RequestSpec::get("/")).0,
+        200,
+        "no key header: not counted"
+    );
     assert_eq!(proxy.metric("sluice.rule.trial.allowed"), Some(3));
 }
 
@@ -177,7 +218,10 @@ fn a_flood_of_unique_clients_stays_bounded() {
             bytes += value.len();
         }
     }
-    assert!(bytes <= 256 * record, "{bytes} bytes for at most 256 keys of {record}");
+    assert!(
+        bytes <= 256 * record,
+        "{bytes} bytes for at most 256 keys of {record}"
+    );
     assert!(bytes >= 200 * record, "the table is in use: {bytes} bytes");
 }
 
@@ -193,7 +237,11 @@ fn host_calls_per_request_stay_few() {
     let calls = proxy.host_calls();
     let total = proxy.host_call_total() as f64 / n as f64;
     eprintln!("host calls per request (one local rule, headers both): {total:.1} {calls:?}");
-    assert_eq!(calls.get("proxy_get_shared_data").copied(), Some(n), "one read per rule");
+    assert_eq!(
+        calls.get("proxy_get_shared_data").copied(),
+        Some(n),
+        "one read per rule"
+    );
     assert_eq!(
         calls.get("proxy_set_shared_data").copied(),
         Some(49),

@@ -89,7 +89,12 @@ fn grant_all(proxy: &Proxy, call: &HttpCall, request: &SyncRequest, tokens: u64)
     };
     let body = serde_json::to_vec(&response).unwrap();
     proxy
-        .answer_call(call.token, 200, &[("content-type", "application/json")], &body)
+        .answer_call(
+            call.token,
+            200,
+            &[("content-type", "application/json")],
+            &body,
+        )
         .unwrap();
 }
 
@@ -108,7 +113,11 @@ fn one_batch_per_interval_whatever_the_worker_count() {
     assert_eq!(call.header("authorization"), Some("Bearer s3cret"));
     assert_eq!(call.header(":method"), Some("POST"));
     assert_eq!(call.timeout, Some(Duration::from_millis(100)));
-    let mut keys: Vec<_> = batch.entries.iter().map(|e| (e.key.clone(), e.spent, e.denied)).collect();
+    let mut keys: Vec<_> = batch
+        .entries
+        .iter()
+        .map(|e| (e.key.clone(), e.spent, e.denied))
+        .collect();
     keys.sort();
     assert_eq!(
         keys,
@@ -136,26 +145,37 @@ fn a_grant_is_a_lease_spent_exactly_across_workers() {
     let calls = sync_calls(&proxy);
     let (call, batch) = &calls[0];
     grant_all(&proxy, call, batch, 7);
-    assert_eq!(admitted(&proxy, 20, "alice"), 7, "7 granted, spent on any worker");
+    assert_eq!(
+        admitted(&proxy, 20, "alice"),
+        7,
+        "7 granted, spent on any worker"
+    );
     assert_eq!(proxy.metric("sluice.rule.shared.denied"), Some(13));
 
     // The next batch reports the spend and the unmet demand.
     proxy.advance(Duration::from_millis(100)).unwrap();
     let calls = sync_calls(&proxy);
     assert_eq!(calls.len(), 1);
-    assert_eq!((calls[0].1.entries[0].spent, calls[0].1.entries[0].denied), (7, 13));
+    assert_eq!(
+        (calls[0].1.entries[0].spent, calls[0].1.entries[0].denied),
+        (7, 13)
+    );
 }
 
 #[test]
 fn the_breaker_opens_falls_back_and_recovers() {
-    let fallback = r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]}"#;
+    let fallback =
+        r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]}"#;
     let proxy = proxy(&config("cached", fallback), 2, 3);
     // Two failed syncs (a reset and a timeout) open the breaker.
     status(&proxy, 0, request("alice"));
     proxy.advance(Duration::from_millis(100)).unwrap();
     let (call, _) = sync_calls(&proxy).remove(0);
     proxy.fail_call(call.token).unwrap();
-    assert!(proxy.is_alive(0) && proxy.is_alive(1), "a reset callout must not trap the VM");
+    assert!(
+        proxy.is_alive(0) && proxy.is_alive(1),
+        "a reset callout must not trap the VM"
+    );
     status(&proxy, 1, request("alice"));
     proxy.advance(Duration::from_millis(100)).unwrap();
     assert_eq!(sync_calls(&proxy).len(), 1);
@@ -166,7 +186,10 @@ fn the_breaker_opens_falls_back_and_recovers() {
 
     // Open: no callouts, requests decided by the fallback (3/minute, 2 spent already).
     proxy.advance(Duration::from_millis(300)).unwrap();
-    assert!(sync_calls(&proxy).is_empty(), "an open breaker makes no calls");
+    assert!(
+        sync_calls(&proxy).is_empty(),
+        "an open breaker makes no calls"
+    );
     assert_eq!(admitted(&proxy, 5, "alice"), 1);
 
     // After the cool-down (1 s, jittered by up to ±50%) one probe goes out; success closes it.
@@ -175,11 +198,17 @@ fn the_breaker_opens_falls_back_and_recovers() {
         proxy.advance(Duration::from_millis(25)).unwrap();
         waited += Duration::from_millis(25);
     }
-    assert!(waited >= Duration::from_millis(150), "the probe waited for the cool-down: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(150),
+        "the probe waited for the cool-down: {waited:?}"
+    );
     let calls = sync_calls(&proxy);
     assert_eq!(calls.len(), 1, "one probe");
     let (call, batch) = &calls[0];
-    assert_eq!(batch.entries[0].spent, 3, "fallback spend during the outage is reported");
+    assert_eq!(
+        batch.entries[0].spent, 3,
+        "fallback spend during the outage is reported"
+    );
     grant_all(&proxy, call, batch, 50);
     proxy.advance(Duration::from_millis(25)).unwrap();
     assert_eq!(proxy.metric("sluice.breaker.open"), Some(0));
@@ -208,15 +237,35 @@ fn the_service_can_turn_on_the_emergency_bypass() {
     proxy.advance(Duration::from_millis(100)).unwrap();
     let (call, batch) = sync_calls(&proxy).remove(0);
     let mut response = SyncResponse {
-        grants: vec![Grant { tokens: 0, ttl_ms: 300, remaining: 0, reset_ms: 0 }; batch.entries.len()],
-        hints: Hints { next_sync_ms: 100, ..Hints::default() },
+        grants: vec![
+            Grant {
+                tokens: 0,
+                ttl_ms: 300,
+                remaining: 0,
+                reset_ms: 0
+            };
+            batch.entries.len()
+        ],
+        hints: Hints {
+            next_sync_ms: 100,
+            ..Hints::default()
+        },
     };
     response.hints.overrides.bypass = true;
     proxy
-        .answer_call(call.token, 200, &[], &serde_json::to_vec(&response).unwrap())
+        .answer_call(
+            call.token,
+            200,
+            &[],
+            &serde_json::to_vec(&response).unwrap(),
+        )
         .unwrap();
     proxy.advance(Duration::from_millis(25)).unwrap(); // every worker ticks and learns it
-    assert_eq!(admitted(&proxy, 10, "alice"), 10, "a zero grant, but bypassed");
+    assert_eq!(
+        admitted(&proxy, 10, "alice"),
+        10,
+        "a zero grant, but bypassed"
+    );
     assert_eq!(proxy.metric("sluice.bypassed"), Some(10));
 }
 
@@ -230,7 +279,10 @@ fn two_proxies_share_nothing_locally() {
     b.advance(Duration::from_millis(100)).unwrap();
     let (_, batch_a) = sync_calls(&a).remove(0);
     let (_, batch_b) = sync_calls(&b).remove(0);
-    assert_ne!(batch_a.proxy, batch_b.proxy, "each proxy has its own identity");
+    assert_ne!(
+        batch_a.proxy, batch_b.proxy,
+        "each proxy has its own identity"
+    );
     assert_eq!(batch_a.entries[0].spent, 1);
     assert_eq!(batch_b.entries[0].spent, 1);
 }
@@ -250,7 +302,12 @@ fn check_answer(proxy: &Proxy, allowed: bool) {
         reset_ms: 9_000,
     };
     proxy
-        .answer_call(call.token, 200, &[], &serde_json::to_vec(&response).unwrap())
+        .answer_call(
+            call.token,
+            200,
+            &[],
+            &serde_json::to_vec(&response).unwrap(),
+        )
         .unwrap();
 }
 
@@ -275,18 +332,30 @@ fn strict_requests_wait_for_the_service() {
 
 #[test]
 fn a_strict_check_that_times_out_falls_back() {
-    let fallback = r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 1, "per": "minute"}]}"#;
+    let fallback =
+        r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 1, "per": "minute"}]}"#;
     let proxy = proxy(&config("strict", fallback), 1, 9);
     let first = proxy.worker(0).request(request("alice")).unwrap();
     proxy.advance(Duration::from_millis(100)).unwrap();
-    assert!(first.state().unwrap().is_continued(), "fallback admitted it");
+    assert!(
+        first.state().unwrap().is_continued(),
+        "fallback admitted it"
+    );
     let second = proxy.worker(0).request(request("alice")).unwrap();
     proxy.advance(Duration::from_millis(100)).unwrap();
-    assert_eq!(second.state().unwrap().local_status(), Some(429), "fallback of 1/minute");
+    assert_eq!(
+        second.state().unwrap().local_status(),
+        Some(429),
+        "fallback of 1/minute"
+    );
     // Two timeouts opened the breaker: the next request does not wait at all.
     proxy.advance(Duration::from_millis(10)).unwrap();
     let third = proxy.worker(0).request(request("alice")).unwrap();
-    assert_eq!(third.state().unwrap().local_status(), Some(429), "decided at once");
+    assert_eq!(
+        third.state().unwrap().local_status(),
+        Some(429),
+        "decided at once"
+    );
     assert_eq!(proxy.metric("sluice.check.failed"), Some(2));
 }
 
