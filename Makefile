@@ -24,6 +24,7 @@ export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 
 .NOTPARALLEL:
 .PHONY: help deps rust-deps apt-deps build build-filter build-service test test-only lint run bench clean-run
+.PHONY: bench-service bench-latency
 
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -65,11 +66,19 @@ lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
 
-run: deps build ## the demo: Envoy with sluice on 127.0.0.1:10000, admin on 127.0.0.1:9901 (Ctrl-C stops it)
+run: deps build ## the demo: Redis (:6390), the counter service (:8081), Envoy with sluice on :10000, admin :9901 (Ctrl-C stops all)
 	scripts/run-demo.sh
 
-bench: deps build-filter ## no limiter vs Envoy's local_ratelimit vs sluice, same wrk load, one run (several minutes)
+bench: deps build ## no limiter vs Envoy's local_ratelimit vs sluice, then bench-service and bench-latency (~10 min)
 	$(VENV)/bin/python bench/bench.py
+	$(VENV)/bin/python bench/service.py
+	$(VENV)/bin/python bench/latency.py
+
+bench-service: deps build-service ## counter service key updates/s vs one Redis round trip per request
+	$(VENV)/bin/python bench/service.py
+
+bench-latency: deps build ## request latency in Envoy: no limiter vs sluice local, cached, strict
+	$(VENV)/bin/python bench/latency.py
 
 clean-run: ## stop whatever a demo or benchmark left running (by the pid files in .run/)
 	@scripts/stop-pids.sh $(RUN_DIR)

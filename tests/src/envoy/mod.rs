@@ -29,6 +29,7 @@ mod paths;
 mod ports;
 mod process;
 mod stats;
+mod sustain;
 mod template;
 
 pub use client::{agent, get, Reply};
@@ -36,4 +37,5 @@ pub use load::{burst, Burst};
 pub use paths::{envoy_binary, repo_root, wasm_path};
 pub use process::{Envoy, EnvoyOptions, EnvoyRefusal};
 pub use stats::Stats;
+pub use sustain::{sustain, sustain_until, Load, Sample, Sustained};
 pub use template::{render, Template};

@@ -120,7 +120,7 @@ impl Envoy {
                 yaml_single_quoted(&options.plugin_config_json),
             ),
         ];
-        if matches!(options.template, Template::Sluice) {
+        if matches!(options.template, Template::Sluice | Template::SluiceService) {
             values.push(("WASM".to_owned(), wasm_path()?.display().to_string()));
         }
         values.extend(options.placeholders.iter().cloned());

@@ -11,6 +11,9 @@ use super::paths::repo_root;
 pub enum Template {
     /// `envoy/sluice.yaml.tmpl`: sluice in front of the built-in upstream.
     Sluice,
+    /// `envoy/sluice-service.yaml.tmpl`: as [`Template::Sluice`], plus the cluster `sluice_service` (the counter
+    /// service on 127.0.0.1); needs the `SERVICE_PORT` placeholder.
+    SluiceService,
     /// `envoy/native-local-ratelimit.yaml.tmpl`: Envoy's own local_ratelimit filter instead of sluice;
     /// needs the `MAX_TOKENS`, `TOKENS_PER_FILL` and `FILL_INTERVAL` placeholders.
     NativeLocalRateLimit,
@@ -26,6 +29,7 @@ impl Template {
         let envoy = repo_root().join("envoy");
         match self {
             Template::Sluice => envoy.join("sluice.yaml.tmpl"),
+            Template::SluiceService => envoy.join("sluice-service.yaml.tmpl"),
             Template::NativeLocalRateLimit => envoy.join("native-local-ratelimit.yaml.tmpl"),
             Template::NoLimiter => envoy.join("no-limiter.yaml.tmpl"),
             Template::File(path) => path.clone(),

@@ -1,0 +1,540 @@
+//! sluice with its counter service, all real parts on loopback: Envoy (the pinned wheel, V8), the filter's
+//! `.wasm`, `sluice-counter-service` and `redis-server`. Two proxies share one cached limit within the README's
+//! bound; the edge never errs or waits when the service is killed or Redis restarts under it, and syncs come
+//! back after; a wrong token is refused loudly while fallbacks answer; strict rules are exact and fail closed
+//! without a hang. Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`,
+//! `SLUICE_WASM` and `SLUICE_REDIS_SERVER`).
+//!
+//! The tests in this file take turns (one lock): they measure rates and latencies, and two Envoys, a service
+//! and Redis already fill a small machine.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_tests::envoy::{
+    agent, get, sustain, sustain_until, Envoy, EnvoyOptions, Load, Sustained, Template,
+};
+use sluice_tests::redis::Redis;
+use sluice_tests::service::{Service, ServiceOptions};
+
+/// The filter's callout timeout in every test here (`service.timeout_ms`).
+const TIMEOUT_MS: u64 = 200;
+/// No request at the edge may take this long: the callout timeout plus a wide margin for a noisy machine. A
+/// request that waited on a dead service without a timeout (or Envoy's 10 s client timeout) fails it.
+const SLOWEST_ALLOWED: Duration = Duration::from_secs(1);
+
+static MACHINE: Mutex<()> = Mutex::new(());
+
+/// One test at a time (a test that failed still hands the machine on).
+fn machine() -> MutexGuard<'static, ()> {
+    MACHINE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// sluice's configuration: `rules` synced with the service through the cluster `sluice_service`.
+fn config(token: &str, sync_interval_ms: u64, rules: Value) -> String {
+    json!({
+        "headers": "both",
+        "service": {
+            "cluster": "sluice_service",
+            "authority": "sluice_service",
+            "token": token,
+            "timeout_ms": TIMEOUT_MS,
+            "sync_interval_ms": sync_interval_ms,
+            "breaker_failures": 3,
+            "breaker_cooldown_ms": 2000,
+        },
+        "rules": rules,
+    })
+    .to_string()
+}
+
+/// Envoy (`concurrency` workers) with sluice, its cluster `sluice_service` pointing at `service`.
+fn start_envoy(service: &Service, plugin_config_json: String, concurrency: u32) -> Envoy {
+    let port = service.address().expect("the service listens").port();
+    Envoy::start(EnvoyOptions {
+        template: Template::SluiceService,
+        plugin_config_json,
+        concurrency,
+        placeholders: vec![("SERVICE_PORT".to_owned(), port.to_string())],
+    })
+    .unwrap()
+}
+
+/// A counter or gauge of Envoy's, 0 while Envoy does not have it yet.
+fn stat(envoy: &Envoy, name: &str) -> u64 {
+    envoy.counter(name).unwrap().unwrap_or(0)
+}
+
+fn sluice_stats(envoy: &Envoy) -> Vec<(String, String)> {
+    let stats = envoy.stats().unwrap();
+    stats
+        .matching("wasmcustom.sluice")
+        .into_iter()
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Polls `condition` every 50 ms until it holds; false if it did not within `within`.
+fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every answer was 200 or 429 (no 5xx, no connection error), and none took [`SLOWEST_ALLOWED`].
+fn assert_edge_unharmed(run: &Sustained, what: &str) {
+    let errors = run.errors();
+    assert!(
+        errors.is_empty(),
+        "{what}: {} request(s) got no answer at all, e.g. {:?}; statuses: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(3)],
+        run.statuses()
+    );
+    let statuses = run.statuses();
+    assert!(
+        statuses.keys().all(|s| *s == 200 || *s == 429),
+        "{what}: only 200 and 429 are allowed at the edge; statuses: {statuses:?}"
+    );
+    let (slowest, sent_at) = run.slowest().expect("some requests were sent");
+    assert!(
+        slowest < SLOWEST_ALLOWED,
+        "{what}: a request took {slowest:?} (sent {sent_at:?} into the run); the filter's callouts time out \
+         after {TIMEOUT_MS} ms and cached rules never wait on them"
+    );
+}
+
+#[test]
+fn two_proxies_share_one_cached_limit_within_the_bound() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+
+    const RATE: f64 = 100.0; // per second, and the burst
+    const BURST: f64 = 100.0;
+    // Each proxy's fallback is a quarter of the global limit, not a half: it decides only until the first grant
+    // arrives (or while the service is unusable), and what it admits then comes on top of the global bucket
+    // until the next sync reports it as debt. A quarter keeps that overshoot small (2 × 25 here) while still
+    // serving traffic at half the global rate if both proxies lost the service.
+    const FALLBACK_BURST: f64 = 25.0;
+    const PROXIES: usize = 2;
+    let rules = json!([{
+        "name": "shared",
+        "key": ["const:all"],
+        "consistency": "cached",
+        "limits": [{"requests": 100, "per": "second", "burst": 100}],
+        "fallback": {"policy": "fail_open", "limits": [{"requests": 25, "per": "second", "burst": 25}]},
+    }]);
+    let plugin_config = config(service.token(), 100, rules);
+    let proxies: Vec<Envoy> = (0..PROXIES)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+
+    // Four connections per proxy, 2 ms apart each: several hundred requests per second per proxy, far over the
+    // shared 100/s, for 3 s and at most 6000 requests per proxy.
+    let loads: Vec<Load> = proxies
+        .iter()
+        .map(|envoy| Load {
+            max_requests: 6000,
+            pause: Duration::from_millis(2),
+            ..Load::new(envoy.url("/api/x"), 4, Duration::from_secs(3))
+        })
+        .collect();
+    let started = Instant::now();
+    let runs: Vec<Sustained> = std::thread::scope(|scope| {
+        let threads: Vec<_> = loads
+            .iter()
+            .map(|load| scope.spawn(move || sustain(load)))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+
+    for (i, run) in runs.iter().enumerate() {
+        assert_edge_unharmed(run, &format!("proxy {i}"));
+    }
+    let admitted: usize = runs.iter().map(|r| r.count(200)).sum();
+    let sent: usize = runs.iter().map(|r| r.samples.len()).sum();
+    // The README's bound: burst + rate × t from the global bucket, plus what the fallbacks admitted before the
+    // first grant (at most their bursts). Slack: a fallback also refills (25/s) while it decides, before the
+    // first grant and whenever a lease lapses on a noisy machine; what it spends in the last few sync intervals
+    // of the run is not debited before the run ends. Half a second of both fallbacks' refill covers that.
+    let slack = PROXIES as f64 * 25.0 * 0.5;
+    let most = BURST + RATE * elapsed + PROXIES as f64 * FALLBACK_BURST + slack;
+    // And the proxies must really share the limit, not starve: at least 70% of the refill over the run.
+    let least = 0.7 * RATE * elapsed;
+    let per_proxy: Vec<_> = runs.iter().map(|r| r.statuses()).collect();
+    eprintln!(
+        "admitted {admitted} of {sent} in {elapsed:.2} s (bounds {least:.0}..={most:.0}); per proxy: {per_proxy:?}"
+    );
+    assert!(
+        (least..=most).contains(&(admitted as f64)),
+        "admitted {admitted} of {sent} in {elapsed:.2} s across {PROXIES} proxies; expected between {least:.0} \
+         (70% of {RATE}/s) and {most:.0} (burst {BURST} + {RATE}/s × elapsed + fallback bursts \
+         {PROXIES} × {FALLBACK_BURST} + slack {slack}); statuses per proxy: {per_proxy:?}"
+    );
+
+    for (i, (envoy, run)) in proxies.iter().zip(&runs).enumerate() {
+        let stats = sluice_stats(envoy);
+        assert!(
+            stat(envoy, "wasmcustom.sluice.sync.ok") > 0,
+            "proxy {i} never synced; {stats:?}\nservice log:\n{}",
+            service.log()
+        );
+        assert_eq!(
+            stat(envoy, "wasmcustom.sluice.rule.shared.allowed"),
+            run.count(200) as u64,
+            "proxy {i}: the filter's allowed count and the 200s seen must agree; {stats:?}"
+        );
+    }
+}
+
+#[test]
+fn killing_the_service_mid_load_costs_the_edge_nothing() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let mut service = Service::start(&redis.url()).unwrap();
+
+    // The shared limit is 50/s; without the service the proxy falls back to 20/s (burst 20).
+    const FALLBACK_RATE: f64 = 20.0;
+    const FALLBACK_BURST: f64 = 20.0;
+    let rules = json!([{
+        "name": "shared",
+        "key": ["const:all"],
+        "consistency": "cached",
+        "limits": [{"requests": 50, "per": "second", "burst": 50}],
+        "fallback": {"policy": "fail_open", "limits": [{"requests": 20, "per": "second", "burst": 20}]},
+    }]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 2);
+
+    // Four connections, 5 ms apart each (a few hundred per second), until told to stop: at most 30 s or 20000.
+    let load = Load {
+        max_requests: 20_000,
+        pause: Duration::from_millis(5),
+        ..Load::new(envoy.url("/api/x"), 4, Duration::from_secs(30))
+    };
+    let stop = AtomicBool::new(false);
+    let sync_ok = "wasmcustom.sluice.sync.ok";
+    let sync_failed = "wasmcustom.sluice.sync.failed";
+    let breaker = "wasmcustom.sluice.breaker.open";
+    let window = Duration::from_secs(2);
+
+    let (run, steps) = std::thread::scope(|scope| {
+        let loader = scope.spawn(|| sustain_until(&load, &stop));
+        let steps = {
+            std::thread::sleep(Duration::from_secs(2));
+            let synced = eventually(Duration::from_secs(5), || stat(&envoy, sync_ok) > 0);
+            let failed_before = stat(&envoy, sync_failed);
+
+            service.kill();
+            let killed = Instant::now();
+            let opened = eventually(Duration::from_secs(5), || stat(&envoy, breaker) == 1);
+            let open_at = Instant::now();
+            let failed_after = stat(&envoy, sync_failed);
+            // The fallback decides alone once the last lease (3 intervals) has lapsed: measure it after that.
+            let window_from = open_at + Duration::from_millis(500);
+            std::thread::sleep((window_from + window).saturating_duration_since(Instant::now()));
+
+            let ok_before_restart = stat(&envoy, sync_ok);
+            let restarted = service.restart();
+            // The breaker probes after its cool-down (2 s, jittered up to 3 s), then closes on a good sync.
+            let recovered = eventually(Duration::from_secs(10), || {
+                stat(&envoy, sync_ok) > ok_before_restart && stat(&envoy, breaker) == 0
+            });
+            // A little more load with the breaker closed again.
+            std::thread::sleep(Duration::from_millis(500));
+            (
+                synced,
+                failed_before,
+                failed_after,
+                killed,
+                opened,
+                window_from,
+                restarted,
+                recovered,
+                ok_before_restart,
+            )
+        };
+        stop.store(true, Ordering::Relaxed);
+        (loader.join().unwrap(), steps)
+    });
+    let (
+        synced,
+        failed_before,
+        failed_after,
+        killed,
+        opened,
+        window_from,
+        restarted,
+        recovered,
+        ok_before_restart,
+    ) = steps;
+    let stats = sluice_stats(&envoy);
+
+    assert!(synced, "no sync succeeded before the kill; {stats:?}");
+    assert_edge_unharmed(&run, "load across the kill and the restart");
+    assert!(
+        opened,
+        "the breaker did not open within 5 s of the kill ({:?} after it); {stats:?}",
+        killed.elapsed()
+    );
+    assert!(
+        failed_after > failed_before,
+        "sync.failed did not grow after the kill ({failed_before} before, {failed_after} once the breaker \
+         opened); {stats:?}"
+    );
+    // The fallback admits its refill (20/s) plus at most its burst over the window; without it (fail-closed by
+    // mistake) nothing would pass, and with the shared limit's 50/s still applied 100 would.
+    let admitted = run.count_between(200, window_from, window_from + window) as f64;
+    let secs = window.as_secs_f64();
+    let (least, most) = (
+        0.5 * FALLBACK_RATE * secs,
+        FALLBACK_BURST + FALLBACK_RATE * secs + 5.0,
+    );
+    eprintln!(
+        "service dead: {admitted} admitted in {secs} s (bounds {least}..={most}); breaker opened {:?} after the \
+         kill; statuses {:?}; slowest {:?}",
+        window_from - Duration::from_millis(500) - killed,
+        run.statuses(),
+        run.slowest()
+    );
+    assert!(
+        (least..=most).contains(&admitted),
+        "with the service dead, {admitted} admitted in {secs} s; the fallback (20/s, burst 20) should admit \
+         between {least} and {most}; statuses: {:?}; {stats:?}",
+        run.statuses()
+    );
+    restarted.unwrap();
+    assert!(
+        recovered,
+        "after the service came back on the same port, sync.ok stayed at {ok_before_restart} or the breaker \
+         stayed open for 10 s; {stats:?}\nservice log:\n{}",
+        service.log()
+    );
+}
+
+#[test]
+fn redis_restarting_under_the_service_is_a_503_and_then_nothing() {
+    let _machine = machine();
+    let mut redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let rules = json!([{
+        "name": "shared",
+        "key": ["const:all"],
+        "consistency": "cached",
+        "limits": [{"requests": 50, "per": "second", "burst": 50}],
+        "fallback": {"policy": "fail_open", "limits": [{"requests": 20, "per": "second", "burst": 20}]},
+    }]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 2);
+    let sync_body = json!({
+        "proxy": "e2e-direct", "interval_ms": 100,
+        "entries": [{"key": "direct", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}],
+                     "spent": 0, "denied": 0}],
+    })
+    .to_string();
+
+    let load = Load {
+        max_requests: 20_000,
+        pause: Duration::from_millis(5),
+        ..Load::new(envoy.url("/api/x"), 2, Duration::from_secs(30))
+    };
+    let stop = AtomicBool::new(false);
+    let sync_ok = "wasmcustom.sluice.sync.ok";
+    let breaker = "wasmcustom.sluice.breaker.open";
+
+    let (run, steps) = std::thread::scope(|scope| {
+        let loader = scope.spawn(|| sustain_until(&load, &stop));
+        let steps = {
+            let synced = eventually(Duration::from_secs(5), || stat(&envoy, sync_ok) > 0);
+            redis.stop();
+            let during = service.post("/v1/sync", &sync_body);
+            let alive = service.get("/healthz");
+            let unready = service.get("/readyz");
+            let opened = eventually(Duration::from_secs(5), || stat(&envoy, breaker) == 1);
+
+            let restarted = redis.restart();
+            let ready = eventually(
+                Duration::from_secs(10),
+                || matches!(service.get("/readyz"), Ok(r) if r.status == 200),
+            );
+            let ok_before = stat(&envoy, sync_ok);
+            let recovered = eventually(Duration::from_secs(10), || {
+                stat(&envoy, sync_ok) > ok_before && stat(&envoy, breaker) == 0
+            });
+            let after = service.post("/v1/sync", &sync_body);
+            (
+                synced, during, alive, unready, opened, restarted, ready, recovered, after,
+            )
+        };
+        stop.store(true, Ordering::Relaxed);
+        (loader.join().unwrap(), steps)
+    });
+    let (synced, during, alive, unready, opened, restarted, ready, recovered, after) = steps;
+    let stats = sluice_stats(&envoy);
+    let log = service.log();
+
+    assert!(synced, "no sync succeeded before Redis stopped; {stats:?}");
+    let during = during.unwrap();
+    assert_eq!(during.status, 503, "a sync while Redis is down: {during:?}");
+    assert_eq!(
+        during.json().unwrap()["error"],
+        "redis_unavailable",
+        "{during:?}"
+    );
+    let retry_after = during.header("retry-after");
+    assert!(
+        retry_after.is_some_and(|v| v.trim().parse::<u64>().is_ok_and(|s| s >= 1)),
+        "a 503 must say when to retry: {during:?}"
+    );
+    let alive = alive.unwrap();
+    assert_eq!(
+        alive.status, 200,
+        "the service must live on without Redis: {alive:?}\nservice log:\n{log}"
+    );
+    let unready = unready.unwrap();
+    assert_eq!(unready.status, 503, "/readyz without Redis: {unready:?}");
+    assert!(
+        opened,
+        "the proxy's breaker did not open while Redis was down; {stats:?}"
+    );
+
+    restarted.unwrap();
+    assert!(
+        ready,
+        "/readyz did not answer 200 within 10 s of Redis's restart\nservice log:\n{log}"
+    );
+    assert!(
+        recovered,
+        "syncs did not succeed again (or the breaker stayed open) within 10 s of Redis's restart; {stats:?}\n\
+         service log:\n{log}"
+    );
+    let after = after.unwrap();
+    assert_eq!(after.status, 200, "a sync after Redis came back: {after:?}");
+    assert_eq!(
+        after.json().unwrap()["grants"].as_array().map(Vec::len),
+        Some(1),
+        "{after:?}"
+    );
+
+    assert_edge_unharmed(&run, "load while Redis stopped and restarted");
+    assert!(!log.contains("panicked"), "the service panicked:\n{log}");
+}
+
+#[test]
+fn a_wrong_token_is_refused_loudly_and_the_fallback_answers() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    // The shared limit (100/minute) would admit all 15 requests below; the fallback (3/minute) admits 3.
+    let rules = json!([{
+        "name": "shared",
+        "key": ["const:all"],
+        "consistency": "cached",
+        "limits": [{"requests": 100, "per": "minute"}],
+        "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]},
+    }]);
+    let wrong = format!("{}-but-wrong", service.token());
+    let envoy = start_envoy(&service, config(&wrong, 100, rules), 2);
+    let client = agent();
+    let url = envoy.url("/api/x");
+
+    let mut statuses: Vec<u16> = (0..10)
+        .map(|_| get(&client, &url, &[]).unwrap().status)
+        .collect();
+    let refused = eventually(Duration::from_secs(5), || {
+        stat(&envoy, "wasmcustom.sluice.sync.unauthorized") > 0
+    });
+    // Once refused, no grant can have come: the fallback still decides.
+    statuses.extend((0..5).map(|_| get(&client, &url, &[]).unwrap().status));
+    let stats = sluice_stats(&envoy);
+
+    assert!(
+        refused,
+        "sync.unauthorized stayed 0 for 5 s; {stats:?}\nservice log:\n{}",
+        service.log()
+    );
+    assert_eq!(stat(&envoy, "wasmcustom.sluice.sync.ok"), 0, "{stats:?}");
+    let log = envoy.log();
+    assert!(
+        log.contains("refused our token"),
+        "Envoy's log has no line saying the token was refused:\n{log}"
+    );
+    let mut expected = vec![200; 3];
+    expected.resize(15, 429);
+    assert_eq!(
+        statuses, expected,
+        "the fallback (3/minute) must answer every request; {stats:?}"
+    );
+}
+
+#[test]
+fn strict_rules_are_exact_and_fail_closed_without_a_hang() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let mut service = Service::start_with(ServiceOptions::new(redis.url())).unwrap();
+    let rules = json!([{
+        "name": "strict",
+        "key": ["header:x-api-key"],
+        "consistency": "strict",
+        "limits": [{"requests": 5, "per": "minute"}],
+        "fallback": {"policy": "fail_closed"},
+    }]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 2);
+    let client = agent();
+    let url = envoy.url("/api/x");
+    let send = |key: &str| {
+        let sent = Instant::now();
+        let reply = get(&client, &url, &[("x-api-key", key)]).unwrap();
+        (reply, sent.elapsed())
+    };
+
+    let replies: Vec<_> = (0..10).map(|_| send("alice").0).collect();
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429, 429, 429, 429, 429],
+        "5 per minute, decided by the service one request at a time; {:?}",
+        sluice_stats(&envoy)
+    );
+    let denied = &replies[5];
+    assert!(
+        denied.header("retry-after").is_some() && denied.body.contains("\"rule\":\"strict\""),
+        "{denied:?}"
+    );
+    assert!(stat(&envoy, "wasmcustom.sluice.check.sent") >= 10);
+    let (fresh, _) = send("carol");
+    assert_eq!(
+        fresh.status, 200,
+        "a fresh key while the service is up: {fresh:?}"
+    );
+
+    service.kill();
+    // A fresh key the service would admit: fail_closed denies it, without waiting beyond the callout timeout.
+    for i in 0..3 {
+        let (reply, took) = send("bob");
+        assert_eq!(
+            reply.status, 429,
+            "request {i} for a fresh key with the service dead (fail_closed): {reply:?}"
+        );
+        assert!(
+            took < SLOWEST_ALLOWED,
+            "request {i} with the service dead took {took:?} (timeout_ms {TIMEOUT_MS})"
+        );
+    }
+    let stats = sluice_stats(&envoy);
+    assert!(
+        stat(&envoy, "wasmcustom.sluice.check.failed") >= 1,
+        "no strict check was counted as failed; {stats:?}"
+    );
+}
