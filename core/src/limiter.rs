@@ -247,7 +247,10 @@ impl Limiter {
                 return ((), false);
             };
             match how {
-                Spend::Grant => record.grant = record.grant.saturating_add(1),
+                Spend::Grant => {
+                    record.grant = record.grant.saturating_add(1);
+                    record.global_remaining = record.global_remaining.saturating_add(1);
+                }
                 Spend::Buckets => {
                     for (bucket, limit) in record.buckets.iter_mut().zip(bucket_limits(rule)) {
                         *bucket = bucket.refund(limit, 1);
@@ -290,8 +293,12 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
         verdict
     } else {
         match (&rule.consistency, &rule.fallback) {
-            (Consistency::Local, _) | (_, Fallback::Open(_)) => {
-                spend_buckets(bucket_limits(rule), &mut record.buckets, now)
+            (Consistency::Local, _) => spend_buckets(&rule.limits, &mut record.buckets, now),
+            (_, Fallback::Open(limits)) => {
+                // The headers still advertise the rule's limit, not the fallback's.
+                let mut verdict = spend_buckets(limits, &mut record.buckets, now);
+                verdict.quota.limit = first_limit(rule);
+                verdict
             }
             (_, Fallback::Closed) => closed(first_limit(rule)),
         }
@@ -324,24 +331,34 @@ fn closed(limit: Limit) -> RuleVerdict {
     }
 }
 
+/// Spends from the lease. The headers speak of the global bucket, as the service last
+/// described it, less what this proxy spent since.
 fn spend_grant(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
     let limit = first_limit(rule);
     let allowed = record.grant >= 1;
     if allowed {
         record.grant -= 1;
+        record.global_remaining = record.global_remaining.saturating_sub(1);
     }
+    let micros_per_token = limit.period().micros() / limit.requests();
+    let reset_us = record
+        .global_reset_at_us
+        .saturating_sub(now)
+        .max(micros_per_token);
     RuleVerdict {
         allowed,
         quota: Quota {
             limit,
-            remaining: record.grant as u64,
-            reset_us: record.grant_until_us.saturating_sub(now),
+            remaining: if allowed {
+                record.global_remaining.max(record.grant) as u64
+            } else {
+                0
+            },
+            reset_us,
         },
-        retry_after_us: if allowed {
-            0
-        } else {
-            limit.period().micros() / limit.requests()
-        },
+        // Denied with the lease spent: a token comes back at the global rate, and the next
+        // lease no sooner than the next sync.
+        retry_after_us: if allowed { 0 } else { micros_per_token },
         spend: Spend::Grant,
     }
 }

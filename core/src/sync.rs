@@ -220,6 +220,9 @@ pub fn apply_grant(
         let tokens = grant.tokens.min(u32::MAX as u64) as u32;
         record.grant = tokens.saturating_sub(record.spent);
         record.grant_until_us = now_us + grant.ttl_ms * 1_000;
+        let remaining = grant.remaining.min(u32::MAX as u64) as u32;
+        record.global_remaining = remaining.saturating_sub(record.spent);
+        record.global_reset_at_us = now_us + grant.reset_ms * 1_000;
         table.store(set, &record);
         ((), true)
     })

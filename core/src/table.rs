@@ -14,7 +14,7 @@ pub const WAYS: usize = 8;
 /// Most limits one rule may have.
 pub const MAX_LIMITS: usize = 8;
 
-const HEADER: usize = 40;
+const HEADER: usize = 48;
 const PER_LIMIT: usize = 16;
 
 /// Bytes of one record for a rule with `limits` limits.
@@ -37,6 +37,11 @@ pub struct Record {
     pub denied: u32,
     /// Tokens left in the lease granted by the counter service.
     pub grant: u32,
+    /// Tokens left in the global bucket when the lease was granted, less what this proxy
+    /// spent since (for rate-limit headers).
+    pub global_remaining: u32,
+    /// When the global bucket will be full again, as the service said (for headers).
+    pub global_reset_at_us: u64,
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.
     pub buckets: [Bucket; MAX_LIMITS],
 }
@@ -58,6 +63,8 @@ impl Record {
             spent: 0,
             denied: 0,
             grant: 0,
+            global_remaining: 0,
+            global_reset_at_us: 0,
             buckets,
         }
     }
@@ -96,6 +103,8 @@ impl Record {
             spent: u32_at(24),
             denied: u32_at(28),
             grant: u32_at(32),
+            global_remaining: u32_at(36),
+            global_reset_at_us: u64_at(40),
             buckets,
         }
     }
@@ -107,7 +116,8 @@ impl Record {
         bytes[24..28].copy_from_slice(&self.spent.to_le_bytes());
         bytes[28..32].copy_from_slice(&self.denied.to_le_bytes());
         bytes[32..36].copy_from_slice(&self.grant.to_le_bytes());
-        bytes[36..40].copy_from_slice(&0u32.to_le_bytes());
+        bytes[36..40].copy_from_slice(&self.global_remaining.to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.global_reset_at_us.to_le_bytes());
         for (i, bucket) in self.buckets.iter().enumerate().take(limits) {
             let at = HEADER + i * PER_LIMIT;
             bytes[at..at + 8].copy_from_slice(&bucket.tokens.to_bits().to_le_bytes());

@@ -71,6 +71,17 @@ fn sync_calls(proxy: &Proxy) -> Vec<(HttpCall, SyncRequest)> {
 }
 
 fn grant_all(proxy: &Proxy, call: &HttpCall, request: &SyncRequest, tokens: u64) {
+    grant_all_of(proxy, call, request, tokens, tokens, 0);
+}
+
+fn grant_all_of(
+    proxy: &Proxy,
+    call: &HttpCall,
+    request: &SyncRequest,
+    tokens: u64,
+    remaining: u64,
+    reset_ms: u64,
+) {
     let response = SyncResponse {
         grants: request
             .entries
@@ -78,8 +89,8 @@ fn grant_all(proxy: &Proxy, call: &HttpCall, request: &SyncRequest, tokens: u64)
             .map(|_| Grant {
                 tokens,
                 ttl_ms: 300,
-                remaining: tokens,
-                reset_ms: 0,
+                remaining,
+                reset_ms,
             })
             .collect(),
         hints: Hints {
@@ -213,6 +224,33 @@ fn the_breaker_opens_falls_back_and_recovers() {
     proxy.advance(Duration::from_millis(25)).unwrap();
     assert_eq!(proxy.metric("sluice.breaker.open"), Some(0));
     assert_eq!(admitted(&proxy, 10, "alice"), 10, "grants again");
+}
+
+#[test]
+fn headers_from_a_lease_describe_the_global_bucket() {
+    let proxy = proxy(&config("cached", ""), 1, 11);
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let (call, batch) = sync_calls(&proxy).remove(0);
+    grant_all_of(&proxy, &call, &batch, 3, 40, 5_000);
+    let exchange = proxy.worker(0).request(request("alice")).unwrap();
+    let response = exchange.respond(200, &[]).unwrap();
+    assert_eq!(
+        response.header("ratelimit"),
+        Some("\"shared\";r=39;t=5"),
+        "40 left globally, 5 s to full"
+    );
+    assert_eq!(
+        response.header("ratelimit-policy"),
+        Some("\"shared\";q=100;w=1")
+    );
+    status(&proxy, 0, request("alice"));
+    status(&proxy, 0, request("alice"));
+    let denied = proxy.worker(0).request(request("alice")).unwrap();
+    let state = denied.state().unwrap();
+    assert_eq!(state.local_status(), Some(429), "the lease of 3 is spent");
+    assert_eq!(state.header("ratelimit"), Some("\"shared\";r=0;t=5"));
+    assert_eq!(state.header("retry-after"), Some("1"));
 }
 
 #[test]
