@@ -23,7 +23,7 @@ export SLUICE_ENVOY := $(CURDIR)/$(ENVOY)
 export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps build build-filter build-service test test-only lint run bench clean-run
+.PHONY: help deps rust-deps apt-deps build build-filter build-service test test-only lint run bench bench-accuracy bench-service bench-latency clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
@@ -69,10 +69,14 @@ lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 run: deps build ## the demo: Redis (:6390), the counter service (:8081), Envoy with sluice on :10000, admin :9901 (Ctrl-C stops all)
 	scripts/run-demo.sh
 
-bench: deps build ## no limiter vs Envoy's local_ratelimit vs sluice, then bench-service and bench-latency (~10 min)
+bench: deps build ## no limiter vs Envoy's local_ratelimit vs sluice, then accuracy, service and latency (~12 min)
 	$(VENV)/bin/python bench/bench.py
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --bin accuracy
 	$(VENV)/bin/python bench/service.py
 	$(VENV)/bin/python bench/latency.py
+
+bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --bin accuracy
 
 bench-service: deps build-service ## counter service key updates/s vs one Redis round trip per request
 	$(VENV)/bin/python bench/service.py

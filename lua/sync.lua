@@ -36,7 +36,6 @@ local stale_before = now - grant_ttl_us
 
 local g_field = 'g:' .. proxy
 local x_field = 'x:' .. proxy
-local w_field = 'w:' .. proxy
 local d_field = 'd:' .. proxy
 local s_field = 's:' .. proxy
 
@@ -50,9 +49,13 @@ local function load(key)
   return flat, fields
 end
 
--- Unexpired grants of the other proxies; drops the fields of proxies silent for a grant TTL.
+-- Unexpired grants of the other proxies, and an estimate of what they spent from them since
+-- their last sync (their demand rate over that time, at most the grant); drops the fields of
+-- proxies silent for a grant TTL.
 local function reserved_by_others(key, flat, fields)
   local others = 0
+  local unreported = 0
+  local demand = 0
   for i = 1, #flat, 2 do
     local field = flat[i]
     if string.sub(field, 1, 2) == 'x:' then
@@ -60,14 +63,19 @@ local function reserved_by_others(key, flat, fields)
       local expiry = tonumber(flat[i + 1]) or 0
       if q ~= proxy then
         if expiry > now then
-          others = others + (tonumber(fields['g:' .. q]) or 0)
+          local g = tonumber(fields['g:' .. q]) or 0
+          others = others + g
+          local d = tonumber(fields['d:' .. q]) or 0
+          local s = tonumber(fields['s:' .. q]) or now
+          unreported = unreported + math.min(g, d * (now - s) / 1000000)
+          demand = demand + d
         elseif expiry <= stale_before then
           redis.call('HDEL', key, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
         end
       end
     end
   end
-  return others
+  return others, unreported, demand
 end
 
 local result = {}
@@ -92,20 +100,25 @@ for _ = 1, count do
     if i == 1 then
       demand_fields = fields
     end
-    -- 1. refill (a new key starts full), then debit what the proxy spent since its last sync
+    local others, unreported, others_demand = reserved_by_others(key, flat, fields)
+    -- 1. refill (a new key starts full), then debit what the proxy spent since its last sync.
+    -- The stored tokens still hold what proxies spent and have not reported yet (this proxy's
+    -- `spent`, the others' estimate): the burst caps the tokens without them, so a refill is
+    -- not lost to a cap the exact bucket would not have reached.
     local tokens = tonumber(fields['tokens'])
     local ts = tonumber(fields['ts'])
     if tokens == nil or ts == nil then
       tokens = burst
       ts = now
     elseif now > ts then
-      tokens = math.min(burst, tokens + (now - ts) * requests / (period_ms * 1000))
+      local cap = burst + spent + unreported
+      tokens = math.min(cap, tokens + (now - ts) * requests / (period_ms * 1000))
       ts = now
     end
-    tokens = tokens - spent
+    tokens = math.min(tokens - spent, burst + unreported)
     limits[i] = {
       key = key, requests = requests, period_ms = period_ms, burst = burst,
-      tokens = tokens, ts = ts, others = reserved_by_others(key, flat, fields),
+      tokens = tokens, ts = ts, others = others, others_demand = others_demand,
     }
   end
 
@@ -117,20 +130,50 @@ for _ = 1, count do
     since = now - last_sync
   end
   local rate = (spent + denied) * 1000000 / since
+  -- Demand rises at once and falls slowly: a proxy whose traffic jumps is not starved while an
+  -- average catches up, and one whose traffic stops releases its lease over a few syncs.
   local demand = rate
   if last_sync ~= nil and previous ~= nil then
-    demand = 0.5 * previous + 0.5 * rate
+    demand = math.max(rate, 0.5 * previous + 0.5 * rate)
   end
-  local want = math.ceil(demand * interval_ms / 1000 * 2) + 1
-
-  -- 3. the grant: what every limit still holds once the other proxies' leases are set aside
-  local grant = want
-  for i = 1, n do
-    local available = math.floor(limits[i].tokens - limits[i].others)
-    if available < grant then
-      grant = available
+  local want = math.ceil(demand * interval_ms / 1000 * 1.25) + 1
+  -- A proxy that had to deny also gets what the refill would otherwise lose to the burst cap
+  -- before the next sync: tokens nobody holds are worth nothing once the bucket is full.
+  if denied > 0 then
+    local surplus = nil
+    for i = 1, n do
+      local l = limits[i]
+      local s = l.tokens + l.requests * interval_ms / l.period_ms - l.burst
+      if surplus == nil or s < surplus then
+        surplus = s
+      end
+    end
+    if surplus ~= nil and surplus > 0 then
+      want = want + math.floor(surplus)
     end
   end
+
+  -- 3. the grant: what the proxy wants, or its share of the free tokens by demand if that is
+  -- more (a proxy is never starved while the bucket holds plenty), never more than any limit
+  -- still holds once the other proxies' leases are set aside.
+  local grant = nil
+  for i = 1, n do
+    local l = limits[i]
+    -- The proxy's share of the fleet's demand also entitles it to that share of the refill
+    -- due before its next sync: a lease is spent over the interval, as the refill arrives.
+    local fraction = 0
+    if demand > 0 then
+      fraction = demand / (demand + l.others_demand)
+    end
+    local refill = l.requests * interval_ms * 1.5 / l.period_ms
+    local available = math.floor(l.tokens - l.others + refill * fraction)
+    local share = math.floor(available * fraction)
+    local g = math.min(available, math.max(want, share))
+    if grant == nil or g < grant then
+      grant = g
+    end
+  end
+  grant = grant or 0
   if grant < 0 then
     grant = 0
   end
@@ -141,8 +184,8 @@ for _ = 1, count do
   for i = 1, n do
     local l = limits[i]
     redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts,
-      g_field, grant, x_field, now + grant_ttl_us, w_field, want, d_field, demand, s_field, now)
-    local refill_ms = math.ceil((l.burst - l.tokens) * l.period_ms / l.requests)
+      g_field, grant, x_field, now + grant_ttl_us, d_field, demand, s_field, now)
+    local refill_ms = math.max(0, math.ceil((l.burst - l.tokens) * l.period_ms / l.requests))
     redis.call('PEXPIRE', l.key, math.min(refill_ms + grant_ttl_ms + 1000, MAX_TTL_MS))
     if remaining == nil or l.tokens < remaining then
       remaining = l.tokens

@@ -40,7 +40,7 @@ impl Syncer {
     /// Joins the proxy's announcement queue and starts ticking.
     pub fn start(&mut self, service: &Service) {
         self.queue = hostcalls::register_shared_queue(sync::QUEUE_NAME).ok();
-        let tick_ms = (service.sync_interval_ms / 4).clamp(5, 1_000);
+        let tick_ms = (service.sync_interval_ms / 10).clamp(5, 1_000);
         let _ = hostcalls::set_tick_period(Duration::from_millis(tick_ms));
     }
 
