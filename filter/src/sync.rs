@@ -16,7 +16,7 @@ use crate::root::Shared;
 
 /// Bound on keys per batch; the rest wait for the next round (they stay unsynced and are
 /// announced again after their next change).
-const MAX_BATCH: usize = 10_000;
+const MAX_BATCH: usize = 2_000;
 
 /// A batch on its way: which key each grant in the answer belongs to.
 pub struct InFlight {
