@@ -43,13 +43,20 @@ for i = 1, n do
   end
   -- leases of the proxies that are still running
   local reserved = 0
+  local unreported = 0
   local lease_end = now
   for j = 1, #flat, 2 do
     local field = flat[j]
     if string.sub(field, 1, 2) == 'x:' then
       local expiry = tonumber(flat[j + 1]) or 0
       if expiry > now then
-        reserved = reserved + (tonumber(fields['g:' .. string.sub(field, 3)]) or 0)
+        local q = string.sub(field, 3)
+        local g = tonumber(fields['g:' .. q]) or 0
+        reserved = reserved + g
+        -- what the proxy likely spent and has not reported yet (as in sync.lua)
+        local d = tonumber(fields['d:' .. q]) or 0
+        local s = tonumber(fields['s:' .. q]) or now
+        unreported = unreported + math.min(g, d * (now - s) / 1000000)
         if expiry > lease_end then
           lease_end = expiry
         end
@@ -63,7 +70,8 @@ for i = 1, n do
     tokens = burst
     ts = now
   elseif now > ts then
-    tokens = math.min(burst, tokens + (now - ts) * requests / (period_ms * 1000))
+    -- the burst caps the tokens without the proxies' unreported spend, as in sync.lua
+    tokens = math.min(burst + unreported, tokens + (now - ts) * requests / (period_ms * 1000))
     ts = now
   end
   local available = tokens - reserved
@@ -91,7 +99,7 @@ for i = 1, n do
     end
   end
   redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts)
-  local refill_ms = math.ceil((l.burst - l.tokens) * l.period_ms / l.requests)
+  local refill_ms = math.max(0, math.ceil((l.burst - l.tokens) * l.period_ms / l.requests))
   redis.call('PEXPIRE', l.key, math.min(refill_ms + l.lease_ms + 1000, MAX_TTL_MS))
   if remaining == nil or l.available < remaining then
     remaining = l.available

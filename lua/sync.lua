@@ -10,7 +10,7 @@
 -- Returns: a flat array of integers, four per entry in order: grant, ttl_ms, remaining, reset_ms.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p: g:p (outstanding
--- grant), x:p (its expiry, us), w:p (last want), d:p (demand EWMA, tokens/s), s:p (last sync, us).
+-- grant), x:p (its expiry, us), d:p (demand, tokens/s), s:p (last sync, us).
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 
 -- Key lifetimes are capped (~34 years): a larger number would reach Redis in exponent notation.
@@ -122,7 +122,7 @@ for _ = 1, count do
     }
   end
 
-  -- 2. the proxy's demand on this entry (tokens/s, EWMA) and what it wants for two intervals
+  -- 2. the proxy's demand on this entry (tokens/s) and what it wants for 1.25 intervals
   local last_sync = tonumber(demand_fields[s_field])
   local previous = tonumber(demand_fields[d_field])
   local since = interval_us

@@ -17,6 +17,9 @@ fn sync_body(entries: Value) -> Value {
     json!({"proxy": "p1", "interval_ms": 100, "entries": entries})
 }
 
+/// A 10/s limit with burst 10, and 100 denied over the (first) 100 ms interval: 1000/s of demand.
+/// On a new key, alone, the grant is the whole free bucket plus the refill due before the next
+/// sync (1.5 intervals): floor(10 - 0 + 10 × 0.1 × 1.5 × 1) = 11.
 fn ten_per_second(key: &str) -> Value {
     json!({"key": key, "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": 0, "denied": 100})
 }
@@ -38,8 +41,8 @@ async fn sync_answers_grants_in_order_with_hints() {
         answer.body,
         json!({
             "grants": [
-                {"tokens": 10, "ttl_ms": 300, "remaining": 10, "reset_ms": 0},
-                {"tokens": 10, "ttl_ms": 300, "remaining": 10, "reset_ms": 0}
+                {"tokens": 11, "ttl_ms": 300, "remaining": 10, "reset_ms": 0},
+                {"tokens": 11, "ttl_ms": 300, "remaining": 10, "reset_ms": 0}
             ],
             "hints": {"next_sync_ms": 100, "overrides": {"bypass": false}}
         })
@@ -185,12 +188,12 @@ async fn check_respects_the_proxies_leases() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
     let synced = post(&state, "/v1/sync", &sync_body(json!([ten_per_second("k")]))).await;
-    assert_eq!(synced.body["grants"][0]["tokens"], 10);
+    assert_eq!(synced.body["grants"][0]["tokens"], 11);
     let check = json!({"key": "k", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}]});
     let answer = post(&state, "/v1/check", &check).await;
     assert_eq!(
         answer.body["allowed"], false,
-        "the proxy holds the whole bucket: {answer:?}"
+        "the proxy holds the whole bucket and more: {answer:?}"
     );
 }
 
@@ -272,7 +275,7 @@ fn the_binary_serves_and_stops_on_sigterm() {
     let body = sync_body(json!([ten_per_second("a")])).to_string();
     let reply = service.post("/v1/sync", &body).unwrap();
     assert_eq!(reply.status, 200, "{reply:?} {}", service.log());
-    assert_eq!(reply.json().unwrap()["grants"][0]["tokens"], 10);
+    assert_eq!(reply.json().unwrap()["grants"][0]["tokens"], 11);
     let reply = service
         .post_with_token("/v1/sync", &body, Some("nope"))
         .unwrap();

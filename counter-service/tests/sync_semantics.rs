@@ -1,6 +1,14 @@
-//! What `lua/sync.lua` promises, on a real Redis with a fake clock: leases never promise more
-//! than the bucket holds, spend is debited, debt withholds grants, expired leases release, and
-//! idle keys expire.
+//! What `lua/sync.lua` promises, on a real Redis with a fake clock: leases together never promise
+//! more than the bucket holds plus 1.5 intervals of refill, spend is debited without losing the
+//! refill to the burst cap, debt withholds grants, expired leases release, and idle keys expire.
+//!
+//! The grant, per limit (the smallest wins, never below 0):
+//! `fraction = demand / (demand + others' demand)` (0 without demand),
+//! `refill = requests × interval_ms × 1.5 / period_ms`,
+//! `available = floor(tokens − others' leases + refill × fraction)`,
+//! `share = floor(available × fraction)`, `grant = min(available, max(want, share))`, with
+//! `want = ceil(demand × interval_s × 1.25) + 1` (plus, after denials, the refill the burst cap
+//! would lose before the next sync). For 10/s, burst 10 and 100 ms syncs, `refill` is 1.5.
 
 mod common;
 
@@ -13,6 +21,8 @@ const T0: u64 = 1_700_000_000_000_000;
 const MS: u64 = 1_000;
 /// 100 ms syncs and the default 3-interval lease: grants live 300 ms.
 const INTERVAL_MS: u64 = 100;
+/// 1.5 intervals of refill at 10/s: what a lease may borrow beyond the bucket.
+const BORROWED: f64 = 10.0 * INTERVAL_MS as f64 * 1.5 / 1_000.0;
 
 async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Grant> {
     sync::apply(state, request, now).await.unwrap()
@@ -35,28 +45,33 @@ fn field(redis: &Redis, key: &str, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+fn number(redis: &Redis, key: &str, name: &str) -> f64 {
+    field(redis, key, name).unwrap().parse().unwrap()
+}
+
 fn tokens(redis: &Redis, key: &str) -> f64 {
-    field(redis, &keys::limit_key(key, &TEN_PER_SECOND), "tokens")
-        .unwrap()
-        .parse()
-        .unwrap()
+    number(redis, &keys::limit_key(key, &TEN_PER_SECOND), "tokens")
 }
 
 #[tokio::test]
-async fn one_proxy_gets_at_most_the_burst() {
+async fn one_proxy_gets_at_most_the_burst_and_the_refill_before_its_next_sync() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
     let grants = sync_at(&state, &one("a", "k", 0, 1_000_000), T0).await;
     assert_eq!(
         grants,
         vec![Grant {
-            tokens: 10,
+            tokens: 11,
             ttl_ms: 300,
             remaining: 10,
             reset_ms: 0
         }],
-        "a new key is full; a huge demand gets the whole burst, no more"
+        "a new key is full; a huge demand gets floor(10 - 0 + 1.5 × 1) = 11, no more"
     );
+    assert_eq!(tokens(&redis, "k"), 10.0, "the lease is not debited");
+    let key = keys::limit_key("k", &TEN_PER_SECOND);
+    assert_eq!(field(&redis, &key, "g:a").as_deref(), Some("11"));
+    assert_eq!(field(&redis, &key, "w:a"), None, "no want is stored");
 }
 
 #[tokio::test]
@@ -68,20 +83,64 @@ async fn the_grant_follows_demand() {
         period_ms: 1_000,
         burst: 1_000,
     };
-    let request = batch("a", INTERVAL_MS, vec![entry("k", &[limit], 0, 0)]);
-    let grants = sync_at(&state, &request, T0).await;
-    assert_eq!(grants[0].tokens, 1, "no demand yet: one token");
-    // 5 admitted + 0 denied over 100 ms is 50/s: two intervals of it is 10, plus one
-    let request = batch("a", INTERVAL_MS, vec![entry("k", &[limit], 5, 0)]);
-    let grants = sync_at(&state, &request, T0 + 100 * MS).await;
+    let key = keys::limit_key("k", &limit);
+    let at = |spent, denied| batch("a", INTERVAL_MS, vec![entry("k", &[limit], spent, denied)]);
+    let grants = sync_at(&state, &at(0, 0), T0).await;
     assert_eq!(
-        grants[0].tokens, 6,
-        "EWMA: half of 0/s and half of 50/s is 25/s: 5 + 1"
+        grants[0].tokens, 1,
+        "no demand yet: fraction 0, share 0, want ceil(0) + 1 = 1"
     );
+    assert_eq!(number(&redis, &key, "d:a"), 0.0);
+    // 5 admitted over 100 ms is 50/s: demand max(50, 0.5 × 0 + 0.5 × 50) = 50, rising at once.
+    // Alone, its fraction is 1: the share is everything free plus 1.5 intervals of refill,
+    // floor(1000 - 0 + 1000 × 0.1 × 1.5 × 1) = 1150 (the 100 refilled were capped at 1000 + 5).
+    let grants = sync_at(&state, &at(5, 0), T0 + 100 * MS).await;
+    assert_eq!(number(&redis, &key, "d:a"), 50.0);
+    assert_eq!(grants[0].tokens, 1_150);
+    assert_eq!(number(&redis, &key, "tokens"), 1_000.0);
+    // 30 over 100 ms is 300/s: demand max(300, 25 + 150) = 300
+    sync_at(&state, &at(30, 0), T0 + 200 * MS).await;
+    assert_eq!(number(&redis, &key, "d:a"), 300.0);
+    // nothing over 200 ms: demand max(0, 150 + 0) = 150, falling slowly
+    sync_at(&state, &at(0, 0), T0 + 400 * MS).await;
+    assert_eq!(number(&redis, &key, "d:a"), 150.0);
 }
 
 #[tokio::test]
-async fn proxies_together_never_hold_more_than_the_bucket() {
+async fn a_small_demand_next_to_a_large_one_gets_its_want() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let limit = LimitSpec {
+        requests: 1_000,
+        period_ms: 1_000,
+        burst: 1_000,
+    };
+    let at = |proxy, spent, denied| {
+        batch(
+            proxy,
+            INTERVAL_MS,
+            vec![entry("k", &[limit], spent, denied)],
+        )
+    };
+    // b spent the whole new bucket on its fallback: 1000 over 100 ms is 10000/s, tokens 0.
+    // available = floor(0 - 0 + 150 × 1) = 150 < want ceil(10000 × 0.125) + 1 = 1251
+    let b = sync_at(&state, &at("b", 1_000, 0), T0).await;
+    assert_eq!(b[0].tokens, 150, "the refill due before b's next sync");
+    // 200 ms later: 200 refilled (cap 1000 + 0 + b's unreported min(150, 10000 × 0.2) = 1150).
+    // a, 5 denied over 100 ms = 50/s, has fraction 50 / 10050: available = floor(200 - 150 +
+    // 150 × 0.004975) = 50, share floor(50 × 0.004975) = 0, want ceil(50 × 0.125) + 1 = 8.
+    let a = sync_at(&state, &at("a", 0, 5), T0 + 200 * MS).await;
+    assert_eq!(a[0].tokens, 8, "its want, more than its share of 0");
+    let key = keys::limit_key("k", &limit);
+    assert_eq!(number(&redis, &key, "tokens"), 200.0);
+    // a's demand jumps to 10000/s (1000 denied): want 1251 + the surplus floor(200 + 100 -
+    // 1000) < 0 adds nothing; fraction 1/2, available = floor(200 - 150 + 75) = 125, share 62.
+    let a = sync_at(&state, &at("a", 0, 1_000), T0 + 200 * MS).await;
+    assert_eq!(a[0].tokens, 125, "never more than the bucket holds for it");
+}
+
+#[tokio::test]
+async fn proxies_together_never_hold_more_than_the_bucket_and_the_refill_they_borrow() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
     let key = "shared";
@@ -90,6 +149,7 @@ async fn proxies_together_never_hold_more_than_the_bucket() {
     let mut held = [0u64; 3];
     let mut expiry = [0u64; 3];
     let mut now = T0;
+    let mut borrowed = false;
     for round in 0..60 {
         now += 7 * MS;
         let p = round % 3;
@@ -103,12 +163,17 @@ async fn proxies_together_never_hold_more_than_the_bucket() {
             .unwrap()
             .parse()
             .unwrap();
+        // Each grant is at most floor(tokens - others + 1.5 × fraction), fraction ≤ 1: the
+        // leases together exceed the bucket by at most the 1.5 intervals of refill.
         assert!(
-            outstanding as f64 <= bucket.max(0.0),
-            "round {round} at +{} ms: leases {held:?} total {outstanding} > bucket {bucket}",
+            outstanding as f64 <= bucket.max(0.0) + BORROWED,
+            "round {round} at +{} ms: leases {held:?} total {outstanding} > bucket {bucket} + \
+             {BORROWED}",
             (now - T0) / MS
         );
+        borrowed |= outstanding as f64 > bucket.max(0.0);
     }
+    assert!(borrowed, "the proxies never borrowed the refill due");
 }
 
 #[tokio::test]
@@ -121,6 +186,37 @@ async fn reported_spend_is_debited() {
     assert_eq!(tokens(&redis, "k"), 6.0);
     assert_eq!(grants[0].remaining, 6);
     assert_eq!(grants[0].reset_ms, 400, "4 tokens at 10/s");
+    // 100 ms: min(10 + 4, 6 + 1) - 4 = 3
+    sync_at(&state, &one("a", "k", 4, 0), T0 + 100 * MS).await;
+    assert_eq!(tokens(&redis, "k"), 3.0);
+    // 1 s: min(10 + 4, 3 + 10) - 4 = 9
+    sync_at(&state, &one("a", "k", 4, 0), T0 + 1_100 * MS).await;
+    assert_eq!(tokens(&redis, "k"), 9.0);
+    // 1 s: the refill is capped at 10 + 2 (the burst plus the spend not yet reported), not at 10:
+    // min(10 + 2, 9 + 10) - 2 = 10, then capped at the burst. A cap at the burst before the
+    // debit would leave 8: 2 tokens of refill lost.
+    let grants = sync_at(&state, &one("a", "k", 2, 0), T0 + 2_100 * MS).await;
+    assert_eq!(tokens(&redis, "k"), 10.0);
+    assert_eq!((grants[0].remaining, grants[0].reset_ms), (10, 0));
+}
+
+#[tokio::test]
+async fn the_others_unreported_spend_keeps_the_refill() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    // b: 10 denied over 100 ms is 100/s; alone, it holds floor(10 + 1.5) = 11
+    let b = sync_at(&state, &one("b", "k", 0, 10), T0).await;
+    assert_eq!(b[0].tokens, 11);
+    // 50 ms later b has spent an estimated min(11, 100/s × 0.05 s) = 5: the refill of 0.5 is
+    // capped at 10 + 0 + 5, not 10, and the bucket holds 10.5, above the burst.
+    // a, without demand, gets floor(10.5 - 11 + 0) < 0, so nothing.
+    let a = sync_at(&state, &one("a", "k", 0, 0), T0 + 50 * MS).await;
+    assert_eq!(a[0].tokens, 0);
+    assert_eq!(tokens(&redis, "k"), 10.5);
+    // b reports 5: min(10 + 5 + 0, 10.5 + 0.5) - 5 = 6, what the exact bucket holds (10 - 5 +
+    // 1); a cap at the burst before the debit would have lost the refill and left 5.
+    sync_at(&state, &one("b", "k", 5, 0), T0 + 100 * MS).await;
+    assert_eq!(tokens(&redis, "k"), 6.0);
 }
 
 #[tokio::test]
@@ -130,19 +226,31 @@ async fn debt_withholds_grants_until_refilled() {
     // the proxy overspent on its fallback while the service was away
     let grants = sync_at(&state, &one("a", "k", 30, 0), T0).await;
     assert_eq!(tokens(&redis, "k"), -20.0);
-    assert_eq!(grants[0].tokens, 0);
+    assert_eq!(grants[0].tokens, 0, "floor(-20 + 1.5) < 0");
     assert_eq!(grants[0].remaining, 0);
     assert_eq!(grants[0].reset_ms, 3_000);
     let grants = sync_at(&state, &one("a", "k", 0, 50), T0 + 1_000 * MS).await;
-    assert_eq!((grants[0].tokens, tokens(&redis, "k")), (0, -10.0));
-    let grants = sync_at(&state, &one("a", "k", 0, 50), T0 + 2_000 * MS).await;
-    assert_eq!((grants[0].tokens, tokens(&redis, "k")), (0, 0.0));
-    let grants = sync_at(&state, &one("a", "k", 0, 50), T0 + 2_500 * MS).await;
     assert_eq!(
         (grants[0].tokens, tokens(&redis, "k")),
-        (5, 5.0),
-        "paid back: 5 refilled"
+        (0, -10.0),
+        "floor(-10 + 1.5) < 0"
     );
+    // The grant borrows the 1.5 tokens due before the next sync, so the debt is covered once
+    // it is down to 0.5: at +1940 ms floor(-0.6 + 1.5) = 0, at +1950 ms floor(-0.5 + 1.5) = 1.
+    // (-10 + 9.4 is not exact in floating point: compare the tokens to within 1e-9)
+    let close = |expected: f64| (tokens(&redis, "k") - expected).abs() < 1e-9;
+    let grants = sync_at(&state, &one("a", "k", 0, 50), T0 + 1_940 * MS).await;
+    assert_eq!(grants[0].tokens, 0);
+    assert!(close(-0.6), "{}", tokens(&redis, "k"));
+    let grants = sync_at(&state, &one("a", "k", 0, 50), T0 + 1_950 * MS).await;
+    assert_eq!(grants[0].tokens, 1);
+    assert!(close(-0.5), "{}", tokens(&redis, "k"));
+    let grants = sync_at(&state, &one("a", "k", 0, 50), T0 + 2_500 * MS).await;
+    assert_eq!(
+        grants[0].tokens, 6,
+        "paid back: 5 refilled, floor(5 + 1.5) = 6"
+    );
+    assert!(close(5.0), "{}", tokens(&redis, "k"));
 }
 
 #[tokio::test]
@@ -150,14 +258,20 @@ async fn expired_grants_release_their_tokens() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
     let a = sync_at(&state, &one("a", "k", 0, 1_000), T0).await;
-    assert_eq!(a[0].tokens, 10);
+    assert_eq!(a[0].tokens, 11);
+    // 100 ms: 1 refilled (a's unreported min(11, 10000 × 0.1) lifts the cap), tokens 11; b has
+    // half the two proxies' demand: floor(11 - 11 + 1.5 × 0.5) = 0
     let b = sync_at(&state, &one("b", "k", 0, 1_000), T0 + 100 * MS).await;
     assert_eq!(b[0].tokens, 0, "a's lease holds every token");
+    assert_eq!(tokens(&redis, "k"), 11.0);
+    // a's lease expired at +300 ms: no unreported spend, the bucket is capped back at 10, and b
+    // alone gets floor(10 - 0 + 1.5) = 11
     let b = sync_at(&state, &one("b", "k", 0, 1_000), T0 + 301 * MS).await;
     assert_eq!(
-        b[0].tokens, 10,
+        b[0].tokens, 11,
         "a's lease expired after 300 ms: b gets the bucket"
     );
+    assert_eq!(tokens(&redis, "k"), 10.0);
 }
 
 #[tokio::test]
@@ -166,7 +280,11 @@ async fn silent_proxies_are_forgotten_and_idle_keys_expire() {
     let state = state(&redis.url());
     let key = keys::limit_key("k", &TEN_PER_SECOND);
     sync_at(&state, &one("a", "k", 0, 0), T0).await;
-    assert!(field(&redis, &key, "g:a").is_some());
+    for name in ["g:a", "x:a", "d:a", "s:a"] {
+        assert!(field(&redis, &key, name).is_some(), "{name} written");
+    }
+    // a field of an older version of the script, which wrote the proxy's want
+    redis.query(&["HSET", &key, "w:a", "3"]).unwrap();
     let ttl: i64 = redis.text(&["PTTL", &key]).unwrap().parse().unwrap();
     assert!(
         (1..=1_300).contains(&ttl),
@@ -198,8 +316,9 @@ async fn every_limit_of_an_entry_binds_the_grant() {
         ],
     );
     let grants = sync_at(&state, &request, T0).await;
+    // 10/s: floor(10 + 1.5) = 11; 3/min: floor(3 + 3 × 100 × 1.5 / 60000) = 3
     assert_eq!(grants[0].tokens, 3, "the tighter limit decides");
-    assert_eq!(grants[1].tokens, 10, "answers keep the request order");
+    assert_eq!(grants[1].tokens, 11, "answers keep the request order");
     let key = keys::limit_key("first", &per_minute);
     assert_eq!(field(&redis, &key, "g:a").as_deref(), Some("3"));
 }
