@@ -176,7 +176,11 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
                 if forwarded.insert((i, call.token)) {
                     let path = call.header(":path").unwrap_or("/").to_string();
                     if std::env::var_os("ACCURACY_DEBUG").is_some() && i == 1 {
-                        eprintln!("p1 sync {:?} {}", clock.now(), String::from_utf8_lossy(&call.body));
+                        eprintln!(
+                            "p1 sync {:?} {}",
+                            clock.now(),
+                            String::from_utf8_lossy(&call.body)
+                        );
                     }
                     send(&jobs, (i, call.token, path, call.body.clone()));
                 }
@@ -185,7 +189,11 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         while let Ok(answer) = answer_rx.try_recv() {
             clock.set(SystemTime::now());
             if std::env::var_os("ACCURACY_DEBUG").is_some() && answer.proxy == 1 {
-                eprintln!("p1 answer {} {}", answer.status, String::from_utf8_lossy(&answer.body));
+                eprintln!(
+                    "p1 answer {} {}",
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body)
+                );
             }
             let proxy = &proxies[answer.proxy];
             let _ = proxy.answer_call(answer.token, answer.status as u32, &[], &answer.body);
