@@ -108,9 +108,12 @@ for _ = 1, count do
     local tokens = tonumber(fields['tokens'])
     local ts = tonumber(fields['ts'])
     if tokens == nil or ts == nil then
+      -- A new key: its first requests came up to an interval ago, decided by the proxies'
+      -- fallbacks; the bucket starts full then, and refills over that interval what they spent.
       tokens = burst
-      ts = now
-    elseif now > ts then
+      ts = now - interval_us
+    end
+    if now > ts then
       local cap = burst + spent + unreported
       tokens = math.min(cap, tokens + (now - ts) * requests / (period_ms * 1000))
       ts = now

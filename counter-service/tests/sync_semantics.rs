@@ -122,17 +122,18 @@ async fn a_small_demand_next_to_a_large_one_gets_its_want() {
             vec![entry("k", &[limit], spent, denied)],
         )
     };
-    // b spent the whole new bucket on its fallback: 1000 over 100 ms is 10000/s, tokens 0.
-    // available = floor(0 - 0 + 150 × 1) = 150 < want ceil(10000 × 0.125) + 1 = 1251
+    // b spent the whole new bucket on its fallback: 1000 over 100 ms is 10000/s. A new key is
+    // taken to have started one interval ago, full: min(1000 + 1000, 1000 + 100) - 1000 = 100.
+    // available = floor(100 - 0 + 150 × 1) = 250 < want ceil(10000 × 0.125) + 1 = 1251
     let b = sync_at(&state, &at("b", 1_000, 0), T0).await;
-    assert_eq!(b[0].tokens, 150, "the refill due before b's next sync");
-    // 200 ms later: 200 refilled (cap 1000 + 0 + b's unreported min(150, 10000 × 0.2) = 1150).
-    // a, 5 denied over 100 ms = 50/s, has fraction 50 / 10050: available = floor(200 - 150 +
+    assert_eq!(b[0].tokens, 250, "what is left plus the refill due before b's next sync");
+    // 200 ms later: 200 refilled (cap 1000 + 0 + b's unreported min(250, 10000 × 0.2) = 1250).
+    // a, 5 denied over 100 ms = 50/s, has fraction 50 / 10050: available = floor(300 - 250 +
     // 150 × 0.004975) = 50, share floor(50 × 0.004975) = 0, want ceil(50 × 0.125) + 1 = 8.
     let a = sync_at(&state, &at("a", 0, 5), T0 + 200 * MS).await;
     assert_eq!(a[0].tokens, 8, "its want, more than its share of 0");
     let key = keys::limit_key("k", &limit);
-    assert_eq!(number(&redis, &key, "tokens"), 200.0);
+    assert_eq!(number(&redis, &key, "tokens"), 300.0);
     // a's demand jumps to 10000/s (1000 denied): want 1251 + the surplus floor(200 + 100 -
     // 1000) < 0 adds nothing; fraction 1/2, available = floor(200 - 150 + 75) = 125, share 62.
     let a = sync_at(&state, &at("a", 0, 1_000), T0 + 200 * MS).await;
@@ -223,7 +224,9 @@ async fn the_others_unreported_spend_keeps_the_refill() {
 async fn debt_withholds_grants_until_refilled() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    // the proxy overspent on its fallback while the service was away
+    // the key exists, full, at T0; then the proxy reports that it overspent on its fallback
+    // while the service was away
+    sync_at(&state, &one("a", "k", 0, 0), T0).await;
     let grants = sync_at(&state, &one("a", "k", 30, 0), T0).await;
     assert_eq!(tokens(&redis, "k"), -20.0);
     assert_eq!(grants[0].tokens, 0, "floor(-20 + 1.5) < 0");
