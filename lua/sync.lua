@@ -128,9 +128,10 @@ for _ = 1, count do
   -- 2. the proxy's demand on this entry (tokens/s) and what it wants for 1.25 intervals
   local last_sync = tonumber(demand_fields[s_field])
   local previous = tonumber(demand_fields[d_field])
+  -- over the time since its last sync (an early one too), or one interval for the first
   local since = interval_us
-  if last_sync ~= nil and now - last_sync > since then
-    since = now - last_sync
+  if last_sync ~= nil then
+    since = math.max(now - last_sync, 1000)
   end
   local rate = (spent + denied) * 1000000 / since
   -- Demand rises at once and falls slowly: a proxy whose traffic jumps is not starved while an

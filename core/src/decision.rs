@@ -49,4 +49,6 @@ pub struct Evaluation {
     pub newly_unsynced: Vec<(usize, String)>,
     /// What an admitted request spent, to give back if a strict check denies it after all.
     pub spent: Vec<crate::limiter::Spent>,
+    /// A lease ran out: the proxy should sync early rather than deny until its next interval.
+    pub lease_exhausted: bool,
 }

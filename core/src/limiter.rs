@@ -101,6 +101,7 @@ impl Limiter {
         let mut spent: Vec<Spent> = Vec::new();
         let mut tightest: Option<(usize, Quota)> = None;
         let mut denial = None;
+        let mut lease_exhausted = false;
 
         for (index, rule) in self.policy.rules.iter().enumerate() {
             if rule.consistency == Consistency::Strict
@@ -141,6 +142,7 @@ impl Limiter {
             if dirty {
                 newly_unsynced.push((index, key));
             }
+            lease_exhausted |= verdict.spend == Spend::Grant && !verdict.allowed;
             if verdict.allowed {
                 spent.push(Spent {
                     rule: index,
@@ -178,6 +180,7 @@ impl Limiter {
             outcomes,
             newly_unsynced,
             spent,
+            lease_exhausted,
         }
     }
 

@@ -123,6 +123,18 @@ pub fn claim_round(
     .flatten()
 }
 
+/// Brings the next round forward after a lease ran out, to a quarter interval after the last
+/// claim at the earliest: a proxy whose demand outgrew its lease asks again soon instead of
+/// denying until the interval is over, and the sync rate stays bounded.
+pub fn hurry(store: &mut dyn Store, now_us: u64, configured_interval_ms: u64) {
+    let _ = update_state(store, |state| {
+        let interval_us = state.effective_interval_ms(configured_interval_ms) * 1_000;
+        let last_claim = state.next_at_us.saturating_sub(interval_us);
+        let earliest = (last_claim + interval_us / 4).max(now_us);
+        state.next_at_us = state.next_at_us.min(earliest);
+    });
+}
+
 /// Encodes a queue message announcing that `key` of rule `rule` has unsynced counts.
 pub fn announce(rule: usize, key: &str) -> Vec<u8> {
     let mut msg = Vec::with_capacity(4 + key.len());
@@ -263,6 +275,36 @@ mod tests {
         update_state(&mut store, |s| s.busy_until_us = 0).unwrap();
         assert!(claim_round(&mut store, t + 99_000, 100, 50_000, 3).is_none());
         assert!(claim_round(&mut store, t + 100_000, 100, 50_000, 3).is_some());
+    }
+
+    #[test]
+    fn an_exhausted_lease_brings_the_round_forward_but_not_too_far() {
+        let mut store = MemoryStore::default();
+        let t = 1_000_000;
+        assert!(claim_round(&mut store, t, 100, 50_000, 3).is_some());
+        update_state(&mut store, |s| s.busy_until_us = 0).unwrap();
+        hurry(&mut store, t + 5_000, 100);
+        assert!(
+            claim_round(&mut store, t + 20_000, 100, 50_000, 3).is_none(),
+            "not before 25 ms"
+        );
+        assert!(claim_round(&mut store, t + 25_000, 100, 50_000, 3).is_some());
+        update_state(&mut store, |s| s.busy_until_us = 0).unwrap();
+        hurry(&mut store, t + 30_000, 100);
+        assert_eq!(
+            read_state(&mut store).next_at_us,
+            t + 50_000,
+            "a quarter after the claim at 25 ms"
+        );
+        assert!(claim_round(&mut store, t + 45_000, 100, 50_000, 3).is_none());
+        assert!(claim_round(&mut store, t + 50_000, 100, 50_000, 3).is_some());
+        update_state(&mut store, |s| s.busy_until_us = 0).unwrap();
+        hurry(&mut store, t + 90_000, 100);
+        assert_eq!(
+            read_state(&mut store).next_at_us,
+            t + 90_000,
+            "asked late: now, not earlier"
+        );
     }
 
     #[test]

@@ -126,7 +126,10 @@ async fn a_small_demand_next_to_a_large_one_gets_its_want() {
     // taken to have started one interval ago, full: min(1000 + 1000, 1000 + 100) - 1000 = 100.
     // available = floor(100 - 0 + 150 × 1) = 250 < want ceil(10000 × 0.125) + 1 = 1251
     let b = sync_at(&state, &at("b", 1_000, 0), T0).await;
-    assert_eq!(b[0].tokens, 250, "what is left plus the refill due before b's next sync");
+    assert_eq!(
+        b[0].tokens, 250,
+        "what is left plus the refill due before b's next sync"
+    );
     // 200 ms later: 200 refilled (cap 1000 + 0 + b's unreported min(250, 10000 × 0.2) = 1250).
     // a, 5 denied over 100 ms = 50/s, has fraction 50 / 10050: available = floor(300 - 250 +
     // 150 × 0.004975) = 50, share floor(50 × 0.004975) = 0, want ceil(50 × 0.125) + 1 = 8.
@@ -134,10 +137,13 @@ async fn a_small_demand_next_to_a_large_one_gets_its_want() {
     assert_eq!(a[0].tokens, 8, "its want, more than its share of 0");
     let key = keys::limit_key("k", &limit);
     assert_eq!(number(&redis, &key, "tokens"), 300.0);
-    // a's demand jumps to 10000/s (1000 denied): want 1251 + the surplus floor(200 + 100 -
-    // 1000) < 0 adds nothing; fraction 1/2, available = floor(200 - 150 + 75) = 125, share 62.
-    let a = sync_at(&state, &at("a", 0, 1_000), T0 + 200 * MS).await;
-    assert_eq!(a[0].tokens, 125, "never more than the bucket holds for it");
+    // 50 ms later a's demand jumps to 20000/s (1000 denied over 50 ms: demand is measured over
+    // the time since its last sync). Tokens: min(1000 + 0 + b's unreported min(250, 10000 ×
+    // 0.25), 300 + 50) = 350. want ceil(20000 × 0.125) + 1 = 2501 (the surplus floor(350 + 100
+    // - 1000) < 0 adds nothing); fraction 20000 / 30000, available = floor(350 - 250 + 150 ×
+    // 2/3) = 200, share 133.
+    let a = sync_at(&state, &at("a", 0, 1_000), T0 + 250 * MS).await;
+    assert_eq!(a[0].tokens, 200, "never more than the bucket holds for it");
 }
 
 #[tokio::test]

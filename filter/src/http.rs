@@ -237,6 +237,11 @@ impl HttpContext for Request {
         for (rule, outcome) in &evaluation.outcomes {
             shared.metrics.outcome(*rule, *outcome);
         }
+        if evaluation.lease_exhausted && !shared.hurried.replace(true) {
+            if let Some(service) = limiter.policy().service.as_ref() {
+                sync::hurry(&mut SharedData, conditions.now_us, service.sync_interval_ms);
+            }
+        }
         if let Some(queue) = shared.queue {
             for (rule, key) in &evaluation.newly_unsynced {
                 let _ = hostcalls::enqueue_shared_queue(queue, Some(&sync::announce(*rule, key)));

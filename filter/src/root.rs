@@ -27,6 +27,8 @@ pub struct Shared {
     pub service_up: Cell<bool>,
     /// The service's emergency bypass override is on.
     pub bypass: Cell<bool>,
+    /// This worker already asked for an early sync since its last tick.
+    pub hurried: Cell<bool>,
 }
 
 impl Shared {
@@ -36,6 +38,7 @@ impl Shared {
         self.service_up
             .set(state.breaker.service_up(service.breaker_failures, now_us));
         self.bypass.set(state.bypass);
+        self.hurried.set(false);
         self.metrics.breaker(breaker);
     }
 }
@@ -107,6 +110,7 @@ impl RootContext for Root {
             queue: self.syncer.queue(),
             service_up: Cell::new(true),
             bypass: Cell::new(false),
+            hurried: Cell::new(false),
         }));
         true
     }
