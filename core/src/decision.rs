@@ -15,8 +15,6 @@ pub struct Quota {
 /// The decision for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Skipped every rule (health check, allowlisted client, emergency switch).
-    Bypass,
     /// Admitted. `quota` is the most restrictive answer among the rules that counted it.
     Allow { quota: Option<(usize, Quota)> },
     /// Refused by rule `rule`; nothing was spent.

@@ -249,7 +249,6 @@ impl HttpContext for Request {
         }
 
         match evaluation.decision {
-            Decision::Bypass => Action::Continue,
             Decision::Allow { quota } => {
                 if let Some((rule, quota)) = quota {
                     self.offer(rule, quota);

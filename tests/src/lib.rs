@@ -3,4 +3,5 @@
 pub mod envoy;
 pub mod host;
 pub mod redis;
+pub mod reply;
 pub mod service;

@@ -115,7 +115,7 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         .collect::<Result<_>>()?;
 
     // Callouts go to the service on a few threads, so a slow answer never stalls arrivals.
-    let (jobs, job_rx) = crossbeam_like_channel();
+    let (jobs, job_rx) = job_channel();
     let (answers, answer_rx) = mpsc::channel::<Answer>();
     let url = service.url();
     let token = service.token().to_string();
@@ -175,26 +175,12 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
             for call in proxy.pending_calls() {
                 if forwarded.insert((i, call.token)) {
                     let path = call.header(":path").unwrap_or("/").to_string();
-                    if std::env::var_os("ACCURACY_DEBUG").is_some() && i == 1 {
-                        eprintln!(
-                            "p1 sync {:?} {}",
-                            clock.now(),
-                            String::from_utf8_lossy(&call.body)
-                        );
-                    }
                     send(&jobs, (i, call.token, path, call.body.clone()));
                 }
             }
         }
         while let Ok(answer) = answer_rx.try_recv() {
             clock.set(SystemTime::now());
-            if std::env::var_os("ACCURACY_DEBUG").is_some() && answer.proxy == 1 {
-                eprintln!(
-                    "p1 answer {} {}",
-                    answer.status,
-                    String::from_utf8_lossy(&answer.body)
-                );
-            }
             let proxy = &proxies[answer.proxy];
             let _ = proxy.answer_call(answer.token, answer.status as u32, &[], &answer.body);
             forwarded.remove(&(answer.proxy, answer.token));
@@ -249,11 +235,11 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         .iter()
         .map(|p| p.metric("sluice.sync.failed").unwrap_or(0))
         .sum();
-    let fallback_allowed: u64 = proxies
+    let allowed_by_metrics: u64 = proxies
         .iter()
         .map(|p| p.metric("sluice.rule.shared.allowed").unwrap_or(0))
         .sum();
-    eprintln!("  syncs failed: {failed}, allowed by metrics: {fallback_allowed}");
+    eprintln!("  syncs failed: {failed}, allowed by metrics: {allowed_by_metrics}");
     Ok(Outcome {
         interval_ms,
         requests: arrivals.len(),
@@ -267,7 +253,7 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
 type Job = (usize, u32, String, Vec<u8>);
 type JobRx = std::sync::Arc<std::sync::Mutex<mpsc::Receiver<Job>>>;
 
-fn crossbeam_like_channel() -> (mpsc::Sender<Job>, JobRx) {
+fn job_channel() -> (mpsc::Sender<Job>, JobRx) {
     let (tx, rx) = mpsc::channel();
     (tx, std::sync::Arc::new(std::sync::Mutex::new(rx)))
 }

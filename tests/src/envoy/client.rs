@@ -1,46 +1,8 @@
-//! A small blocking HTTP client over keep-alive connections: one [`ureq::Agent`] per thread is one connection.
-
-use std::time::Duration;
+//! Requests to Envoy over keep-alive connections: one [`ureq::Agent`] per thread is one connection.
 
 use anyhow::{Context, Result};
 
-/// An agent that returns 4xx/5xx as replies (not errors), ignores any proxy settings of the environment,
-/// and gives up on a request after 10 s.
-pub fn agent() -> ureq::Agent {
-    let config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .proxy(None)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build();
-    ureq::Agent::new_with_config(config)
-}
-
-/// A response, read whole.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    /// Header names in lower case, in the order received.
-    pub headers: Vec<(String, String)>,
-    pub body: String,
-}
-
-impl Reply {
-    /// The first header named `name` (any case).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Whether any header name starts with one of the rate-limit prefixes.
-    pub fn has_rate_limit_headers(&self) -> bool {
-        self.headers.iter().any(|(n, _)| {
-            n.starts_with("x-ratelimit") || n.starts_with("ratelimit") || n == "retry-after"
-        })
-    }
-}
+pub use crate::reply::{agent, Reply};
 
 /// `GET url` with `headers`.
 pub fn get(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Result<Reply> {
@@ -48,23 +10,7 @@ pub fn get(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Result<R
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
-    let mut response = request.call().with_context(|| format!("GET {url}"))?;
-    let status = response.status().as_u16();
-    let headers = response
-        .headers()
-        .iter()
-        .map(|(n, v)| {
-            let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
-            (n.as_str().to_ascii_lowercase(), value)
-        })
-        .collect();
-    let body = response
-        .body_mut()
-        .read_to_string()
-        .with_context(|| format!("reading the body of GET {url}"))?;
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
+    let what = format!("GET {url}");
+    let response = request.call().with_context(|| what.clone())?;
+    Reply::read(response, &what)
 }
