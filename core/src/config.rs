@@ -438,6 +438,13 @@ fn service(raw: RawService) -> Result<Service, ConfigError> {
     if breaker_failures == 0 {
         return Err(err("service.breaker_failures", "must be at least 1"));
     }
+    let breaker_cooldown_ms = raw.breaker_cooldown_ms.unwrap_or(2_000);
+    if !(10..=3_600_000).contains(&breaker_cooldown_ms) {
+        return Err(err(
+            "service.breaker_cooldown_ms",
+            "must be between 10 and 3600000",
+        ));
+    }
     Ok(Service {
         authority: raw.authority.unwrap_or_else(|| raw.cluster.clone()),
         cluster: raw.cluster,
@@ -445,6 +452,6 @@ fn service(raw: RawService) -> Result<Service, ConfigError> {
         timeout_ms,
         sync_interval_ms,
         breaker_failures,
-        breaker_cooldown_ms: raw.breaker_cooldown_ms.unwrap_or(2_000),
+        breaker_cooldown_ms,
     })
 }

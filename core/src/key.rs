@@ -1,38 +1,139 @@
 //! Building a rule's key from a request.
 
+use std::fmt::Write;
+
+use sha2::{Digest, Sha256};
+
 use crate::policy::{KeyPart, Rule};
 
 /// What the limiter may ask of a request. The filter answers from host calls, tests from values.
 pub trait RequestView {
     /// Upper-case method, e.g. `GET`.
     fn method(&self) -> &str;
-    /// The path without its query string.
+    /// The path as the client sent it, without its query string.
     fn path(&self) -> &str;
+    /// The path as an upstream reads it ([`crate::path::normalize`]): what rules match and key on.
+    fn normal_path(&self) -> &str;
     /// The client address, already resolved through trusted hops.
     fn client_ip(&mut self) -> Option<&str>;
-    /// A request header by lower-case name.
-    fn header(&mut self, name: &str) -> Option<String>;
+    /// Every value of a request header, by lower-case name, in order (empty when absent).
+    /// A value that is not UTF-8 comes as [`header_value`] makes it.
+    fn header(&mut self, name: &str) -> Vec<String>;
 }
 
 /// Separates key parts; a control character no header value may hold.
 pub const SEPARATOR: char = '\u{1f}';
+/// Starts what sluice writes into a key itself (digests, markers); no header value holds it.
+pub const MARK: char = '\u{1e}';
+/// Longest key sent anywhere: a longer one is replaced by its SHA-256 digest, so no client value
+/// can make a key the counter service refuses, or fill memory with long keys.
+pub const MAX_KEY_BYTES: usize = 256;
+/// Distinct values of one repeated header a key is built from (the first ones and the last).
+pub const MAX_VALUES: usize = 4;
+/// Most keys one rule builds for one request (repeated headers multiply them).
+pub const MAX_KEYS: usize = 8;
 
-/// The rule's key for this request (`rule name`, then each part), or `None` when a part is
-/// missing: such a request is not counted by the rule.
-pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Option<String> {
-    let mut key = String::with_capacity(64);
-    key.push_str(&rule.name);
+/// The rule's keys for this request (`rule name`, then each part): one, or one per value of a
+/// repeated header (the request is counted against each, so a junk first value cannot escape
+/// an exhausted real one), or none when a part is missing: such a request is not counted by the
+/// rule.
+pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
+    let mut keys = vec![String::with_capacity(64)];
+    keys[0].push_str(&rule.name);
     for part in &rule.key {
-        key.push(SEPARATOR);
-        match part {
-            KeyPart::ClientIp => key.push_str(request.client_ip()?),
-            KeyPart::Header(name) => key.push_str(&request.header(name)?),
-            KeyPart::Path => key.push_str(request.path()),
-            KeyPart::Method => key.push_str(request.method()),
-            KeyPart::Const(value) => key.push_str(value),
+        let values = match part {
+            KeyPart::ClientIp => match request.client_ip() {
+                Some(ip) => vec![ip.to_string()],
+                None => return Vec::new(),
+            },
+            KeyPart::Header(name) => distinct(request.header(name)),
+            KeyPart::Path => vec![request.normal_path().to_string()],
+            KeyPart::Method => vec![request.method().to_string()],
+            KeyPart::Const(value) => vec![value.clone()],
+        };
+        if values.is_empty() {
+            return Vec::new();
+        }
+        if keys.len() * values.len() > MAX_KEYS {
+            // Only a client repeating several key headers gets here: one shared bucket for all
+            // such requests of the rule.
+            let mut key = rule.name.clone();
+            key.push(SEPARATOR);
+            key.push(MARK);
+            key.push_str("many");
+            return vec![key];
+        }
+        keys = keys
+            .iter()
+            .flat_map(|key| {
+                values.iter().map(move |value| {
+                    let mut next = String::with_capacity(key.len() + 1 + value.len());
+                    next.push_str(key);
+                    next.push(SEPARATOR);
+                    next.push_str(value);
+                    next
+                })
+            })
+            .collect();
+    }
+    keys.into_iter()
+        .map(|key| bounded(&rule.name, key))
+        .collect()
+}
+
+/// The values a key is built from: distinct, at most [`MAX_VALUES`] (the first ones and the
+/// last: the value an upstream reads is one of those).
+fn distinct(values: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(values.len().min(MAX_VALUES));
+    let last = values.last().cloned();
+    for value in values {
+        if !out.contains(&value) {
+            out.push(value);
         }
     }
-    Some(key)
+    if out.len() > MAX_VALUES {
+        out.truncate(MAX_VALUES - 1);
+        if let Some(last) = last {
+            if !out.contains(&last) {
+                out.push(last);
+            }
+        }
+    }
+    out
+}
+
+/// `key`, or when longer than [`MAX_KEY_BYTES`], the rule's name and the key's SHA-256.
+fn bounded(rule: &str, key: String) -> String {
+    if key.len() <= MAX_KEY_BYTES {
+        return key;
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    let mut short = String::with_capacity(rule.len() + 2 + 7 + 64);
+    short.push_str(rule);
+    short.push(SEPARATOR);
+    short.push(MARK);
+    short.push_str("sha256:");
+    for byte in digest {
+        let _ = write!(short, "{byte:02x}");
+    }
+    short
+}
+
+/// A header value as a key part: itself when it is UTF-8; otherwise [`MARK`], `hex:` and its
+/// bytes in hex, so that two different values never share a bucket.
+pub fn header_value(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_string(),
+        Err(_) => {
+            let mut out = String::with_capacity(5 + 2 * bytes.len());
+            out.push(MARK);
+            out.push_str("hex:");
+            for byte in bytes {
+                let _ = write!(out, "{byte:02x}");
+            }
+            out
+        }
+    }
 }
 
 /// A request as plain values, for tests and tools.
@@ -42,6 +143,8 @@ pub struct PlainRequest {
     pub path: String,
     pub client_ip: Option<String>,
     pub headers: Vec<(String, String)>,
+    /// The normalized path, made once when a rule asks.
+    pub normal: std::cell::OnceCell<String>,
 }
 
 impl PlainRequest {
@@ -70,17 +173,25 @@ impl RequestView for PlainRequest {
     }
 
     fn path(&self) -> &str {
-        &self.path
+        self.path
+            .split_once('?')
+            .map_or(&self.path, |(path, _)| path)
+    }
+
+    fn normal_path(&self) -> &str {
+        self.normal
+            .get_or_init(|| crate::path::normalize(&self.path).into_owned())
     }
 
     fn client_ip(&mut self) -> Option<&str> {
         self.client_ip.as_deref()
     }
 
-    fn header(&mut self, name: &str) -> Option<String> {
+    fn header(&mut self, name: &str) -> Vec<String> {
         self.headers
             .iter()
-            .find(|(n, _)| n == name)
+            .filter(|(n, _)| n == name)
             .map(|(_, v)| v.clone())
+            .collect()
     }
 }

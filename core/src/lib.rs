@@ -9,6 +9,8 @@ pub mod key;
 pub mod limit;
 pub mod limiter;
 pub mod net;
+pub mod path;
+pub mod pending;
 pub mod policy;
 pub mod protocol;
 pub mod store;

@@ -8,7 +8,7 @@ use crate::key::{self, RequestView};
 use crate::limit::Limit;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::store::{self, Store};
-use crate::table::{self, Record, Table};
+use crate::table::{self, KeyHasher, Record, Table};
 
 /// How stale a key's recency may get before a denial writes it anyway.
 const RECENCY_US: u64 = 1_000_000;
@@ -61,11 +61,20 @@ pub struct RuleAnswer {
 }
 
 impl Limiter {
+    /// A limiter whose key tables are placed by an unkeyed hash: for tests and tools. A proxy
+    /// uses [`Limiter::with_secret`].
     pub fn new(policy: Policy) -> Limiter {
+        Limiter::with_secret(policy, [0, 0])
+    }
+
+    /// A limiter whose key tables are placed by a hash keyed with `secret`, which clients
+    /// cannot know: they cannot pick keys that collide with theirs.
+    pub fn with_secret(policy: Policy, secret: [u64; 2]) -> Limiter {
+        let hasher = KeyHasher::new(secret);
         let tables = policy
             .rules
             .iter()
-            .map(|rule| Table::new(&rule.name, bucket_limits(rule), policy.max_keys))
+            .map(|rule| Table::new(&rule.name, bucket_limits(rule), policy.max_keys, hasher))
             .collect();
         Limiter { policy, tables }
     }
@@ -104,65 +113,70 @@ impl Limiter {
         let mut lease_exhausted = false;
 
         for (index, rule) in self.policy.rules.iter().enumerate() {
-            if rule.consistency == Consistency::Strict
-                || !rule.matcher.matches(request.method(), request.path())
-            {
+            if rule.consistency == Consistency::Strict || !rule.matcher.matches(request) {
                 continue;
             }
-            let Some(key) = key::build(rule, request) else {
-                continue;
-            };
-            let fingerprint = table::fingerprint(&key);
-            let table = &self.tables[index];
-            let step = store::update(store, &table.set_key(fingerprint), |set| {
-                let found = table.find(set, fingerprint);
-                let mut record =
-                    found.unwrap_or_else(|| Record::fresh(fingerprint, bucket_limits(rule), now));
-                let was_unsynced = record.unsynced();
-                let verdict = judge(rule, &mut record, conditions);
-                // A local denial changes nothing a later request could tell apart (the refill
-                // is a function of the stored stamp), so it skips the write, keeping the deny
-                // path to one read; it still refreshes the key's recency once a second.
-                let unchanged = !verdict.allowed
-                    && rule.consistency == Consistency::Local
-                    && found.is_some_and(|r| now.saturating_sub(r.seen_us) < RECENCY_US);
-                if unchanged {
-                    return ((verdict, false), false);
-                }
-                record.seen_us = now;
-                table.store(set, &record);
-                let dirty =
-                    rule.consistency != Consistency::Local && !was_unsynced && record.unsynced();
-                ((verdict, dirty), true)
-            });
-            let Ok((verdict, dirty)) = step else {
-                outcomes.push((index, Outcome::Unavailable));
-                continue;
-            };
-            if dirty {
-                newly_unsynced.push((index, key));
-            }
-            lease_exhausted |= verdict.spend == Spend::Grant && !verdict.allowed;
-            if verdict.allowed {
-                spent.push(Spent {
-                    rule: index,
-                    fingerprint,
-                    how: verdict.spend,
+            for key in key::build(rule, request) {
+                let table = &self.tables[index];
+                let fingerprint = table.fingerprint(&key);
+                let limits = bucket_limits(rule);
+                let step = store::update(store, &table.set_key(fingerprint), |set| {
+                    let found = table.find(set, fingerprint);
+                    let mut record = match found {
+                        Some(record) => record,
+                        None => table.find_or_fresh(set, fingerprint, limits, now),
+                    };
+                    let was_unsynced = record.unsynced();
+                    let verdict = judge(rule, &mut record, conditions);
+                    // A local denial changes nothing a later request could tell apart (the
+                    // refill is a function of the stored stamp), so it skips the write, keeping
+                    // the deny path to one read; it still refreshes the key's recency once a
+                    // second.
+                    let unchanged = !verdict.allowed
+                        && rule.consistency == Consistency::Local
+                        && found.is_some_and(|r| now.saturating_sub(r.seen_us) < RECENCY_US);
+                    if unchanged {
+                        return ((verdict, false), false);
+                    }
+                    record.seen_us = now;
+                    table.store(set, &record, limits, now);
+                    let dirty = rule.consistency != Consistency::Local
+                        && !was_unsynced
+                        && record.unsynced();
+                    ((verdict, dirty), true)
                 });
-                outcomes.push((index, Outcome::Allowed));
-                if tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining) {
+                let Ok((verdict, dirty)) = step else {
+                    outcomes.push((index, Outcome::Unavailable));
+                    continue;
+                };
+                if dirty {
+                    newly_unsynced.push((index, key));
+                }
+                lease_exhausted |= verdict.spend == Spend::Grant && !verdict.allowed;
+                if verdict.allowed {
+                    spent.push(Spent {
+                        rule: index,
+                        fingerprint,
+                        how: verdict.spend,
+                    });
+                    outcomes.push((index, Outcome::Allowed));
+                    if tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining) {
+                        tightest = Some((index, verdict.quota));
+                    }
+                } else if rule.mode == Mode::Shadow {
+                    outcomes.push((index, Outcome::ShadowDenied));
                     tightest = Some((index, verdict.quota));
+                } else {
+                    outcomes.push((index, Outcome::Denied));
+                    denial = Some(Decision::Deny {
+                        rule: index,
+                        quota: verdict.quota,
+                        retry_after_us: verdict.retry_after_us,
+                    });
+                    break;
                 }
-            } else if rule.mode == Mode::Shadow {
-                outcomes.push((index, Outcome::ShadowDenied));
-                tightest = Some((index, verdict.quota));
-            } else {
-                outcomes.push((index, Outcome::Denied));
-                denial = Some(Decision::Deny {
-                    rule: index,
-                    quota: verdict.quota,
-                    retry_after_us: verdict.retry_after_us,
-                });
+            }
+            if denial.is_some() {
                 break;
             }
         }
@@ -188,12 +202,12 @@ impl Limiter {
     pub fn strict_keys(&self, request: &mut dyn RequestView) -> Vec<(usize, String)> {
         let mut keys = Vec::new();
         for (index, rule) in self.policy.rules.iter().enumerate() {
-            if rule.consistency == Consistency::Strict
-                && rule.matcher.matches(request.method(), request.path())
-            {
-                if let Some(key) = key::build(rule, request) {
-                    keys.push((index, key));
-                }
+            if rule.consistency == Consistency::Strict && rule.matcher.matches(request) {
+                keys.extend(
+                    key::build(rule, request)
+                        .into_iter()
+                        .map(|key| (index, key)),
+                );
             }
         }
         keys
@@ -209,19 +223,20 @@ impl Limiter {
     ) -> Option<RuleAnswer> {
         let spec = self.policy.rules.get(rule)?;
         let table = self.tables.get(rule)?;
-        let fingerprint = table::fingerprint(key);
+        let fingerprint = table.fingerprint(key);
+        let limits = bucket_limits(spec);
         let conditions = Conditions {
             now_us,
             service_up: false,
         };
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
-            let mut record = table.find_or_fresh(set, fingerprint, bucket_limits(spec), now_us);
+            let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
             let verdict = judge(spec, &mut record, conditions);
             record.seen_us = now_us;
             // Strict rules report nothing to the sync: their counts are already global.
             record.spent = 0;
             record.denied = 0;
-            table.store(set, &record);
+            table.store(set, &record, limits, now_us);
             (verdict, true)
         })
         .ok()?;
@@ -263,7 +278,7 @@ impl Limiter {
             if rule.consistency != Consistency::Local {
                 record.spent = record.spent.saturating_sub(1);
             }
-            table.store(set, &record);
+            table.store(set, &record, bucket_limits(rule), record.seen_us);
             ((), true)
         });
     }

@@ -1,5 +1,6 @@
 //! The validated policy: what the operator configured, as values. Built by [`crate::config`].
 
+use crate::key::RequestView;
 use crate::limit::Limit;
 use crate::net::Cidr;
 
@@ -146,12 +147,16 @@ impl Policy {
 }
 
 impl Matcher {
-    pub fn matches(&self, method: &str, path: &str) -> bool {
+    /// Whether a request is the rule's. A path prefix matches the normalized path (what the
+    /// upstream serves) or the path as sent: a trick that changes one cannot escape the rule.
+    pub fn matches(&self, request: &dyn RequestView) -> bool {
         if let Some(prefix) = &self.path_prefix {
-            if !path.starts_with(prefix.as_str()) {
+            if !request.normal_path().starts_with(prefix.as_str())
+                && !request.path().starts_with(prefix.as_str())
+            {
                 return false;
             }
         }
-        self.methods.is_empty() || self.methods.iter().any(|m| m == method)
+        self.methods.is_empty() || self.methods.iter().any(|m| m == request.method())
     }
 }

@@ -46,7 +46,7 @@ pub struct SyncResponse {
 }
 
 /// A quota lease: the proxy may spend `tokens` more on this key until `ttl_ms` from the answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     pub tokens: u64,
     pub ttl_ms: u64,
@@ -54,6 +54,11 @@ pub struct Grant {
     pub remaining: u64,
     /// Milliseconds until the global bucket is full again (the most restrictive limit).
     pub reset_ms: u64,
+    /// Set when the service refused this entry alone (a key too long, a limit out of bounds):
+    /// the reason, naming the field. Its counts were not applied and must not be sent again;
+    /// the rest of the batch was applied as usual. The grant is then empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// Batch-wide advice from the service.

@@ -5,7 +5,6 @@ use crate::breaker::Breaker;
 use crate::limiter::Limiter;
 use crate::protocol::{Grant, SyncEntry};
 use crate::store::{self, Store, StoreError};
-use crate::table;
 
 /// Shared-data key of the proxy's [`SyncState`].
 pub const STATE_KEY: &str = "sluice/sync";
@@ -160,7 +159,8 @@ pub fn snapshot(
 ) -> Option<SyncEntry> {
     let spec = limiter.policy().rules.get(rule)?;
     let table = limiter.table(rule)?;
-    let fingerprint = table::fingerprint(key);
+    let fingerprint = table.fingerprint(key);
+    let limits = crate::limiter::bucket_limits(spec);
     let (spent, denied) = store::update(store, &table.set_key(fingerprint), |set| {
         let Some(mut record) = table.find(set, fingerprint) else {
             return ((0, 0), false);
@@ -168,7 +168,7 @@ pub fn snapshot(
         let counts = (record.spent, record.denied);
         record.spent = 0;
         record.denied = 0;
-        table.store(set, &record);
+        table.store(set, &record, limits, record.seen_us);
         (counts, true)
     })
     .ok()?;
@@ -183,6 +183,33 @@ pub fn snapshot(
     })
 }
 
+/// Drops a key's unsynced counts: it could not wait any longer for a round (see
+/// [`crate::pending`]). Its next count announces it again.
+pub fn forget(
+    limiter: &Limiter,
+    rule: usize,
+    key: &str,
+    store: &mut dyn Store,
+) -> Result<(), StoreError> {
+    let (Some(spec), Some(table)) = (limiter.policy().rules.get(rule), limiter.table(rule)) else {
+        return Ok(());
+    };
+    let limits = crate::limiter::bucket_limits(spec);
+    let fingerprint = table.fingerprint(key);
+    store::update(store, &table.set_key(fingerprint), |set| {
+        let Some(mut record) = table.find(set, fingerprint) else {
+            return ((), false);
+        };
+        if !record.unsynced() {
+            return ((), false);
+        }
+        record.spent = 0;
+        record.denied = 0;
+        table.store(set, &record, limits, record.seen_us);
+        ((), true)
+    })
+}
+
 /// Puts back the counts of a batch that never reached the service, so the next batch reports
 /// them. Returns whether the key must be announced again (it had nothing unsynced since).
 pub fn restore(
@@ -191,10 +218,11 @@ pub fn restore(
     entry: &SyncEntry,
     store: &mut dyn Store,
 ) -> Result<bool, StoreError> {
-    let Some(table) = limiter.table(rule) else {
+    let (Some(spec), Some(table)) = (limiter.policy().rules.get(rule), limiter.table(rule)) else {
         return Ok(false);
     };
-    let fingerprint = table::fingerprint(&entry.key);
+    let limits = crate::limiter::bucket_limits(spec);
+    let fingerprint = table.fingerprint(&entry.key);
     store::update(store, &table.set_key(fingerprint), |set| {
         let Some(mut record) = table.find(set, fingerprint) else {
             return (false, false);
@@ -206,7 +234,7 @@ pub fn restore(
         record.denied = record
             .denied
             .saturating_add(entry.denied.min(u32::MAX as u64) as u32);
-        table.store(set, &record);
+        table.store(set, &record, limits, record.seen_us);
         (announce, true)
     })
 }
@@ -226,16 +254,16 @@ pub fn apply_grant(
         return Ok(());
     };
     let limits = crate::limiter::bucket_limits(spec);
-    let fingerprint = table::fingerprint(key);
+    let fingerprint = table.fingerprint(key);
     store::update(store, &table.set_key(fingerprint), |set| {
         let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
         let tokens = grant.tokens.min(u32::MAX as u64) as u32;
         record.grant = tokens.saturating_sub(record.spent);
-        record.grant_until_us = now_us + grant.ttl_ms * 1_000;
+        record.grant_until_us = now_us.saturating_add(grant.ttl_ms.saturating_mul(1_000));
         let remaining = grant.remaining.min(u32::MAX as u64) as u32;
         record.global_remaining = remaining.saturating_sub(record.spent);
-        record.global_reset_at_us = now_us + grant.reset_ms * 1_000;
-        table.store(set, &record);
+        record.global_reset_at_us = now_us + grant.reset_ms.saturating_mul(1_000);
+        table.store(set, &record, limits, now_us);
         ((), true)
     })
 }

@@ -5,12 +5,28 @@
 //! record of its set, so memory never grows past `max_keys` records, whatever the traffic.
 //! Records are read and written in place in the set's bytes: no per-request decoding of the
 //! whole set.
+//!
+//! Keys are placed by a keyed hash ([`KeyHasher`], SipHash with a secret each proxy draws at
+//! start): a client cannot compute which of its keys share a set, so it cannot aim a few junk
+//! keys at its own record to evict it. Eviction is made unprofitable as well: a record evicted
+//! while its buckets were not full leaves a *ghost* in its set (its fingerprint and when its
+//! buckets would be full again), and a key that comes back while its ghost stands starts from
+//! that level, not from a full bucket.
+
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
 
 use crate::bucket::Bucket;
 use crate::limit::Limit;
 
 /// Records per set.
 pub const WAYS: usize = 8;
+/// Ghosts per set: fingerprints of records evicted before their buckets were full again.
+pub const GHOSTS: usize = 8;
+/// Bytes of one ghost: its fingerprint and when its buckets are full again.
+const GHOST_LEN: usize = 16;
+/// The ghost area at the start of every written set.
+const GHOST_AREA: usize = GHOSTS * GHOST_LEN;
 /// Most limits one rule may have.
 pub const MAX_LIMITS: usize = 8;
 
@@ -20,6 +36,11 @@ const PER_LIMIT: usize = 16;
 /// Bytes of one record for a rule with `limits` limits.
 pub const fn record_len(limits: usize) -> usize {
     HEADER + PER_LIMIT * limits
+}
+
+/// Bytes of a full set for a rule with `limits` limits: its ghosts and its records.
+pub const fn set_len(limits: usize) -> usize {
+    GHOST_AREA + WAYS * record_len(limits)
 }
 
 /// One key's state on one proxy.
@@ -74,6 +95,34 @@ impl Record {
         self.spent > 0 || self.denied > 0
     }
 
+    /// When every local bucket is full again (`now_us` if they are).
+    pub fn full_at_us(&self, limits: &[Limit], now_us: u64) -> u64 {
+        self.buckets
+            .iter()
+            .zip(limits)
+            .map(|(bucket, limit)| {
+                let missing = limit.burst() as f64 - bucket.refilled(limit, now_us).tokens;
+                let per_token = limit.period().micros() as f64 / limit.requests() as f64;
+                now_us + (missing.max(0.0) * per_token).ceil() as u64
+            })
+            .max()
+            .unwrap_or(now_us)
+    }
+
+    /// A key seen again while the ghost of its evicted record stands: its buckets hold what
+    /// they would if they had been empty until `full_at_us` minus the time a refill to full takes
+    /// (never more than the evicted record had, for the slowest limit; possibly less for faster
+    /// ones).
+    pub fn returning(fingerprint: u64, limits: &[Limit], now_us: u64, full_at_us: u64) -> Record {
+        let mut record = Record::fresh(fingerprint, limits, now_us);
+        let wait_us = full_at_us.saturating_sub(now_us) as f64;
+        for (bucket, limit) in record.buckets.iter_mut().zip(limits) {
+            let per_token = limit.period().micros() as f64 / limit.requests() as f64;
+            bucket.tokens = (limit.burst() as f64 - wait_us / per_token).max(0.0);
+        }
+        record
+    }
+
     fn read(bytes: &[u8], limits: usize) -> Record {
         let u64_at = |at: usize| {
             let mut b = [0u8; 8];
@@ -126,6 +175,29 @@ impl Record {
     }
 }
 
+/// The keyed hash that places keys: SipHash-1-3 with a 128-bit secret.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyHasher {
+    k0: u64,
+    k1: u64,
+}
+
+impl KeyHasher {
+    pub fn new(secret: [u64; 2]) -> KeyHasher {
+        KeyHasher {
+            k0: secret[0],
+            k1: secret[1],
+        }
+    }
+
+    /// The fingerprint of a key: never 0, which marks a free way.
+    pub fn fingerprint(&self, key: &str) -> u64 {
+        let mut hasher = SipHasher13::new_with_keys(self.k0, self.k1);
+        hasher.write(key.as_bytes());
+        hasher.finish().max(1)
+    }
+}
+
 /// The shape of one rule's table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
@@ -134,10 +206,12 @@ pub struct Table {
     prefix: String,
     sets: u32,
     limits: usize,
+    hasher: KeyHasher,
 }
 
 impl Table {
-    pub fn new(rule: &str, limits: &[Limit], max_keys: u32) -> Table {
+    /// A table whose keys are placed by `hasher`.
+    pub fn new(rule: &str, limits: &[Limit], max_keys: u32, hasher: KeyHasher) -> Table {
         let mut shape = Vec::new();
         for limit in limits {
             shape.extend_from_slice(&limit.requests().to_le_bytes());
@@ -149,7 +223,13 @@ impl Table {
             prefix: format!("sluice/{rule}/{:08x}/", fnv1a(&shape) as u32),
             sets: (max_keys / WAYS as u32).max(1),
             limits: limits.len(),
+            hasher,
         }
+    }
+
+    /// The fingerprint of a key in this table.
+    pub fn fingerprint(&self, key: &str) -> u64 {
+        self.hasher.fingerprint(key)
     }
 
     pub fn sets(&self) -> u32 {
@@ -158,7 +238,8 @@ impl Table {
 
     /// The store key of the set a fingerprint belongs to.
     pub fn set_key(&self, fingerprint: u64) -> String {
-        self.set_key_at((fingerprint % self.sets as u64) as u32)
+        // The high bits: the low ones already tell records of a set apart.
+        self.set_key_at(((fingerprint >> 32) % self.sets as u64) as u32)
     }
 
     /// The store key of set number `set`.
@@ -176,15 +257,28 @@ impl Table {
             .map(|at| Record::read(&set[at..at + self.record_len()], self.limits))
     }
 
-    fn position(&self, set: &[u8], fingerprint: u64) -> Option<usize> {
+    /// The byte offsets of the set's records.
+    fn ways(&self, set: &[u8]) -> impl Iterator<Item = usize> {
         let len = self.record_len();
-        (0..set.len() / len)
-            .map(|i| i * len)
+        let count = if self.well_formed(set) {
+            (set.len().saturating_sub(GHOST_AREA) / len).min(WAYS)
+        } else {
+            0
+        };
+        (0..count).map(move |i| GHOST_AREA + i * len)
+    }
+
+    fn well_formed(&self, set: &[u8]) -> bool {
+        set.len() >= GHOST_AREA && (set.len() - GHOST_AREA).is_multiple_of(self.record_len())
+    }
+
+    fn position(&self, set: &[u8], fingerprint: u64) -> Option<usize> {
+        self.ways(set)
             .find(|&at| set[at..at + 8] == fingerprint.to_le_bytes())
     }
 
-    /// The record of `fingerprint`, or a fresh one that will take a free way or the least
-    /// recently used one (preferring records with nothing left to sync).
+    /// The record of `fingerprint`; else, if the key was evicted before its buckets were full
+    /// again and its ghost still stands, a record at the level it had; else a fresh one.
     pub fn find_or_fresh(
         &self,
         set: &[u8],
@@ -192,46 +286,116 @@ impl Table {
         limits: &[Limit],
         now_us: u64,
     ) -> Record {
-        self.find(set, fingerprint)
-            .unwrap_or_else(|| Record::fresh(fingerprint, limits, now_us))
+        if let Some(record) = self.find(set, fingerprint) {
+            return record;
+        }
+        match self.ghost(set, fingerprint) {
+            Some(full_at) if full_at > now_us => {
+                Record::returning(fingerprint, limits, now_us, full_at)
+            }
+            _ => Record::fresh(fingerprint, limits, now_us),
+        }
     }
 
-    /// Writes `record` into the set: over its own way, into a free way, or over the victim.
-    /// Returns the record it evicted, if any (its unsynced counts are lost to the sync).
-    pub fn store(&self, set: &mut Vec<u8>, record: &Record) -> Option<Record> {
+    /// When the ghost of `fingerprint` says its buckets are full again, if it has one.
+    fn ghost(&self, set: &[u8], fingerprint: u64) -> Option<u64> {
+        if !self.well_formed(set) {
+            return None;
+        }
+        set[..GHOST_AREA]
+            .chunks_exact(GHOST_LEN)
+            .find(|g| g[..8] == fingerprint.to_le_bytes())
+            .map(|g| u64_at(g, 8))
+    }
+
+    /// Writes `record` into the set: over its own way, into a free way, or over the victim
+    /// (a record whose buckets are full first, then the least recently used, records with
+    /// counts not yet synced last). Returns the record it evicted, if any (its unsynced counts
+    /// are lost to the sync). An evicted record whose buckets were not full leaves a ghost.
+    pub fn store(
+        &self,
+        set: &mut Vec<u8>,
+        record: &Record,
+        limits: &[Limit],
+        now_us: u64,
+    ) -> Option<Record> {
         let len = self.record_len();
-        if !set.len().is_multiple_of(len) {
-            // A set of another layout (cannot happen with the shape in the prefix): start over.
+        if !self.well_formed(set) {
+            // New (created empty), or of another layout (cannot happen with the shape in the
+            // prefix): start over.
             set.clear();
+            set.resize(GHOST_AREA, 0);
         }
         if let Some(at) = self.position(set, record.fingerprint) {
             record.write(&mut set[at..at + len], self.limits);
             return None;
         }
-        if set.len() < WAYS * len {
+        // A key that comes back takes its ghost's place.
+        self.bury(set, record.fingerprint, 0);
+        if set.len() < GHOST_AREA + WAYS * len {
             let at = set.len();
             set.resize(at + len, 0);
             record.write(&mut set[at..at + len], self.limits);
             return None;
         }
-        let victim_at = (0..WAYS)
-            .map(|i| i * len)
+        let victim_at = self
+            .ways(set)
             .min_by_key(|&at| {
                 let r = Record::read(&set[at..at + len], self.limits);
-                (r.unsynced(), r.seen_us)
+                let costly = r.full_at_us(limits, now_us) > now_us;
+                (r.unsynced(), costly, r.seen_us)
             })
-            .unwrap_or(0);
+            .unwrap_or(GHOST_AREA);
         let victim = Record::read(&set[victim_at..victim_at + len], self.limits);
         record.write(&mut set[victim_at..victim_at + len], self.limits);
+        let full_at = victim.full_at_us(limits, now_us);
+        if full_at > now_us {
+            self.bury(set, victim.fingerprint, full_at);
+        }
         Some(victim)
+    }
+
+    /// Sets the ghost of `fingerprint` to `full_at_us`, or removes it (`0`). A new ghost takes
+    /// a free or spent slot, else the slot of the ghost that is full soonest, if that is
+    /// sooner than this one.
+    fn bury(&self, set: &mut [u8], fingerprint: u64, full_at_us: u64) {
+        let ghosts = &mut set[..GHOST_AREA];
+        let own = ghosts
+            .chunks_exact(GHOST_LEN)
+            .position(|g| g[..8] == fingerprint.to_le_bytes());
+        if full_at_us == 0 {
+            if let Some(i) = own {
+                ghosts[i * GHOST_LEN..(i + 1) * GHOST_LEN].fill(0);
+            }
+            return;
+        }
+        let slot = own.or_else(|| {
+            ghosts
+                .chunks_exact(GHOST_LEN)
+                .enumerate()
+                .min_by_key(|(_, g)| u64_at(g, 8))
+                .filter(|(_, g)| u64_at(g, 8) < full_at_us)
+                .map(|(i, _)| i)
+        });
+        if let Some(i) = slot {
+            let ghost = &mut ghosts[i * GHOST_LEN..(i + 1) * GHOST_LEN];
+            ghost[..8].copy_from_slice(&fingerprint.to_le_bytes());
+            ghost[8..].copy_from_slice(&full_at_us.to_le_bytes());
+        }
     }
 
     /// Every record in a set.
     pub fn records<'a>(&'a self, set: &'a [u8]) -> impl Iterator<Item = Record> + 'a {
         let len = self.record_len();
-        set.chunks_exact(len)
-            .map(move |chunk| Record::read(chunk, self.limits))
+        self.ways(set)
+            .map(move |at| Record::read(&set[at..at + len], self.limits))
     }
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(b)
 }
 
 /// FNV-1a, 64 bits: a stable hash every worker and proxy computes alike.
@@ -244,15 +408,12 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     hash
 }
 
-/// The fingerprint of a key: never 0, which marks a free way.
-pub fn fingerprint(key: &str) -> u64 {
-    fnv1a(key.as_bytes()).max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limit::Period;
+
+    const SECOND: u64 = 1_000_000;
 
     fn limits() -> Vec<Limit> {
         vec![
@@ -261,52 +422,162 @@ mod tests {
         ]
     }
 
+    fn table() -> Table {
+        Table::new("r", &limits(), 64, KeyHasher::new([1, 2]))
+    }
+
     #[test]
     fn a_record_reads_back_as_written() {
-        let table = Table::new("r", &limits(), 64);
+        let table = table();
         let mut set = Vec::new();
         let mut record = Record::fresh(42, &limits(), 7);
         record.spent = 3;
         record.grant = 9;
         record.grant_until_us = 11;
         record.buckets[1].tokens = 2.5;
-        assert_eq!(table.store(&mut set, &record), None);
-        assert_eq!(set.len(), record_len(2));
+        assert_eq!(table.store(&mut set, &record, &limits(), 7), None);
+        assert_eq!(set.len(), GHOST_AREA + record_len(2));
         assert_eq!(table.find(&set, 42), Some(record));
         assert_eq!(table.find(&set, 43), None);
     }
 
     #[test]
     fn a_full_set_evicts_the_least_recently_used() {
-        let table = Table::new("r", &limits(), 64);
+        let table = table();
         let mut set = Vec::new();
         for fp in 1..=WAYS as u64 {
-            table.store(&mut set, &Record::fresh(fp, &limits(), 100 + fp));
+            let now = 100 + fp;
+            table.store(&mut set, &Record::fresh(fp, &limits(), now), &limits(), now);
         }
-        assert_eq!(set.len(), WAYS * record_len(2), "full, and no bigger");
-        let evicted = table.store(&mut set, &Record::fresh(99, &limits(), 1_000));
+        assert_eq!(
+            set.len(),
+            GHOST_AREA + WAYS * record_len(2),
+            "full, no bigger"
+        );
+        let evicted = table.store(
+            &mut set,
+            &Record::fresh(99, &limits(), 1_000),
+            &limits(),
+            1_000,
+        );
         assert_eq!(evicted.map(|r| r.fingerprint), Some(1), "the oldest goes");
-        assert_eq!(set.len(), WAYS * record_len(2));
+        assert_eq!(set.len(), GHOST_AREA + WAYS * record_len(2));
         assert!(table.find(&set, 99).is_some());
     }
 
     #[test]
     fn unsynced_records_are_evicted_last() {
-        let table = Table::new("r", &limits(), 64);
+        let table = table();
         let mut set = Vec::new();
         for fp in 1..=WAYS as u64 {
             let mut r = Record::fresh(fp, &limits(), fp);
             r.spent = (fp == 1) as u32;
-            table.store(&mut set, &r);
+            table.store(&mut set, &r, &limits(), fp);
         }
-        let evicted = table.store(&mut set, &Record::fresh(99, &limits(), 1_000));
+        let evicted = table.store(
+            &mut set,
+            &Record::fresh(99, &limits(), 1_000),
+            &limits(),
+            1_000,
+        );
         assert_eq!(evicted.map(|r| r.fingerprint), Some(2));
     }
 
     #[test]
+    fn records_with_full_buckets_go_before_busy_ones() {
+        let table = table();
+        let mut set = Vec::new();
+        let now = 10 * SECOND;
+        for fp in 1..=WAYS as u64 {
+            let mut r = Record::fresh(fp, &limits(), now);
+            if fp != 5 {
+                r.buckets[0].tokens = 1.0; // recently used: not full
+            }
+            table.store(&mut set, &r, &limits(), now + fp);
+        }
+        let evicted = table.store(&mut set, &Record::fresh(99, &limits(), now), &limits(), now);
+        assert_eq!(
+            evicted.map(|r| r.fingerprint),
+            Some(5),
+            "nothing is lost with it"
+        );
+    }
+
+    #[test]
+    fn an_evicted_denied_key_comes_back_empty_not_full() {
+        let table = table();
+        let limits = limits();
+        let mut set = Vec::new();
+        let now = 10 * SECOND;
+        let mut victim = Record::fresh(7, &limits, now);
+        victim.buckets[0].tokens = 0.0; // 10/s: full again in one second
+        victim.buckets[1].tokens = 0.0; // 5 of 100/hour: full again in 180 s
+        table.store(&mut set, &victim, &limits, now);
+        for fp in 100..100 + WAYS as u64 {
+            let t = now + fp;
+            let mut junk = Record::fresh(fp, &limits, t);
+            junk.buckets[1].tokens = 4.0;
+            table.store(&mut set, &junk, &limits, t);
+        }
+        assert_eq!(table.find(&set, 7), None, "evicted");
+        let later = now + 36 * SECOND;
+        let back = table.find_or_fresh(&set, 7, &limits, later);
+        assert_eq!(
+            back.buckets[1].tokens.floor(),
+            1.0,
+            "one token of the hourly limit came back in 36 s, not five"
+        );
+        let much_later = now + 181 * SECOND;
+        assert_eq!(
+            table.find_or_fresh(&set, 7, &limits, much_later),
+            Record::fresh(7, &limits, much_later),
+            "the ghost is harmless once the buckets would be full"
+        );
+        let mut set2 = set.clone();
+        table.store(&mut set2, &back, &limits, later);
+        assert_eq!(
+            table.ghost(&set2, 7),
+            None,
+            "coming back takes the ghost's place"
+        );
+    }
+
+    #[test]
+    fn the_longest_debt_keeps_its_ghost() {
+        let table = table();
+        let limits = limits();
+        let mut set = vec![0; GHOST_AREA];
+        for fp in 1..=GHOSTS as u64 {
+            table.bury(&mut set, fp, 1_000 + fp);
+        }
+        table.bury(&mut set, 50, 500);
+        assert_eq!(
+            table.ghost(&set, 50),
+            None,
+            "sooner than every ghost: dropped"
+        );
+        table.bury(&mut set, 51, 5_000);
+        assert_eq!(table.ghost(&set, 51), Some(5_000));
+        assert_eq!(table.ghost(&set, 1), None, "the soonest full made room");
+        assert_eq!(table.records(&set).count(), 0);
+        let _ = limits;
+    }
+
+    #[test]
+    fn placement_depends_on_the_secret() {
+        let a = KeyHasher::new([1, 2]);
+        let b = KeyHasher::new([3, 4]);
+        assert_ne!(a.fingerprint("r\u{1f}k"), b.fingerprint("r\u{1f}k"));
+        assert_eq!(
+            a.fingerprint("r\u{1f}k"),
+            KeyHasher::new([1, 2]).fingerprint("r\u{1f}k")
+        );
+    }
+
+    #[test]
     fn a_changed_rule_gets_another_prefix() {
-        let a = Table::new("r", &limits(), 64);
-        let b = Table::new("r", &limits()[..1], 64);
+        let a = table();
+        let b = Table::new("r", &limits()[..1], 64, KeyHasher::default());
         assert_ne!(a.set_key(5), b.set_key(5));
         assert_eq!(a.sets(), 8);
     }

@@ -47,6 +47,7 @@ fn grant(tokens: u64) -> Grant {
         ttl_ms: 300,
         remaining: 0,
         reset_ms: 0,
+        refused: None,
     }
 }
 

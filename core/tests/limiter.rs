@@ -218,13 +218,13 @@ fn a_flood_of_unique_keys_stays_within_max_keys() {
             &mut store,
         );
     }
-    let record = sluice_core::table::record_len(1);
+    let set = sluice_core::table::set_len(1);
     let sets = 1024 / sluice_core::table::WAYS;
     assert!(store.len() <= sets, "{} sets", store.len());
     let payload: usize = store.bytes();
     assert!(
-        payload <= 1024 * record + sets * 40,
-        "{payload} bytes for 1024 keys of {record} bytes"
+        payload <= sets * (set + 40),
+        "{payload} bytes for {sets} sets of {set} bytes (1024 keys)"
     );
     // The most recent keys are remembered: the last IP is limited exactly.
     let last = std::net::Ipv4Addr::from(0x0a00_0000 + 49_999u32).to_string();

@@ -5,7 +5,7 @@ use std::cell::OnceCell;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, Status};
-use sluice_core::{RequestView, Store, StoreError};
+use sluice_core::{key, RequestView, Store, StoreError};
 
 /// proxy-wasm shared data: one map per VM id, shared by every worker of the proxy.
 pub struct SharedData;
@@ -79,12 +79,41 @@ pub fn property(path: Vec<&str>) -> Option<String> {
         .and_then(|bytes| String::from_utf8(bytes).ok())
 }
 
+/// Every request header as (name, value) pairs, in order.
+///
+/// Read through the ABI directly: the SDK's map getters panic on a name that is not UTF-8, and
+/// Envoy's single-value getter returns only the first of a repeated header.
+pub fn request_headers() -> Vec<(Vec<u8>, Vec<u8>)> {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_get_header_map_pairs(
+            map_type: MapType,
+            return_map_data: *mut *mut u8,
+            return_map_size: *mut usize,
+        ) -> Status;
+    }
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the host writes a buffer it allocated through this module's allocator (the SDK's
+    // `proxy_on_memory_allocate`, a `Vec<u8>` of exactly `size` bytes) and hands it over.
+    let bytes = unsafe {
+        match proxy_get_header_map_pairs(MapType::HttpRequestHeaders, &mut data, &mut size) {
+            Status::Ok if !data.is_null() => Vec::from_raw_parts(data, size, size),
+            _ => return Vec::new(),
+        }
+    };
+    decode_pairs(&bytes).unwrap_or_default()
+}
+
 /// The request being decided, read lazily: the method and headers cost a host call only if a
 /// rule asks.
 pub struct HostRequest {
     pub method: OnceCell<String>,
+    /// The path as sent, without its query string.
     pub path: String,
+    pub normal: OnceCell<String>,
     pub client_ip: Option<String>,
+    pub headers: OnceCell<Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
 impl RequestView for HostRequest {
@@ -97,11 +126,79 @@ impl RequestView for HostRequest {
         &self.path
     }
 
+    fn normal_path(&self) -> &str {
+        self.normal
+            .get_or_init(|| sluice_core::path::normalize(&self.path).into_owned())
+    }
+
     fn client_ip(&mut self) -> Option<&str> {
         self.client_ip.as_deref()
     }
 
-    fn header(&mut self, name: &str) -> Option<String> {
-        request_header(name)
+    fn header(&mut self, name: &str) -> Vec<String> {
+        self.headers
+            .get_or_init(request_headers)
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, value)| key::header_value(value))
+            .collect()
+    }
+}
+
+/// Decodes proxy-wasm's serialized header map: a count, then each pair's name and value sizes,
+/// then the names and values, each followed by a NUL. `None` if it does not add up.
+fn decode_pairs(bytes: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let u32_at = |at: usize| -> Option<usize> {
+        let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        Some(u32::from_le_bytes(b) as usize)
+    };
+    if bytes.is_empty() {
+        return Some(Vec::new());
+    }
+    let count = u32_at(0)?;
+    let mut data = count.checked_mul(8)?.checked_add(4)?;
+    let mut pairs = Vec::with_capacity(count.min(256));
+    for n in 0..count {
+        let name_len = u32_at(4 + n * 8)?;
+        let value_len = u32_at(8 + n * 8)?;
+        let name = bytes.get(data..data.checked_add(name_len)?)?.to_vec();
+        data += name_len + 1;
+        let value = bytes.get(data..data.checked_add(value_len)?)?.to_vec();
+        data += value_len + 1;
+        pairs.push((name, value));
+    }
+    Some(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_pairs;
+
+    fn encode(pairs: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
+        for (name, value) in pairs {
+            out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        }
+        for (name, value) in pairs {
+            out.extend_from_slice(name);
+            out.push(0);
+            out.extend_from_slice(value);
+            out.push(0);
+        }
+        out
+    }
+
+    #[test]
+    fn pairs_round_trip_and_garbage_is_refused() {
+        let pairs: &[(&[u8], &[u8])] = &[(b"x-a", b"1"), (b"x-a", b"\xff"), (b"\xfe", b"")];
+        let bytes = encode(pairs);
+        let decoded = decode_pairs(&bytes).unwrap();
+        assert_eq!(decoded.len(), 3);
+        assert_eq!(decoded[1], (b"x-a".to_vec(), b"\xff".to_vec()));
+        for cut in 1..bytes.len() {
+            let _ = decode_pairs(&bytes[..cut]);
+        }
+        assert_eq!(decode_pairs(&[0xff, 0xff, 0xff, 0xff]), None);
     }
 }

@@ -46,18 +46,30 @@ impl Request {
         if let Some(query) = path.find('?') {
             path.truncate(query);
         }
+        let headers = std::cell::OnceCell::new();
         let client_ip = policy.needs_client_ip().then(|| {
             let peer = host::property(vec!["source", "address"]).unwrap_or_default();
             let hops = policy.client_ip.trusted_hops;
-            let xff = (hops > 0)
-                .then(|| host::request_header("x-forwarded-for"))
-                .flatten();
+            // A repeated X-Forwarded-For is one list (RFC 9110 5.3): counted from the right
+            // across all of its lines.
+            let xff = (hops > 0).then(|| {
+                headers
+                    .get_or_init(host::request_headers)
+                    .iter()
+                    .filter(|(name, _)| name.eq_ignore_ascii_case(b"x-forwarded-for"))
+                    .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+            let xff = xff.filter(|xff| !xff.is_empty());
             client_address(&peer, xff.as_deref(), hops).to_string()
         });
         HostRequest {
             method: Default::default(),
             path,
+            normal: Default::default(),
             client_ip,
+            headers,
         }
     }
 
@@ -242,10 +254,9 @@ impl HttpContext for Request {
                 sync::hurry(&mut SharedData, conditions.now_us, service.sync_interval_ms);
             }
         }
-        if let Some(queue) = shared.queue {
-            for (rule, key) in &evaluation.newly_unsynced {
-                let _ = hostcalls::enqueue_shared_queue(queue, Some(&sync::announce(*rule, key)));
-            }
+        for (rule, key) in evaluation.newly_unsynced {
+            let forgotten = shared.announcer.announce(limiter, rule, key);
+            shared.metrics.sync_dropped(forgotten);
         }
 
         match evaluation.decision {

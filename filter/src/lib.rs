@@ -3,6 +3,7 @@
 //! `root` parses the configuration once and owns the per-proxy machinery; `http` turns each
 //! request into one `Limiter::decide` call; `host` is the only place that touches host calls.
 
+mod announce;
 mod host;
 mod http;
 mod metrics;

@@ -27,6 +27,8 @@ pub struct Metrics {
     sync_failed: u32,
     sync_timeout: u32,
     sync_unauthorized: u32,
+    sync_refused: u32,
+    sync_dropped: u32,
     sync_latency_ms: u32,
     breaker_open: u32,
     check_sent: u32,
@@ -67,6 +69,8 @@ impl Metrics {
             metrics.sync_failed = counter("sluice.sync.failed");
             metrics.sync_timeout = counter("sluice.sync.timeout");
             metrics.sync_unauthorized = counter("sluice.sync.unauthorized");
+            metrics.sync_refused = counter("sluice.sync.refused");
+            metrics.sync_dropped = counter("sluice.sync.dropped");
             metrics.sync_latency_ms = define(MetricType::Histogram, "sluice.sync.latency_ms");
             metrics.breaker_open = define(MetricType::Gauge, "sluice.breaker.open");
             metrics.check_sent = counter("sluice.check.sent");
@@ -105,6 +109,20 @@ impl Metrics {
             Failure::Timeout => bump(self.sync_timeout),
             Failure::Unauthorized => bump(self.sync_unauthorized),
             Failure::NotSent | Failure::Status => {}
+        }
+    }
+
+    /// Keys of a batch the service refused alone (their counts are dropped).
+    pub fn sync_refused(&self, keys: usize) {
+        if keys > 0 {
+            let _ = hostcalls::increment_metric(self.sync_refused, keys as i64);
+        }
+    }
+
+    /// Keys whose counts were dropped because too many were waiting for a round.
+    pub fn sync_dropped(&self, keys: usize) {
+        if keys > 0 {
+            let _ = hostcalls::increment_metric(self.sync_dropped, keys as i64);
         }
     }
 

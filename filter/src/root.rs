@@ -12,6 +12,7 @@ use sluice_core::policy::Service;
 use sluice_core::sync::SyncState;
 use sluice_core::{Limiter, Store};
 
+use crate::announce::Announcer;
 use crate::host::SharedData;
 use crate::http::Request;
 use crate::metrics::Metrics;
@@ -22,7 +23,8 @@ use crate::sync::Syncer;
 pub struct Shared {
     pub limiter: Limiter,
     pub metrics: Metrics,
-    pub queue: Option<u32>,
+    /// Announces keys with unsynced counts to the worker that syncs.
+    pub announcer: Announcer,
     /// The breaker is closed: grants and strict checks may be used.
     pub service_up: Cell<bool>,
     /// The service's emergency bypass override is on.
@@ -78,7 +80,7 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let limiter = Limiter::new(policy);
+        let limiter = Limiter::with_secret(policy, secret());
         prepare(&limiter);
         let service = limiter.policy().service.clone();
         let metrics = Metrics::define(
@@ -107,7 +109,7 @@ impl RootContext for Root {
         self.shared = Some(Rc::new(Shared {
             limiter,
             metrics,
-            queue: self.syncer.queue(),
+            announcer: Announcer::new(self.syncer.queue()),
             service_up: Cell::new(true),
             bypass: Cell::new(false),
             hurried: Cell::new(false),
@@ -152,25 +154,50 @@ fn prepare(limiter: &Limiter) {
 }
 
 const PROXY_ID_KEY: &str = "sluice/proxy-id";
+const SECRET_KEY: &str = "sluice/secret";
 
 /// This proxy's identity towards the counter service: random, made once per process and
 /// shared by its workers.
 fn proxy_id() -> String {
+    let id = once_per_proxy(PROXY_ID_KEY, || format!("p-{:016x}", random()).into_bytes());
+    String::from_utf8(id).unwrap_or_else(|_| format!("p-{:016x}", random()))
+}
+
+/// The secret that keys the hash placing keys in the key tables: random, made once per process
+/// and shared by its workers, never sent anywhere.
+fn secret() -> [u64; 2] {
+    let bytes = once_per_proxy(SECRET_KEY, || {
+        [random().to_le_bytes(), random().to_le_bytes()].concat()
+    });
+    let half = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    [half(0), half(8)]
+}
+
+/// 64 random bits from the host (WASI `random_get`, through std's hasher seeding).
+fn random() -> u64 {
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
+
+/// The value of a shared-data key that the first VM to configure makes and every later VM
+/// reads (Envoy configures its main-thread VM before any worker's).
+fn once_per_proxy(key: &str, make: impl FnOnce() -> Vec<u8>) -> Vec<u8> {
     let mut store = SharedData;
-    if let Ok(Some((id, _))) = store.get(PROXY_ID_KEY) {
-        if let Ok(id) = String::from_utf8(id) {
-            if !id.is_empty() {
-                return id;
-            }
+    if let Ok(Some((value, _))) = store.get(key) {
+        if !value.is_empty() {
+            return value;
         }
     }
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let id = format!("p-{random:016x}");
-    let _ = store.set(PROXY_ID_KEY, id.as_bytes(), 0);
-    match store.get(PROXY_ID_KEY) {
-        Ok(Some((stored, _))) => String::from_utf8(stored).unwrap_or(id),
-        _ => id,
+    let value = make();
+    let _ = store.set(key, &value, 0);
+    match store.get(key) {
+        Ok(Some((stored, _))) if !stored.is_empty() => stored,
+        _ => value,
     }
 }

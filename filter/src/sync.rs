@@ -1,11 +1,12 @@
 //! The sync, worker side: on each tick, refresh what requests need to know (breaker, bypass);
 //! if this worker wins the round, gather every worker's unsynced keys and send one batch.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::LogLevel;
+use sluice_core::pending::{entry_bytes, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use sluice_core::policy::Service;
 use sluice_core::protocol::{SyncEntry, SyncRequest, SyncResponse};
 use sluice_core::sync::{self, SyncState};
@@ -13,10 +14,6 @@ use sluice_core::{table, Limiter};
 
 use crate::host::{self, SharedData};
 use crate::root::Shared;
-
-/// Bound on keys per batch; the rest wait for the next round (they stay unsynced and are
-/// announced again after their next change).
-const MAX_BATCH: usize = 2_000;
 
 /// A batch on its way: which key each grant in the answer belongs to.
 pub struct InFlight {
@@ -61,19 +58,41 @@ impl Syncer {
             busy_us,
             service.breaker_failures,
         ) else {
+            // Not this worker's round: its waiting keys go on the queue for the winner,
+            // within the quota of the current round.
+            shared.announcer.flush(state.rounds);
             return;
         };
         let interval_ms = claimed.effective_interval_ms(service.sync_interval_ms);
-        let keys = self.drain();
         let limiter = &shared.limiter;
-        let mut entries = Vec::with_capacity(keys.len());
-        let mut batch_keys = Vec::with_capacity(keys.len());
-        for (rule, key) in keys {
+        let (mut gathered, forgotten) = shared.announcer.gather(limiter);
+        shared.metrics.sync_dropped(forgotten);
+        // The batch: as many waiting keys as fit, by count and by bytes; the rest wait.
+        let mut entries = Vec::new();
+        let mut batch_keys = Vec::new();
+        let mut bytes = 0;
+        while entries.len() < MAX_BATCH_KEYS {
+            let Some((rule, key)) = gathered.pop() else {
+                break;
+            };
+            let limits = limiter
+                .policy()
+                .rules
+                .get(rule)
+                .map_or(0, |r| r.limits.len());
+            let size = entry_bytes(&key, limits);
+            if bytes + size > MAX_BATCH_BYTES && !entries.is_empty() {
+                let _ = gathered.push(rule, key);
+                break;
+            }
             if let Some(entry) = sync::snapshot(limiter, rule, &key, &mut store) {
+                bytes += size;
                 entries.push(entry);
                 batch_keys.push((rule, key));
             }
         }
+        shared.announcer.flush(claimed.rounds);
+        shared.announcer.keep(limiter, gathered);
         if entries.is_empty() {
             let _ = sync::update_state(&mut store, |s| s.busy_until_us = 0);
             return;
@@ -124,33 +143,13 @@ impl Syncer {
     fn restore(&self, shared: &Shared, batch: &InFlight) {
         let mut store = SharedData;
         for ((rule, key), entry) in batch.keys.iter().zip(&batch.entries) {
-            let announce = sync::restore(&shared.limiter, *rule, entry, &mut store);
-            if let (Ok(true), Some(queue)) = (announce, self.queue) {
-                let _ = hostcalls::enqueue_shared_queue(queue, Some(&sync::announce(*rule, key)));
+            if let Ok(true) = sync::restore(&shared.limiter, *rule, entry, &mut store) {
+                let forgotten = shared
+                    .announcer
+                    .announce(&shared.limiter, *rule, key.clone());
+                shared.metrics.sync_dropped(forgotten);
             }
         }
-    }
-
-    /// Every key announced since the last round, once each.
-    fn drain(&mut self) -> Vec<(usize, String)> {
-        let Some(queue) = self.queue else {
-            return Vec::new();
-        };
-        let mut seen = HashSet::new();
-        let mut keys = Vec::new();
-        while keys.len() < MAX_BATCH {
-            match hostcalls::dequeue_shared_queue(queue) {
-                Ok(Some(msg)) => {
-                    if let Some((rule, key)) = sync::announced(&msg) {
-                        if seen.insert(table::fingerprint(&key) ^ rule as u64) {
-                            keys.push((rule, key));
-                        }
-                    }
-                }
-                _ => break,
-            }
-        }
-        keys
     }
 
     /// The service answered (or the call failed: no `:status`).
@@ -184,7 +183,14 @@ impl Syncer {
             failed(shared, service, now, failure);
             return;
         };
-        apply(&shared.limiter, &batch.keys, &response, now);
+        let refused = apply(&shared.limiter, &batch.keys, &response, now);
+        if let Some((count, reason)) = refused {
+            shared.metrics.sync_refused(count);
+            let _ = hostcalls::log(
+                LogLevel::Warn,
+                &format!("sluice: the counter service refused {count} key(s) of a batch, their counts are dropped: {reason}"),
+            );
+        }
         let mut store = SharedData;
         let hints = &response.hints;
         let _ = sync::update_state(&mut store, |s| {
@@ -199,11 +205,26 @@ impl Syncer {
     }
 }
 
-fn apply(limiter: &Limiter, keys: &[(usize, String)], response: &SyncResponse, now: u64) {
+/// Installs the grants of an answer; returns how many entries the service refused, and the
+/// first reason. A refused entry's counts are not put back: sending them again would be refused
+/// again.
+fn apply(
+    limiter: &Limiter,
+    keys: &[(usize, String)],
+    response: &SyncResponse,
+    now: u64,
+) -> Option<(usize, String)> {
     let mut store = SharedData;
+    let mut refused: Option<(usize, String)> = None;
     for ((rule, key), grant) in keys.iter().zip(&response.grants) {
+        if let Some(reason) = &grant.refused {
+            let entry = refused.get_or_insert_with(|| (0, reason.clone()));
+            entry.0 += 1;
+            continue;
+        }
         let _ = sync::apply_grant(limiter, *rule, key, grant, now, &mut store);
     }
+    refused
 }
 
 /// Why a callout did not give an answer.

@@ -201,7 +201,7 @@ fn a_flood_of_unique_clients_stays_bounded() {
       "limits": [{"requests": 5, "per": "minute"}]}]}"#;
     let proxy = proxy(config, 2);
     let sets = 256 / 8;
-    let record = sluice_core::table::record_len(1);
+    let set_len = sluice_core::table::set_len(1);
     for i in 0..5_000u32 {
         let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string();
         send(&proxy, (i % 2) as usize, get("/", &ip));
@@ -210,6 +210,7 @@ fn a_flood_of_unique_clients_stays_bounded() {
         "per-ip",
         &[sluice_core::Limit::new(5, sluice_core::Period::Minute, None).unwrap()],
         256,
+        sluice_core::table::KeyHasher::default(),
     );
     let mut bytes = 0;
     for set in 0..sets + 8 {
@@ -219,10 +220,13 @@ fn a_flood_of_unique_clients_stays_bounded() {
         }
     }
     assert!(
-        bytes <= 256 * record,
-        "{bytes} bytes for at most 256 keys of {record}"
+        bytes <= sets * set_len,
+        "{bytes} bytes for at most {sets} sets of {set_len}"
     );
-    assert!(bytes >= 200 * record, "the table is in use: {bytes} bytes");
+    assert!(
+        bytes >= sets * set_len * 3 / 4,
+        "the table is in use: {bytes} bytes"
+    );
 }
 
 #[test]

@@ -91,6 +91,7 @@ fn grant_all_of(
                 ttl_ms: 300,
                 remaining,
                 reset_ms,
+                refused: None,
             })
             .collect(),
         hints: Hints {
@@ -280,7 +281,8 @@ fn the_service_can_turn_on_the_emergency_bypass() {
                 tokens: 0,
                 ttl_ms: 300,
                 remaining: 0,
-                reset_ms: 0
+                reset_ms: 0,
+                refused: None,
             };
             batch.entries.len()
         ],
@@ -405,4 +407,136 @@ fn fail_closed_denies_without_the_service() {
     let call = proxy.pending_calls().remove(0);
     proxy.fail_call(call.token).unwrap();
     assert_eq!(first.state().unwrap().local_status(), Some(429));
+}
+
+/// One request with a 600-byte key must not be able to stop a proxy's sync: the key goes out
+/// as a fixed-size digest, and an entry the service refuses alone is dropped, not sent again.
+#[test]
+fn a_long_key_cannot_stop_the_sync() {
+    let proxy = proxy(&config("cached", ""), 2, 11);
+    let long = "k".repeat(600);
+    status(&proxy, 0, request(&long));
+    status(&proxy, 1, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let (call, batch) = sync_calls(&proxy).remove(0);
+    assert_eq!(batch.entries.len(), 2);
+    for entry in &batch.entries {
+        assert!(
+            entry.key.len() <= sluice_core::key::MAX_KEY_BYTES,
+            "a {}-byte key went out",
+            entry.key.len()
+        );
+    }
+    // The service refuses one entry alone (as it would a key it cannot take).
+    let refused_at = batch
+        .entries
+        .iter()
+        .position(|e| e.key.contains("sha256:"))
+        .expect("the long key, as a digest");
+    let response = SyncResponse {
+        grants: (0..batch.entries.len())
+            .map(|i| Grant {
+                tokens: if i == refused_at { 0 } else { 50 },
+                ttl_ms: if i == refused_at { 0 } else { 300 },
+                remaining: 0,
+                reset_ms: 0,
+                refused: (i == refused_at).then(|| "entries[0].key: refused".to_string()),
+            })
+            .collect(),
+        hints: Hints {
+            next_sync_ms: 100,
+            ..Hints::default()
+        },
+    };
+    let body = serde_json::to_vec(&response).unwrap();
+    proxy
+        .answer_call(
+            call.token,
+            200,
+            &[("content-type", "application/json")],
+            &body,
+        )
+        .unwrap();
+    assert_eq!(proxy.metric("sluice.sync.refused"), Some(1));
+    assert_eq!(proxy.metric("sluice.sync.failed"), Some(0), "not a failure");
+    assert_eq!(proxy.metric("sluice.breaker.open"), Some(0));
+    assert_eq!(
+        admitted(&proxy, 10, "alice"),
+        10,
+        "the good key got its lease"
+    );
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let (_, next) = sync_calls(&proxy).remove(0);
+    assert!(
+        next.entries.iter().all(|e| !e.key.contains("sha256:")),
+        "a refused entry is not sent again: {:?}",
+        next.entries.iter().map(|e| &e.key).collect::<Vec<_>>()
+    );
+}
+
+/// While the service is away (breaker open), a flood of unique keys must not grow the proxy's
+/// memory: the shared queue and each worker's waiting keys stay bounded, the oldest forgotten.
+/// When the service is back, batches stay under the body limit.
+#[test]
+fn waiting_keys_stay_bounded_while_the_service_is_away() {
+    use sluice_core::pending::{ANNOUNCE_PER_ROUND, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
+    let proxy = proxy(&config("cached", ""), 2, 12);
+    // Open the breaker: two failed syncs.
+    for _ in 0..2 {
+        status(&proxy, 0, request("warm"));
+        proxy.advance(Duration::from_millis(100)).unwrap();
+        for (call, _) in sync_calls(&proxy) {
+            proxy.fail_call(call.token).unwrap();
+        }
+    }
+    assert_eq!(proxy.metric("sluice.breaker.open"), Some(1));
+    let unique = 30_000;
+    let value = "v".repeat(200);
+    for i in 0..unique {
+        status(&proxy, i % 2, request(&format!("{i}-{value}")));
+        if i % 1_000 == 0 {
+            proxy.advance(Duration::from_millis(10)).unwrap();
+            for (call, _) in sync_calls(&proxy) {
+                proxy.fail_call(call.token).unwrap();
+            }
+        }
+    }
+    let (items, bytes) = proxy.queue_size(sluice_core::sync::QUEUE_NAME).unwrap();
+    let most = 2 * 2 * ANNOUNCE_PER_ROUND as usize;
+    assert!(
+        items <= most,
+        "{items} announcements ({bytes} bytes) queued for {unique} unique keys; at most {most}"
+    );
+    let dropped = proxy.metric("sluice.sync.dropped").unwrap_or(0);
+    assert!(
+        dropped > 0,
+        "a flood beyond the bound forgets the oldest keys"
+    );
+    // The service comes back: every batch within the bounds, the breaker closes.
+    let mut batches = 0;
+    for _ in 0..200 {
+        proxy.advance(Duration::from_millis(50)).unwrap();
+        for (call, batch) in sync_calls(&proxy) {
+            assert!(
+                batch.entries.len() <= MAX_BATCH_KEYS,
+                "{} entries",
+                batch.entries.len()
+            );
+            assert!(
+                call.body.len() <= MAX_BATCH_BYTES,
+                "{} bytes",
+                call.body.len()
+            );
+            grant_all(&proxy, &call, &batch, 1);
+            batches += 1;
+        }
+        if batches > 3 && proxy.metric("sluice.breaker.open") == Some(0) {
+            break;
+        }
+    }
+    assert_eq!(
+        proxy.metric("sluice.breaker.open"),
+        Some(0),
+        "after {batches} batches"
+    );
 }

@@ -251,6 +251,15 @@ impl Proxy {
         let _ = process.shared.set(&vm_id, key, value, 0);
     }
 
+    /// Items waiting on shared queue `name` (in this proxy's vm_id), and their bytes; `None`
+    /// when no VM registered it.
+    pub fn queue_size(&self, name: &str) -> Option<(usize, usize)> {
+        let process = self.process();
+        let process = lock(&process);
+        let token = process.queues.resolve(&process.vm_id, name)?;
+        process.queues.size(token)
+    }
+
     /// Enqueues `item` on shared queue `name` (in this proxy's vm_id), notifying its registrant.
     pub fn enqueue(&self, name: &str, item: &[u8]) -> Result<(), HostError> {
         let mut inner = self.lock();

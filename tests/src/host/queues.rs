@@ -76,4 +76,11 @@ impl SharedQueues {
             .get_mut(&token)
             .map(|queue| queue.items.pop_front())
     }
+
+    /// Items waiting in the queue of `token`, and their bytes.
+    pub(crate) fn size(&self, token: u32) -> Option<(usize, usize)> {
+        self.queues
+            .get(&token)
+            .map(|queue| (queue.items.len(), queue.items.iter().map(Vec::len).sum()))
+    }
 }

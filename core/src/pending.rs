@@ -1,0 +1,119 @@
+//! Keys waiting for a sync round, bounded by count and bytes whatever the traffic and however
+//! long the counter service stays away.
+//!
+//! Each worker announces the keys that got unsynced counts; the announcements travel through a
+//! shared queue to the worker that wins the round. A worker may put at most
+//! [`ANNOUNCE_PER_ROUND`] announcements on the queue per round; beyond that (a flood of new
+//! keys, or no rounds at all while the breaker is open) they wait in the worker's own
+//! [`Pending`] set, which keeps at most [`MAX_PENDING_KEYS`] keys and [`MAX_PENDING_BYTES`]
+//! bytes and forgets the oldest first. A forgotten key's counts are dropped from its record
+//! too (see [`crate::sync::forget`]), so that its next count announces it again: no record is
+//! ever left unsynced without an announcement.
+
+use std::collections::{HashSet, VecDeque};
+
+/// Announcements one worker may put on the shared queue per sync round.
+pub const ANNOUNCE_PER_ROUND: u32 = 2_048;
+/// Most keys one worker keeps waiting.
+pub const MAX_PENDING_KEYS: usize = 8_192;
+/// Most bytes of keys one worker keeps waiting.
+pub const MAX_PENDING_BYTES: usize = 1 << 20;
+/// Most entries in one sync batch.
+pub const MAX_BATCH_KEYS: usize = 2_000;
+/// Most bytes of JSON in one sync batch, well under the service's default body limit (1 MiB).
+pub const MAX_BATCH_BYTES: usize = 512 * 1024;
+
+/// What an entry of `key` with `limits` limits costs in a batch's JSON, at most.
+pub fn entry_bytes(key: &str, limits: usize) -> usize {
+    // {"key":"…","limits":[…],"spent":N,"denied":N}, with every key byte escaped in the worst
+    // case (control characters become \u00XX: six bytes).
+    48 + 6 * key.len() + limits * 72
+}
+
+/// One worker's waiting keys: deduplicated, oldest first.
+#[derive(Debug, Default)]
+pub struct Pending {
+    keys: VecDeque<(usize, String)>,
+    seen: HashSet<(usize, String)>,
+    bytes: usize,
+}
+
+impl Pending {
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Bytes of the keys held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Adds a key (once); returns the keys forgotten to stay within bounds, oldest first.
+    pub fn push(&mut self, rule: usize, key: String) -> Vec<(usize, String)> {
+        let entry = (rule, key);
+        if self.seen.contains(&entry) {
+            return Vec::new();
+        }
+        self.bytes += entry.1.len();
+        self.seen.insert(entry.clone());
+        self.keys.push_back(entry);
+        let mut forgotten = Vec::new();
+        while self.keys.len() > MAX_PENDING_KEYS || self.bytes > MAX_PENDING_BYTES {
+            match self.pop() {
+                Some(entry) => forgotten.push(entry),
+                None => break,
+            }
+        }
+        forgotten
+    }
+
+    /// Takes the oldest key.
+    pub fn pop(&mut self) -> Option<(usize, String)> {
+        let entry = self.keys.pop_front()?;
+        self.seen.remove(&entry);
+        self.bytes -= entry.1.len();
+        Some(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_waits_once() {
+        let mut pending = Pending::default();
+        assert!(pending.push(0, "a".into()).is_empty());
+        assert!(pending.push(0, "a".into()).is_empty());
+        assert!(pending.push(1, "a".into()).is_empty(), "another rule's key");
+        assert_eq!(pending.len(), 2);
+        assert_eq!(pending.pop(), Some((0, "a".into())));
+        assert_eq!(pending.bytes(), 1);
+    }
+
+    #[test]
+    fn a_flood_forgets_the_oldest_and_stays_bounded() {
+        let mut pending = Pending::default();
+        let mut forgotten = Vec::new();
+        for i in 0..100_000 {
+            forgotten.extend(pending.push(0, format!("{i:0>200}")));
+        }
+        assert!(pending.len() <= MAX_PENDING_KEYS);
+        assert!(pending.bytes() <= MAX_PENDING_BYTES, "{}", pending.bytes());
+        assert_eq!(
+            forgotten.len() + pending.len(),
+            100_000,
+            "every key is kept or forgotten"
+        );
+        assert_eq!(
+            forgotten[0],
+            (0, format!("{:0>200}", 0)),
+            "the oldest go first"
+        );
+        assert_eq!(pending.pop().map(|(_, k)| k.len()), Some(200));
+    }
+}
