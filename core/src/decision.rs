@@ -46,7 +46,23 @@ pub struct Evaluation {
     /// (rule, key) pairs that just got their first unsynced count since the last sync.
     pub newly_unsynced: Vec<(usize, String)>,
     /// What an admitted request spent, to give back if a strict check denies it after all.
-    pub spent: Vec<crate::limiter::Spent>,
+    pub spent: Vec<Spent>,
     /// A lease ran out: the proxy should sync early rather than deny until its next interval.
     pub lease_exhausted: bool,
+}
+
+/// How a rule spent a request's tokens, so they can be given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spend {
+    Buckets,
+    Grant,
+}
+
+/// A token a rule spent for a request; given back with `Limiter::refund` if the request is
+/// denied later (by a strict rule's answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spent {
+    pub(crate) rule: usize,
+    pub(crate) fingerprint: u64,
+    pub(crate) how: Spend,
 }

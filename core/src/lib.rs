@@ -13,16 +13,17 @@ pub mod path;
 pub mod pending;
 pub mod policy;
 pub mod protocol;
+pub mod request;
 pub mod store;
 pub mod table;
 
 pub use bucket::{Bucket, Verdict};
 pub use config::{parse, ConfigError};
 pub use decision::{Decision, Evaluation, Outcome, Quota};
-pub use key::{PlainRequest, RequestView};
 pub use limit::{Limit, Period};
 pub use limiter::{Conditions, Limiter};
 pub use policy::Policy;
+pub use request::{PlainRequest, RequestView};
 pub use store::{MemoryStore, Store, StoreError};
 pub mod breaker;
 pub mod sync;

@@ -3,10 +3,11 @@
 use std::net::IpAddr;
 
 use crate::bucket::{Bucket, Verdict};
-use crate::decision::{Decision, Evaluation, Outcome, Quota};
-use crate::key::{self, RequestView};
+use crate::decision::{Decision, Evaluation, Outcome, Quota, Spend, Spent};
+use crate::key;
 use crate::limit::Limit;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
+use crate::request::RequestView;
 use crate::store::{self, Store};
 use crate::table::{self, KeyHasher, Record, Table};
 
@@ -27,22 +28,6 @@ pub struct Conditions {
 pub struct Limiter {
     policy: Policy,
     tables: Vec<Table>,
-}
-
-/// How a rule spent a request's tokens, so they can be given back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Spend {
-    Buckets,
-    Grant,
-}
-
-/// A token a rule spent for a request; given back with [`Limiter::refund`] if the request is
-/// denied later (by a strict rule's answer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Spent {
-    rule: usize,
-    fingerprint: u64,
-    how: Spend,
 }
 
 struct RuleVerdict {

@@ -1,8 +1,8 @@
 //! The validated policy: what the operator configured, as values. Built by [`crate::config`].
 
-use crate::key::RequestView;
 use crate::limit::Limit;
 use crate::net::Cidr;
+use crate::request::RequestView;
 
 /// The whole plugin configuration, validated.
 #[derive(Debug, Clone, PartialEq)]
