@@ -2,7 +2,6 @@
 //! add one counter-service check each, with the request paused until the answers are in.
 
 use std::rc::Rc;
-use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -14,9 +13,9 @@ use sluice_core::net::client_address;
 use sluice_core::protocol::{CheckRequest, CheckResponse};
 use sluice_core::{sync, Decision, Outcome, Quota};
 
+use crate::callout;
 use crate::host::{self, HostRequest, SharedData};
-use crate::root::Shared;
-use crate::sync::{check_failed, Failure};
+use crate::shared::Shared;
 
 pub struct Request {
     shared: Rc<Shared>,
@@ -110,20 +109,7 @@ impl Request {
             limits: spec.limits.iter().map(|l| l.spec()).collect(),
             cost: 1,
         };
-        let Ok(body) = serde_json::to_vec(&request) else {
-            return false;
-        };
-        let auth = format!("Bearer {}", service.token);
-        let headers = vec![
-            (":method", "POST"),
-            (":path", "/v1/check"),
-            (":authority", service.authority.as_str()),
-            ("content-type", "application/json"),
-            ("authorization", auth.as_str()),
-        ];
-        let timeout = Duration::from_millis(service.timeout_ms);
-        match hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout)
-        {
+        match callout::post(service, "/v1/check", &request) {
             Ok(token) => {
                 shared.metrics.check_sent();
                 self.pending.push((token, rule, key));
@@ -191,12 +177,7 @@ impl Context for Request {
             return;
         };
         let (_, rule, key) = self.pending.swap_remove(at);
-        let status = host::call_status(num_headers);
-        let answer = match status.as_deref() {
-            Some("200") => host::call_body(body_size)
-                .and_then(|body| serde_json::from_slice::<CheckResponse>(&body).ok()),
-            _ => None,
-        };
+        let answer = callout::answer::<CheckResponse>(num_headers, body_size).ok();
         match answer {
             Some(check) => {
                 let limit = self
@@ -220,7 +201,10 @@ impl Context for Request {
             }
             None => {
                 self.shared.metrics.check_failed();
-                check_failed(&self.shared, Failure::of(status.as_deref()));
+                if let Some(service) = self.shared.limiter.policy().service.as_ref() {
+                    // A failed check counts against the breaker; it leaves the sync round alone.
+                    self.shared.breaker_failed(service, host::now_us(), false);
+                }
                 self.fall_back(rule, &key);
             }
         }

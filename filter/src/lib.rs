@@ -1,13 +1,17 @@
 //! sluice's proxy-wasm filter: a thin adapter from host calls to `sluice-core`.
 //!
-//! `root` parses the configuration once and owns the per-proxy machinery; `http` turns each
-//! request into one `Limiter::decide` call; `host` is the only place that touches host calls.
+//! `root` parses the configuration once and owns the per-proxy machinery (`shared`); `http`
+//! turns each request into one `Limiter::decide` call and strict checks; `sync` runs the batched
+//! sync on ticks and `announce` feeds it; `callout` is the one way to call the counter service;
+//! `host` wraps the host's shared data, headers and clock; `metrics` the stats.
 
 mod announce;
+mod callout;
 mod host;
 mod http;
 mod metrics;
 mod root;
+mod shared;
 mod sync;
 
 use proxy_wasm::traits::RootContext;

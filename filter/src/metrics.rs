@@ -6,7 +6,7 @@ use proxy_wasm::types::MetricType;
 use sluice_core::breaker::BreakerState;
 use sluice_core::Outcome;
 
-use crate::sync::Failure;
+use crate::callout::Failure;
 
 /// Metric ids of one rule.
 #[derive(Debug, Clone, Copy, Default)]
@@ -108,7 +108,7 @@ impl Metrics {
         match failure {
             Failure::Timeout => bump(self.sync_timeout),
             Failure::Unauthorized => bump(self.sync_unauthorized),
-            Failure::NotSent | Failure::Status => {}
+            Failure::NotSent | Failure::Status | Failure::Malformed => {}
         }
     }
 

@@ -8,42 +8,14 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
-use sluice_core::policy::Service;
-use sluice_core::sync::SyncState;
 use sluice_core::{Limiter, Store};
 
 use crate::announce::Announcer;
 use crate::host::SharedData;
 use crate::http::Request;
 use crate::metrics::Metrics;
+use crate::shared::Shared;
 use crate::sync::Syncer;
-
-/// What every request of this VM shares: the limiter, metric ids, and what the last tick
-/// learned about the counter service.
-pub struct Shared {
-    pub limiter: Limiter,
-    pub metrics: Metrics,
-    /// Announces keys with unsynced counts to the worker that syncs.
-    pub announcer: Announcer,
-    /// The breaker is closed: grants and strict checks may be used.
-    pub service_up: Cell<bool>,
-    /// The service's emergency bypass override is on.
-    pub bypass: Cell<bool>,
-    /// This worker already asked for an early sync since its last tick.
-    pub hurried: Cell<bool>,
-}
-
-impl Shared {
-    /// Publishes the proxy-wide sync state to this worker's requests.
-    pub fn publish(&self, state: &SyncState, service: &Service, now_us: u64) {
-        let breaker = state.breaker.state(service.breaker_failures, now_us);
-        self.service_up
-            .set(state.breaker.service_up(service.breaker_failures, now_us));
-        self.bypass.set(state.bypass);
-        self.hurried.set(false);
-        self.metrics.breaker(breaker);
-    }
-}
 
 #[derive(Default)]
 pub struct Root {

@@ -9,11 +9,12 @@ use proxy_wasm::types::LogLevel;
 use sluice_core::pending::{entry_bytes, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use sluice_core::policy::Service;
 use sluice_core::protocol::{SyncEntry, SyncRequest, SyncResponse};
-use sluice_core::sync::{self, SyncState};
-use sluice_core::{table, Limiter};
+use sluice_core::sync;
+use sluice_core::Limiter;
 
+use crate::callout::{self, Failure};
 use crate::host::{self, SharedData};
-use crate::root::Shared;
+use crate::shared::Shared;
 
 /// A batch on its way: which key each grant in the answer belongs to.
 pub struct InFlight {
@@ -102,39 +103,23 @@ impl Syncer {
             interval_ms,
             entries,
         };
-        let Ok(body) = serde_json::to_vec(&request) else {
-            return;
-        };
         let batch = InFlight {
             keys: batch_keys,
-            entries: request.entries,
+            entries: request.entries.clone(),
             sent_at_us: now,
         };
-        let auth = format!("Bearer {}", service.token);
-        let headers = vec![
-            (":method", "POST"),
-            (":path", "/v1/sync"),
-            (":authority", service.authority.as_str()),
-            ("content-type", "application/json"),
-            ("authorization", auth.as_str()),
-        ];
-        let timeout = Duration::from_millis(service.timeout_ms);
-        match hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout)
-        {
+        match callout::post(service, "/v1/sync", &request) {
             Ok(token) => {
                 shared.metrics.sync_sent();
                 self.in_flight.insert(token, batch);
             }
-            Err(status) => {
+            Err(failure) => {
                 let _ = hostcalls::log(
                     LogLevel::Warn,
-                    &format!(
-                        "sluice: sync to cluster {:?} not sent: {status:?}",
-                        service.cluster
-                    ),
+                    &format!("sluice: sync to cluster {:?} not sent", service.cluster),
                 );
                 self.restore(shared, &batch);
-                failed(shared, service, now, Failure::NotSent);
+                failed(shared, service, now, failure);
             }
         }
     }
@@ -164,24 +149,26 @@ impl Syncer {
         shared
             .metrics
             .sync_latency(now.saturating_sub(batch.sent_at_us) / 1_000);
-        let status = host::call_status(num_headers);
-        let response = match status.as_deref() {
-            Some("200") => host::call_body(body_size)
-                .and_then(|body| serde_json::from_slice::<SyncResponse>(&body).ok())
-                .filter(|r| r.grants.len() == batch.keys.len()),
-            _ => None,
-        };
-        let Some(response) = response else {
-            let failure = Failure::of(status.as_deref());
-            if failure == Failure::Unauthorized {
-                let _ = hostcalls::log(
-                    LogLevel::Error,
-                    "sluice: the counter service refused our token (401): check service.token",
-                );
+        let response =
+            callout::answer::<SyncResponse>(num_headers, body_size).and_then(|r| {
+                match r.grants.len() == batch.keys.len() {
+                    true => Ok(r),
+                    false => Err(Failure::Malformed),
+                }
+            });
+        let response = match response {
+            Ok(response) => response,
+            Err(failure) => {
+                if failure == Failure::Unauthorized {
+                    let _ = hostcalls::log(
+                        LogLevel::Error,
+                        "sluice: the counter service refused our token (401): check service.token",
+                    );
+                }
+                self.restore(shared, &batch);
+                failed(shared, service, now, failure);
+                return;
             }
-            self.restore(shared, &batch);
-            failed(shared, service, now, failure);
-            return;
         };
         let refused = apply(&shared.limiter, &batch.keys, &response, now);
         if let Some((count, reason)) = refused {
@@ -227,48 +214,8 @@ fn apply(
     refused
 }
 
-/// Why a callout did not give an answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    NotSent,
-    /// Envoy's async client timed out (504) or the call was reset (no status).
-    Timeout,
-    Unauthorized,
-    Status,
-}
-
-impl Failure {
-    /// Classifies a callout's `:status` (not 200).
-    pub fn of(status: Option<&str>) -> Failure {
-        match status {
-            None | Some("504") => Failure::Timeout,
-            Some("401") | Some("403") => Failure::Unauthorized,
-            Some(_) => Failure::Status,
-        }
-    }
-}
-
-/// Counts a failed call against the breaker and releases the round.
-pub fn failed(shared: &Shared, service: &Service, now: u64, failure: Failure) {
-    let jitter = 0.5 + (table::fnv1a(&now.to_le_bytes()) % 1_000) as f64 / 1_000.0;
-    let mut store = SharedData;
-    let _ = sync::update_state(&mut store, |s| {
-        s.busy_until_us = 0;
-        s.breaker.failed(
-            service.breaker_failures,
-            now,
-            service.breaker_cooldown_ms * 1_000,
-            jitter,
-        );
-    });
+/// Counts a failed sync against the breaker and releases the round.
+fn failed(shared: &Shared, service: &Service, now: u64, failure: Failure) {
     shared.metrics.sync_failed(failure);
-    let state: SyncState = sync::read_state(&mut store);
-    shared.publish(&state, service, now);
-}
-
-/// Reports a failed strict check to the breaker (shared with the sync).
-pub fn check_failed(shared: &Shared, failure: Failure) {
-    if let Some(service) = shared.limiter.policy().service.as_ref() {
-        failed(shared, service, host::now_us(), failure);
-    }
+    shared.breaker_failed(service, now, true);
 }

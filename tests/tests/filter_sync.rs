@@ -540,3 +540,34 @@ fn waiting_keys_stay_bounded_while_the_service_is_away() {
         "after {batches} batches"
     );
 }
+
+/// A strict check that fails counts against the breaker, but must not release a sync round in
+/// flight: a second batch would then go out beside the first.
+#[test]
+fn a_failed_strict_check_leaves_the_sync_round_alone() {
+    let config = r#"{"service": {"cluster": "sluice_service", "timeout_ms": 1000,
+          "sync_interval_ms": 100, "breaker_failures": 5},
+        "rules": [
+          {"name": "shared", "key": ["header:x-api-key"], "consistency": "cached",
+           "limits": [{"requests": 100, "per": "second"}]},
+          {"name": "exact", "key": ["header:x-api-key"], "consistency": "strict",
+           "limits": [{"requests": 100, "per": "second"}]}]}"#;
+    let proxy = proxy(config, 1, 13);
+    let _paused = proxy.worker(0).request(request("alice")).unwrap();
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    assert_eq!(sync_calls(&proxy).len(), 1, "a round in flight");
+    let check = proxy
+        .pending_calls()
+        .into_iter()
+        .find(|c| c.header(":path") == Some("/v1/check"))
+        .expect("the strict check");
+    proxy.fail_call(check.token).unwrap();
+    assert_eq!(proxy.metric("sluice.check.failed"), Some(1));
+    let _ = proxy.worker(0).request(request("bob")).unwrap();
+    proxy.advance(Duration::from_millis(150)).unwrap();
+    assert_eq!(
+        sync_calls(&proxy).len(),
+        1,
+        "the first batch is still in flight: no second one"
+    );
+}

@@ -1,0 +1,62 @@
+//! The one way the filter calls the counter service: a JSON `POST` with the token, and its
+//! answer read back safely.
+
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::Status;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sluice_core::policy::Service;
+
+use crate::host;
+
+/// Why a callout did not give an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    NotSent,
+    /// Envoy's async client timed out (504) or the call was reset (no status).
+    Timeout,
+    Unauthorized,
+    Status,
+    /// A 200 whose body is not the expected answer.
+    Malformed,
+}
+
+impl Failure {
+    /// Classifies a callout's `:status` (not 200).
+    pub fn of(status: Option<&str>) -> Failure {
+        match status {
+            None | Some("504") => Failure::Timeout,
+            Some("401") | Some("403") => Failure::Unauthorized,
+            Some(_) => Failure::Status,
+        }
+    }
+}
+
+/// Posts `body` as JSON to `path` on the service's cluster; the callout's token.
+pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32, Failure> {
+    let body = serde_json::to_vec(body).map_err(|_| Failure::NotSent)?;
+    let auth = format!("Bearer {}", service.token);
+    let headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", service.authority.as_str()),
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+    ];
+    let timeout = Duration::from_millis(service.timeout_ms);
+    hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout)
+        .map_err(|_: Status| Failure::NotSent)
+}
+
+/// The answer of a callout (in `on_http_call_response`): the decoded 200 body, or why not.
+pub fn answer<T: DeserializeOwned>(num_headers: usize, body_size: usize) -> Result<T, Failure> {
+    let status = host::call_status(num_headers);
+    if status.as_deref() != Some("200") {
+        return Err(Failure::of(status.as_deref()));
+    }
+    host::call_body(body_size)
+        .and_then(|body| serde_json::from_slice(&body).ok())
+        .ok_or(Failure::Malformed)
+}
