@@ -22,12 +22,17 @@
 //! assert_eq!(envoy.counter("wasmcustom.sluice.rule.per-ip.denied")?, Some(450));
 //! # Ok::<(), anyhow::Error>(())
 //! ```
+//!
+//! The shipped configurations can be started as shipped ([`Demo`] for `envoy/demo.yaml`, [`DerivedTemplate`] for a
+//! template with exact text edits), and [`raw_get`] sends a request target byte for byte (`/./api/x`).
 
 mod client;
 mod load;
 mod paths;
 mod ports;
 mod process;
+mod raw;
+mod shipped;
 mod stats;
 mod sustain;
 mod template;
@@ -35,7 +40,10 @@ mod template;
 pub use client::{agent, get, Reply};
 pub use load::{burst, Burst};
 pub use paths::{envoy_binary, repo_root, wasm_path};
+pub use ports::free_ports;
 pub use process::{Envoy, EnvoyOptions, EnvoyRefusal};
+pub use raw::raw_get;
+pub use shipped::{replace_exactly, Demo, DerivedTemplate};
 pub use stats::Stats;
 pub use sustain::{sustain, sustain_until, Load, Sample, Sustained};
 pub use template::{render, Template};

@@ -222,6 +222,46 @@ impl Envoy {
         Ok(self.stats()?.counter(name))
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Bytes the Envoy process has allocated on its heap, as its admin `/memory` reports them (`allocated`): where
+    /// Envoy keeps Wasm shared data and shared queues.
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        let reply = get(&agent(), &self.admin_url("/memory"), &[])?;
+        if reply.status != 200 {
+            bail!("GET /memory answered {}: {}", reply.status, reply.body);
+        }
+        let memory = reply.json()?;
+        // The admin interface writes these 64-bit numbers as JSON strings.
+        memory["allocated"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .or_else(|| memory["allocated"].as_u64())
+            .with_context(|| format!("no `allocated` in /memory: {}", reply.body))
+    }
+
+    /// The process's resident set size (`VmRSS` of `/proc/<pid>/status`), in bytes: includes what the heap does
+    /// not, such as the Wasm VMs' linear memories.
+    pub fn rss_bytes(&self) -> Result<u64> {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map(|kib| kib * 1024)
+            .with_context(|| format!("no VmRSS in {path}"))
+    }
+
     /// Everything Envoy logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()

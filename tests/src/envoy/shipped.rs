@@ -1,0 +1,193 @@
+//! The shipped configurations, started as shipped: `envoy/demo.yaml` with only its fixed ports, its `.wasm` path and
+//! (when a test asks) sluice's JSON configuration turned into placeholders, and any template of `envoy/` with exact
+//! text edits (e.g. `xff_num_trusted_hops: 0` made `1` for Envoy behind a load balancer). Every edit must match
+//! exactly as often as expected, so a test fails loudly when the file it edits changed shape.
+//!
+//! ```no_run
+//! use sluice_tests::envoy::{Demo, Envoy};
+//!
+//! let demo = Demo::shipped()?;                      // envoy/demo.yaml
+//! let plugin = demo.plugin_config_json.clone();     // sluice's configuration as shipped
+//! let envoy = Envoy::start(demo.options(plugin, 2, 1)?)?; // the counter service on 127.0.0.1:1 (closed)
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use tempfile::TempDir;
+
+use super::paths::{repo_root, wasm_path};
+use super::process::EnvoyOptions;
+use super::template::Template;
+
+/// Template text written to a temp file (removed on drop), to start like any template.
+#[derive(Debug)]
+pub struct DerivedTemplate {
+    _dir: TempDir,
+    path: PathBuf,
+}
+
+impl DerivedTemplate {
+    /// `text` as a template file.
+    pub fn new(text: &str) -> Result<DerivedTemplate> {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-template-")
+            .tempdir()
+            .context("creating a temp dir for a template")?;
+        let path = dir.path().join("envoy.yaml.tmpl");
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(DerivedTemplate { _dir: dir, path })
+    }
+
+    /// The shipped `template` with `edits` applied: each `(from, to)` must occur exactly once.
+    pub fn edited(template: &Template, edits: &[(&str, &str)]) -> Result<DerivedTemplate> {
+        let path = template.path();
+        let mut text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading Envoy template {}", path.display()))?;
+        for (from, to) in edits {
+            text = replace_exactly(&text, from, to, 1)
+                .with_context(|| format!("editing {}", path.display()))?;
+        }
+        DerivedTemplate::new(&text)
+    }
+
+    /// The template to put in [`EnvoyOptions::template`].
+    pub fn template(&self) -> Template {
+        Template::File(self.path.clone())
+    }
+}
+
+/// Replaces `from` by `to` in `text`; `from` must occur exactly `times` times.
+pub fn replace_exactly(text: &str, from: &str, to: &str, times: usize) -> Result<String> {
+    let found = text.matches(from).count();
+    if found != times {
+        bail!("expected {from:?} {times} time(s), found it {found} time(s)");
+    }
+    Ok(text.replace(from, to))
+}
+
+/// `envoy/demo.yaml` as a template: its fixed ports (10000, 10001, 9901, 8081), its relative `.wasm` path and its
+/// sluice configuration replaced by placeholders, nothing else touched.
+#[derive(Debug)]
+pub struct Demo {
+    template: DerivedTemplate,
+    /// sluice's configuration as the file ships it (the JSON of its `configuration` value).
+    pub plugin_config_json: String,
+}
+
+impl Demo {
+    /// The demo as it is in the repository.
+    pub fn shipped() -> Result<Demo> {
+        let path = repo_root().join("envoy/demo.yaml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Demo::from_text(&text)
+            .with_context(|| format!("turning {} into a template", path.display()))
+    }
+
+    /// A demo configuration of `demo.yaml`'s shape (e.g. an older revision of the file).
+    pub fn from_text(yaml: &str) -> Result<Demo> {
+        let mut text = yaml.to_owned();
+        for (port, placeholder, times) in [
+            ("10000", "LISTEN_PORT", 1),
+            ("10001", "UPSTREAM_PORT", 2),
+            ("9901", "ADMIN_PORT", 1),
+            ("8081", "SERVICE_PORT", 1),
+        ] {
+            text = replace_exactly(
+                &text,
+                &format!("port_value: {port} }}"),
+                &format!("port_value: {{{{{placeholder}}}}} }}"),
+                times,
+            )?;
+        }
+        text = replace_exactly(
+            &text,
+            "filename: \"target/wasm32-wasip1/release/sluice_filter.wasm\"",
+            "filename: \"{{WASM}}\"",
+            1,
+        )?;
+        let value_lines: Vec<String> = text
+            .lines()
+            .filter(|line| line.trim_start().starts_with("value: '") && line.ends_with('\''))
+            .map(str::to_owned)
+            .collect();
+        let [line] = value_lines.as_slice() else {
+            bail!(
+                "expected one `value: '<sluice's JSON>'` line, found {}",
+                value_lines.len()
+            );
+        };
+        let quoted = line.trim_start().trim_start_matches("value: ");
+        let plugin_config_json = quoted[1..quoted.len() - 1].replace("''", "'");
+        serde_json::from_str::<serde_json::Value>(&plugin_config_json)
+            .with_context(|| format!("sluice's configuration is not JSON: {plugin_config_json}"))?;
+        let indent = &line[..line.len() - line.trim_start().len()];
+        text = replace_exactly(
+            &text,
+            line,
+            &format!("{indent}value: '{{{{PLUGIN_CONFIG}}}}'"),
+            1,
+        )?;
+        Ok(Demo {
+            template: DerivedTemplate::new(&text)?,
+            plugin_config_json,
+        })
+    }
+
+    /// What to start: the demo with sluice's configuration `plugin_config_json` (e.g. [`Demo::plugin_config_json`]),
+    /// `concurrency` workers, and its cluster `sluice_service` on `127.0.0.1:service_port`.
+    pub fn options(
+        &self,
+        plugin_config_json: String,
+        concurrency: u32,
+        service_port: u16,
+    ) -> Result<EnvoyOptions> {
+        Ok(EnvoyOptions {
+            template: self.template.template(),
+            plugin_config_json,
+            concurrency,
+            placeholders: vec![
+                ("WASM".to_owned(), wasm_path()?.display().to_string()),
+                ("SERVICE_PORT".to_owned(), service_port.to_string()),
+            ],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_exactly_as_often_as_told() {
+        assert_eq!(replace_exactly("a b a", "a", "c", 2).unwrap(), "c b c");
+        let err = replace_exactly("a b a", "a", "c", 1).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "expected \"a\" 1 time(s), found it 2 time(s)"
+        );
+    }
+
+    #[test]
+    fn the_demo_becomes_a_template() {
+        let demo = Demo::shipped().unwrap();
+        let text = std::fs::read_to_string(&demo.template.path).unwrap();
+        for placeholder in [
+            "LISTEN_PORT",
+            "UPSTREAM_PORT",
+            "ADMIN_PORT",
+            "SERVICE_PORT",
+            "WASM",
+        ] {
+            assert!(
+                text.contains(&format!("{{{{{placeholder}}}}}")),
+                "{placeholder}"
+            );
+        }
+        assert!(text.contains("value: '{{PLUGIN_CONFIG}}'"), "{text}");
+        let config: serde_json::Value = serde_json::from_str(&demo.plugin_config_json).unwrap();
+        assert_eq!(config["client_ip"]["trusted_hops"], 0, "{config}");
+    }
+}
