@@ -23,7 +23,7 @@ export SLUICE_ENVOY := $(CURDIR)/$(ENVOY)
 export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps build build-filter build-service test test-only lint run bench bench-accuracy bench-service bench-latency clean-run
+.PHONY: help deps rust-deps apt-deps build build-filter build-service check test test-only lint run bench bench-accuracy bench-service bench-latency clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
@@ -55,6 +55,12 @@ build-filter: rust-deps
 
 build-service:
 	$(CARGO) build --release -p sluice-counter-service
+
+check: rust-deps ## quick: rustfmt, clippy (host and wasm32), and the tests that need nothing but Rust
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
+	$(CARGO) test -p sluice-core -p sluice-filter
 
 test: deps build test-only lint ## everything CI checks: tests (with real Envoy), clippy, rustfmt
 

@@ -5,6 +5,17 @@
 //! sync on ticks and `announce` feeds it; `callout` is the one way to call the counter service;
 //! `host` wraps the host's shared data, headers and clock; `metrics` the stats.
 
+// A panic traps the VM and fails every request on its worker: none in the filter.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
 mod announce;
 mod callout;
 mod host;
