@@ -58,18 +58,24 @@ build-service:
 
 check: rust-deps ## quick: rustfmt, clippy (host and wasm32), and the tests that need nothing but Rust
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
-	$(CARGO) test -p sluice-core -p sluice-filter
+	$(CARGO) test --workspace
 
 test: deps build test-only lint ## everything CI checks: tests (with real Envoy), clippy, rustfmt
 
-test-only: ## the tests alone (after `make deps build`)
-	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) test --workspace --no-fail-fast
+# The suites that need real parts, by feature; `make deps build` put them all in place.
+E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tests/redis,sluice-counter-service/redis
+
+test-only: ## the tests alone (after `make deps build`), every suite with its real parts
+	@command -v redis-server >/dev/null || { echo "redis-server is missing: run make deps" >&2; exit 1; }
+	@[ -x $(ENVOY) ] || { echo "$(ENVOY) is missing: run make deps" >&2; exit 1; }
+	@[ -f $(WASM) ] || { echo "$(WASM) is missing: run make build" >&2; exit 1; }
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) test --workspace --no-fail-fast --features $(E2E_FEATURES)
 
 lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
 
 run: deps build ## the demo: Redis (:6390), the counter service (:8081), Envoy with sluice on :10000, admin :9901 (Ctrl-C stops all)
@@ -77,12 +83,12 @@ run: deps build ## the demo: Redis (:6390), the counter service (:8081), Envoy w
 
 bench: deps build ## no limiter vs Envoy's local_ratelimit vs sluice, then accuracy, service and latency (~12 min)
 	$(VENV)/bin/python bench/bench.py
-	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --bin accuracy
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 	$(VENV)/bin/python bench/service.py
 	$(VENV)/bin/python bench/latency.py
 
 bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms
-	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --bin accuracy
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 
 bench-service: deps build-service ## counter service key updates/s vs one Redis round trip per request
 	$(VENV)/bin/python bench/service.py

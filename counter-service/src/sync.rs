@@ -83,6 +83,7 @@ pub async fn apply(
         ttl_ms: 0,
         remaining: 0,
         reset_ms: 0,
+        refused: None,
     };
     let mut grants = vec![empty; request.entries.len()];
     for (entries, reply) in calls.iter().zip(replies) {
@@ -163,6 +164,7 @@ async fn call(
             ttl_ms: non_negative(four[1]),
             remaining: non_negative(four[2]),
             reset_ms: non_negative(four[3]),
+            refused: None,
         })
         .collect())
 }

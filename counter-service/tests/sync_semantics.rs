@@ -64,7 +64,8 @@ async fn one_proxy_gets_at_most_the_burst_and_the_refill_before_its_next_sync() 
             tokens: 11,
             ttl_ms: 300,
             remaining: 10,
-            reset_ms: 0
+            reset_ms: 0,
+            refused: None,
         }],
         "a new key is full; a huge demand gets floor(10 - 0 + 1.5 × 1) = 11, no more"
     );

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use sluice_tests::host::{
+use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, LogLevel, Proxy, ProxyOptions, RequestSpec,
     StartFailure,
 };
@@ -256,7 +256,7 @@ fn host_calls_per_request_stay_few() {
 
 #[test]
 fn every_config_error_is_refused_with_a_line_naming_the_field() {
-    let dir = sluice_tests::host::workspace_root().join("core/tests/config");
+    let dir = sluice_host::workspace_root().join("core/tests/config");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap().flatten() {
         let path = entry.path();

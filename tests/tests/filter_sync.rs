@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use sluice_core::protocol::{CheckResponse, Grant, Hints, SyncRequest, SyncResponse};
-use sluice_tests::host::{
+use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, HttpCall, Proxy, ProxyOptions, RequestSpec,
 };
 
@@ -264,7 +264,7 @@ fn a_wrong_token_is_counted_and_logged() {
     proxy.answer_call(call.token, 401, &[], body).unwrap();
     assert_eq!(proxy.metric("sluice.sync.unauthorized"), Some(1));
     assert!(proxy
-        .log_messages(sluice_tests::host::LogLevel::Error)
+        .log_messages(sluice_host::LogLevel::Error)
         .iter()
         .any(|m| m.contains("refused our token")));
 }

@@ -1,4 +1,4 @@
-//! The host harness against a real proxy-wasm module: the echo guest in `tests/guests/echo`
+//! The host harness against a real proxy-wasm module: the echo guest in `guests/echo`
 //! (built here with cargo for wasm32-wasip1), plus a few hand-written modules for ABI edges.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use sluice_tests::host::{
+use sluice_host::{
     ExchangeState, FilterModule, HostError, LogLevel, Properties, Proxy, ProxyOptions, RequestSpec,
     StartFailure, VirtualClock,
 };

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use sluice_core::{Bucket, Limit, Period};
-use sluice_tests::host::{
+use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec, VirtualClock,
 };
 use sluice_tests::redis::Redis;

@@ -1,4 +1,4 @@
-//! A tiny proxy-wasm guest that exercises the host harness (`sluice_tests::host`).
+//! A tiny proxy-wasm guest that exercises the host harness (`sluice_host`).
 //!
 //! It is driven by request headers, one feature each, so a test names what it wants:
 //!
