@@ -4,6 +4,7 @@
 pub mod bucket;
 pub mod config;
 pub mod decision;
+pub mod exchange;
 pub mod headers;
 pub mod key;
 pub mod limit;
@@ -20,6 +21,7 @@ pub mod table;
 pub use bucket::{Bucket, Verdict};
 pub use config::{parse, ConfigError};
 pub use decision::{Decision, Evaluation, Outcome, Quota};
+pub use exchange::{Effect, Exchange, Moment, Reply, Step};
 pub use limit::{Limit, Period};
 pub use limiter::{Conditions, Limiter};
 pub use policy::Policy;

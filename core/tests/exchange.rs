@@ -1,0 +1,291 @@
+//! A request's life in core alone: decisions, strict checks and their answers or failures,
+//! fallbacks, the breaker and refunds, with an in-memory store and a fake clock.
+
+use sluice_core::protocol::CheckResponse;
+use sluice_core::sync::read_state;
+use sluice_core::{Effect, Exchange, Limiter, MemoryStore, Moment, Outcome, PlainRequest, Step};
+
+const SECOND: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * SECOND;
+
+fn limiter(json: &str) -> Limiter {
+    Limiter::new(sluice_core::parse(json.as_bytes()).unwrap())
+}
+
+fn at(now_us: u64) -> Moment {
+    Moment {
+        now_us,
+        service_up: true,
+        bypass: false,
+        jitter: 1.0,
+    }
+}
+
+fn alice() -> PlainRequest {
+    PlainRequest::get("/api/x").with_header("x-user", "alice")
+}
+
+fn start(
+    limiter: &Limiter,
+    store: &mut MemoryStore,
+    moment: Moment,
+) -> (Exchange, Step, Vec<Effect>) {
+    Exchange::start(limiter, &mut alice(), None, moment, store)
+}
+
+fn checks(effects: &[Effect]) -> Vec<usize> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Check { check, .. } => Some(*check),
+            _ => None,
+        })
+        .collect()
+}
+
+fn outcomes(effects: &[Effect]) -> Vec<(usize, Outcome)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Outcome { rule, outcome } => Some((*rule, *outcome)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn allowed(remaining: u64) -> Option<CheckResponse> {
+    Some(CheckResponse {
+        allowed: true,
+        remaining,
+        retry_after_ms: 0,
+        reset_ms: 500,
+    })
+}
+
+fn denied(retry_after_ms: u64) -> Option<CheckResponse> {
+    Some(CheckResponse {
+        allowed: false,
+        remaining: 0,
+        retry_after_ms,
+        reset_ms: 10_000,
+    })
+}
+
+const LOCAL: &str = r#"{"headers": "draft", "rules": [{"name": "local", "key": ["header:x-user"],
+    "limits": [{"requests": 2, "per": "minute"}]}]}"#;
+
+#[test]
+fn a_local_rule_answers_429_with_its_headers_and_body() {
+    let limiter = limiter(LOCAL);
+    let mut store = MemoryStore::default();
+    for remaining in [1, 0] {
+        let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+        assert_eq!(step, Step::Continue);
+        assert_eq!(outcomes(&effects), vec![(0, Outcome::Allowed)]);
+        let headers = exchange.response_headers(&limiter);
+        assert!(
+            headers.contains(&(
+                "ratelimit",
+                format!("\"local\";r={remaining};t={}", 30 * (2 - remaining))
+            )),
+            "{headers:?}"
+        );
+    }
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+    let Step::Respond(reply) = step else {
+        panic!("expected a 429, got {step:?}");
+    };
+    assert_eq!(reply.status, 429);
+    assert!(
+        reply.headers.contains(&("retry-after", "30".to_string())),
+        "{:?}",
+        reply.headers
+    );
+    assert!(reply.body.contains("\"rule\":\"local\""), "{}", reply.body);
+    assert_eq!(outcomes(&effects), vec![(0, Outcome::Denied)]);
+    assert!(
+        exchange.response_headers(&limiter).is_empty(),
+        "a local reply carries its own headers"
+    );
+}
+
+#[test]
+fn the_emergency_bypass_skips_every_rule() {
+    let limiter = limiter(LOCAL);
+    let mut store = MemoryStore::default();
+    let moment = Moment {
+        bypass: true,
+        ..at(T0)
+    };
+    for _ in 0..5 {
+        let (_, step, effects) = start(&limiter, &mut store, moment);
+        assert_eq!(step, Step::Continue);
+        assert_eq!(effects, vec![Effect::Bypassed]);
+    }
+    assert!(store.is_empty(), "nothing counted");
+}
+
+const STRICT: &str = r#"{"headers": "draft",
+    "service": {"cluster": "svc", "breaker_failures": 2, "breaker_cooldown_ms": 1000},
+    "rules": [
+      {"name": "local", "key": ["header:x-user"], "consistency": "local",
+       "limits": [{"requests": 5, "per": "minute"}]},
+      {"name": "exact", "key": ["header:x-user"], "consistency": "strict",
+       "limits": [{"requests": 10, "per": "second"}],
+       "fallback": {"policy": "fail_open", "limits": [{"requests": 1, "per": "minute"}]}}]}"#;
+
+#[test]
+fn a_strict_rule_waits_for_its_check_and_its_answer_sets_the_headers() {
+    let limiter = limiter(STRICT);
+    let mut store = MemoryStore::default();
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+    assert_eq!(step, Step::Wait);
+    let Some(Effect::Check { check, request }) =
+        effects.iter().find(|e| matches!(e, Effect::Check { .. }))
+    else {
+        panic!("no check in {effects:?}");
+    };
+    assert_eq!(request.key, "exact\u{1f}alice");
+    assert_eq!(request.limits[0].requests, 10);
+    assert_eq!(request.cost, 1);
+    let (step, effects) = exchange.answered(&limiter, *check, allowed(2), at(T0), &mut store);
+    assert_eq!(step, Some(Step::Continue));
+    assert_eq!(outcomes(&effects), vec![(1, Outcome::Allowed)]);
+    let headers = exchange.response_headers(&limiter);
+    assert!(
+        headers.contains(&("ratelimit", "\"exact\";r=2;t=1".to_string())),
+        "the tightest answer sets the headers: {headers:?}"
+    );
+    let (step, _) = exchange.answered(&limiter, *check, allowed(2), at(T0), &mut store);
+    assert_eq!(step, None, "an answer comes once");
+}
+
+#[test]
+fn a_strict_denial_refunds_what_the_local_rule_spent() {
+    let limiter = limiter(STRICT);
+    let mut store = MemoryStore::default();
+    for _ in 0..3 {
+        let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+        assert_eq!(step, Step::Wait);
+        let (step, effects) = exchange.answered(
+            &limiter,
+            checks(&effects)[0],
+            denied(1_500),
+            at(T0),
+            &mut store,
+        );
+        let Some(Step::Respond(reply)) = step else {
+            panic!("expected a 429, got {step:?}");
+        };
+        assert!(reply.headers.contains(&("retry-after", "2".to_string())));
+        assert!(reply.body.contains("\"rule\":\"exact\""), "{}", reply.body);
+        assert_eq!(outcomes(&effects), vec![(1, Outcome::Denied)]);
+    }
+    // The local rule (5 a minute) was given back every token: five more pass it.
+    for i in 0..5 {
+        let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0));
+        assert_eq!(
+            outcomes(&effects),
+            vec![(0, Outcome::Allowed)],
+            "request {i}"
+        );
+        let (step, _) = exchange.answered(
+            &limiter,
+            checks(&effects)[0],
+            allowed(9),
+            at(T0),
+            &mut store,
+        );
+        assert_eq!(step, Some(Step::Continue));
+    }
+}
+
+#[test]
+fn failed_checks_fall_back_and_open_the_breaker() {
+    let limiter = limiter(STRICT);
+    let mut store = MemoryStore::default();
+    // First failure: the fallback (1 a minute) admits.
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0));
+    let (step, effects) =
+        exchange.answered(&limiter, checks(&effects)[0], None, at(T0), &mut store);
+    assert_eq!(step, Some(Step::Continue));
+    assert!(effects.contains(&Effect::CheckFailed));
+    assert_eq!(read_state(&mut store).breaker.failures, 1);
+    // Second failure: the fallback is spent, and the breaker opens.
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0 + 1));
+    let (step, _) = exchange.answered(&limiter, checks(&effects)[0], None, at(T0 + 1), &mut store);
+    assert!(
+        matches!(step, Some(Step::Respond(ref r)) if r.status == 429),
+        "{step:?}"
+    );
+    let state = read_state(&mut store);
+    assert_eq!(state.breaker.failures, 2);
+    assert!(
+        !state.breaker.service_up(2, T0 + 1),
+        "open after two failures"
+    );
+    assert_eq!(
+        state.breaker.open_until_us,
+        T0 + 1 + SECOND,
+        "cool-down × jitter 1.0"
+    );
+    // While it is open the host says so: no check goes out, the fallback decides at once.
+    let down = Moment {
+        service_up: false,
+        ..at(T0 + 2)
+    };
+    let (_, step, effects) = start(&limiter, &mut store, down);
+    assert!(checks(&effects).is_empty(), "{effects:?}");
+    assert!(matches!(step, Step::Respond(ref r) if r.status == 429));
+}
+
+#[test]
+fn a_failed_check_leaves_the_sync_round_alone() {
+    let limiter = limiter(STRICT);
+    let mut store = MemoryStore::default();
+    let claimed = sluice_core::sync::claim_round(&mut store, T0, 100, 250_000, 2).unwrap();
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0));
+    exchange.answered(&limiter, checks(&effects)[0], None, at(T0), &mut store);
+    assert_eq!(
+        read_state(&mut store).busy_until_us,
+        claimed.busy_until_us,
+        "the round in flight still owns the sync"
+    );
+}
+
+#[test]
+fn fail_closed_denies_when_the_check_fails() {
+    let limiter = limiter(
+        r#"{"service": {"cluster": "svc"}, "rules": [{"name": "exact", "key": ["header:x-user"],
+        "consistency": "strict", "limits": [{"requests": 10, "per": "second"}],
+        "fallback": {"policy": "fail_closed"}}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0));
+    let (step, _) = exchange.answered(&limiter, checks(&effects)[0], None, at(T0), &mut store);
+    assert!(
+        matches!(step, Some(Step::Respond(ref r)) if r.status == 429),
+        "{step:?}"
+    );
+}
+
+#[test]
+fn every_strict_answer_is_awaited_and_a_shadow_denial_only_counts() {
+    let limiter = limiter(
+        r#"{"service": {"cluster": "svc"}, "rules": [
+        {"name": "a", "key": ["header:x-user"], "consistency": "strict", "mode": "shadow",
+         "limits": [{"requests": 10, "per": "second"}]},
+        {"name": "b", "key": ["header:x-user"], "consistency": "strict",
+         "limits": [{"requests": 10, "per": "second"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+    assert_eq!(step, Step::Wait);
+    let ids = checks(&effects);
+    assert_eq!(ids.len(), 2);
+    let (step, effects) = exchange.answered(&limiter, ids[0], denied(100), at(T0), &mut store);
+    assert_eq!(step, None, "one answer of two");
+    assert_eq!(outcomes(&effects), vec![(0, Outcome::ShadowDenied)]);
+    let (step, _) = exchange.answered(&limiter, ids[1], allowed(5), at(T0), &mut store);
+    assert_eq!(step, Some(Step::Continue), "a shadow rule never denies");
+}
