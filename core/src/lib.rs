@@ -15,6 +15,7 @@ pub mod pending;
 pub mod policy;
 pub mod protocol;
 pub mod request;
+pub mod round;
 pub mod store;
 pub mod table;
 

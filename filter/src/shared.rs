@@ -1,15 +1,13 @@
 //! What every request of a VM shares: the limiter, metric ids, the announcer, and what the last
-//! tick learned about the counter service; and the breaker's bookkeeping, shared by the sync
-//! and strict checks.
+//! tick learned about the counter service.
 
 use std::cell::Cell;
 
 use sluice_core::policy::Service;
-use sluice_core::sync::{self, SyncState};
-use sluice_core::{table, Limiter};
+use sluice_core::sync::SyncState;
+use sluice_core::Limiter;
 
 use crate::announce::Announcer;
-use crate::host::SharedData;
 use crate::metrics::Metrics;
 
 pub struct Shared {
@@ -34,24 +32,5 @@ impl Shared {
         self.bypass.set(state.bypass);
         self.hurried.set(false);
         self.metrics.breaker(breaker);
-    }
-
-    /// Counts a failed callout against the breaker; a failed sync also releases its round.
-    pub fn breaker_failed(&self, service: &Service, now_us: u64, release_round: bool) {
-        let jitter = 0.5 + (table::fnv1a(&now_us.to_le_bytes()) % 1_000) as f64 / 1_000.0;
-        let mut store = SharedData;
-        let _ = sync::update_state(&mut store, |s| {
-            if release_round {
-                s.busy_until_us = 0;
-            }
-            s.breaker.failed(
-                service.breaker_failures,
-                now_us,
-                service.breaker_cooldown_ms.saturating_mul(1_000),
-                jitter,
-            );
-        });
-        let state = sync::read_state(&mut store);
-        self.publish(&state, service, now_us);
     }
 }

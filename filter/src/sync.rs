@@ -6,20 +6,18 @@ use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::LogLevel;
-use sluice_core::pending::{entry_bytes, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use sluice_core::policy::Service;
-use sluice_core::protocol::{SyncEntry, SyncRequest, SyncResponse};
-use sluice_core::sync;
-use sluice_core::Limiter;
+use sluice_core::protocol::SyncResponse;
+use sluice_core::round::{self, Batch};
+use sluice_core::{sync, table};
 
 use crate::callout::{self, Failure};
 use crate::host::{self, SharedData};
 use crate::shared::Shared;
 
-/// A batch on its way: which key each grant in the answer belongs to.
+/// A batch on its way.
 pub struct InFlight {
-    keys: Vec<(usize, String)>,
-    entries: Vec<SyncEntry>,
+    batch: Batch,
     sent_at_us: u64,
 }
 
@@ -66,80 +64,34 @@ impl Syncer {
         };
         let interval_ms = claimed.effective_interval_ms(service.sync_interval_ms);
         let limiter = &shared.limiter;
-        let (mut gathered, forgotten) = shared.announcer.gather(limiter);
+        let (mut waiting, forgotten) = shared.announcer.gather(limiter);
         shared.metrics.sync_dropped(forgotten);
-        // The batch: as many waiting keys as fit, by count and by bytes; the rest wait.
-        let mut entries = Vec::new();
-        let mut batch_keys = Vec::new();
-        let mut bytes = 0;
-        while entries.len() < MAX_BATCH_KEYS {
-            let Some((rule, key)) = gathered.pop() else {
-                break;
-            };
-            let limits = limiter
-                .policy()
-                .rules
-                .get(rule)
-                .map_or(0, |r| r.limits.len());
-            let size = entry_bytes(&key, limits);
-            if bytes + size > MAX_BATCH_BYTES && !entries.is_empty() {
-                let _ = gathered.push(rule, key);
-                break;
-            }
-            if let Some(entry) = sync::snapshot(limiter, rule, &key, &mut store) {
-                bytes += size;
-                entries.push(entry);
-                batch_keys.push((rule, key));
-            }
-        }
+        let batch = round::compose(limiter, &mut waiting, proxy_id, interval_ms, &mut store);
         shared.announcer.flush(claimed.rounds);
-        shared.announcer.keep(limiter, gathered);
-        if entries.is_empty() {
+        shared.announcer.keep(limiter, waiting);
+        let Some(batch) = batch else {
             let _ = sync::update_state(&mut store, |s| s.busy_until_us = 0);
             return;
-        }
-        let request = SyncRequest {
-            proxy: proxy_id.to_string(),
-            interval_ms,
-            entries,
         };
-        let batch = InFlight {
-            keys: batch_keys,
-            entries: request.entries.clone(),
-            sent_at_us: now,
-        };
-        match callout::post(service, "/v1/sync", &request) {
+        match callout::post(service, "/v1/sync", &batch.request) {
             Ok(token) => {
                 shared.metrics.sync_sent();
-                self.in_flight.insert(token, batch);
+                let sent_at_us = now;
+                self.in_flight.insert(token, InFlight { batch, sent_at_us });
             }
             Err(failure) => {
                 let _ = hostcalls::log(
                     LogLevel::Warn,
                     &format!("sluice: sync to cluster {:?} not sent", service.cluster),
                 );
-                self.restore(shared, &batch);
-                failed(shared, service, now, failure);
-            }
-        }
-    }
-
-    /// A batch that did not reach the service goes back into the records.
-    fn restore(&self, shared: &Shared, batch: &InFlight) {
-        let mut store = SharedData;
-        for ((rule, key), entry) in batch.keys.iter().zip(&batch.entries) {
-            if let Ok(true) = sync::restore(&shared.limiter, *rule, entry, &mut store) {
-                let forgotten = shared
-                    .announcer
-                    .announce(&shared.limiter, *rule, key.clone());
-                shared.metrics.sync_dropped(forgotten);
+                undo(shared, service, &batch, now, failure);
             }
         }
     }
 
     /// The service answered (or the call failed: no `:status`).
     pub fn answered(&mut self, shared: &Shared, token: u32, num_headers: usize, body_size: usize) {
-        let Some(batch) = self.in_flight.remove(&token) else {
+        let Some(InFlight { batch, sent_at_us }) = self.in_flight.remove(&token) else {
             return;
         };
         let Some(service) = shared.limiter.policy().service.as_ref() else {
@@ -148,16 +100,15 @@ impl Syncer {
         let now = host::now_us();
         shared
             .metrics
-            .sync_latency(now.saturating_sub(batch.sent_at_us) / 1_000);
-        let response =
-            callout::answer::<SyncResponse>(num_headers, body_size).and_then(|r| {
-                match r.grants.len() == batch.keys.len() {
-                    true => Ok(r),
-                    false => Err(Failure::Malformed),
-                }
+            .sync_latency(now.saturating_sub(sent_at_us) / 1_000);
+        let mut store = SharedData;
+        let settled =
+            callout::answer::<SyncResponse>(num_headers, body_size).and_then(|response| {
+                round::settle(&shared.limiter, &batch, &response, now, &mut store)
+                    .map_err(|_| Failure::Malformed)
             });
-        let response = match response {
-            Ok(response) => response,
+        let settled = match settled {
+            Ok(settled) => settled,
             Err(failure) => {
                 if failure == Failure::Unauthorized {
                     let _ = hostcalls::log(
@@ -165,57 +116,35 @@ impl Syncer {
                         "sluice: the counter service refused our token (401): check service.token",
                     );
                 }
-                self.restore(shared, &batch);
-                failed(shared, service, now, failure);
+                undo(shared, service, &batch, now, failure);
                 return;
             }
         };
-        let refused = apply(&shared.limiter, &batch.keys, &response, now);
-        if let Some((count, reason)) = refused {
-            shared.metrics.sync_refused(count);
+        if let Some(reason) = settled.reason {
+            shared.metrics.sync_refused(settled.refused);
             let _ = hostcalls::log(
                 LogLevel::Warn,
-                &format!("sluice: the counter service refused {count} key(s) of a batch, their counts are dropped: {reason}"),
+                &format!(
+                    "sluice: the counter service refused {} key(s) of a batch, their counts are dropped: {reason}",
+                    settled.refused
+                ),
             );
         }
-        let mut store = SharedData;
-        let hints = &response.hints;
-        let _ = sync::update_state(&mut store, |s| {
-            s.breaker.succeeded();
-            s.busy_until_us = 0;
-            s.interval_ms = hints.next_sync_ms;
-            s.bypass = hints.overrides.bypass;
-        });
         shared.metrics.sync_ok();
         let state = sync::read_state(&mut store);
         shared.publish(&state, service, now);
     }
 }
 
-/// Installs the grants of an answer; returns how many entries the service refused, and the
-/// first reason. A refused entry's counts are not put back: sending them again would be refused
-/// again.
-fn apply(
-    limiter: &Limiter,
-    keys: &[(usize, String)],
-    response: &SyncResponse,
-    now: u64,
-) -> Option<(usize, String)> {
+/// A batch that did not get through: counts back, keys announced again, the breaker told.
+fn undo(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
     let mut store = SharedData;
-    let mut refused: Option<(usize, String)> = None;
-    for ((rule, key), grant) in keys.iter().zip(&response.grants) {
-        if let Some(reason) = &grant.refused {
-            let entry = refused.get_or_insert_with(|| (0, reason.clone()));
-            entry.0 += 1;
-            continue;
-        }
-        let _ = sync::apply_grant(limiter, *rule, key, grant, now, &mut store);
+    let jitter = 0.5 + (table::fnv1a(&now.to_le_bytes()) % 1_000) as f64 / 1_000.0;
+    for (rule, key) in round::undo(&shared.limiter, batch, service, now, jitter, &mut store) {
+        let forgotten = shared.announcer.announce(&shared.limiter, rule, key);
+        shared.metrics.sync_dropped(forgotten);
     }
-    refused
-}
-
-/// Counts a failed sync against the breaker and releases the round.
-fn failed(shared: &Shared, service: &Service, now: u64, failure: Failure) {
     shared.metrics.sync_failed(failure);
-    shared.breaker_failed(service, now, true);
+    let state = sync::read_state(&mut store);
+    shared.publish(&state, service, now);
 }
