@@ -1,7 +1,7 @@
 //! sluice's proxy-wasm filter: a thin adapter from host calls to `sluice-core`.
 //!
 //! `root` parses the configuration once and owns the per-proxy machinery (`shared`); `http`
-//! turns each request into one `Limiter::decide` call and strict checks; `sync` runs the batched
+//! turns each request into one `Limiter::decide` call and strict checks; `syncer` runs the batched
 //! sync on ticks and `announce` feeds it; `callout` is the one way to call the counter service;
 //! `host` wraps the host's shared data, headers and clock; `metrics` the stats.
 
@@ -23,7 +23,7 @@ mod http;
 mod metrics;
 mod root;
 mod shared;
-mod sync;
+mod syncer;
 
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;

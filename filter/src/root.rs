@@ -15,7 +15,7 @@ use crate::host::SharedData;
 use crate::http::Request;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
-use crate::sync::Syncer;
+use crate::syncer::Syncer;
 
 #[derive(Default)]
 pub struct Root {
