@@ -13,8 +13,9 @@
 -- The bucket arithmetic is written in the order of core/src/bucket.rs (Bucket::take) so both agree
 -- bit for bit (see counter-service/tests/vectors.rs).
 
--- Key lifetimes are capped (~34 years): a larger number would reach Redis in exponent notation.
-local MAX_TTL_MS = 1099511627776
+-- A key lives until its bucket is full again and every lease expired, plus a second, and never
+-- more than two of the longest periods (2 x 366 days; lua/sync.lua bounds the debt).
+local MAX_TTL_MS = 2 * 366 * 86400000
 
 local function clock(override)
   local value = tonumber(override)

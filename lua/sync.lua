@@ -5,16 +5,24 @@
 -- KEYS: every limit key of every entry, in entry order then limit order:
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
---       interval_ms, grant_ttl_ms, entry count,
+--       interval_ms, grant_ttl_ms, report_window_ms, entry count,
 --       then per entry: n_limits, spent, denied, then n_limits x (requests, period_ms, burst).
+--       The service has clamped interval_ms to its bounds and cut spent and denied to what the
+--       entry's limits make possible over report_window_ms (the longest time one report may
+--       cover: the lease lifetime plus an outage allowance).
 -- Returns: a flat array of integers, four per entry in order: grant, ttl_ms, remaining, reset_ms.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p: g:p (outstanding
 -- grant), x:p (its expiry, us), d:p (demand, tokens/s), s:p (last sync, us).
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
+--
+-- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
+-- report_window_ms / period_ms), the most one report can legitimately debit; a lease never
+-- exceeds burst + requests x 1.5 x interval_ms / period_ms; a key lives at most the time its
+-- bucket takes to refill from there, plus the lease TTL and a second, and never more than two
+-- of the longest periods (2 x 366 days).
 
--- Key lifetimes are capped (~34 years): a larger number would reach Redis in exponent notation.
-local MAX_TTL_MS = 1099511627776
+local MAX_TTL_MS = 2 * 366 * 86400000
 
 local function clock(override)
   local value = tonumber(override)
@@ -29,7 +37,8 @@ local now = clock(ARGV[1])
 local proxy = ARGV[2]
 local interval_ms = tonumber(ARGV[3])
 local grant_ttl_ms = tonumber(ARGV[4])
-local count = tonumber(ARGV[5])
+local report_window_ms = tonumber(ARGV[5])
+local count = tonumber(ARGV[6])
 local interval_us = interval_ms * 1000
 local grant_ttl_us = grant_ttl_ms * 1000
 local stale_before = now - grant_ttl_us
@@ -79,7 +88,7 @@ local function reserved_by_others(key, flat, fields)
 end
 
 local result = {}
-local arg = 6
+local arg = 7
 local key_index = 1
 for _ = 1, count do
   local n = tonumber(ARGV[arg])
@@ -96,6 +105,9 @@ for _ = 1, count do
     local period_ms = tonumber(ARGV[arg + 1])
     local burst = tonumber(ARGV[arg + 2])
     arg = arg + 3
+    -- the most one report can debit from this limit, and so the deepest its debt may go
+    local most = burst + requests * report_window_ms / period_ms
+    local debit = math.min(spent, most)
     local flat, fields = load(key)
     if i == 1 then
       demand_fields = fields
@@ -114,11 +126,11 @@ for _ = 1, count do
       ts = now - interval_us
     end
     if now > ts then
-      local cap = burst + spent + unreported
+      local cap = burst + debit + unreported
       tokens = math.min(cap, tokens + (now - ts) * requests / (period_ms * 1000))
       ts = now
     end
-    tokens = math.min(tokens - spent, burst + unreported)
+    tokens = math.max(math.min(tokens - debit, burst + unreported), -most)
     limits[i] = {
       key = key, requests = requests, period_ms = period_ms, burst = burst,
       tokens = tokens, ts = ts, others = others, others_demand = others_demand,
@@ -172,7 +184,8 @@ for _ = 1, count do
     local refill = l.requests * interval_ms * 1.5 / l.period_ms
     local available = math.floor(l.tokens - l.others + refill * fraction)
     local share = math.floor(available * fraction)
-    local g = math.min(available, math.max(want, share))
+    -- never more than the bucket holds for it, nor more than a full bucket and the refill
+    local g = math.min(available, math.max(want, share), math.floor(l.burst + refill))
     if grant == nil or g < grant then
       grant = g
     end

@@ -3,8 +3,10 @@
 
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Router};
 use tower::ServiceBuilder;
@@ -43,6 +45,34 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The same error as a JSON body, keeping the original's headers. (The router adds `Allow` to
+/// a 405 after this layer.)
+fn as_json_error(original: Response, method: &Method) -> Response {
+    let status = original.status();
+    let error = if status == StatusCode::METHOD_NOT_ALLOWED {
+        AppError::MethodNotAllowed(method.to_string())
+    } else if status == StatusCode::NOT_FOUND {
+        AppError::NotFound
+    } else {
+        AppError::Status(status)
+    };
+    let mut response = error.into_response();
+    let kept: Vec<_> = original
+        .headers()
+        .iter()
+        .filter(|(name, _)| {
+            **name != CONTENT_TYPE
+                && **name != CONTENT_LENGTH
+                && !response.headers().contains_key(*name)
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    for (name, value) in kept {
+        response.headers_mut().append(name, value);
+    }
+    response
+}
+
 /// What the load shedder and the timeout answer.
 async fn overloaded(error: BoxError) -> AppError {
     if error.is::<tower::timeout::error::Elapsed>() {
@@ -54,11 +84,18 @@ async fn overloaded(error: BoxError) -> AppError {
     }
 }
 
-/// Logs every error response with its internal detail, and counts it by kind.
+/// Logs every error response with its internal detail, and counts it by kind. An error the
+/// framework answered itself (405 on a known route) gets the JSON body of every other error.
 async fn report_errors(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
+    let status = response.status();
+    if (status.is_client_error() || status.is_server_error())
+        && response.extensions().get::<ErrorReport>().is_none()
+    {
+        response = as_json_error(response, &method);
+    }
     if let Some(report) = response.extensions().get::<ErrorReport>() {
         state.metrics.error(report.kind);
         let status = response.status().as_u16();

@@ -1,4 +1,5 @@
-//! The JSON body extractor: 413 past the body limit, 400 naming the field that does not parse.
+//! The JSON body extractor: 413 past the body limit, 400 naming the field that does not parse,
+//! 400 for a body nested deeper than [`MAX_DEPTH`].
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -7,6 +8,11 @@ use serde::de::DeserializeOwned;
 
 use crate::error::AppError;
 use crate::state::AppState;
+
+/// Deepest nesting of arrays and objects a body may have. The protocol needs 4 (a limit in an
+/// entry in a batch); unknown fields are skipped by the parser, at a cost that grows with their
+/// size, so a deep one is refused before parsing.
+pub const MAX_DEPTH: usize = 32;
 
 /// A JSON body, parsed whatever its content type; errors are [`AppError`]s.
 pub struct JsonBody<T>(pub T);
@@ -30,6 +36,11 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 
 /// Parses JSON; the error names the path of the bad value (`entries[3].spent: ...`).
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
+    if too_deep(bytes, MAX_DEPTH) {
+        return Err(AppError::MalformedJson(format!(
+            "body: nested deeper than {MAX_DEPTH} levels"
+        )));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
@@ -44,6 +55,37 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AppError> {
         .end()
         .map_err(|error| AppError::MalformedJson(error.to_string()))?;
     Ok(value)
+}
+
+/// Whether the JSON text nests arrays and objects deeper than `max`: one pass over the bytes,
+/// brackets inside strings not counted. Malformed text is left to the parser.
+pub fn too_deep(bytes: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in bytes {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -70,5 +112,19 @@ mod tests {
             "malformed JSON: EOF while parsing an object at line 1 column 1"
         );
         assert!(message("{} x").starts_with("malformed JSON: "));
+    }
+
+    #[test]
+    fn depth_counts_brackets_outside_strings() {
+        assert!(!too_deep(b"[[[]]]", 3));
+        assert!(too_deep(b"[[[[]]]]", 3));
+        assert!(!too_deep(br#"{"a":"[[[[[[","b":[{}]}"#, 3));
+        assert!(!too_deep(br#"["\"[[[[[["]"#, 1));
+        assert!(too_deep(br#"["\\",[[[]]]]"#, 3));
+        let deep = format!("{{\"x\":{}{}}}", "[".repeat(40), "]".repeat(40));
+        assert_eq!(
+            message(&deep),
+            "malformed JSON: body: nested deeper than 32 levels"
+        );
     }
 }

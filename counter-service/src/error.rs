@@ -39,6 +39,12 @@ pub enum AppError {
     /// No such route.
     #[error("no such endpoint")]
     NotFound,
+    /// The route exists, not for this method (the method); `Allow` lists the right ones.
+    #[error("method {0} not allowed on this endpoint (see the Allow header)")]
+    MethodNotAllowed(String),
+    /// Any other error status the framework answered without a body of ours.
+    #[error("{}", .0.canonical_reason().unwrap_or("error").to_ascii_lowercase())]
+    Status(StatusCode),
 }
 
 /// What the logging middleware learns about an error response (never sent to the client).
@@ -68,6 +74,9 @@ impl AppError {
             AppError::Unavailable(_) => "redis_unavailable",
             AppError::Internal(_) => "internal",
             AppError::NotFound => "not_found",
+            AppError::MethodNotAllowed(_) => "method_not_allowed",
+            AppError::Status(status) if status.is_server_error() => "internal",
+            AppError::Status(_) => "bad_request",
         }
     }
 
@@ -81,6 +90,8 @@ impl AppError {
             }
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             AppError::NotFound => StatusCode::NOT_FOUND,
+            AppError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            AppError::Status(status) => *status,
         }
     }
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice_counter_service::{app, AppState, Settings};
+use sluice_counter_service::{server, AppState, Settings};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -26,7 +26,7 @@ async fn main() -> ExitCode {
     let state = match AppState::new(settings) {
         Ok(state) => state,
         Err(error) => {
-            eprintln!("sluice-counter-service: --redis-url: {error}");
+            eprintln!("sluice-counter-service: {error}");
             return ExitCode::from(2);
         }
     };
@@ -42,9 +42,7 @@ async fn main() -> ExitCode {
     println!("sluice-counter-service listening on {address}");
     tracing::info!(%address, cluster, "listening");
 
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown())
-        .await;
+    let served = server::serve(listener, state, shutdown()).await;
     match served {
         Ok(()) => {
             tracing::info!("stopped");

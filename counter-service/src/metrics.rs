@@ -21,6 +21,10 @@ pub struct Metrics {
     pub syncs: Counter,
     /// Entries (keys) applied by syncs.
     pub entries_synced: Counter,
+    /// Entries refused alone (out of bounds): their counts were not applied.
+    pub refused_entries: Counter,
+    /// Entries whose `spent` or `denied` was cut to what their limits make possible.
+    pub capped_entries: Counter,
     /// Script calls, by script: one per hash slot per sync batch.
     script_calls: Family<Labels, Counter>,
     /// Strict checks, by decision.
@@ -38,6 +42,8 @@ pub struct Metrics {
     errors: Family<Labels, Counter>,
     /// Requests in flight on `/v1`, and the last `next_sync_ms` hint.
     pub in_flight: Gauge,
+    /// Connections open.
+    pub connections: Gauge,
     pub next_sync_ms: Gauge,
     /// Redis latency, moving average, for backpressure.
     pub redis_latency: Ewma,
@@ -54,6 +60,8 @@ impl Metrics {
         let metrics = Metrics {
             syncs: Counter::default(),
             entries_synced: Counter::default(),
+            refused_entries: Counter::default(),
+            capped_entries: Counter::default(),
             script_calls: Family::default(),
             checks: Family::default(),
             reported_denials: Counter::default(),
@@ -63,6 +71,7 @@ impl Metrics {
             redis_seconds: Family::new_with_constructor(latency_histogram),
             errors: Family::default(),
             in_flight: Gauge::default(),
+            connections: Gauge::default(),
             next_sync_ms: Gauge::default(),
             redis_latency: Ewma::new(0.2),
             registry: Registry::default(),
@@ -72,6 +81,16 @@ impl Metrics {
             "sync_entries",
             "Keys applied by syncs",
             metrics.entries_synced.clone(),
+        );
+        registry.register(
+            "refused_entries",
+            "Sync entries refused alone (out of bounds), their counts not applied",
+            metrics.refused_entries.clone(),
+        );
+        registry.register(
+            "capped_entries",
+            "Sync entries whose spent or denied was cut to what their limits make possible",
+            metrics.capped_entries.clone(),
         );
         registry.register(
             "script_calls",
@@ -109,6 +128,11 @@ impl Metrics {
             "in_flight",
             "Requests in flight on /v1",
             metrics.in_flight.clone(),
+        );
+        registry.register(
+            "connections",
+            "Connections open",
+            metrics.connections.clone(),
         );
         registry.register(
             "next_sync_ms",

@@ -1,9 +1,12 @@
 //! Every setting of the service, from flags or the environment, in one struct.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+
+use crate::auth::Credentials;
 
 /// The counter service's settings. Each flag also reads an environment variable.
 #[derive(Debug, Clone, Parser)]
@@ -30,9 +33,20 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_REDIS_CLUSTER")]
     pub redis_cluster: bool,
 
-    /// Shared bearer token the proxies send (`Authorization: Bearer <token>`).
+    /// Shared bearer token the proxies send (`Authorization: Bearer <token>`). Visible in the
+    /// process list: prefer --token-file (or SLUICE_TOKEN).
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// File holding the shared bearer token (its content, trailing newline trimmed). The
+    /// recommended way to pass the token.
+    #[arg(long, env = "SLUICE_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+
+    /// File of per-proxy credentials, one `name token` a line (`#` starts a comment). A proxy's
+    /// id is then kept under its credential's name, so no holder can speak for another's proxies.
+    #[arg(long, env = "SLUICE_TOKENS_FILE", value_name = "PATH")]
+    pub tokens_file: Option<PathBuf>,
 
     /// Accept requests without a token (local experiments only).
     #[arg(long, env = "SLUICE_INSECURE_NO_AUTH")]
@@ -62,16 +76,47 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = 1000)]
     pub request_timeout_ms: u64,
 
-    /// How many sync intervals a grant lives before it expires.
+    /// How many sync intervals a grant lives before it expires (1 to 100).
     #[arg(long, env = "SLUICE_GRANT_TTL_INTERVALS", default_value_t = 3)]
     pub grant_ttl_intervals: u64,
+
+    /// Shortest sync interval the service accepts, in milliseconds: a proxy's `interval_ms` is
+    /// raised to it.
+    #[arg(long, env = "SLUICE_MIN_SYNC_INTERVAL_MS", default_value_t = 10)]
+    pub min_sync_interval_ms: u64,
+
+    /// Longest sync interval the service accepts, in milliseconds: a proxy's `interval_ms` is
+    /// lowered to it. Leases are sized and timed by the clamped interval.
+    #[arg(long, env = "SLUICE_MAX_SYNC_INTERVAL_MS", default_value_t = 60_000)]
+    pub max_sync_interval_ms: u64,
+
+    /// Deadline for a client to send a request's headers, in milliseconds; also how long a
+    /// kept-alive connection may stay idle.
+    #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_MS", default_value_t = 5_000)]
+    pub header_read_timeout_ms: u64,
+
+    /// Most connections open at once; more wait in the listen backlog until one closes.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4_096)]
+    pub max_connections: usize,
 }
+
+/// Longest `--max-sync-interval-ms`: one hour.
+pub const MAX_SYNC_INTERVAL_MS: u64 = 3_600_000;
+/// Most `--grant-ttl-intervals`.
+pub const MAX_GRANT_TTL_INTERVALS: u64 = 100;
 
 impl Settings {
     /// The settings, or the reason (naming the flag) they cannot run a service.
     pub fn validate(&self) -> Result<(), String> {
-        if self.token.as_deref().unwrap_or("").is_empty() && !self.insecure_no_auth {
-            return Err("--token (SLUICE_TOKEN) is required unless --insecure-no-auth".into());
+        let sources = [
+            self.shared_token().is_some(),
+            self.token_file.is_some(),
+            self.tokens_file.is_some(),
+        ];
+        match sources.iter().filter(|&&given| given).count() {
+            0 if !self.insecure_no_auth => return Err(NO_TOKEN.into()),
+            0 | 1 => {}
+            _ => return Err(ONE_TOKEN_SOURCE.into()),
         }
         let positive = [
             ("--redis-timeout-ms", self.redis_timeout_ms),
@@ -81,11 +126,28 @@ impl Settings {
             ("--max-concurrency", self.max_concurrency as u64),
             ("--request-timeout-ms", self.request_timeout_ms),
             ("--grant-ttl-intervals", self.grant_ttl_intervals),
+            ("--min-sync-interval-ms", self.min_sync_interval_ms),
+            ("--max-sync-interval-ms", self.max_sync_interval_ms),
+            ("--header-read-timeout-ms", self.header_read_timeout_ms),
+            ("--max-connections", self.max_connections as u64),
         ];
         for (flag, value) in positive {
             if value == 0 {
                 return Err(format!("{flag} must be at least 1"));
             }
+        }
+        if self.grant_ttl_intervals > MAX_GRANT_TTL_INTERVALS {
+            return Err(format!(
+                "--grant-ttl-intervals must be at most {MAX_GRANT_TTL_INTERVALS}"
+            ));
+        }
+        if self.max_sync_interval_ms > MAX_SYNC_INTERVAL_MS {
+            return Err(format!(
+                "--max-sync-interval-ms must be at most {MAX_SYNC_INTERVAL_MS}"
+            ));
+        }
+        if self.min_sync_interval_ms > self.max_sync_interval_ms {
+            return Err("--min-sync-interval-ms must not be above --max-sync-interval-ms".into());
         }
         if self.redis_nodes().is_empty() {
             return Err("--redis-url (SLUICE_REDIS_URL) is empty".into());
@@ -115,6 +177,57 @@ impl Settings {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
+
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// A proxy's `interval_ms`, brought into `[--min-sync-interval-ms, --max-sync-interval-ms]`:
+    /// the interval the service sizes and times its leases by, and answers in the hints.
+    pub fn sync_interval_ms(&self, asked_ms: u64) -> u64 {
+        let min = self.min_sync_interval_ms.max(1);
+        asked_ms.clamp(min, self.max_sync_interval_ms.max(min))
+    }
+
+    /// How long a lease granted for a sync at `interval_ms` (already clamped) lives.
+    pub fn grant_ttl_ms(&self, interval_ms: u64) -> u64 {
+        interval_ms.saturating_mul(self.grant_ttl_intervals)
+    }
+
+    /// `--token`, unless empty.
+    fn shared_token(&self) -> Option<&str> {
+        self.token.as_deref().filter(|token| !token.is_empty())
+    }
+
+    /// Who may call `/v1`: reads the token files. The reason names the flag when it fails.
+    pub fn credentials(&self) -> Result<Credentials, String> {
+        self.validate()?;
+        if let Some(token) = self.shared_token() {
+            return Credentials::shared(token).map_err(|reason| format!("--token: {reason}"));
+        }
+        if let Some(path) = &self.token_file {
+            let text = read("--token-file", path)?;
+            let token = text.trim_end_matches(['\n', '\r']);
+            return Credentials::shared(token)
+                .map_err(|reason| format!("--token-file {}: {reason}", path.display()));
+        }
+        if let Some(path) = &self.tokens_file {
+            let text = read("--tokens-file", path)?;
+            return Credentials::per_proxy(&text)
+                .map_err(|reason| format!("--tokens-file {}: {reason}", path.display()));
+        }
+        Ok(Credentials::Open)
+    }
+}
+
+const NO_TOKEN: &str = "a token is required unless --insecure-no-auth: --token-file \
+    (SLUICE_TOKEN_FILE), --tokens-file (SLUICE_TOKENS_FILE) or --token (SLUICE_TOKEN)";
+const ONE_TOKEN_SOURCE: &str =
+    "give only one of --token (SLUICE_TOKEN), --token-file (SLUICE_TOKEN_FILE) and \
+    --tokens-file (SLUICE_TOKENS_FILE)";
+
+fn read(flag: &str, path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|error| format!("{flag} {}: {error}", path.display()))
 }
 
 #[cfg(test)]
@@ -130,10 +243,7 @@ mod tests {
     #[test]
     fn a_token_is_required_unless_insecure() {
         let settings = parse(&["--token", ""]);
-        assert_eq!(
-            settings.validate().unwrap_err(),
-            "--token (SLUICE_TOKEN) is required unless --insecure-no-auth"
-        );
+        assert_eq!(settings.validate().unwrap_err(), NO_TOKEN);
         assert!(parse(&["--token", "t"]).validate().is_ok());
         assert!(parse(&["--token", "", "--insecure-no-auth"])
             .validate()
@@ -146,6 +256,54 @@ mod tests {
         assert_eq!(settings.redis_nodes(), ["redis://a:1", "redis://b:2"]);
         assert!(settings.is_cluster());
         assert!(!parse(&["--token", "t"]).is_cluster());
+    }
+
+    #[test]
+    fn the_sync_interval_is_clamped_to_the_bounds() {
+        let settings = parse(&["--token", "t"]);
+        assert_eq!(settings.sync_interval_ms(0), 10);
+        assert_eq!(settings.sync_interval_ms(100), 100);
+        assert_eq!(settings.sync_interval_ms(3_600_000), 60_000);
+        assert_eq!(settings.grant_ttl_ms(60_000), 180_000);
+        let bounds = |min: &str, max: &str| {
+            parse(&[
+                "--token",
+                "t",
+                "--min-sync-interval-ms",
+                min,
+                "--max-sync-interval-ms",
+                max,
+            ])
+            .validate()
+        };
+        assert!(bounds("50", "50").is_ok());
+        assert_eq!(
+            bounds("51", "50").unwrap_err(),
+            "--min-sync-interval-ms must not be above --max-sync-interval-ms"
+        );
+        assert_eq!(
+            bounds("10", "3600001").unwrap_err(),
+            "--max-sync-interval-ms must be at most 3600000"
+        );
+    }
+
+    #[test]
+    fn one_token_source_at_most() {
+        let settings = parse(&["--token", "t", "--token-file", "f"]);
+        assert_eq!(settings.validate().unwrap_err(), ONE_TOKEN_SOURCE);
+        assert!(parse(&["--tokens-file", "f"]).validate().is_ok());
+        let error = parse(&["--token-file", "/nonexistent/token"])
+            .credentials()
+            .unwrap_err();
+        assert!(
+            error.starts_with("--token-file /nonexistent/token: "),
+            "{error}"
+        );
+        let error = parse(&["--token", "two words"]).credentials().unwrap_err();
+        assert_eq!(
+            error,
+            "--token: the token must be visible ASCII, without spaces"
+        );
     }
 
     #[test]

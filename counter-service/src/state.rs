@@ -1,8 +1,9 @@
-//! What every handler shares: the settings, Redis, the scripts, the metrics.
+//! What every handler shares: the settings, the credentials, Redis, the scripts, the metrics.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::auth::Credentials;
 use crate::backend::{Backend, BackendError};
 use crate::metrics::Metrics;
 use crate::scripts::Scripts;
@@ -11,6 +12,7 @@ use crate::settings::Settings;
 #[derive(Clone)]
 pub struct AppState {
     pub settings: Arc<Settings>,
+    pub credentials: Arc<Credentials>,
     pub backend: Arc<Backend>,
     pub scripts: Arc<Scripts>,
     pub metrics: Arc<Metrics>,
@@ -18,12 +20,15 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The state for these settings. Does not wait for Redis (see [`Backend::new`]).
-    pub fn new(settings: Settings) -> Result<AppState, BackendError> {
+    /// The state for these settings: checks them and reads the token files. Does not wait for
+    /// Redis (see [`Backend::new`]).
+    pub fn new(settings: Settings) -> Result<AppState, StartError> {
+        let credentials = settings.credentials().map_err(StartError::Settings)?;
         let metrics = Arc::new(Metrics::new());
-        let backend = Backend::new(&settings, metrics.clone())?;
+        let backend = Backend::new(&settings, metrics.clone()).map_err(StartError::Redis)?;
         Ok(AppState {
             settings: Arc::new(settings),
+            credentials: Arc::new(credentials),
             backend: Arc::new(backend),
             scripts: Arc::new(Scripts::new()),
             metrics,
@@ -43,6 +48,17 @@ impl AppState {
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
+}
+
+/// Why the service cannot start with these settings.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A flag is invalid (the message names it), or a token file cannot be read.
+    #[error("{0}")]
+    Settings(String),
+    /// `--redis-url` is not a Redis URL.
+    #[error("--redis-url: {0}")]
+    Redis(BackendError),
 }
 
 /// One request in flight (see [`AppState::enter`]).

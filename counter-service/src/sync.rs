@@ -1,14 +1,15 @@
 //! `POST /v1/sync`: a proxy's batch. Every entry's spend is debited from the global buckets and
 //! the entry is answered with a lease (`lua/sync.lua`), one script call per Redis Cluster hash
-//! slot, the calls of one batch in parallel.
+//! slot, the calls of one batch in parallel. An entry out of bounds is refused alone.
 
 use std::collections::HashMap;
 
 use axum::extract::State;
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::future::try_join_all;
 use sluice_core::protocol::{Grant, Hints, Overrides, SyncEntry, SyncRequest, SyncResponse};
 
+use crate::auth::Caller;
 use crate::backend::BackendError;
 use crate::backpressure;
 use crate::body::JsonBody;
@@ -22,29 +23,29 @@ pub const MAX_ENTRIES_PER_CALL: usize = 1_000;
 
 pub async fn handle(
     State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
     JsonBody(request): JsonBody<SyncRequest>,
 ) -> Result<Json<SyncResponse>, AppError> {
     let _in_flight = state.enter();
-    validate::sync_request(&request, &state.settings)?;
-    let grants = apply(&state, &request, 0).await?;
+    validate::sync_batch(&request, &state.settings)?;
+    let caller = caller.map(|Extension(caller)| caller).unwrap_or_default();
+    let proxy = caller.proxy_id(&request.proxy);
+    let grants = apply_as(&state, &proxy, &request, 0).await?;
 
     let metrics = &state.metrics;
     metrics.syncs.inc();
-    metrics.entries_synced.inc_by(request.entries.len() as u64);
-    metrics
-        .reported_denials
-        .inc_by(request.entries.iter().map(|e| e.denied).sum());
-    metrics.grants.inc_by(grants.len() as u64);
+    let answered = grants.iter().filter(|g| g.refused.is_none());
+    metrics.grants.inc_by(answered.clone().count() as u64);
     metrics
         .empty_grants
-        .inc_by(grants.iter().filter(|g| g.tokens == 0).count() as u64);
+        .inc_by(answered.clone().filter(|g| g.tokens == 0).count() as u64);
     metrics
         .granted_tokens
-        .inc_by(grants.iter().map(|g| g.tokens).sum());
+        .inc_by(answered.map(|g| g.tokens).sum());
 
     let settings = &state.settings;
     let next_sync_ms = backpressure::next_sync_ms(
-        request.interval_ms,
+        settings.sync_interval_ms(request.interval_ms),
         metrics.redis_latency.value(),
         settings.redis_timeout_ms,
         state.in_flight(),
@@ -60,56 +61,124 @@ pub async fn handle(
     }))
 }
 
-/// Applies a (validated) batch and answers one grant per entry, in request order.
-/// `now_override_us` is 0 in service (Redis `TIME` is the clock); tests pass a fake time.
+/// Applies a batch as its own proxy id ([`apply_as`]).
 pub async fn apply(
     state: &AppState,
     request: &SyncRequest,
     now_override_us: u64,
 ) -> Result<Vec<Grant>, BackendError> {
-    let grant_ttl_ms = request
-        .interval_ms
-        .saturating_mul(state.settings.grant_ttl_intervals);
-    let calls = calls(&request.entries, state.backend.is_cluster());
-    state.metrics.script_called("sync", calls.len() as u64);
-    let replies = try_join_all(
-        calls
-            .iter()
-            .map(|entries| call(state, request, entries, grant_ttl_ms, now_override_us)),
-    )
-    .await?;
-    let empty = Grant {
-        tokens: 0,
-        ttl_ms: 0,
-        remaining: 0,
-        reset_ms: 0,
-        refused: None,
+    apply_as(state, &request.proxy, request, now_override_us).await
+}
+
+/// Applies a batch for the proxy id `proxy` (the request's, namespaced by its credential) and
+/// answers one grant per entry, in request order. An entry out of bounds is refused alone: its
+/// grant is empty and says why, and its counts are not applied. The interval is clamped to the
+/// service's bounds, and each entry's counts are cut to what its limits make possible over the
+/// time one report may cover ([`validate::report_cap`]). `now_override_us` is 0 in service
+/// (Redis `TIME` is the clock); tests pass a fake time.
+pub async fn apply_as(
+    state: &AppState,
+    proxy: &str,
+    request: &SyncRequest,
+    now_override_us: u64,
+) -> Result<Vec<Grant>, BackendError> {
+    let settings = &state.settings;
+    let metrics = &state.metrics;
+    let interval_ms = settings.sync_interval_ms(request.interval_ms);
+    let window_ms = validate::report_window_ms(settings, interval_ms);
+    let call = Call {
+        proxy,
+        interval_ms,
+        grant_ttl_ms: settings.grant_ttl_ms(interval_ms),
+        window_ms,
+        now_override_us,
     };
-    let mut grants = vec![empty; request.entries.len()];
-    for (entries, reply) in calls.iter().zip(replies) {
-        for (&i, grant) in entries.iter().zip(reply) {
-            grants[i] = grant;
+
+    let mut grants = vec![empty_grant(None); request.entries.len()];
+    let mut accepted = Vec::with_capacity(request.entries.len());
+    for (i, entry) in request.entries.iter().enumerate() {
+        if let Err(reason) = validate::sync_entry(i, entry, settings) {
+            tracing::debug!(proxy, "refused: {reason}");
+            grants[i] = empty_grant(Some(reason.to_string()));
+            continue;
+        }
+        let cap = validate::report_cap(&entry.limits, window_ms);
+        let (spent, denied) = (entry.spent.min(cap), entry.denied.min(cap));
+        if (spent, denied) != (entry.spent, entry.denied) {
+            tracing::debug!(
+                proxy,
+                key = entry.key,
+                cap,
+                "counts cut to the limit's bound"
+            );
+            metrics.capped_entries.inc();
+        }
+        accepted.push(Report {
+            index: i,
+            entry,
+            spent,
+            denied,
+        });
+    }
+    let refused = request.entries.len() - accepted.len();
+    metrics.refused_entries.inc_by(refused as u64);
+    metrics.entries_synced.inc_by(accepted.len() as u64);
+    metrics
+        .reported_denials
+        .inc_by(accepted.iter().map(|r| r.denied).sum());
+
+    let keys: Vec<&str> = accepted.iter().map(|r| r.entry.key.as_str()).collect();
+    let groups = calls(&keys, state.backend.is_cluster());
+    metrics.script_called("sync", groups.len() as u64);
+    let replies = try_join_all(groups.iter().map(|group| {
+        let reports: Vec<&Report> = group.iter().filter_map(|&j| accepted.get(j)).collect();
+        call.run(state, reports)
+    }))
+    .await?;
+    for (group, reply) in groups.iter().zip(replies) {
+        for (&j, grant) in group.iter().zip(reply) {
+            if let Some(report) = accepted.get(j) {
+                grants[report.index] = grant;
+            }
         }
     }
     Ok(grants)
 }
 
-/// The script calls of a batch, as lists of entry indexes: on a cluster, one per hash slot (every
-/// key of a call in one slot); on one Redis, the batch in order. Each split in runs of at most
-/// [`MAX_ENTRIES_PER_CALL`].
-pub fn calls(entries: &[SyncEntry], cluster: bool) -> Vec<Vec<usize>> {
+fn empty_grant(refused: Option<String>) -> Grant {
+    Grant {
+        tokens: 0,
+        ttl_ms: 0,
+        remaining: 0,
+        reset_ms: 0,
+        refused,
+    }
+}
+
+/// One accepted entry of a batch: its index in the request and its (capped) counts.
+struct Report<'a> {
+    index: usize,
+    entry: &'a SyncEntry,
+    spent: u64,
+    denied: u64,
+}
+
+/// The script calls of a batch, as lists of indexes into `keys` (the entry keys): on a cluster,
+/// one per hash slot (every key of a call in one slot); on one Redis, the batch in order. Each
+/// split in runs of at most [`MAX_ENTRIES_PER_CALL`].
+pub fn calls(keys: &[&str], cluster: bool) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     if cluster {
         let mut by_slot = HashMap::new();
-        for (i, entry) in entries.iter().enumerate() {
-            let group = *by_slot.entry(keys::slot(&entry.key)).or_insert_with(|| {
+        for (i, key) in keys.iter().enumerate() {
+            let group = *by_slot.entry(keys::slot(key)).or_insert_with(|| {
                 groups.push(Vec::new());
                 groups.len() - 1
             });
             groups[group].push(i);
         }
-    } else if !entries.is_empty() {
-        groups.push((0..entries.len()).collect());
+    } else if !keys.is_empty() {
+        groups.push((0..keys.len()).collect());
     }
     groups
         .into_iter()
@@ -122,51 +191,62 @@ pub fn calls(entries: &[SyncEntry], cluster: bool) -> Vec<Vec<usize>> {
         .collect()
 }
 
-async fn call(
-    state: &AppState,
-    request: &SyncRequest,
-    entries: &[usize],
+/// What every script call of one batch shares.
+struct Call<'a> {
+    proxy: &'a str,
+    interval_ms: u64,
     grant_ttl_ms: u64,
+    window_ms: u64,
     now_override_us: u64,
-) -> Result<Vec<Grant>, BackendError> {
-    let mut invocation = state.scripts.sync.prepare_invoke();
-    invocation
-        .arg(now_override_us)
-        .arg(&request.proxy)
-        .arg(request.interval_ms)
-        .arg(grant_ttl_ms)
-        .arg(entries.len());
-    for entry in entries.iter().filter_map(|&i| request.entries.get(i)) {
+}
+
+impl Call<'_> {
+    async fn run(
+        &self,
+        state: &AppState,
+        reports: Vec<&Report<'_>>,
+    ) -> Result<Vec<Grant>, BackendError> {
+        let mut invocation = state.scripts.sync.prepare_invoke();
         invocation
-            .arg(entry.limits.len())
-            .arg(entry.spent)
-            .arg(entry.denied);
-        for limit in &entry.limits {
+            .arg(self.now_override_us)
+            .arg(self.proxy)
+            .arg(self.interval_ms)
+            .arg(self.grant_ttl_ms)
+            .arg(self.window_ms)
+            .arg(reports.len());
+        for report in &reports {
+            let entry = report.entry;
             invocation
-                .key(keys::limit_key(&entry.key, limit))
-                .arg(limit.requests)
-                .arg(limit.period_ms)
-                .arg(limit.burst);
+                .arg(entry.limits.len())
+                .arg(report.spent)
+                .arg(report.denied);
+            for limit in &entry.limits {
+                invocation
+                    .key(keys::limit_key(&entry.key, limit))
+                    .arg(limit.requests)
+                    .arg(limit.period_ms)
+                    .arg(limit.burst);
+            }
         }
+        let reply: Vec<i64> = state.backend.invoke("sync", &invocation).await?;
+        if reply.len() != 4 * reports.len() {
+            return Err(BackendError::Reply(format!(
+                "sync.lua answered {} numbers for {} entries",
+                reply.len(),
+                reports.len()
+            )));
+        }
+        Ok(reply
+            .chunks_exact(4)
+            .map(|four| Grant {
+                tokens: non_negative(four[0]),
+                ttl_ms: non_negative(four[1]),
+                remaining: non_negative(four[2]),
+                reset_ms: non_negative(four[3]),
+                refused: None,
+            })
+            .collect())
     }
-    let reply: Vec<i64> = state.backend.invoke("sync", &invocation).await?;
-    if reply.len() != 4 * entries.len() {
-        return Err(BackendError::Reply(format!(
-            "sync.lua answered {} numbers for {} entries",
-            reply.len(),
-            entries.len()
-        )));
-    }
-    Ok(reply
-        .chunks_exact(4)
-        .map(|four| Grant {
-            tokens: non_negative(four[0]),
-            ttl_ms: non_negative(four[1]),
-            remaining: non_negative(four[2]),
-            reset_ms: non_negative(four[3]),
-            refused: None,
-        })
-        .collect())
 }
 
 fn non_negative(value: i64) -> u64 {
@@ -177,33 +257,24 @@ fn non_negative(value: i64) -> u64 {
 mod tests {
     use super::*;
 
-    fn entry(key: &str) -> SyncEntry {
-        SyncEntry {
-            key: key.into(),
-            limits: vec![],
-            spent: 0,
-            denied: 0,
-        }
-    }
-
     #[test]
     fn one_redis_takes_the_batch_in_one_call() {
-        let entries: Vec<_> = (0..5).map(|i| entry(&format!("k{i}"))).collect();
-        assert_eq!(calls(&entries, false), vec![vec![0, 1, 2, 3, 4]]);
+        let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        assert_eq!(calls(&keys, false), vec![vec![0, 1, 2, 3, 4]]);
         assert!(calls(&[], false).is_empty());
     }
 
     #[test]
     fn a_cluster_takes_one_call_per_slot_in_first_seen_order() {
-        let entries = vec![entry("a"), entry("b"), entry("a"), entry("c"), entry("b")];
-        let groups = calls(&entries, true);
+        let groups = calls(&["a", "b", "a", "c", "b"], true);
         assert_eq!(groups, vec![vec![0, 2], vec![1, 4], vec![3]]);
     }
 
     #[test]
     fn big_groups_are_split() {
-        let entries: Vec<_> = (0..2_500).map(|_| entry("same")).collect();
-        let sizes: Vec<_> = calls(&entries, true).iter().map(Vec::len).collect();
+        let keys = vec!["same"; 2_500];
+        let sizes: Vec<_> = calls(&keys, true).iter().map(Vec::len).collect();
         assert_eq!(sizes, [1_000, 1_000, 500]);
     }
 }

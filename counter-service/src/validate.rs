@@ -1,5 +1,9 @@
 //! Bounds on what a request may ask, checked before Redis sees it. Each error names its field
 //! (`entries[3].key`, `entries[0].limits[1].burst`).
+//!
+//! A sync batch is refused whole only for what concerns the batch (the proxy id, the number of
+//! entries); an entry out of bounds is refused alone ([`sync_entry`]). The counts of an entry
+//! are cut to what its limits make possible ([`report_cap`]).
 
 use sluice_core::limit::MAX_TOKENS;
 use sluice_core::protocol::{CheckRequest, LimitSpec, SyncEntry, SyncRequest};
@@ -11,32 +15,29 @@ use crate::settings::Settings;
 pub const MAX_LIMITS: usize = 8;
 /// Longest period a limit may count over: 366 days.
 pub const MAX_PERIOD_MS: u64 = 366 * 86_400_000;
-/// Longest sync interval: one hour.
-pub const MAX_INTERVAL_MS: u64 = 3_600_000;
-/// Largest count one sync may report (exact in the scripts' doubles).
+/// Largest count one sync may report (exact in the scripts' doubles); a larger one refuses the
+/// entry. Counts below it are still cut to [`report_cap`].
 pub const MAX_COUNT: u64 = 1 << 53;
+/// How long a proxy may have been cut off from the service (its fallback deciding) and still
+/// have its report counted in full, beyond the lifetime of its lease: one minute.
+pub const OUTAGE_ALLOWANCE_MS: u64 = 60_000;
 
-pub fn sync_request(request: &SyncRequest, settings: &Settings) -> Result<(), AppError> {
+/// The checks that refuse a whole batch: the proxy id and the number of entries. (The
+/// interval is not refused: the service clamps it, see [`Settings::sync_interval_ms`].)
+pub fn sync_batch(request: &SyncRequest, settings: &Settings) -> Result<(), AppError> {
     name("proxy", &request.proxy, settings.max_key_bytes)?;
-    if request.interval_ms == 0 || request.interval_ms > MAX_INTERVAL_MS {
-        return Err(AppError::invalid(
-            "interval_ms",
-            format!("must be between 1 and {MAX_INTERVAL_MS}"),
-        ));
-    }
     if request.entries.len() > settings.max_batch {
         return Err(AppError::invalid(
             "entries",
             format!("more than {} entries in one batch", settings.max_batch),
         ));
     }
-    for (i, entry) in request.entries.iter().enumerate() {
-        sync_entry(&format!("entries[{i}]"), entry, settings)?;
-    }
     Ok(())
 }
 
-fn sync_entry(at: &str, entry: &SyncEntry, settings: &Settings) -> Result<(), AppError> {
+/// The checks of entry `index`: a failure refuses this entry alone.
+pub fn sync_entry(index: usize, entry: &SyncEntry, settings: &Settings) -> Result<(), AppError> {
+    let at = format!("entries[{index}]");
     name(&format!("{at}.key"), &entry.key, settings.max_key_bytes)?;
     limits(&format!("{at}.limits"), &entry.limits)?;
     for (field, value) in [("spent", entry.spent), ("denied", entry.denied)] {
@@ -50,13 +51,38 @@ fn sync_entry(at: &str, entry: &SyncEntry, settings: &Settings) -> Result<(), Ap
     Ok(())
 }
 
+/// How long one report may legitimately cover for a sync at `interval_ms` (clamped): the
+/// lifetime of the proxy's lease plus [`OUTAGE_ALLOWANCE_MS`].
+pub fn report_window_ms(settings: &Settings, interval_ms: u64) -> u64 {
+    settings
+        .grant_ttl_ms(interval_ms)
+        .saturating_add(OUTAGE_ALLOWANCE_MS)
+}
+
+/// The most tokens one report can have spent (or been denied, as demand) on an entry over
+/// `window_ms`: for each limit `burst + ceil(requests × window_ms / period_ms)`, the smallest.
+/// This is also how deep `lua/sync.lua` lets a limit's debt go.
+pub fn report_cap(limits: &[LimitSpec], window_ms: u64) -> u64 {
+    limits
+        .iter()
+        .map(|limit| {
+            let refill = (u128::from(limit.requests) * u128::from(window_ms))
+                .div_ceil(u128::from(limit.period_ms.max(1)));
+            u128::from(limit.burst).saturating_add(refill)
+        })
+        .min()
+        .map_or(0, |cap| {
+            u64::try_from(cap).unwrap_or(u64::MAX).min(MAX_COUNT)
+        })
+}
+
 pub fn check_request(request: &CheckRequest, settings: &Settings) -> Result<(), AppError> {
     name("key", &request.key, settings.max_key_bytes)?;
     limits("limits", &request.limits)?;
-    if request.cost > MAX_TOKENS {
+    if request.cost == 0 || request.cost > MAX_TOKENS {
         return Err(AppError::invalid(
             "cost",
-            format!("must be at most {MAX_TOKENS}"),
+            format!("must be between 1 and {MAX_TOKENS}"),
         ));
     }
     Ok(())
@@ -122,10 +148,14 @@ mod tests {
     }
 
     fn message(request: &SyncRequest) -> String {
-        sync_request(request, &settings())
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default()
+        let settings = settings();
+        let batch = sync_batch(request, &settings).err();
+        let entry = request
+            .entries
+            .iter()
+            .enumerate()
+            .find_map(|(i, entry)| sync_entry(i, entry, &settings).err());
+        batch.or(entry).map(|e| e.to_string()).unwrap_or_default()
     }
 
     const TEN: LimitSpec = LimitSpec {
@@ -167,11 +197,36 @@ mod tests {
             "entries[1].limits[0].period_ms: must be between 1 and 31622400000"
         );
         request.entries[1] = entry("b", vec![TEN]);
-        assert_eq!(message(&request), "");
-        request.interval_ms = 0;
+        request.entries[1].denied = MAX_COUNT + 1;
         assert_eq!(
             message(&request),
-            "interval_ms: must be between 1 and 3600000"
+            "entries[1].denied: must be at most 9007199254740992"
         );
+        request.entries[1] = entry("b", vec![TEN]);
+        assert_eq!(message(&request), "");
+        request.proxy = String::new();
+        assert_eq!(message(&request), "proxy: must not be empty");
+    }
+
+    #[test]
+    fn a_report_is_capped_by_its_tightest_limit() {
+        // 10/s with a burst of 10, over 60.3 s: 10 + 603
+        assert_eq!(report_cap(&[TEN], 60_300), 613);
+        let per_minute = LimitSpec {
+            requests: 3,
+            period_ms: 60_000,
+            burst: 3,
+        };
+        // 3/min: 3 + ceil(3 × 60300 / 60000) = 3 + 4
+        assert_eq!(report_cap(&[TEN, per_minute], 60_300), 7);
+        let huge = LimitSpec {
+            requests: MAX_TOKENS,
+            period_ms: 1,
+            burst: MAX_TOKENS,
+        };
+        assert_eq!(report_cap(&[huge], u64::MAX), MAX_COUNT);
+        assert_eq!(report_cap(&[], 1_000), 0);
+        // the default settings: 100 ms syncs, leases of 3 intervals, plus a minute
+        assert_eq!(report_window_ms(&settings(), 100), 60_300);
     }
 }

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::StatusCode;
-use common::{call, get, post, state, TOKEN};
+use common::{call, call_authorized, get, post, state, TOKEN};
 use serde_json::{json, Value};
-use sluice_counter_service::AppState;
+use sluice_core::protocol::LimitSpec;
+use sluice_counter_service::{keys, AppState};
 use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
 
@@ -116,27 +117,25 @@ async fn a_body_over_the_limit_is_413() {
 async fn out_of_bounds_values_are_400_naming_the_field() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    let long = "k".repeat(513);
-    let body = sync_body(json!([ten_per_second("ok"), ten_per_second(&long)]));
-    let answer = post(&state, "/v1/sync", &body).await;
-    assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_eq!(
-        answer.body["message"],
-        "entries[1].key: longer than 512 bytes"
-    );
-
-    let zero = json!({"key": "k", "limits": [{"requests": 0, "period_ms": 1000, "burst": 1}], "spent": 0, "denied": 0});
-    let answer = post(&state, "/v1/sync", &sync_body(json!([zero]))).await;
-    assert_eq!(
-        answer.body["message"],
-        "entries[0].limits[0].requests: must be between 1 and 2147483648"
-    );
     let answer = post(&state, "/v1/check", &json!({"key": "k", "limits": []})).await;
     assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
     assert_eq!(
         answer.body["message"],
         "limits: must have at least one limit"
     );
+    let long = "k".repeat(513);
+    let check = json!({"key": long, "limits": [{"requests": 1, "period_ms": 1000, "burst": 1}]});
+    let answer = post(&state, "/v1/check", &check).await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_eq!(answer.body["message"], "key: longer than 512 bytes");
+    let answer = post(
+        &state,
+        "/v1/sync",
+        &json!({"proxy": "", "interval_ms": 100, "entries": []}),
+    )
+    .await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_eq!(answer.body["message"], "proxy: must not be empty");
 
     let state = AppState::new(common::settings(&redis.url(), &["--max-batch", "2"])).unwrap();
     let body = sync_body(json!([
@@ -145,10 +144,359 @@ async fn out_of_bounds_values_are_400_naming_the_field() {
         ten_per_second("c")
     ]));
     let answer = post(&state, "/v1/sync", &body).await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
     assert_eq!(
         answer.body["message"],
         "entries: more than 2 entries in one batch"
     );
+}
+
+/// One bad entry used to refuse the whole batch (400), so one odd request stopped a proxy's
+/// sync. Now it is refused alone, and the rest of the batch is applied.
+#[tokio::test]
+async fn a_bad_entry_is_refused_alone() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let good = json!({"key": "good", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": 3, "denied": 100});
+    let long = ten_per_second(&"k".repeat(600));
+    let zero = json!({"key": "zero", "limits": [{"requests": 0, "period_ms": 1000, "burst": 1}], "spent": 5, "denied": 0});
+    let body = sync_body(json!([long, good, zero, ten_per_second("after")]));
+    let answer = post(&state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let grants = answer.body["grants"].as_array().unwrap();
+    assert_eq!(grants.len(), 4, "one grant per entry: {answer:?}");
+    assert_eq!(
+        grants[0],
+        json!({"tokens": 0, "ttl_ms": 0, "remaining": 0, "reset_ms": 0,
+               "refused": "entries[0].key: longer than 512 bytes"})
+    );
+    assert_eq!(
+        grants[2],
+        json!({"tokens": 0, "ttl_ms": 0, "remaining": 0, "reset_ms": 0,
+               "refused": "entries[2].limits[0].requests: must be between 1 and 2147483648"})
+    );
+    // the good entries are applied: 3 spent from a new key (full an interval ago: min(10 + 3,
+    // 10 + 1) - 3 = 8), and a lease of floor(8 + 1.5) = 9
+    assert_eq!(
+        grants[1],
+        json!({"tokens": 9, "ttl_ms": 300, "remaining": 8, "reset_ms": 200})
+    );
+    assert_eq!(grants[3]["tokens"], 11, "{answer:?}");
+    assert!(grants[3].get("refused").is_none());
+    let good_key = keys::limit_key(
+        "good",
+        &LimitSpec {
+            requests: 10,
+            period_ms: 1_000,
+            burst: 10,
+        },
+    );
+    assert_eq!(redis.text(&["HGET", &good_key, "tokens"]).unwrap(), "8");
+    assert_eq!(
+        redis.text(&["DBSIZE"]).unwrap(),
+        "2",
+        "nothing stored for the refused entries"
+    );
+    let text = metrics(&state).await;
+    assert!(text.contains("sluice_refused_entries_total 2"), "{text}");
+    assert!(text.contains("sluice_sync_entries_total 2"), "{text}");
+}
+
+/// A proxy reported `spent: 2^53`: the key went 9e15 tokens into debt with a TTL of decades.
+/// Now a report is cut to what the limit allows over the time it can cover (the lease, 300 ms,
+/// plus a minute: 10 + 10 × 60.3 = 613 for 10/s), and the debt stops there.
+#[tokio::test]
+async fn reported_counts_are_bounded_by_the_limit() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let huge: u64 = 1 << 53;
+    let lie = json!({"key": "k", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": huge, "denied": huge});
+    for _ in 0..3 {
+        let answer = post(&state, "/v1/sync", &sync_body(json!([lie]))).await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(answer.body["grants"][0]["tokens"], 0, "{answer:?}");
+    }
+    let key = keys::limit_key(
+        "k",
+        &LimitSpec {
+            requests: 10,
+            period_ms: 1_000,
+            burst: 10,
+        },
+    );
+    let tokens: f64 = redis
+        .text(&["HGET", &key, "tokens"])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (-613.0..-600.0).contains(&tokens),
+        "the debt stops at -(burst + 60.3 s of refill): {tokens}"
+    );
+    let ttl: i64 = redis.text(&["PTTL", &key]).unwrap().parse().unwrap();
+    assert!(
+        (1..=64_000).contains(&ttl),
+        "the refill from the floor (62.3 s), the lease and a second: {ttl} ms"
+    );
+    let demand: f64 = redis
+        .text(&["HGET", &key, "d:p1"])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        demand <= 1_226_000.0,
+        "(613 + 613) over at least 1 ms: {demand}"
+    );
+    let text = metrics(&state).await;
+    assert!(text.contains("sluice_capped_entries_total 3"), "{text}");
+}
+
+/// `interval_ms: 3600000` with a large `denied` won a 3-hour lease of 54,010 tokens on a 10/s
+/// key. The service clamps the interval (60 s by default) and answers it in the hints.
+#[tokio::test]
+async fn the_service_decides_the_interval() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let body = json!({"proxy": "p1", "interval_ms": 3_600_000, "entries": [
+        {"key": "k", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": 0, "denied": 1_000_000_000u64}
+    ]});
+    let answer = post(&state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let grant = &answer.body["grants"][0];
+    let tokens = grant["tokens"].as_u64().unwrap();
+    assert!(
+        tokens <= 10 + 10 * 60 * 3 / 2,
+        "at most burst + rate × 1.5 × 60 s: {answer:?}"
+    );
+    assert_eq!(tokens, 910, "a new key, alone: {answer:?}");
+    assert_eq!(grant["ttl_ms"], 180_000, "3 intervals of 60 s");
+    assert_eq!(answer.body["hints"]["next_sync_ms"], 60_000);
+
+    let fast = json!({"proxy": "p2", "interval_ms": 1, "entries": [ten_per_second("other")]});
+    let answer = post(&state, "/v1/sync", &fast).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["hints"]["next_sync_ms"], 10, "{answer:?}");
+    assert_eq!(answer.body["grants"][0]["ttl_ms"], 30, "{answer:?}");
+
+    let narrow = AppState::new(common::settings(
+        &redis.url(),
+        &[
+            "--min-sync-interval-ms",
+            "200",
+            "--max-sync-interval-ms",
+            "500",
+        ],
+    ))
+    .unwrap();
+    let answer = post(
+        &narrow,
+        "/v1/sync",
+        &sync_body(json!([ten_per_second("third")])),
+    )
+    .await;
+    assert_eq!(answer.body["hints"]["next_sync_ms"], 200, "{answer:?}");
+    assert_eq!(answer.body["grants"][0]["ttl_ms"], 600, "{answer:?}");
+}
+
+#[tokio::test]
+async fn check_refuses_a_cost_of_zero() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let body =
+        json!({"key": "k", "limits": [{"requests": 3, "period_ms": 60000, "burst": 3}], "cost": 0});
+    let answer = post(&state, "/v1/check", &body).await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_eq!(
+        answer.body["message"],
+        "cost: must be between 1 and 2147483648"
+    );
+}
+
+#[tokio::test]
+async fn wrong_methods_are_json_405() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let answer = call(&state, "GET", "/v1/sync", Some(TOKEN), Body::empty()).await;
+    assert_error(
+        &answer,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    assert_eq!(
+        answer.body["message"],
+        "method GET not allowed on this endpoint (see the Allow header)"
+    );
+    assert_eq!(answer.headers["allow"], "POST");
+    assert_eq!(answer.headers["content-type"], "application/json");
+    let answer = call(&state, "DELETE", "/v1/check", Some(TOKEN), Body::empty()).await;
+    assert_error(
+        &answer,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    let answer = call(&state, "DELETE", "/v1/check", None, Body::empty()).await;
+    assert_error(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
+    let answer = call(&state, "POST", "/healthz", None, Body::empty()).await;
+    assert_error(
+        &answer,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
+    assert!(answer.headers["allow"].to_str().unwrap().contains("GET"));
+    let text = metrics(&state).await;
+    assert!(
+        text.contains("sluice_errors_total{kind=\"method_not_allowed\"} 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_any_case_and_the_token_exact() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let body = || Body::from(sync_body(json!([])).to_string());
+    for good in [
+        format!("Bearer {TOKEN}"),
+        format!("bearer {TOKEN}"),
+        format!("BEARER {TOKEN}"),
+    ] {
+        let answer = call_authorized(&state, "POST", "/v1/sync", Some(&good), body()).await;
+        assert_eq!(answer.status, StatusCode::OK, "{good:?}: {answer:?}");
+    }
+    for bad in [
+        format!("Bearer  {TOKEN}"),
+        format!("Bearer {TOKEN} "),
+        format!("Bearer\t{TOKEN}"),
+        format!("Bearer {TOKEN}\t"),
+        format!("Basic {TOKEN}"),
+        format!("Bearer{TOKEN}"),
+        TOKEN.to_owned(),
+    ] {
+        let answer = call_authorized(&state, "POST", "/v1/sync", Some(&bad), body()).await;
+        assert_error(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
+    }
+}
+
+/// A path in the system's temporary directory, removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, content: &str) -> TempFile {
+        let path = std::env::temp_dir().join(format!("sluice-{}-{name}", std::process::id()));
+        std::fs::write(&path, content).unwrap();
+        TempFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn the_token_can_come_from_a_file() {
+    let redis = Redis::start().unwrap();
+    let file = TempFile::new("token", "from-a-file\n");
+    let settings = common::settings_without_token(&redis.url(), &["--token-file", file.path()]);
+    let state = AppState::new(settings).unwrap();
+    let body = || Body::from(sync_body(json!([])).to_string());
+    let answer = call(&state, "POST", "/v1/sync", Some("from-a-file"), body()).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let answer = call(&state, "POST", "/v1/sync", Some(TOKEN), body()).await;
+    assert_error(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
+
+    let both = common::settings(&redis.url(), &["--token-file", file.path()]);
+    let error = AppState::new(both).err().unwrap().to_string();
+    assert!(error.starts_with("give only one of --token"), "{error}");
+    let missing =
+        common::settings_without_token(&redis.url(), &["--token-file", "/nonexistent/token"]);
+    let error = AppState::new(missing).err().unwrap().to_string();
+    assert!(
+        error.starts_with("--token-file /nonexistent/token: "),
+        "{error}"
+    );
+    let blank = TempFile::new("blank", "\n");
+    let settings = common::settings_without_token(&redis.url(), &["--token-file", blank.path()]);
+    let error = AppState::new(settings).err().unwrap().to_string();
+    assert!(error.ends_with("the token is empty"), "{error}");
+}
+
+/// With `--tokens-file`, a proxy id is kept under its credential's name: the holder of one
+/// token cannot replace the lease of another's proxy by sending its id.
+#[tokio::test]
+async fn per_proxy_tokens_keep_each_holder_to_its_own_proxies() {
+    let redis = Redis::start().unwrap();
+    let file = TempFile::new("tokens", "# name token\nedge-a tok-a\nedge-b tok-b\n");
+    let settings = common::settings_without_token(&redis.url(), &["--tokens-file", file.path()]);
+    let state = AppState::new(settings).unwrap();
+    let sync = |token: &'static str| {
+        let state = state.clone();
+        async move {
+            let body = Body::from(sync_body(json!([ten_per_second("k")])).to_string());
+            call(&state, "POST", "/v1/sync", Some(token), body).await
+        }
+    };
+    let a = sync("tok-a").await;
+    assert_eq!(a.body["grants"][0]["tokens"], 11, "{a:?}");
+    // b claims the same proxy id, "p1": it gets its own record, and a's lease stands
+    let b = sync("tok-b").await;
+    assert_eq!(b.status, StatusCode::OK, "{b:?}");
+    let b_tokens = b.body["grants"][0]["tokens"].as_u64().unwrap();
+    assert!(b_tokens <= 1, "a holds the bucket: {b:?}");
+    let key = keys::limit_key(
+        "k",
+        &LimitSpec {
+            requests: 10,
+            period_ms: 1_000,
+            burst: 10,
+        },
+    );
+    assert_eq!(redis.text(&["HGET", &key, "g:edge-a/p1"]).unwrap(), "11");
+    assert_eq!(
+        redis.text(&["HGET", &key, "g:edge-b/p1"]).unwrap(),
+        b_tokens.to_string()
+    );
+    assert_eq!(redis.query(&["HGET", &key, "g:p1"]).unwrap().text(), None);
+    let nobody = sync("tok-c").await;
+    assert_error(&nobody, StatusCode::UNAUTHORIZED, "unauthorized");
+}
+
+/// A 1 MB body nested 500,000 deep in an unknown field was parsed (skipped) in full; now the
+/// nesting is measured first, in one pass over the bytes.
+#[tokio::test]
+async fn a_deeply_nested_body_is_refused_fast() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let n = 500_000;
+    let body = format!(
+        "{{\"x\":{}{},\"proxy\":\"p\",\"interval_ms\":100,\"entries\":[]}}",
+        "[".repeat(n),
+        "]".repeat(n)
+    );
+    let started = Instant::now();
+    let answer = call(&state, "POST", "/v1/sync", Some(TOKEN), Body::from(body)).await;
+    let elapsed = started.elapsed();
+    assert_error(&answer, StatusCode::BAD_REQUEST, "malformed_json");
+    assert_eq!(
+        answer.body["message"],
+        "malformed JSON: body: nested deeper than 32 levels"
+    );
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    eprintln!("a 1 MB body nested {n} deep refused in {elapsed:?}");
+}
+
+async fn metrics(state: &AppState) -> String {
+    get(state, "/metrics")
+        .await
+        .body
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 #[tokio::test]

@@ -332,3 +332,51 @@ async fn every_limit_of_an_entry_binds_the_grant() {
     let key = keys::limit_key("first", &per_minute);
     assert_eq!(field(&redis, &key, "g:a").as_deref(), Some("3"));
 }
+
+#[tokio::test]
+async fn a_report_cannot_push_the_debt_past_one_reports_worth() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let key = keys::limit_key("k", &TEN_PER_SECOND);
+    // One report covers at most the lease (300 ms) plus a minute: 10 + 10 × 60.3 = 613 tokens.
+    // A new key starts full an interval ago: min(10 + 613, 10 + 1) - 613 = -602.
+    let huge = 1 << 53;
+    let grants = sync_at(&state, &one("a", "k", huge, huge), T0).await;
+    assert_eq!(grants[0].tokens, 0);
+    assert_eq!(tokens(&redis, "k"), -602.0);
+    // the demand is what 613 spent and 613 denied over one interval make: 12260/s
+    assert_eq!(number(&redis, &key, "d:a"), 12_260.0);
+    // again: -602 - 613 stops at the floor, -613
+    sync_at(&state, &one("a", "k", huge, huge), T0).await;
+    assert_eq!(tokens(&redis, "k"), -613.0);
+    let ttl: i64 = redis.text(&["PTTL", &key]).unwrap().parse().unwrap();
+    assert!(
+        (1..=(623 * 100 + 300 + 1_000)).contains(&ttl),
+        "the refill from the floor (62.3 s), the lease and a second: {ttl}"
+    );
+    // the debt is repaid by the refill: 62.3 s later the bucket is full, and leases resume
+    let grants = sync_at(&state, &one("a", "k", 0, 10), T0 + 62_300 * MS).await;
+    assert_eq!(tokens(&redis, "k"), 10.0);
+    assert_eq!(grants[0].tokens, 11);
+}
+
+#[tokio::test]
+async fn the_service_clamps_the_interval_that_sizes_and_times_a_lease() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    // an hour asked, a minute used: at most floor(10 + 10 × 60 × 1.5) = 910, for 3 minutes
+    let request = batch(
+        "a",
+        3_600_000,
+        vec![entry("k", &[TEN_PER_SECOND], 0, 1_000_000_000)],
+    );
+    let grants = sync_at(&state, &request, T0).await;
+    assert_eq!((grants[0].tokens, grants[0].ttl_ms), (910, 180_000));
+    let key = keys::limit_key("k", &TEN_PER_SECOND);
+    let expiry: f64 = number(&redis, &key, "x:a");
+    assert_eq!(expiry, (T0 + 180_000 * MS) as f64);
+    // 0 ms asked, 10 ms used: floor(10 + 10 × 0.01 × 1.5) = 10, for 30 ms
+    let request = batch("b", 0, vec![entry("other", &[TEN_PER_SECOND], 0, 1_000)]);
+    let grants = sync_at(&state, &request, T0).await;
+    assert_eq!((grants[0].tokens, grants[0].ttl_ms), (10, 30));
+}

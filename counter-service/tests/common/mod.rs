@@ -1,26 +1,38 @@
-//! What the service's tests share: a state for a real Redis, and one-shot HTTP calls on `app()`.
+//! What the service's tests share: a state for a real Redis, one-shot HTTP calls on `app()`,
+//! and the real server on a loopback port.
 
 #![allow(dead_code)]
 
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::{HeaderMap, Request, StatusCode};
 use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use sluice_core::protocol::{LimitSpec, SyncEntry, SyncRequest};
-use sluice_counter_service::{app, AppState, Settings};
+use sluice_counter_service::{app, server, AppState, Settings};
+use tokio::sync::oneshot;
 use tower::ServiceExt;
 
 pub const TOKEN: &str = "test-token";
 
 /// Settings for the Redis at `redis_url`, with more flags.
 pub fn settings(redis_url: &str, more: &[&str]) -> Settings {
+    let mut args = vec!["--token", TOKEN];
+    args.extend_from_slice(more);
+    settings_without_token(redis_url, &args)
+}
+
+/// Settings for the Redis at `redis_url` without `--token`: `more` gives the credentials.
+pub fn settings_without_token(redis_url: &str, more: &[&str]) -> Settings {
     let mut args = vec![
         "sluice-counter-service",
         "--redis-url",
         redis_url,
-        "--token",
-        TOKEN,
         // generous: the test machine is small and shared
         "--redis-timeout-ms",
         "1000",
@@ -33,12 +45,13 @@ pub fn state(redis_url: &str) -> AppState {
     AppState::new(settings(redis_url, &[])).unwrap()
 }
 
-/// A response: status, `Retry-After` if any, and the body as JSON (or a string).
+/// A response: status, `Retry-After` if any, the body as JSON (or a string), every header.
 #[derive(Debug)]
 pub struct Answer {
     pub status: StatusCode,
     pub retry_after: Option<String>,
     pub body: Value,
+    pub headers: HeaderMap,
 }
 
 /// One request through the whole router, without a socket.
@@ -49,9 +62,21 @@ pub async fn call(
     token: Option<&str>,
     body: Body,
 ) -> Answer {
+    let authorization = token.map(|token| format!("Bearer {token}"));
+    call_authorized(state, method, path, authorization.as_deref(), body).await
+}
+
+/// One request with this `Authorization` header value (or none), without a socket.
+pub async fn call_authorized(
+    state: &AppState,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: Body,
+) -> Answer {
     let mut request = Request::builder().method(method).uri(path);
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
     }
     let request = request
         .header("content-type", "application/json")
@@ -59,6 +84,7 @@ pub async fn call(
         .unwrap();
     let response = app(state.clone()).oneshot(request).await.unwrap();
     let status = response.status();
+    let headers = response.headers().clone();
     let retry_after = response
         .headers()
         .get("retry-after")
@@ -70,6 +96,7 @@ pub async fn call(
         status,
         retry_after,
         body,
+        headers,
     }
 }
 
@@ -109,4 +136,82 @@ pub fn batch(proxy: &str, interval_ms: u64, entries: Vec<SyncEntry>) -> SyncRequ
         interval_ms,
         entries,
     }
+}
+
+/// The real server (`server::serve`) on a free loopback port, in a runtime of its own.
+pub struct Server {
+    pub address: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl Server {
+    pub fn start(settings: Settings) -> Server {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let address = listener.local_addr().unwrap();
+        let state = runtime.block_on(async { AppState::new(settings) }).unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(server::serve(listener, state, async {
+                let _ = stopped.await;
+            }))
+        });
+        Server {
+            address,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// A new connection to the server.
+    pub fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.address).unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream
+    }
+
+    /// Asks the server to stop, and waits for it.
+    pub fn stop(mut self) -> io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take() {
+            Some(thread) => thread.join().unwrap(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A GET request for `path` that keeps the connection open.
+pub fn get_request(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: sluice\r\n\r\n")
+}
+
+pub fn send(stream: &mut TcpStream, text: &str) {
+    stream.write_all(text.as_bytes()).unwrap();
+}
+
+/// What the server sends within `within`: some bytes, `Ok(empty)` once it closed the
+/// connection, or the error (`WouldBlock`/`TimedOut` when it sent nothing in time).
+pub fn receive(stream: &mut TcpStream, within: Duration) -> io::Result<Vec<u8>> {
+    stream.set_read_timeout(Some(within))?;
+    let mut buffer = vec![0; 64 * 1024];
+    let n = stream.read(&mut buffer)?;
+    buffer.truncate(n);
+    Ok(buffer)
 }

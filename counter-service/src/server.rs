@@ -1,0 +1,103 @@
+//! The HTTP/1.1 server: accepts at most `--max-connections` connections at once (more wait in the
+//! listen backlog), closes a connection that does not send a request's headers within
+//! `--header-read-timeout-ms` (also how long a kept-alive connection may stay idle), and drains
+//! on shutdown.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::app::app;
+use crate::state::AppState;
+
+/// How long to wait after a failed `accept` (out of file descriptors, say) before the next one.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serves `state`'s service on `listener` until `shutdown` resolves, then stops accepting and
+/// waits for the connections to finish their requests in flight (at most the header read
+/// timeout plus the request timeout, then they are dropped).
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let settings = state.settings.clone();
+    let metrics = state.metrics.clone();
+    let service = TowerToHyperService::new(app(state));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout());
+    let permits = Arc::new(Semaphore::new(settings.max_connections));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+
+    loop {
+        // A free slot first: past the cap, connections wait in the backlog, not in memory.
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    if !is_per_connection(&error) {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let connection =
+            graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        let metrics = metrics.clone();
+        metrics.connections.inc();
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection closed");
+            }
+            metrics.connections.dec();
+            drop(permit);
+        });
+    }
+
+    drop(listener);
+    let drain = settings
+        .header_read_timeout()
+        .saturating_add(settings.request_timeout());
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?drain,
+            "connections still open after the drain deadline: dropped"
+        );
+    }
+    Ok(())
+}
+
+/// Errors of one incoming connection (it went away before it was accepted), not of the
+/// listener.
+fn is_per_connection(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
