@@ -137,9 +137,9 @@ class Service(Process):
     """sluice-counter-service on a free loopback port, against `redis`, with the bench token."""
 
     def __init__(self, binary, redis, workdir, extra=()):
-        args = [binary, "--bind", "127.0.0.1:0", "--redis-url", f"redis://127.0.0.1:{redis.port}",
-                "--token", TOKEN, *extra]
-        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        args = [binary, "--bind", "127.0.0.1:0", "--redis-url", f"redis://127.0.0.1:{redis.port}", *extra]
+        # The token through the environment: flags show in the process list.
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"), SLUICE_TOKEN=TOKEN)
         self.log_path = os.path.join(workdir, "service.log")
         self.log = open(self.log_path, "w")
         self.name = "service"

@@ -61,7 +61,8 @@ start redis "$REDIS_SERVER" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --ap
   --dir "$RUN_DIR/redis"
 
 # The counter service: global quotas for the "shared" rule.
-start service "$SERVICE" --bind "$SERVICE_ADDR" --redis-url "redis://127.0.0.1:$REDIS_PORT" --token "$TOKEN"
+printf %s "$TOKEN" >"$RUN_DIR/token"   # a file, not a flag: flags show in the process list
+start service "$SERVICE" --bind "$SERVICE_ADDR" --redis-url "redis://127.0.0.1:$REDIS_PORT" --token-file "$RUN_DIR/token"
 wait_for service "http://$SERVICE_ADDR/readyz" '{"status":"ready"}'
 
 start envoy "$ENVOY" -c envoy/demo.yaml --concurrency 4 --disable-hot-restart --log-level info

@@ -20,7 +20,7 @@ use super::client::{agent, send, Reply};
 pub struct ServiceOptions {
     /// `--redis-url`: one URL, or comma-separated cluster nodes.
     pub redis_url: String,
-    /// `--token`.
+    /// The token (`SLUICE_TOKEN`).
     pub token: String,
     /// More flags, e.g. `["--redis-timeout-ms", "200"]`.
     pub args: Vec<String>,
@@ -164,7 +164,8 @@ impl Service {
         let mut command = Command::new(&self.binary);
         command
             .args(["--bind", &bind, "--redis-url", &self.options.redis_url])
-            .args(["--token", &self.options.token])
+            // The environment, not a flag: flags show in the process list.
+            .env("SLUICE_TOKEN", &self.options.token)
             .args(&self.options.args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
