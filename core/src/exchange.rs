@@ -18,7 +18,7 @@ use crate::headers::{denial_body, render, retry_after_seconds};
 use crate::limit::Limit;
 use crate::limiter::{Conditions, Limiter, RuleAnswer};
 use crate::policy::Mode;
-use crate::protocol::{CheckRequest, CheckResponse};
+use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
 use crate::request::RequestView;
 use crate::store::Store;
 use crate::sync;
@@ -150,7 +150,7 @@ impl Exchange {
                             check,
                             request: CheckRequest {
                                 key: key.clone(),
-                                limits: spec.limits.iter().map(Limit::spec).collect(),
+                                limits: spec.limits.iter().map(LimitSpec::from).collect(),
                                 cost: 1,
                             },
                         });

@@ -13,7 +13,7 @@ pub const SEPARATOR: char = '\u{1f}';
 pub const MARK: char = '\u{1e}';
 /// Longest key sent anywhere: a longer one is replaced by its SHA-256 digest, so no client value
 /// can make a key the counter service refuses, or fill memory with long keys.
-pub const MAX_KEY_BYTES: usize = 256;
+pub use sluice_protocol::MAX_KEY_BYTES;
 /// Distinct values of one repeated header a key is built from (the first ones and the last).
 pub const MAX_VALUES: usize = 4;
 /// Most keys one rule builds for one request (repeated headers multiply them).

@@ -13,7 +13,8 @@ pub mod net;
 pub mod path;
 pub mod pending;
 pub mod policy;
-pub mod protocol;
+/// The wire contract, shared with the counter service.
+pub use sluice_protocol as protocol;
 pub mod request;
 pub mod round;
 pub mod store;

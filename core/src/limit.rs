@@ -59,7 +59,7 @@ pub struct Limit {
 }
 
 /// Largest accepted `requests` or `burst`: keeps every token count exact in an `f64` and a `u32`.
-pub const MAX_TOKENS: u64 = 1 << 31;
+pub use sluice_protocol::MAX_TOKENS;
 
 impl Limit {
     /// One request a second: a placeholder where a limit is needed and none is configured.
@@ -104,13 +104,15 @@ impl Limit {
     pub fn rate_per_micro(&self) -> f64 {
         self.requests as f64 / self.period.micros() as f64
     }
+}
 
-    /// The wire form the counter service keeps the global bucket by.
-    pub fn spec(&self) -> crate::protocol::LimitSpec {
-        crate::protocol::LimitSpec {
-            requests: self.requests,
-            period_ms: self.period.seconds() * 1_000,
-            burst: self.burst,
+/// A limit as the wire carries it.
+impl From<&Limit> for sluice_protocol::LimitSpec {
+    fn from(limit: &Limit) -> Self {
+        sluice_protocol::LimitSpec {
+            requests: limit.requests,
+            period_ms: limit.period.seconds() * 1_000,
+            burst: limit.burst,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::breaker::Breaker;
 use crate::limiter::Limiter;
-use crate::protocol::{Grant, SyncEntry};
+use crate::protocol::{Grant, LimitSpec, SyncEntry};
 use crate::store::{self, Store, StoreError};
 
 /// Shared-data key of the proxy's [`SyncState`].
@@ -177,7 +177,7 @@ pub fn snapshot(
     }
     Some(SyncEntry {
         key: key.to_string(),
-        limits: spec.limits.iter().map(|l| l.spec()).collect(),
+        limits: spec.limits.iter().map(LimitSpec::from).collect(),
         spent: spent as u64,
         denied: denied as u64,
     })

@@ -28,7 +28,7 @@ const GHOST_LEN: usize = 16;
 /// The ghost area at the start of every written set.
 const GHOST_AREA: usize = GHOSTS * GHOST_LEN;
 /// Most limits one rule may have.
-pub const MAX_LIMITS: usize = 8;
+pub use sluice_protocol::MAX_LIMITS;
 
 const HEADER: usize = 48;
 const PER_LIMIT: usize = 16;
@@ -398,15 +398,7 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
-/// FNV-1a, 64 bits: a stable hash every worker and proxy computes alike.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= b as u64;
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
+pub use sluice_protocol::fnv1a;
 
 #[cfg(test)]
 mod tests {

@@ -91,7 +91,7 @@ pub fn too_deep(bytes: &[u8], max: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::protocol::SyncRequest;
+    use sluice_protocol::SyncRequest;
 
     fn message(json: &str) -> String {
         parse::<SyncRequest>(json.as_bytes())

@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use sluice_core::protocol::{CheckRequest, CheckResponse};
+use sluice_protocol::{CheckRequest, CheckResponse};
 
 use crate::backend::BackendError;
 use crate::body::JsonBody;

@@ -6,7 +6,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sluice_core::protocol::ErrorBody;
+use sluice_protocol::ErrorBody;
 
 use crate::backend::BackendError;
 

@@ -4,8 +4,8 @@
 //! the hash tag makes every limit of one entry share a slot, so one script call covers them.
 
 use redis::cluster_routing::Slot;
-use sluice_core::protocol::LimitSpec;
-use sluice_core::table::fnv1a;
+use sluice_protocol::fnv1a;
+use sluice_protocol::LimitSpec;
 
 /// The hash tag of an entry key: what Redis Cluster hashes to place it.
 pub fn hash_tag(entry_key: &str) -> String {

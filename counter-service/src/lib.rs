@@ -9,6 +9,7 @@ pub mod backend;
 pub mod backpressure;
 pub mod body;
 pub mod check;
+pub mod credentials;
 pub mod error;
 pub mod keys;
 pub mod metrics;

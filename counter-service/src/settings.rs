@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::auth::Credentials;
+use crate::credentials::Credentials;
 
 /// The counter service's settings. Each flag also reads an environment variable.
 #[derive(Debug, Clone, Parser)]

@@ -3,8 +3,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::auth::Credentials;
 use crate::backend::{Backend, BackendError};
+use crate::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::scripts::Scripts;
 use crate::settings::Settings;

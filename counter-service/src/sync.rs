@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use axum::extract::State;
 use axum::{Extension, Json};
 use futures_util::future::try_join_all;
-use sluice_core::protocol::{Grant, Hints, Overrides, SyncEntry, SyncRequest, SyncResponse};
+use sluice_protocol::{Grant, Hints, Overrides, SyncEntry, SyncRequest, SyncResponse};
 
-use crate::auth::Caller;
 use crate::backend::BackendError;
 use crate::backpressure;
 use crate::body::JsonBody;
+use crate::credentials::Caller;
 use crate::error::AppError;
 use crate::keys;
 use crate::state::AppState;

@@ -5,14 +5,14 @@
 //! entries); an entry out of bounds is refused alone ([`sync_entry`]). The counts of an entry
 //! are cut to what its limits make possible ([`report_cap`]).
 
-use sluice_core::limit::MAX_TOKENS;
-use sluice_core::protocol::{CheckRequest, LimitSpec, SyncEntry, SyncRequest};
+use sluice_protocol::MAX_TOKENS;
+use sluice_protocol::{CheckRequest, LimitSpec, SyncEntry, SyncRequest};
 
 use crate::error::AppError;
 use crate::settings::Settings;
 
 /// Most limits one entry may have.
-pub const MAX_LIMITS: usize = 8;
+pub use sluice_protocol::MAX_LIMITS;
 /// Longest period a limit may count over: 366 days.
 pub const MAX_PERIOD_MS: u64 = 366 * 86_400_000;
 /// Largest count one sync may report (exact in the scripts' doubles); a larger one refuses the

@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use axum::http::StatusCode;
 use common::{get, post, settings};
 use serde_json::json;
-use sluice_core::protocol::LimitSpec;
 use sluice_counter_service::{keys, AppState};
+use sluice_protocol::LimitSpec;
 use sluice_tests::redis::RedisCluster;
 
 #[tokio::test]

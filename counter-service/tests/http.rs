@@ -9,8 +9,8 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use common::{call, call_authorized, get, post, state, TOKEN};
 use serde_json::{json, Value};
-use sluice_core::protocol::LimitSpec;
 use sluice_counter_service::{keys, AppState};
+use sluice_protocol::LimitSpec;
 use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
 

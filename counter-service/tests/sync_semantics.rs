@@ -13,8 +13,8 @@
 mod common;
 
 use common::{batch, entry, state, TEN_PER_SECOND};
-use sluice_core::protocol::{Grant, LimitSpec, SyncRequest};
 use sluice_counter_service::{keys, sync, AppState};
+use sluice_protocol::{Grant, LimitSpec, SyncRequest};
 use sluice_tests::redis::Redis;
 
 const T0: u64 = 1_700_000_000_000_000;

@@ -40,7 +40,7 @@ fn lua_take(
             .query(con)
             .unwrap();
     }
-    let spec = limit.spec();
+    let spec = sluice_protocol::LimitSpec::from(limit);
     let reply: Vec<i64> = script
         .key(key)
         .arg(now_us)

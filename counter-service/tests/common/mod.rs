@@ -13,8 +13,8 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use sluice_core::protocol::{LimitSpec, SyncEntry, SyncRequest};
 use sluice_counter_service::{app, server, AppState, Settings};
+use sluice_protocol::{LimitSpec, SyncEntry, SyncRequest};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 

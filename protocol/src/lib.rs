@@ -1,7 +1,26 @@
-//! The wire types of the sync protocol between the filter and the counter service (`/v1`).
+//! The wire contract between the filter and the counter service (`/v1`): the types, the bounds
+//! both sides hold to, and the hash that places a key.
 //!
 //! They are plain data: the filter builds them from its shared state, the service answers them
-//! from Redis. Algorithms never see them.
+//! from Redis. Algorithms never see them; `sluice-core` converts at its edge.
+
+/// Most limits one rule, and so one entry, may have.
+pub const MAX_LIMITS: usize = 8;
+/// Largest `requests`, `burst` or cost: keeps every token count exact in an `f64` and a `u32`.
+pub const MAX_TOKENS: u64 = 1 << 31;
+/// Longest key the filter sends: a longer one is replaced by a digest.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// FNV-1a, 64 bits: a stable hash every proxy and the service compute alike (the service's
+/// Redis Cluster hash tag; the filter's table prefixes and jitter).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= b as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
 
 use serde::{Deserialize, Serialize};
 
