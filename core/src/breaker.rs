@@ -30,7 +30,7 @@ impl Breaker {
         }
     }
 
-    /// Whether requests may rely on the service (grants, strict checks).
+    /// Whether requests may rely on the service (leases, strict checks).
     pub fn service_up(&self, threshold: u32, now_us: u64) -> bool {
         self.state(threshold, now_us) == BreakerState::Closed
     }

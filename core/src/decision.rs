@@ -55,7 +55,7 @@ pub struct Evaluation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Spend {
     Buckets,
-    Grant,
+    Lease,
 }
 
 /// A token a rule spent for a request; given back with `Limiter::refund` if the request is

@@ -137,7 +137,7 @@ impl Limiter {
                 if dirty {
                     newly_unsynced.push((index, key));
                 }
-                lease_exhausted |= verdict.spend == Spend::Grant && !verdict.allowed;
+                lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed;
                 if verdict.allowed {
                     spent.push(Spent {
                         rule: index,
@@ -250,8 +250,8 @@ impl Limiter {
                 return ((), false);
             };
             match how {
-                Spend::Grant => {
-                    record.grant = record.grant.saturating_add(1);
+                Spend::Lease => {
+                    record.lease = record.lease.saturating_add(1);
                     record.global_remaining = record.global_remaining.saturating_add(1);
                 }
                 Spend::Buckets => {
@@ -282,8 +282,8 @@ pub fn bucket_limits(rule: &Rule) -> &[Limit] {
 fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
     let now = conditions.now_us;
     let synced = rule.consistency != Consistency::Local;
-    let verdict = if synced && conditions.service_up && now < record.grant_until_us {
-        let verdict = spend_grant(rule, record, now);
+    let verdict = if synced && conditions.service_up && now < record.lease_until_us {
+        let verdict = spend_lease(rule, record, now);
         if verdict.allowed {
             // The fallback buckets follow what this proxy spends, so a lapse of the lease
             // falls back to what is left locally, not to a fresh burst.
@@ -336,11 +336,11 @@ fn closed(limit: Limit) -> RuleVerdict {
 
 /// Spends from the lease. The headers speak of the global bucket, as the service last
 /// described it, less what this proxy spent since.
-fn spend_grant(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
+fn spend_lease(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
     let limit = first_limit(rule);
-    let allowed = record.grant >= 1;
+    let allowed = record.lease >= 1;
     if allowed {
-        record.grant -= 1;
+        record.lease -= 1;
         record.global_remaining = record.global_remaining.saturating_sub(1);
     }
     let micros_per_token = limit.period().micros() / limit.requests();
@@ -353,7 +353,7 @@ fn spend_grant(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
         quota: Quota {
             limit,
             remaining: if allowed {
-                record.global_remaining.max(record.grant) as u64
+                record.global_remaining.max(record.lease) as u64
             } else {
                 0
             },
@@ -362,7 +362,7 @@ fn spend_grant(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
         // Denied with the lease spent: a token comes back at the global rate, and the next
         // lease no sooner than the next sync.
         retry_after_us: if allowed { 0 } else { micros_per_token },
-        spend: Spend::Grant,
+        spend: Spend::Lease,
     }
 }
 

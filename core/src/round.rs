@@ -94,7 +94,7 @@ pub fn settle(
             settled.reason.get_or_insert_with(|| reason.clone());
             continue;
         }
-        let _ = sync::apply_grant(limiter, *rule, &entry.key, grant, now_us, store);
+        let _ = sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
     }
     let hints = &response.hints;
     let _ = sync::update_state(store, |s| {

@@ -1,5 +1,5 @@
 //! The proxy side of the sync: who syncs this round, what goes into the batch, and how the
-//! answer becomes grants. Pure steps over [`Store`] values; the filter does the I/O.
+//! answer becomes leases. Pure steps over [`Store`] values; the filter does the I/O.
 
 use crate::breaker::Breaker;
 use crate::limiter::Limiter;
@@ -239,10 +239,10 @@ pub fn restore(
     })
 }
 
-/// Installs a grant: the lease replaces the old one, less what this proxy spent while the
+/// Installs a lease (the wire calls it a grant): it replaces the old one, less what this proxy spent while the
 /// answer was on its way (that spend is already counted in `spent` for the next sync, and the
-/// service sized the grant without it).
-pub fn apply_grant(
+/// service sized the lease without it).
+pub fn apply_lease(
     limiter: &Limiter,
     rule: usize,
     key: &str,
@@ -258,8 +258,8 @@ pub fn apply_grant(
     store::update(store, &table.set_key(fingerprint), |set| {
         let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
         let tokens = grant.tokens.min(u32::MAX as u64) as u32;
-        record.grant = tokens.saturating_sub(record.spent);
-        record.grant_until_us = now_us.saturating_add(grant.ttl_ms.saturating_mul(1_000));
+        record.lease = tokens.saturating_sub(record.spent);
+        record.lease_until_us = now_us.saturating_add(grant.ttl_ms.saturating_mul(1_000));
         let remaining = grant.remaining.min(u32::MAX as u64) as u32;
         record.global_remaining = remaining.saturating_sub(record.spent);
         record.global_reset_at_us = now_us + grant.reset_ms.saturating_mul(1_000);

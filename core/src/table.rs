@@ -50,14 +50,14 @@ pub struct Record {
     pub fingerprint: u64,
     /// Last time a request touched the key (for eviction).
     pub seen_us: u64,
-    /// Until when `grant` may be spent (cached consistency).
-    pub grant_until_us: u64,
+    /// Until when `lease` may be spent (cached consistency).
+    pub lease_until_us: u64,
     /// Tokens spent since the last sync snapshot.
     pub spent: u32,
     /// Requests denied since the last sync snapshot.
     pub denied: u32,
-    /// Tokens left in the lease granted by the counter service.
-    pub grant: u32,
+    /// Tokens left in the lease the counter service granted.
+    pub lease: u32,
     /// Tokens left in the global bucket when the lease was granted, less what this proxy
     /// spent since (for rate-limit headers).
     pub global_remaining: u32,
@@ -80,10 +80,10 @@ impl Record {
         Record {
             fingerprint,
             seen_us: now_us,
-            grant_until_us: 0,
+            lease_until_us: 0,
             spent: 0,
             denied: 0,
-            grant: 0,
+            lease: 0,
             global_remaining: 0,
             global_reset_at_us: 0,
             buckets,
@@ -148,10 +148,10 @@ impl Record {
         Record {
             fingerprint: u64_at(0),
             seen_us: u64_at(8),
-            grant_until_us: u64_at(16),
+            lease_until_us: u64_at(16),
             spent: u32_at(24),
             denied: u32_at(28),
-            grant: u32_at(32),
+            lease: u32_at(32),
             global_remaining: u32_at(36),
             global_reset_at_us: u64_at(40),
             buckets,
@@ -161,10 +161,10 @@ impl Record {
     fn write(&self, bytes: &mut [u8], limits: usize) {
         bytes[0..8].copy_from_slice(&self.fingerprint.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.seen_us.to_le_bytes());
-        bytes[16..24].copy_from_slice(&self.grant_until_us.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.lease_until_us.to_le_bytes());
         bytes[24..28].copy_from_slice(&self.spent.to_le_bytes());
         bytes[28..32].copy_from_slice(&self.denied.to_le_bytes());
-        bytes[32..36].copy_from_slice(&self.grant.to_le_bytes());
+        bytes[32..36].copy_from_slice(&self.lease.to_le_bytes());
         bytes[36..40].copy_from_slice(&self.global_remaining.to_le_bytes());
         bytes[40..48].copy_from_slice(&self.global_reset_at_us.to_le_bytes());
         for (i, bucket) in self.buckets.iter().enumerate().take(limits) {
@@ -424,8 +424,8 @@ mod tests {
         let mut set = Vec::new();
         let mut record = Record::fresh(42, &limits(), 7);
         record.spent = 3;
-        record.grant = 9;
-        record.grant_until_us = 11;
+        record.lease = 9;
+        record.lease_until_us = 11;
         record.buckets[1].tokens = 2.5;
         assert_eq!(table.store(&mut set, &record, &limits(), 7), None);
         assert_eq!(set.len(), GHOST_AREA + record_len(2));

@@ -3,7 +3,7 @@
 
 use sluice_core::limiter::Conditions;
 use sluice_core::protocol::Grant;
-use sluice_core::sync::{apply_grant, snapshot};
+use sluice_core::sync::{apply_lease, snapshot};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
 const MS: u64 = 1_000;
@@ -92,7 +92,7 @@ fn a_grant_is_spent_exactly_and_in_flight_spend_is_deducted() {
     snapshot(&limiter, 0, KEY, &mut store).unwrap();
     // Two more requests while the sync is on its way: the service did not see them.
     admitted(&limiter, &mut store, 2, up(T0 + MS));
-    apply_grant(&limiter, 0, KEY, &grant(10), T0 + 2 * MS, &mut store).unwrap();
+    apply_lease(&limiter, 0, KEY, &grant(10), T0 + 2 * MS, &mut store).unwrap();
     let n = admitted(&limiter, &mut store, 20, up(T0 + 3 * MS));
     assert_eq!(n, 8, "10 granted, 2 already spent in flight");
     let entry = snapshot(&limiter, 0, KEY, &mut store).unwrap();
@@ -111,7 +111,7 @@ fn a_lapsed_lease_falls_back_to_what_is_left_locally() {
     let mut store = MemoryStore::default();
     admitted(&limiter, &mut store, 1, up(T0));
     snapshot(&limiter, 0, KEY, &mut store).unwrap();
-    apply_grant(&limiter, 0, KEY, &grant(50), T0, &mut store).unwrap();
+    apply_lease(&limiter, 0, KEY, &grant(50), T0, &mut store).unwrap();
     assert_eq!(admitted(&limiter, &mut store, 60, up(T0 + MS)), 50);
     // The lease (300 ms) lapses; the local fallback bucket was drained by the grant spend.
     assert_eq!(admitted(&limiter, &mut store, 5, up(T0 + 400 * MS)), 0);
@@ -124,7 +124,7 @@ fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
     );
     let mut store = MemoryStore::default();
     admitted(&open, &mut store, 1, up(T0));
-    apply_grant(&open, 0, KEY, &grant(50), T0, &mut store).unwrap();
+    apply_lease(&open, 0, KEY, &grant(50), T0, &mut store).unwrap();
     assert_eq!(
         admitted(&open, &mut store, 20, down(T0 + MS)),
         4,
@@ -139,6 +139,6 @@ fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
         0,
         "no lease yet: fail closed"
     );
-    apply_grant(&closed, 0, KEY, &grant(2), T0, &mut store).unwrap();
+    apply_lease(&closed, 0, KEY, &grant(2), T0, &mut store).unwrap();
     assert_eq!(admitted(&closed, &mut store, 3, up(T0 + MS)), 2);
 }

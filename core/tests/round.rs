@@ -111,7 +111,7 @@ fn an_answer_installs_leases_drops_refused_entries_and_closes_the_breaker() {
     let table = limiter.table(0).unwrap();
     let good = table.fingerprint("shared\u{1f}good");
     let set = store_get(&mut store, &table.set_key(good));
-    assert_eq!(table.find(&set, good).unwrap().grant, 50, "leased");
+    assert_eq!(table.find(&set, good).unwrap().lease, 50, "leased");
     let bad = table.fingerprint("shared\u{1f}bad");
     let set = store_get(&mut store, &table.set_key(bad));
     let record = table.find(&set, bad).unwrap();

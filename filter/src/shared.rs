@@ -15,7 +15,7 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Announces keys with unsynced counts to the worker that syncs.
     pub announcer: Announcer,
-    /// The breaker is closed: grants and strict checks may be used.
+    /// The breaker is closed: leases and strict checks may be used.
     pub service_up: Cell<bool>,
     /// The service's emergency bypass override is on.
     pub bypass: Cell<bool>,

@@ -64,7 +64,8 @@ pub struct SyncResponse {
     pub hints: Hints,
 }
 
-/// A quota lease: the proxy may spend `tokens` more on this key until `ttl_ms` from the answer.
+/// A lease (on the wire, a grant): the proxy may spend `tokens` more on this key until `ttl_ms`
+/// from the answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     pub tokens: u64,
