@@ -1,6 +1,7 @@
 //! Every outcome has a name: what the limiter decided, and what each rule said.
 
 use crate::limit::Limit;
+use crate::policy::RuleId;
 
 /// What a client is told about one limit: the figures behind the rate-limit headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,10 +17,10 @@ pub struct Quota {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Admitted. `quota` is the most restrictive answer among the rules that counted it.
-    Allow { quota: Option<(usize, Quota)> },
+    Allow { quota: Option<(RuleId, Quota)> },
     /// Refused by rule `rule`; nothing was spent.
     Deny {
-        rule: usize,
+        rule: RuleId,
         quota: Quota,
         retry_after_us: u64,
     },
@@ -42,9 +43,9 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evaluation {
     pub decision: Decision,
-    pub outcomes: Vec<(usize, Outcome)>,
+    pub outcomes: Vec<(RuleId, Outcome)>,
     /// (rule, key) pairs that just got their first unsynced count since the last sync.
-    pub newly_unsynced: Vec<(usize, String)>,
+    pub newly_unsynced: Vec<(RuleId, String)>,
     /// What an admitted request spent, to give back if a strict check denies it after all.
     pub spent: Vec<Spent>,
     /// A lease ran out: the proxy should sync early rather than deny until its next interval.
@@ -62,7 +63,7 @@ pub(crate) enum Spend {
 /// denied later (by a strict rule's answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spent {
-    pub(crate) rule: usize,
+    pub(crate) rule: RuleId,
     pub(crate) fingerprint: u64,
     pub(crate) how: Spend,
 }

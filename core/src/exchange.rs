@@ -18,6 +18,7 @@ use crate::headers::{denial_body, render, retry_after_seconds};
 use crate::limit::Limit;
 use crate::limiter::{Conditions, Limiter, RuleAnswer};
 use crate::policy::Mode;
+use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
 use crate::request::RequestView;
 use crate::store::Store;
@@ -59,11 +60,11 @@ pub enum Step {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Count a rule's outcome (metrics).
-    Outcome { rule: usize, outcome: Outcome },
+    Outcome { rule: RuleId, outcome: Outcome },
     /// The request skipped every rule (metrics).
     Bypassed,
     /// A key got its first unsynced count: announce it to the syncer.
-    Announce { rule: usize, key: String },
+    Announce { rule: RuleId, key: String },
     /// A lease ran out: bring the next sync round forward ([`sync::hurry`]).
     Hurry,
     /// Send this strict check; feed its answer (or its failure, even to be sent) to
@@ -78,13 +79,13 @@ pub enum Effect {
 #[derive(Debug, Default)]
 pub struct Exchange {
     /// The rule and quota whose headers go on the response (the most restrictive).
-    quota: Option<(usize, Quota)>,
+    quota: Option<(RuleId, Quota)>,
     /// Strict checks out: (rule, key), by check number; `None` once answered.
-    checks: Vec<Option<(usize, String)>>,
+    checks: Vec<Option<(RuleId, String)>>,
     /// What local and cached rules spent, given back if a strict rule denies.
     spent: Vec<Spent>,
     /// The first strict denial.
-    denied: Option<(usize, RuleAnswer)>,
+    denied: Option<(RuleId, RuleAnswer)>,
     /// The request was answered locally (no response headers to add).
     answered: bool,
 }
@@ -142,7 +143,7 @@ impl Exchange {
                 exchange.spent = evaluation.spent;
                 for (rule, key) in limiter.strict_keys(request) {
                     if moment.service_up {
-                        let Some(spec) = limiter.policy().rules.get(rule) else {
+                        let Some(spec) = limiter.policy().rule(rule) else {
                             continue;
                         };
                         let check = exchange.checks.len();
@@ -184,8 +185,7 @@ impl Exchange {
             Some(answer) => {
                 let limit = limiter
                     .policy()
-                    .rules
-                    .get(rule)
+                    .rule(rule)
                     .and_then(|r| r.limits.first().copied())
                     .unwrap_or(Limit::UNIT);
                 let answer = RuleAnswer {
@@ -230,7 +230,7 @@ impl Exchange {
             return Vec::new();
         };
         let policy = limiter.policy();
-        let name = policy.rules.get(rule).map_or("", |r| r.name.as_str());
+        let name = policy.rule(rule).map_or("", |r| r.name.as_str());
         render(policy.headers, name, &quota)
     }
 
@@ -240,7 +240,7 @@ impl Exchange {
     }
 
     /// Keeps the most restrictive quota for the response headers.
-    fn offer(&mut self, rule: usize, quota: Quota) {
+    fn offer(&mut self, rule: RuleId, quota: Quota) {
         if self
             .quota
             .is_none_or(|(_, q)| quota.remaining < q.remaining)
@@ -253,7 +253,7 @@ impl Exchange {
     fn fall_back(
         &mut self,
         limiter: &Limiter,
-        rule: usize,
+        rule: RuleId,
         key: &str,
         now_us: u64,
         store: &mut dyn Store,
@@ -271,14 +271,13 @@ impl Exchange {
     fn record(
         &mut self,
         limiter: &Limiter,
-        rule: usize,
+        rule: RuleId,
         answer: RuleAnswer,
         effects: &mut Vec<Effect>,
     ) {
         let shadow = limiter
             .policy()
-            .rules
-            .get(rule)
+            .rule(rule)
             .is_some_and(|r| r.mode == Mode::Shadow);
         let outcome = match (answer.allowed, shadow) {
             (true, _) => Outcome::Allowed,
@@ -313,9 +312,9 @@ impl Exchange {
 }
 
 /// The 429 for a denial by `rule`.
-fn denial(limiter: &Limiter, rule: usize, quota: &Quota, retry_after_us: u64) -> Reply {
+fn denial(limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
     let policy = limiter.policy();
-    let name = policy.rules.get(rule).map_or("", |r| r.name.as_str());
+    let name = policy.rule(rule).map_or("", |r| r.name.as_str());
     let retry_after = retry_after_seconds(retry_after_us);
     let mut headers = vec![
         ("retry-after", retry_after.to_string()),

@@ -6,6 +6,7 @@ use crate::bucket::{Bucket, Verdict};
 use crate::decision::{Decision, Evaluation, Outcome, Quota, Spend, Spent};
 use crate::key;
 use crate::limit::Limit;
+use crate::policy::RuleId;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::request::RequestView;
 use crate::store::{self, Store};
@@ -69,8 +70,8 @@ impl Limiter {
     }
 
     /// The key table of rule `rule`.
-    pub fn table(&self, rule: usize) -> Option<&Table> {
-        self.tables.get(rule)
+    pub fn table(&self, rule: RuleId) -> Option<&Table> {
+        self.tables.get(rule.index())
     }
 
     /// Whether a request skips every rule.
@@ -93,16 +94,18 @@ impl Limiter {
         let mut outcomes = Vec::new();
         let mut newly_unsynced = Vec::new();
         let mut spent: Vec<Spent> = Vec::new();
-        let mut tightest: Option<(usize, Quota)> = None;
+        let mut tightest: Option<(RuleId, Quota)> = None;
         let mut denial = None;
         let mut lease_exhausted = false;
 
-        for (index, rule) in self.policy.rules.iter().enumerate() {
+        for (index, rule) in self.policy.rules() {
             if rule.consistency == Consistency::Strict || !rule.matcher.matches(request) {
                 continue;
             }
             for key in key::build(rule, request) {
-                let table = &self.tables[index];
+                let Some(table) = self.tables.get(index.index()) else {
+                    continue;
+                };
                 let fingerprint = table.fingerprint(&key);
                 let limits = bucket_limits(rule);
                 let step = store::update(store, &table.set_key(fingerprint), |set| {
@@ -184,9 +187,9 @@ impl Limiter {
     }
 
     /// The strict rules that match this request, with their keys: each needs one check.
-    pub fn strict_keys(&self, request: &mut dyn RequestView) -> Vec<(usize, String)> {
+    pub fn strict_keys(&self, request: &mut dyn RequestView) -> Vec<(RuleId, String)> {
         let mut keys = Vec::new();
-        for (index, rule) in self.policy.rules.iter().enumerate() {
+        for (index, rule) in self.policy.rules() {
             if rule.consistency == Consistency::Strict && rule.matcher.matches(request) {
                 keys.extend(
                     key::build(rule, request)
@@ -201,13 +204,13 @@ impl Limiter {
     /// A strict rule's answer when the counter service cannot give one: its fallback.
     pub fn fallback(
         &self,
-        rule: usize,
+        rule: RuleId,
         key: &str,
         now_us: u64,
         store: &mut dyn Store,
     ) -> Option<RuleAnswer> {
-        let spec = self.policy.rules.get(rule)?;
-        let table = self.tables.get(rule)?;
+        let spec = self.policy.rule(rule)?;
+        let table = self.table(rule)?;
         let fingerprint = table.fingerprint(key);
         let limits = bucket_limits(spec);
         let conditions = Conditions {
@@ -239,9 +242,8 @@ impl Limiter {
         }
     }
 
-    fn refund_one(&self, index: usize, fingerprint: u64, how: Spend, store: &mut dyn Store) {
-        let (Some(rule), Some(table)) = (self.policy.rules.get(index), self.tables.get(index))
-        else {
+    fn refund_one(&self, index: RuleId, fingerprint: u64, how: Spend, store: &mut dyn Store) {
+        let (Some(rule), Some(table)) = (self.policy.rule(index), self.table(index)) else {
             return;
         };
         // Best effort: a refund that loses every race leaves the client one token short.

@@ -12,6 +12,8 @@
 
 use std::collections::{HashSet, VecDeque};
 
+use crate::policy::RuleId;
+
 /// Announcements one worker may put on the shared queue per sync round.
 pub const ANNOUNCE_PER_ROUND: u32 = 2_048;
 /// Most keys one worker keeps waiting.
@@ -33,8 +35,8 @@ pub fn entry_bytes(key: &str, limits: usize) -> usize {
 /// One worker's waiting keys: deduplicated, oldest first.
 #[derive(Debug, Default)]
 pub struct Pending {
-    keys: VecDeque<(usize, String)>,
-    seen: HashSet<(usize, String)>,
+    keys: VecDeque<(RuleId, String)>,
+    seen: HashSet<(RuleId, String)>,
     bytes: usize,
 }
 
@@ -53,7 +55,7 @@ impl Pending {
     }
 
     /// Adds a key (once); returns the keys forgotten to stay within bounds, oldest first.
-    pub fn push(&mut self, rule: usize, key: String) -> Vec<(usize, String)> {
+    pub fn push(&mut self, rule: RuleId, key: String) -> Vec<(RuleId, String)> {
         let entry = (rule, key);
         if self.seen.contains(&entry) {
             return Vec::new();
@@ -72,7 +74,7 @@ impl Pending {
     }
 
     /// Takes the oldest key.
-    pub fn pop(&mut self) -> Option<(usize, String)> {
+    pub fn pop(&mut self) -> Option<(RuleId, String)> {
         let entry = self.keys.pop_front()?;
         self.seen.remove(&entry);
         self.bytes -= entry.1.len();
@@ -87,11 +89,14 @@ mod tests {
     #[test]
     fn a_key_waits_once() {
         let mut pending = Pending::default();
-        assert!(pending.push(0, "a".into()).is_empty());
-        assert!(pending.push(0, "a".into()).is_empty());
-        assert!(pending.push(1, "a".into()).is_empty(), "another rule's key");
+        assert!(pending.push(RuleId::new(0), "a".into()).is_empty());
+        assert!(pending.push(RuleId::new(0), "a".into()).is_empty());
+        assert!(
+            pending.push(RuleId::new(1), "a".into()).is_empty(),
+            "another rule's key"
+        );
         assert_eq!(pending.len(), 2);
-        assert_eq!(pending.pop(), Some((0, "a".into())));
+        assert_eq!(pending.pop(), Some((RuleId::new(0), "a".into())));
         assert_eq!(pending.bytes(), 1);
     }
 
@@ -100,7 +105,7 @@ mod tests {
         let mut pending = Pending::default();
         let mut forgotten = Vec::new();
         for i in 0..100_000 {
-            forgotten.extend(pending.push(0, format!("{i:0>200}")));
+            forgotten.extend(pending.push(RuleId::new(0), format!("{i:0>200}")));
         }
         assert!(pending.len() <= MAX_PENDING_KEYS);
         assert!(pending.bytes() <= MAX_PENDING_BYTES, "{}", pending.bytes());
@@ -111,7 +116,7 @@ mod tests {
         );
         assert_eq!(
             forgotten[0],
-            (0, format!("{:0>200}", 0)),
+            (RuleId::new(0), format!("{:0>200}", 0)),
             "the oldest go first"
         );
         assert_eq!(pending.pop().map(|(_, k)| k.len()), Some(200));

@@ -56,6 +56,21 @@ pub struct ClientIp {
     pub trusted_hops: u32,
 }
 
+/// A rule's identity within its policy: its place in `rules`. Metrics, keys waiting for a
+/// sync and strict checks name rules by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(u32);
+
+impl RuleId {
+    pub fn new(index: usize) -> RuleId {
+        RuleId(index as u32)
+    }
+
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
 /// One rate-limit rule: which requests, keyed how, limited how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
@@ -129,6 +144,19 @@ pub struct Service {
 }
 
 impl Policy {
+    /// The rule `id` names.
+    pub fn rule(&self, id: RuleId) -> Option<&Rule> {
+        self.rules.get(id.index())
+    }
+
+    /// Every rule with its identity.
+    pub fn rules(&self) -> impl Iterator<Item = (RuleId, &Rule)> {
+        self.rules
+            .iter()
+            .enumerate()
+            .map(|(index, rule)| (RuleId::new(index), rule))
+    }
+
     /// Whether any rule keys on the client address (so the filter must read it).
     pub fn needs_client_ip(&self) -> bool {
         !self.bypass.cidrs.is_empty()

@@ -4,6 +4,7 @@
 
 use crate::limiter::Limiter;
 use crate::pending::{entry_bytes, Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
+use crate::policy::RuleId;
 use crate::policy::Service;
 use crate::protocol::{SyncRequest, SyncResponse};
 use crate::store::Store;
@@ -12,7 +13,7 @@ use crate::sync;
 /// A batch to send, and which rule each entry's key belongs to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
-    pub rules: Vec<usize>,
+    pub rules: Vec<RuleId>,
     pub request: SyncRequest,
 }
 
@@ -45,11 +46,7 @@ pub fn compose(
         let Some((rule, key)) = waiting.pop() else {
             break;
         };
-        let limits = limiter
-            .policy()
-            .rules
-            .get(rule)
-            .map_or(0, |r| r.limits.len());
+        let limits = limiter.policy().rule(rule).map_or(0, |r| r.limits.len());
         let size = entry_bytes(&key, limits);
         if bytes + size > MAX_BATCH_BYTES && !entries.is_empty() {
             // Back to the front would be fairer, but the next round takes it first anyway:
@@ -116,7 +113,7 @@ pub fn undo(
     now_us: u64,
     jitter: f64,
     store: &mut dyn Store,
-) -> Vec<(usize, String)> {
+) -> Vec<(RuleId, String)> {
     let mut announce = Vec::new();
     for (rule, entry) in batch.rules.iter().zip(&batch.request.entries) {
         if let Ok(true) = sync::restore(limiter, *rule, entry, store) {

@@ -3,6 +3,7 @@
 
 use crate::breaker::Breaker;
 use crate::limiter::Limiter;
+use crate::policy::RuleId;
 use crate::protocol::{Grant, LimitSpec, SyncEntry};
 use crate::store::{self, Store, StoreError};
 
@@ -135,29 +136,29 @@ pub fn hurry(store: &mut dyn Store, now_us: u64, configured_interval_ms: u64) {
 }
 
 /// Encodes a queue message announcing that `key` of rule `rule` has unsynced counts.
-pub fn announce(rule: usize, key: &str) -> Vec<u8> {
+pub fn announce(rule: RuleId, key: &str) -> Vec<u8> {
     let mut msg = Vec::with_capacity(4 + key.len());
-    msg.extend_from_slice(&(rule as u32).to_le_bytes());
+    msg.extend_from_slice(&(rule.index() as u32).to_le_bytes());
     msg.extend_from_slice(key.as_bytes());
     msg
 }
 
 /// Decodes a queue message; `None` if malformed.
-pub fn announced(msg: &[u8]) -> Option<(usize, String)> {
+pub fn announced(msg: &[u8]) -> Option<(RuleId, String)> {
     let rule = u32::from_le_bytes(msg.get(..4)?.try_into().ok()?) as usize;
     let key = std::str::from_utf8(msg.get(4..)?).ok()?;
-    Some((rule, key.to_string()))
+    Some((RuleId::new(rule), key.to_string()))
 }
 
 /// Takes a key's unsynced counts (resetting them) and makes its batch entry.
 /// `None` if the key was evicted or has nothing to report.
 pub fn snapshot(
     limiter: &Limiter,
-    rule: usize,
+    rule: RuleId,
     key: &str,
     store: &mut dyn Store,
 ) -> Option<SyncEntry> {
-    let spec = limiter.policy().rules.get(rule)?;
+    let spec = limiter.policy().rule(rule)?;
     let table = limiter.table(rule)?;
     let fingerprint = table.fingerprint(key);
     let limits = crate::limiter::bucket_limits(spec);
@@ -187,11 +188,11 @@ pub fn snapshot(
 /// [`crate::pending`]). Its next count announces it again.
 pub fn forget(
     limiter: &Limiter,
-    rule: usize,
+    rule: RuleId,
     key: &str,
     store: &mut dyn Store,
 ) -> Result<(), StoreError> {
-    let (Some(spec), Some(table)) = (limiter.policy().rules.get(rule), limiter.table(rule)) else {
+    let (Some(spec), Some(table)) = (limiter.policy().rule(rule), limiter.table(rule)) else {
         return Ok(());
     };
     let limits = crate::limiter::bucket_limits(spec);
@@ -214,11 +215,11 @@ pub fn forget(
 /// them. Returns whether the key must be announced again (it had nothing unsynced since).
 pub fn restore(
     limiter: &Limiter,
-    rule: usize,
+    rule: RuleId,
     entry: &SyncEntry,
     store: &mut dyn Store,
 ) -> Result<bool, StoreError> {
-    let (Some(spec), Some(table)) = (limiter.policy().rules.get(rule), limiter.table(rule)) else {
+    let (Some(spec), Some(table)) = (limiter.policy().rule(rule), limiter.table(rule)) else {
         return Ok(false);
     };
     let limits = crate::limiter::bucket_limits(spec);
@@ -244,13 +245,13 @@ pub fn restore(
 /// service sized the lease without it).
 pub fn apply_lease(
     limiter: &Limiter,
-    rule: usize,
+    rule: RuleId,
     key: &str,
     grant: &Grant,
     now_us: u64,
     store: &mut dyn Store,
 ) -> Result<(), StoreError> {
-    let (Some(spec), Some(table)) = (limiter.policy().rules.get(rule), limiter.table(rule)) else {
+    let (Some(spec), Some(table)) = (limiter.policy().rule(rule), limiter.table(rule)) else {
         return Ok(());
     };
     let limits = crate::limiter::bucket_limits(spec);
@@ -365,16 +366,21 @@ mod tests {
             limiter.decide(&mut crate::PlainRequest::get("/"), c, &mut store);
         }
         let key = "r\u{1f}k";
-        let entry = snapshot(&limiter, 0, key, &mut store).unwrap();
+        let entry = snapshot(&limiter, RuleId::new(0), key, &mut store).unwrap();
         limiter.decide(&mut crate::PlainRequest::get("/"), c, &mut store);
         assert!(
-            !restore(&limiter, 0, &entry, &mut store).unwrap(),
+            !restore(&limiter, RuleId::new(0), &entry, &mut store).unwrap(),
             "still announced"
         );
-        assert_eq!(snapshot(&limiter, 0, key, &mut store).unwrap().spent, 4);
+        assert_eq!(
+            snapshot(&limiter, RuleId::new(0), key, &mut store)
+                .unwrap()
+                .spent,
+            4
+        );
         let entry = SyncEntry { spent: 2, ..entry };
         assert!(
-            restore(&limiter, 0, &entry, &mut store).unwrap(),
+            restore(&limiter, RuleId::new(0), &entry, &mut store).unwrap(),
             "clean: announce again"
         );
     }
@@ -382,8 +388,8 @@ mod tests {
     #[test]
     fn announcements_round_trip() {
         assert_eq!(
-            announced(&announce(3, "a\u{1f}b")),
-            Some((3, "a\u{1f}b".to_string()))
+            announced(&announce(RuleId::new(3), "a\u{1f}b")),
+            Some((RuleId::new(3), "a\u{1f}b".to_string()))
         );
         assert_eq!(announced(b"ab"), None);
     }

@@ -1,6 +1,7 @@
 //! A request's life in core alone: decisions, strict checks and their answers or failures,
 //! fallbacks, the breaker and refunds, with an in-memory store and a fake clock.
 
+use sluice_core::policy::RuleId;
 use sluice_core::protocol::CheckResponse;
 use sluice_core::sync::read_state;
 use sluice_core::{Effect, Exchange, Limiter, MemoryStore, Moment, Outcome, PlainRequest, Step};
@@ -43,7 +44,7 @@ fn checks(effects: &[Effect]) -> Vec<usize> {
         .collect()
 }
 
-fn outcomes(effects: &[Effect]) -> Vec<(usize, Outcome)> {
+fn outcomes(effects: &[Effect]) -> Vec<(RuleId, Outcome)> {
     effects
         .iter()
         .filter_map(|e| match e {
@@ -81,7 +82,7 @@ fn a_local_rule_answers_429_with_its_headers_and_body() {
     for remaining in [1, 0] {
         let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
         assert_eq!(step, Step::Continue);
-        assert_eq!(outcomes(&effects), vec![(0, Outcome::Allowed)]);
+        assert_eq!(outcomes(&effects), vec![(RuleId::new(0), Outcome::Allowed)]);
         let headers = exchange.response_headers(&limiter);
         assert!(
             headers.contains(&(
@@ -102,7 +103,7 @@ fn a_local_rule_answers_429_with_its_headers_and_body() {
         reply.headers
     );
     assert!(reply.body.contains("\"rule\":\"local\""), "{}", reply.body);
-    assert_eq!(outcomes(&effects), vec![(0, Outcome::Denied)]);
+    assert_eq!(outcomes(&effects), vec![(RuleId::new(0), Outcome::Denied)]);
     assert!(
         exchange.response_headers(&limiter).is_empty(),
         "a local reply carries its own headers"
@@ -150,7 +151,7 @@ fn a_strict_rule_waits_for_its_check_and_its_answer_sets_the_headers() {
     assert_eq!(request.cost, 1);
     let (step, effects) = exchange.answered(&limiter, *check, allowed(2), at(T0), &mut store);
     assert_eq!(step, Some(Step::Continue));
-    assert_eq!(outcomes(&effects), vec![(1, Outcome::Allowed)]);
+    assert_eq!(outcomes(&effects), vec![(RuleId::new(1), Outcome::Allowed)]);
     let headers = exchange.response_headers(&limiter);
     assert!(
         headers.contains(&("ratelimit", "\"exact\";r=2;t=1".to_string())),
@@ -179,14 +180,14 @@ fn a_strict_denial_refunds_what_the_local_rule_spent() {
         };
         assert!(reply.headers.contains(&("retry-after", "2".to_string())));
         assert!(reply.body.contains("\"rule\":\"exact\""), "{}", reply.body);
-        assert_eq!(outcomes(&effects), vec![(1, Outcome::Denied)]);
+        assert_eq!(outcomes(&effects), vec![(RuleId::new(1), Outcome::Denied)]);
     }
     // The local rule (5 a minute) was given back every token: five more pass it.
     for i in 0..5 {
         let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0));
         assert_eq!(
             outcomes(&effects),
-            vec![(0, Outcome::Allowed)],
+            vec![(RuleId::new(0), Outcome::Allowed)],
             "request {i}"
         );
         let (step, _) = exchange.answered(
@@ -285,7 +286,10 @@ fn every_strict_answer_is_awaited_and_a_shadow_denial_only_counts() {
     assert_eq!(ids.len(), 2);
     let (step, effects) = exchange.answered(&limiter, ids[0], denied(100), at(T0), &mut store);
     assert_eq!(step, None, "one answer of two");
-    assert_eq!(outcomes(&effects), vec![(0, Outcome::ShadowDenied)]);
+    assert_eq!(
+        outcomes(&effects),
+        vec![(RuleId::new(0), Outcome::ShadowDenied)]
+    );
     let (step, _) = exchange.answered(&limiter, ids[1], allowed(5), at(T0), &mut store);
     assert_eq!(step, Some(Step::Continue), "a shadow rule never denies");
 }

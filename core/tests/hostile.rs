@@ -2,6 +2,7 @@
 //! headers, values that are not UTF-8, and evicting its own exhausted record.
 
 use sluice_core::limiter::Conditions;
+use sluice_core::policy::RuleId;
 use sluice_core::table::{KeyHasher, WAYS};
 use sluice_core::{key, Decision, Limiter, MemoryStore, PlainRequest};
 
@@ -151,7 +152,7 @@ fn evicting_an_exhausted_key_does_not_refill_it() {
         "limits": [{"requests": 3, "per": "minute"}]}]}"#;
     let secret = [0x1234, 0x5678];
     let limiter = Limiter::with_secret(sluice_core::parse(config.as_bytes()).unwrap(), secret);
-    let table = limiter.table(0).unwrap();
+    let table = limiter.table(RuleId::new(0)).unwrap();
     let set_of =
         |value: &str| table.set_key(KeyHasher::new(secret).fingerprint(&format!("u\u{1f}{value}")));
     let victim = "victim";
@@ -191,8 +192,8 @@ fn without_the_secret_a_public_hash_collision_is_no_collision() {
     let public = Limiter::new(policy.clone());
     let keyed = Limiter::with_secret(policy, [7, 11]);
     let key = "u\u{1f}victim";
-    let public_table = public.table(0).unwrap();
-    let keyed_table = keyed.table(0).unwrap();
+    let public_table = public.table(RuleId::new(0)).unwrap();
+    let keyed_table = keyed.table(RuleId::new(0)).unwrap();
     assert_ne!(
         public_table.fingerprint(key),
         keyed_table.fingerprint(key),

@@ -2,6 +2,7 @@
 //! snapshot the sync sends, and what happens when the lease lapses or the service is down.
 
 use sluice_core::limiter::Conditions;
+use sluice_core::policy::RuleId;
 use sluice_core::protocol::Grant;
 use sluice_core::sync::{apply_lease, snapshot};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
@@ -60,7 +61,10 @@ fn before_the_first_grant_the_fallback_decides_and_the_key_is_announced_once() {
     );
     let mut store = MemoryStore::default();
     let first = limiter.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
-    assert_eq!(first.newly_unsynced, vec![(0, KEY.to_string())]);
+    assert_eq!(
+        first.newly_unsynced,
+        vec![(RuleId::new(0), KEY.to_string())]
+    );
     let second = limiter.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
     assert!(second.newly_unsynced.is_empty(), "announced once per sync");
     assert_eq!(
@@ -69,11 +73,11 @@ fn before_the_first_grant_the_fallback_decides_and_the_key_is_announced_once() {
         "fallback burst of 10"
     );
 
-    let entry = snapshot(&limiter, 0, KEY, &mut store).unwrap();
+    let entry = snapshot(&limiter, RuleId::new(0), KEY, &mut store).unwrap();
     assert_eq!((entry.spent, entry.denied), (10, 12));
     assert_eq!(entry.limits[0].requests, 100);
     assert!(
-        snapshot(&limiter, 0, KEY, &mut store).is_none(),
+        snapshot(&limiter, RuleId::new(0), KEY, &mut store).is_none(),
         "counts were taken"
     );
     let after = limiter.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
@@ -89,13 +93,21 @@ fn a_grant_is_spent_exactly_and_in_flight_spend_is_deducted() {
     let limiter = limiter("");
     let mut store = MemoryStore::default();
     admitted(&limiter, &mut store, 3, up(T0));
-    snapshot(&limiter, 0, KEY, &mut store).unwrap();
+    snapshot(&limiter, RuleId::new(0), KEY, &mut store).unwrap();
     // Two more requests while the sync is on its way: the service did not see them.
     admitted(&limiter, &mut store, 2, up(T0 + MS));
-    apply_lease(&limiter, 0, KEY, &grant(10), T0 + 2 * MS, &mut store).unwrap();
+    apply_lease(
+        &limiter,
+        RuleId::new(0),
+        KEY,
+        &grant(10),
+        T0 + 2 * MS,
+        &mut store,
+    )
+    .unwrap();
     let n = admitted(&limiter, &mut store, 20, up(T0 + 3 * MS));
     assert_eq!(n, 8, "10 granted, 2 already spent in flight");
-    let entry = snapshot(&limiter, 0, KEY, &mut store).unwrap();
+    let entry = snapshot(&limiter, RuleId::new(0), KEY, &mut store).unwrap();
     assert_eq!(
         (entry.spent, entry.denied),
         (10, 12),
@@ -110,8 +122,8 @@ fn a_lapsed_lease_falls_back_to_what_is_left_locally() {
     );
     let mut store = MemoryStore::default();
     admitted(&limiter, &mut store, 1, up(T0));
-    snapshot(&limiter, 0, KEY, &mut store).unwrap();
-    apply_lease(&limiter, 0, KEY, &grant(50), T0, &mut store).unwrap();
+    snapshot(&limiter, RuleId::new(0), KEY, &mut store).unwrap();
+    apply_lease(&limiter, RuleId::new(0), KEY, &grant(50), T0, &mut store).unwrap();
     assert_eq!(admitted(&limiter, &mut store, 60, up(T0 + MS)), 50);
     // The lease (300 ms) lapses; the local fallback bucket was drained by the grant spend.
     assert_eq!(admitted(&limiter, &mut store, 5, up(T0 + 400 * MS)), 0);
@@ -124,7 +136,7 @@ fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
     );
     let mut store = MemoryStore::default();
     admitted(&open, &mut store, 1, up(T0));
-    apply_lease(&open, 0, KEY, &grant(50), T0, &mut store).unwrap();
+    apply_lease(&open, RuleId::new(0), KEY, &grant(50), T0, &mut store).unwrap();
     assert_eq!(
         admitted(&open, &mut store, 20, down(T0 + MS)),
         4,
@@ -139,6 +151,6 @@ fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
         0,
         "no lease yet: fail closed"
     );
-    apply_lease(&closed, 0, KEY, &grant(2), T0, &mut store).unwrap();
+    apply_lease(&closed, RuleId::new(0), KEY, &grant(2), T0, &mut store).unwrap();
     assert_eq!(admitted(&closed, &mut store, 3, up(T0 + MS)), 2);
 }

@@ -1,6 +1,7 @@
 //! Time-based scenarios for the limiter, on a fake clock and an in-memory store.
 
 use sluice_core::limiter::Conditions;
+use sluice_core::policy::RuleId;
 use sluice_core::{Decision, Limiter, MemoryStore, Outcome, PlainRequest};
 
 const SECOND: u64 = 1_000_000;
@@ -42,10 +43,10 @@ fn burst_then_one_per_second() {
     else {
         panic!("6th request at T0 admitted: {denied:?}");
     };
-    assert_eq!(rule, 0);
+    assert_eq!(rule, RuleId::new(0));
     assert_eq!(quota.remaining, 0);
     assert_eq!(retry_after_us, SECOND, "one token a second");
-    assert_eq!(denied.outcomes, vec![(0, Outcome::Denied)]);
+    assert_eq!(denied.outcomes, vec![(RuleId::new(0), Outcome::Denied)]);
 
     let now = T0 + SECOND;
     assert!(
@@ -139,13 +140,13 @@ fn tokens_are_spent_only_when_every_rule_allows() {
     };
     assert_eq!(
         (rule, quota.remaining),
-        (1, 0),
+        (RuleId::new(1), 0),
         "the tightest rule sets the headers"
     );
     for _ in 0..10 {
         let e = both.decide(&mut req, at(T0), &mut store);
         assert!(
-            matches!(e.decision, Decision::Deny { rule: 1, .. }),
+            matches!(e.decision, Decision::Deny { rule, .. } if rule == RuleId::new(1)),
             "{e:?}"
         );
     }

@@ -2,6 +2,7 @@
 //! (leases, refused entries, hints, the breaker), a failed batch undone.
 
 use sluice_core::pending::{Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
+use sluice_core::policy::RuleId;
 use sluice_core::protocol::{Grant, Hints, Overrides, SyncResponse};
 use sluice_core::round::{self, Mismatch};
 use sluice_core::sync::{claim_round, read_state};
@@ -108,7 +109,7 @@ fn an_answer_installs_leases_drops_refused_entries_and_closes_the_breaker() {
     assert_eq!(state.busy_until_us, 0, "the round is over");
     assert_eq!(state.interval_ms, 200);
     assert!(state.bypass);
-    let table = limiter.table(0).unwrap();
+    let table = limiter.table(RuleId::new(0)).unwrap();
     let good = table.fingerprint("shared\u{1f}good");
     let set = store_get(&mut store, &table.set_key(good));
     assert_eq!(table.find(&set, good).unwrap().lease, 50, "leased");
@@ -140,7 +141,7 @@ fn a_failed_batch_is_undone_and_counted_against_the_breaker() {
     let again = round::undo(&limiter, &batch, &service, T0, 1.0, &mut store);
     assert_eq!(
         again,
-        vec![(0, "shared\u{1f}a".to_string())],
+        vec![(RuleId::new(0), "shared\u{1f}a".to_string())],
         "announce it again"
     );
     let state = read_state(&mut store);
@@ -148,7 +149,7 @@ fn a_failed_batch_is_undone_and_counted_against_the_breaker() {
     assert_eq!(state.breaker.failures, 1);
     assert_eq!(state.breaker.open_until_us, T0 + SECOND);
     let mut waiting = Pending::default();
-    let _ = waiting.push(0, "shared\u{1f}a".to_string());
+    let _ = waiting.push(RuleId::new(0), "shared\u{1f}a".to_string());
     let retry = round::compose(&limiter, &mut waiting, "p-1", 100, &mut store).unwrap();
     assert_eq!(retry.request.entries[0].spent, 1, "the count came back");
 }

@@ -6,6 +6,7 @@ use std::cell::RefCell;
 
 use proxy_wasm::hostcalls;
 use sluice_core::pending::{Pending, ANNOUNCE_PER_ROUND};
+use sluice_core::policy::RuleId;
 use sluice_core::{sync, Limiter};
 
 use crate::host::SharedData;
@@ -36,7 +37,7 @@ impl Announcer {
 
     /// Announces that `key` of `rule` has unsynced counts. Returns how many waiting keys had
     /// to be forgotten (their counts dropped) to keep the bounds.
-    pub fn announce(&self, limiter: &Limiter, rule: usize, key: String) -> usize {
+    pub fn announce(&self, limiter: &Limiter, rule: RuleId, key: String) -> usize {
         let Ok(mut state) = self.state.try_borrow_mut() else {
             return 0;
         };
@@ -109,7 +110,7 @@ impl Announcer {
         }
     }
 
-    fn enqueue(&self, rule: usize, key: &str) -> bool {
+    fn enqueue(&self, rule: RuleId, key: &str) -> bool {
         match self.queue {
             Some(queue) => {
                 hostcalls::enqueue_shared_queue(queue, Some(&sync::announce(rule, key))).is_ok()

@@ -4,6 +4,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use sluice_core::breaker::BreakerState;
+use sluice_core::policy::RuleId;
 use sluice_core::Outcome;
 
 use crate::callout::Failure;
@@ -79,8 +80,8 @@ impl Metrics {
         metrics
     }
 
-    pub fn outcome(&self, rule: usize, outcome: Outcome) {
-        let Some(ids) = self.rules.get(rule) else {
+    pub fn outcome(&self, rule: RuleId, outcome: Outcome) {
+        let Some(ids) = self.rules.get(rule.index()) else {
             return;
         };
         bump(match outcome {

@@ -112,7 +112,7 @@ impl RootContext for Root {
 /// (Envoy's main-thread VM, before any worker serves) creates them all; later VMs find them.
 fn prepare(limiter: &Limiter) {
     let mut store = SharedData;
-    for rule in 0..limiter.policy().rules.len() {
+    for (rule, _) in limiter.policy().rules() {
         let Some(table) = limiter.table(rule) else {
             continue;
         };
