@@ -14,24 +14,15 @@
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p: g:p (outstanding
 -- grant), x:p (its expiry, us), d:p (demand, tokens/s), s:p (last sync, us).
+-- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
+-- load_hash, leases, stored_bucket, refill_bucket, ms_to_full, expire_key and whole_remaining.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
 -- report_window_ms / period_ms), the most one report can legitimately debit; a lease never
 -- exceeds burst + requests x 1.5 x interval_ms / period_ms; a key lives at most the time its
 -- bucket takes to refill from there, plus the lease TTL and a second, and never more than two
--- of the longest periods (2 x 366 days).
-
-local MAX_TTL_MS = 2 * 366 * 86400000
-
-local function clock(override)
-  local value = tonumber(override)
-  if value ~= nil and value ~= 0 then
-    return value
-  end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- of the longest periods (2 x 366 days, the prelude's MAX_TTL_MS).
 
 local now = clock(ARGV[1])
 local proxy = ARGV[2]
@@ -47,45 +38,6 @@ local g_field = 'g:' .. proxy
 local x_field = 'x:' .. proxy
 local d_field = 'd:' .. proxy
 local s_field = 's:' .. proxy
-
--- The hash of one key as a table, with its fields in the order Redis gave them.
-local function load(key)
-  local flat = redis.call('HGETALL', key)
-  local fields = {}
-  for i = 1, #flat, 2 do
-    fields[flat[i]] = flat[i + 1]
-  end
-  return flat, fields
-end
-
--- Unexpired grants of the other proxies, and an estimate of what they spent from them since
--- their last sync (their demand rate over that time, at most the grant); drops the fields of
--- proxies silent for a grant TTL.
-local function reserved_by_others(key, flat, fields)
-  local others = 0
-  local unreported = 0
-  local demand = 0
-  for i = 1, #flat, 2 do
-    local field = flat[i]
-    if string.sub(field, 1, 2) == 'x:' then
-      local q = string.sub(field, 3)
-      local expiry = tonumber(flat[i + 1]) or 0
-      if q ~= proxy then
-        if expiry > now then
-          local g = tonumber(fields['g:' .. q]) or 0
-          others = others + g
-          local d = tonumber(fields['d:' .. q]) or 0
-          local s = tonumber(fields['s:' .. q]) or now
-          unreported = unreported + math.min(g, d * (now - s) / 1000000)
-          demand = demand + d
-        elseif expiry <= stale_before then
-          redis.call('HDEL', key, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
-        end
-      end
-    end
-  end
-  return others, unreported, demand
-end
 
 local result = {}
 local arg = 7
@@ -108,28 +60,21 @@ for _ = 1, count do
     -- the most one report can debit from this limit, and so the deepest its debt may go
     local most = burst + requests * report_window_ms / period_ms
     local debit = math.min(spent, most)
-    local flat, fields = load(key)
+    local flat, fields = load_hash(key)
     if i == 1 then
       demand_fields = fields
     end
-    local others, unreported, others_demand = reserved_by_others(key, flat, fields)
+    -- the unexpired leases of the other proxies, and an estimate of what they spent from them
+    -- since their last sync; the fields of proxies silent for a grant TTL are dropped
+    local others, unreported, others_demand = leases(key, flat, fields, now, proxy, stale_before)
     -- 1. refill (a new key starts full), then debit what the proxy spent since its last sync.
     -- The stored tokens still hold what proxies spent and have not reported yet (this proxy's
     -- `spent`, the others' estimate): the burst caps the tokens without them, so a refill is
     -- not lost to a cap the exact bucket would not have reached.
-    local tokens = tonumber(fields['tokens'])
-    local ts = tonumber(fields['ts'])
-    if tokens == nil or ts == nil then
-      -- A new key: its first requests came up to an interval ago, decided by the proxies'
-      -- fallbacks; the bucket starts full then, and refills over that interval what they spent.
-      tokens = burst
-      ts = now - interval_us
-    end
-    if now > ts then
-      local cap = burst + debit + unreported
-      tokens = math.min(cap, tokens + (now - ts) * requests / (period_ms * 1000))
-      ts = now
-    end
+    -- A new key: its first requests came up to an interval ago, decided by the proxies'
+    -- fallbacks; the bucket starts full then, and refills over that interval what they spent.
+    local tokens, ts = stored_bucket(fields, burst, now - interval_us)
+    tokens, ts = refill_bucket(tokens, ts, now, requests, period_ms, burst + debit + unreported)
     tokens = math.max(math.min(tokens - debit, burst + unreported), -most)
     limits[i] = {
       key = key, requests = requests, period_ms = period_ms, burst = burst,
@@ -202,24 +147,20 @@ for _ = 1, count do
     local l = limits[i]
     redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts,
       g_field, grant, x_field, now + grant_ttl_us, d_field, demand, s_field, now)
-    local refill_ms = math.max(0, math.ceil((l.burst - l.tokens) * l.period_ms / l.requests))
-    redis.call('PEXPIRE', l.key, math.min(refill_ms + grant_ttl_ms + 1000, MAX_TTL_MS))
+    local full_ms = ms_to_full(l.tokens, l.requests, l.period_ms, l.burst)
+    expire_key(l.key, full_ms, grant_ttl_ms)
     if remaining == nil or l.tokens < remaining then
       remaining = l.tokens
     end
-    if refill_ms > reset_ms then
-      reset_ms = refill_ms
+    if full_ms > reset_ms then
+      reset_ms = full_ms
     end
   end
 
   -- 5. the answer, integers only (Redis truncates Lua numbers in replies)
-  remaining = math.floor(remaining or 0)
-  if remaining < 0 then
-    remaining = 0
-  end
   result[#result + 1] = grant
   result[#result + 1] = grant_ttl_ms
-  result[#result + 1] = remaining
+  result[#result + 1] = whole_remaining(remaining)
   result[#result + 1] = reset_ms
 end
 

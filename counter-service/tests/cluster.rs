@@ -10,7 +10,7 @@ use common::{get, post, settings};
 use serde_json::json;
 use sluice_counter_service::{keys, AppState};
 use sluice_protocol::LimitSpec;
-use sluice_tests::redis::RedisCluster;
+use sluice_tests::redis::{RedisCluster, Reply};
 
 #[tokio::test]
 async fn a_batch_over_many_slots_makes_one_call_per_slot() {
@@ -91,6 +91,26 @@ async fn a_batch_over_many_slots_makes_one_call_per_slot() {
     let answer = post(&state, "/v1/check", &check).await;
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     assert_eq!(readyz(&state).await, StatusCode::OK);
+
+    // every master forgets the scripts: each loads them again on NOSCRIPT (prelude and script
+    // as one text, under the SHA the service computed over both)
+    for node in cluster.nodes() {
+        node.query(&["SCRIPT", "FLUSH"]).unwrap();
+    }
+    let answer = post(&state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let answer = post(&state, "/v1/check", &check).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let sha = state.scripts.sync.get_hash();
+    for node in cluster.nodes() {
+        let exists = node.query(&["SCRIPT", "EXISTS", sha]).unwrap();
+        assert_eq!(
+            exists,
+            Reply::Array(vec![Reply::Integer(1)]),
+            "{}",
+            node.url()
+        );
+    }
 }
 
 async fn readyz(state: &AppState) -> StatusCode {

@@ -9,9 +9,10 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use common::{call, call_authorized, get, post, state, TOKEN};
 use serde_json::{json, Value};
+use sluice_counter_service::scripts::{CHECK_LUA, SYNC_LUA};
 use sluice_counter_service::{keys, AppState};
 use sluice_protocol::LimitSpec;
-use sluice_tests::redis::Redis;
+use sluice_tests::redis::{Redis, Reply};
 use sluice_tests::service::Service;
 
 fn sync_body(entries: Value) -> Value {
@@ -543,6 +544,42 @@ async fn check_respects_the_proxies_leases() {
         answer.body["allowed"], false,
         "the proxy holds the whole bucket and more: {answer:?}"
     );
+}
+
+/// Whether Redis holds the script of this SHA.
+fn script_exists(redis: &Redis, sha: &str) -> bool {
+    let reply = redis.query(&["SCRIPT", "EXISTS", sha]).unwrap();
+    reply == Reply::Array(vec![Reply::Integer(1)])
+}
+
+#[tokio::test]
+async fn the_scripts_run_by_the_sha_of_prelude_and_script_and_reload_after_a_flush() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let sync = state.scripts.sync.get_hash().to_owned();
+    let check = state.scripts.check.get_hash().to_owned();
+    let sync_body = sync_body(json!([ten_per_second("k")]));
+    let check_body =
+        json!({"key": "c", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}]});
+    for round in 0..2 {
+        assert!(!script_exists(&redis, &sync) && !script_exists(&redis, &check));
+        let answer = post(&state, "/v1/sync", &sync_body).await;
+        assert_eq!(answer.status, StatusCode::OK, "round {round}: {answer:?}");
+        let answer = post(&state, "/v1/check", &check_body).await;
+        assert_eq!(answer.status, StatusCode::OK, "round {round}: {answer:?}");
+        assert_eq!(answer.body["allowed"], true, "round {round}: {answer:?}");
+        // loaded on NOSCRIPT, under the SHA the service computed: Redis hashed the same text
+        assert!(script_exists(&redis, &sync) && script_exists(&redis, &check));
+        for (sha, text) in [(&sync, SYNC_LUA), (&check, CHECK_LUA)] {
+            let loaded = redis.query(&["SCRIPT", "LOAD", text]).unwrap();
+            assert_eq!(
+                loaded.text(),
+                Some(sha.as_str()),
+                "prelude and script, as one"
+            );
+        }
+        redis.query(&["SCRIPT", "FLUSH"]).unwrap();
+    }
 }
 
 #[tokio::test]
