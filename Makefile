@@ -14,6 +14,9 @@ VENV := .venv
 ENVOY := $(VENV)/bin/envoy
 WASM := target/$(WASM_TARGET)/release/sluice_filter.wasm
 SERVICE := target/release/sluice-counter-service
+# The developer stack (Redis, the counter service, N Envoys), built on the test fixtures: `make run` and the
+# service and latency benchmarks start everything through it.
+STACK := target/debug/sluice-stack
 RUN_DIR := .run
 APT_TOOLS := redis-server wrk
 
@@ -21,9 +24,10 @@ APT_TOOLS := redis-server wrk
 export SLUICE_WASM := $(CURDIR)/$(WASM)
 export SLUICE_ENVOY := $(CURDIR)/$(ENVOY)
 export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
+export SLUICE_STACK := $(CURDIR)/$(STACK)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps build build-filter build-service check test test-only lint run bench bench-accuracy bench-service bench-latency clean-run
+.PHONY: help deps rust-deps apt-deps build build-filter build-service build-stack check test test-only lint run bench bench-accuracy bench-service bench-latency clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
@@ -56,6 +60,9 @@ build-filter: rust-deps
 build-service:
 	$(CARGO) build --release -p sluice-counter-service
 
+build-stack:
+	$(CARGO) build -p sluice-tests --bin sluice-stack
+
 check: rust-deps ## quick: rustfmt, clippy (host and wasm32), and the tests that need nothing but Rust
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
@@ -78,10 +85,14 @@ lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
 
-run: deps build ## the demo: Redis (:6390), the counter service (:8081), Envoy with sluice on :10000, admin :9901 (Ctrl-C stops all)
-	scripts/run-demo.sh
+# How many Envoys `make run` starts (PROXIES=2: a second one on :10100, admin :9911, sharing the limits).
+PROXIES ?= 1
 
-bench: deps build ## no limiter vs Envoy's local_ratelimit vs sluice, then accuracy, service and latency (~12 min)
+run: deps build build-stack ## the demo: Redis (:6390), the counter service (:8081), Envoy with sluice on :10000, admin :9901; PROXIES=2 adds one on :10100 (Ctrl-C stops all)
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
+	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
+
+bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs sluice, then accuracy, service and latency (~12 min)
 	$(VENV)/bin/python bench/bench.py
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 	$(VENV)/bin/python bench/service.py
@@ -90,10 +101,10 @@ bench: deps build ## no limiter vs Envoy's local_ratelimit vs sluice, then accur
 bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 
-bench-service: deps build-service ## counter service key updates/s vs one Redis round trip per request
+bench-service: deps build-service build-stack ## counter service key updates/s vs one Redis round trip per request
 	$(VENV)/bin/python bench/service.py
 
-bench-latency: deps build ## request latency in Envoy: no limiter vs sluice local, cached, strict
+bench-latency: deps build build-stack ## request latency in Envoy: no limiter vs sluice local, cached, strict
 	$(VENV)/bin/python bench/latency.py
 
 clean-run: ## stop whatever a demo or benchmark left running (by the pid files in .run/)

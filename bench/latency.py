@@ -6,7 +6,8 @@ Usage (from the repository root, after `make deps build`; `make bench-latency` d
                                       [--concurrency 2]
 
 One redis-server (no persistence) and one sluice-counter-service are started on free loopback ports for the
-whole run. Each round starts a fresh Envoy per variant (rotating order), warms it up for 2 s, then runs
+whole run, by the stack binary (`sluice-stack`, see bench/stack.py). Each round starts a fresh Envoy per variant
+(bench.py's Envoy, from a template) (rotating order), warms it up for 2 s, then runs
 `wrk -t<threads> -c<connections> -d<duration>s --latency` against its edge listener:
 
 - none: no limiter (envoy/no-limiter.yaml.tmpl);
@@ -31,7 +32,7 @@ import sys
 sys.dont_write_bytecode = True  # no __pycache__ in bench/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import Envoy, parse_wrk, wrk  # noqa: E402
-from stack import ROOT, TOKEN, Redis, Service, loadavg, machine, tool_version  # noqa: E402
+from stack import ROOT, Stack, loadavg, machine, tool_version  # noqa: E402
 
 LIMIT = 1_000_000_000  # per second, burst the same: nothing is ever denied
 SERVICE_TEMPLATE = "sluice-service-bench.yaml.tmpl"
@@ -48,7 +49,7 @@ STATS = {
 }
 
 
-def sluice_config(consistency):
+def sluice_config(consistency, token):
     rule = {
         "name": "bench",
         "match": {"path_prefix": "/api/"},
@@ -57,17 +58,17 @@ def sluice_config(consistency):
         "mode": "enforce",
         "consistency": consistency,
     }
-    service = {"cluster": "sluice_service", "token": TOKEN, "timeout_ms": 200, "sync_interval_ms": 100}
+    service = {"cluster": "sluice_service", "token": token, "timeout_ms": 200, "sync_interval_ms": 100}
     return json.dumps({"headers": "legacy", "service": service, "rules": [rule]}, separators=(",", ":"))
 
 
 VARIANTS = ["none", "sluice-local", "sluice-cached", "sluice-strict"]
 
 
-def envoy_for(variant, service_port, workdir, tag):
+def envoy_for(variant, service_port, token, workdir, tag):
     if variant == "none":
         return Envoy(ARGS.envoy, ARGS.wasm, "no-limiter.yaml.tmpl", {}, ARGS.concurrency, workdir, tag)
-    values = {"PLUGIN_CONFIG": sluice_config(variant.split("-")[1]), "SERVICE_PORT": str(service_port)}
+    values = {"PLUGIN_CONFIG": sluice_config(variant.split("-")[1], token), "SERVICE_PORT": str(service_port)}
     return Envoy(ARGS.envoy, ARGS.wasm, SERVICE_TEMPLATE, values, ARGS.concurrency, workdir, tag)
 
 
@@ -85,18 +86,15 @@ def main():
     print(f"bench-latency: {ARGS.rounds} round(s) x {len(VARIANTS)} variants, wrk -t{ARGS.threads} "
           f"-c{ARGS.connections} -d{ARGS.duration}s, Envoy --concurrency {ARGS.concurrency}; "
           f"{info['nproc']} CPUs, {info['cpu']}", file=sys.stderr)
-    redis = Redis(ARGS.redis_server, workdir)
-    service = None
+    stack = Stack(workdir, ARGS.redis_server, ARGS.service)
     runs = []
     try:
-        service = Service(ARGS.service, redis, workdir)
         for r in range(ARGS.rounds):
             order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
             for variant in order:
                 tag = f"r{r + 1}-{variant}"
-                service.check_alive()
-                redis.check_alive()
-                envoy = envoy_for(variant, service.port, workdir, tag)
+                stack.check_alive()
+                envoy = envoy_for(variant, stack.service.port, stack.token, workdir, tag)
                 try:
                     url = f"http://127.0.0.1:{envoy.listen}/api/bench"
                     wrk(url, ARGS.threads, ARGS.connections, 2)  # warm-up (and the first sync, for cached)
@@ -116,9 +114,7 @@ def main():
                       f"{result.get('check_sent', '-')} (failed {result.get('check_failed', '-')})  syncs ok "
                       f"{result.get('sync_ok', '-')} (failed {result.get('sync_failed', '-')})", file=sys.stderr)
     finally:
-        if service:
-            service.stop()
-        redis.stop()
+        stack.stop()
     info["load_after"] = loadavg()
     with open(os.path.join(workdir, "results.json"), "w") as f:
         json.dump({"machine": info, "args": vars(ARGS), "runs": runs}, f, indent=2)

@@ -6,7 +6,7 @@ Usage (from the repository root, after `make deps build`; `make bench-service` d
                                       [--clients 4] [--rb-clients 50]
 
 One redis-server (no persistence) on a free loopback port and one sluice-counter-service in front of it are
-started for the whole run. Each round measures, in a rotating order, after a 2 s warm-up of the same load:
+started for the whole run, by the stack binary (`sluice-stack`, see bench/stack.py). Each round measures, in a rotating order, after a 2 s warm-up of the same load:
 
 - sync-<B>: <clients> threads, each a keep-alive HTTP/1.1 connection posting `POST /v1/sync` batches of B
   entries back to back for <duration> s; each thread is its own proxy id and sweeps the same <keys> keys
@@ -38,7 +38,7 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in bench/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stack import ROOT, TOKEN, Redis, Service, loadavg, machine, tool_version  # noqa: E402
+from stack import ROOT, Stack, loadavg, machine, tool_version  # noqa: E402
 
 LIMIT = 1_000_000_000  # per second, burst the same: nothing is ever denied
 INTERVAL_MS = 100
@@ -61,11 +61,11 @@ def sync_bodies(client, batch, keys):
             return bodies
 
 
-def sync_load(port, bodies_per_client, batch, seconds):
+def sync_load(port, token, bodies_per_client, batch, seconds):
     """Clients post their batches back to back until the deadline; returns (entries answered 200, elapsed s,
     client CPU s, errors). A request in flight at the deadline is waited for and counted."""
     results = [None] * len(bodies_per_client)
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     begin = threading.Barrier(len(bodies_per_client) + 1)
     deadline = [0.0]
 
@@ -117,13 +117,13 @@ def evalsha_delta(before, after):
     return {"evalsha": calls1 - calls0, "script_usec": usec1 - usec0}
 
 
-def measure_sync(redis, service, batch, tag, workdir):
+def measure_sync(redis, service, token, batch, tag, workdir):
     bodies = [sync_bodies(c, batch, ARGS.keys) for c in range(ARGS.clients)]
     redis.command("FLUSHALL")
-    sync_load(service.port, bodies, batch, WARMUP_S)
+    sync_load(service.port, token, bodies, batch, WARMUP_S)
     m0, s0 = service.metrics(), redis.commandstats()
     r0, v0 = redis.cpu(), service.cpu()
-    entries, elapsed, client_cpu, errors = sync_load(service.port, bodies, batch, ARGS.duration)
+    entries, elapsed, client_cpu, errors = sync_load(service.port, token, bodies, batch, ARGS.duration)
     r1, v1 = redis.cpu(), service.cpu()
     m1, s1 = service.metrics(), redis.commandstats()
     counted = m1.get("sluice_sync_entries_total", 0) - m0.get("sluice_sync_entries_total", 0)
@@ -203,11 +203,10 @@ def main():
     variants = [f"sync-{b}" for b in ARGS.batches] + ["per-request"]
     print(f"bench-service: {ARGS.rounds} round(s) x {len(variants)} variants, {ARGS.duration} s each, "
           f"{ARGS.keys} keys; {info['nproc']} CPUs, {info['cpu']}", file=sys.stderr)
-    redis = Redis(ARGS.redis_server, workdir)
-    service = None
+    stack = Stack(workdir, ARGS.redis_server, ARGS.service, ["--redis-timeout-ms", str(ARGS.redis_timeout_ms)])
+    redis, service = stack.redis, stack.service
     runs = []
     try:
-        service = Service(ARGS.service, redis, workdir, ["--redis-timeout-ms", str(ARGS.redis_timeout_ms)])
         with open(os.path.join(ROOT, "lua", "token_bucket.lua"), "rb") as f:
             script = f.read()
         sha = redis.command("SCRIPT", "LOAD", script)
@@ -220,7 +219,7 @@ def main():
                 if variant == "per-request":
                     result = measure_per_request(redis, sha, tag, workdir)
                 else:
-                    result = measure_sync(redis, service, int(variant.split("-")[1]), tag, workdir)
+                    result = measure_sync(redis, service, stack.token, int(variant.split("-")[1]), tag, workdir)
                 result["round"] = r + 1
                 result["variant"] = variant
                 runs.append(result)
@@ -229,9 +228,7 @@ def main():
                       f"{result['cpu_service']:.1f} client {result['cpu_client']:.1f}  errors {result['errors']}",
                       file=sys.stderr)
     finally:
-        if service:
-            service.stop()
-        redis.stop()
+        stack.stop()
     info["load_after"] = loadavg()
     with open(os.path.join(workdir, "results.json"), "w") as f:
         json.dump({"machine": info, "args": vars(ARGS), "runs": runs}, f, indent=2)

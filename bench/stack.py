@@ -1,23 +1,26 @@
-"""Redis and the counter service for the benchmarks: started on free loopback ports, stopped when done.
+"""Redis and the counter service for the benchmarks, through the stack binary (`sluice-stack`, built from the test
+fixtures by `make build-stack`): it starts both on free loopback ports and prints one JSON line with their ports
+and pids; closing its stdin stops everything it started. Nothing else here starts a process.
 
-Used by bench/service.py and bench/latency.py. Standard library only. Every process started here gets
-PR_SET_PDEATHSIG, so it never outlives the benchmark; its pid also goes to a pid file in the run directory
-(`make clean-run` stops what a killed run left behind).
+Used by bench/service.py and bench/latency.py. Standard library only. What stays here is what the benchmarks
+read while the stack runs: Redis commands (a minimal RESP2 client: FLUSHALL, SCRIPT LOAD, INFO commandstats), the
+service's /metrics, the CPU time of a process (/proc/<pid>/stat), and the machine's description.
 """
 
+import json
 import os
 import select
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
-from bench import die_with_parent, free_ports
+from bench import die_with_parent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-TOKEN = "bench-token"
+STACK = os.environ.get("SLUICE_STACK", os.path.join(ROOT, "target/debug/sluice-stack"))
+START_TIMEOUT_S = 60
 
 
 def cpu_seconds(pid):
@@ -25,40 +28,6 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Process:
-    """A child process with a log file and a pid file, stopped by stop()."""
-
-    def __init__(self, args, workdir, name, stdout=None):
-        self.name = name
-        self.log_path = os.path.join(workdir, f"{name}.log")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=stdout if stdout is not None else self.log, stderr=self.log,
-                                     preexec_fn=die_with_parent)
-        self.pidfile = os.path.join(workdir, f"{name}.pid")
-        with open(self.pidfile, "w") as f:
-            f.write(str(self.proc.pid))
-
-    def cpu(self):
-        return cpu_seconds(self.proc.pid)
-
-    def check_alive(self):
-        if self.proc.poll() is not None:
-            self.stop()
-            sys.exit(f"bench: {self.name} exited with {self.proc.returncode}; see {self.log_path}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        if os.path.exists(self.pidfile):
-            os.remove(self.pidfile)
 
 
 def resp_command(sock, *args):
@@ -98,25 +67,14 @@ def _read_reply(reader):
     raise RuntimeError(f"unexpected redis reply {line!r}")
 
 
-class Redis(Process):
-    """redis-server on a free loopback port, no persistence."""
+class Redis:
+    """The stack's redis-server: its port and pid, from the stack's JSON line."""
 
-    def __init__(self, binary, workdir):
-        (self.port,) = free_ports(1)
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--daemonize", "no", "--dir", workdir]
-        super().__init__(args, workdir, "redis")
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            self.check_alive()
-            try:
-                if self.command("PING") == "PONG":
-                    return
-            except (OSError, RuntimeError):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        sys.exit(f"bench: redis-server not ready within 10 s; see {self.log_path}")
+    def __init__(self, info):
+        self.port, self.pid = info["port"], info["pid"]
+
+    def cpu(self):
+        return cpu_seconds(self.pid)
 
     def command(self, *args):
         with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
@@ -133,40 +91,14 @@ class Redis(Process):
         return out
 
 
-class Service(Process):
-    """sluice-counter-service on a free loopback port, against `redis`, with the bench token."""
+class Service:
+    """The stack's counter service: its port and pid, from the stack's JSON line."""
 
-    def __init__(self, binary, redis, workdir, extra=()):
-        args = [binary, "--bind", "127.0.0.1:0", "--redis-url", f"redis://127.0.0.1:{redis.port}", *extra]
-        # The token through the environment: flags show in the process list.
-        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"), SLUICE_TOKEN=TOKEN)
-        self.log_path = os.path.join(workdir, "service.log")
-        self.log = open(self.log_path, "w")
-        self.name = "service"
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, env=env,
-                                     preexec_fn=die_with_parent)
-        self.pidfile = os.path.join(workdir, "service.pid")
-        with open(self.pidfile, "w") as f:
-            f.write(str(self.proc.pid))
-        # stdout: "sluice-counter-service listening on 127.0.0.1:PORT"
-        ready, _, _ = select.select([self.proc.stdout], [], [], 10)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        if "listening on" not in line:
-            self.stop()
-            sys.exit(f"bench: the counter service did not start ({line.strip()!r}); see {self.log_path}")
-        self.port = int(line.rsplit(":", 1)[1])
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            self.check_alive()
-            try:
-                with NO_PROXY.open(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        sys.exit(f"bench: the counter service not ready within 10 s; see {self.log_path}")
+    def __init__(self, info):
+        self.port, self.pid = info["port"], info["pid"]
+
+    def cpu(self):
+        return cpu_seconds(self.pid)
 
     def metrics(self):
         """The service's own counters (name with labels -> value), from GET /metrics."""
@@ -182,10 +114,57 @@ class Service(Process):
                     pass
         return out
 
+
+class Stack:
+    """`sluice-stack --proxies 0 --free-ports`: Redis and the counter service, stopped by stop() (or when this
+    process dies: the stack's stdin closes, and it gets PR_SET_PDEATHSIG). `.redis`, `.service`, `.token`."""
+
+    def __init__(self, workdir, redis_server, service_binary, service_args=()):
+        if not os.access(STACK, os.X_OK):
+            sys.exit(f"bench: {STACK} is missing: run `make build-stack`")
+        args = [STACK, "--proxies", "0", "--free-ports", "--run-dir", workdir, "--", *service_args]
+        env = dict(os.environ, SLUICE_REDIS_SERVER=redis_server, SLUICE_SERVICE_BIN=service_binary,
+                   RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        env.pop("SLUICE_TOKEN", None)  # a fresh token, read back from the token file
+        self.log_path = os.path.join(workdir, "sluice-stack.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                     preexec_fn=die_with_parent)
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+        line = self.proc.stdout.readline().decode() if ready else ""
+        try:
+            info = json.loads(line)
+        except ValueError:
+            self.stop()
+            sys.exit(f"bench: the stack did not start ({line.strip()!r}); see {self.log_path}")
+        self.redis = Redis(info["redis"])
+        self.service = Service(info["service"])
+        with open(info["token_file"]) as f:
+            self.token = f.read()
+
+    def check_alive(self):
+        """Exits if the stack stopped (it stops when Redis or the service exits)."""
+        if self.proc.poll() is not None:
+            self.stop()
+            sys.exit(f"bench: the stack exited with {self.proc.returncode}; see {self.log_path}")
+
     def stop(self):
-        super().stop()
-        if self.proc.stdout:
-            self.proc.stdout.close()
+        """Closes the stack's stdin, so it stops what it started; waits (bounded) for it to exit."""
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream and not stream.closed:
+                stream.close()
+        self.log.close()
 
 
 def machine():

@@ -28,7 +28,8 @@ pub struct EnvoyOptions {
     pub plugin_config_json: String,
     /// Envoy's worker threads (`--concurrency`).
     pub concurrency: u32,
-    /// Values for the template's other placeholders, e.g. `("MAX_TOKENS", "50")`.
+    /// Values for the template's other placeholders, e.g. `("MAX_TOKENS", "50")`. A value given here for
+    /// `LISTEN_PORT`, `ADMIN_PORT` or `UPSTREAM_PORT` fixes that port (otherwise a free one is picked).
     pub placeholders: Vec<(String, String)>,
 }
 
@@ -66,12 +67,17 @@ pub struct Envoy {
 impl Envoy {
     /// Starts Envoy and waits (at most 30 s) until its admin interface says `LIVE`.
     pub fn start(options: EnvoyOptions) -> Result<Envoy> {
+        // With every port given there is nothing to pick again.
+        let fixed = ["LISTEN_PORT", "ADMIN_PORT", "UPSTREAM_PORT"]
+            .iter()
+            .all(|name| options.placeholders.iter().any(|(key, _)| key == name));
+        let attempts = if fixed { 1 } else { BIND_ATTEMPTS };
         let mut attempt = 1;
         loop {
             let mut envoy = Envoy::launch(&options)?;
             match envoy.wait_until_live() {
                 Ok(()) => return Ok(envoy),
-                Err(err) if attempt < BIND_ATTEMPTS && envoy.lost_a_port_race() => {
+                Err(err) if attempt < attempts && envoy.lost_a_port_race() => {
                     eprintln!("envoy: a picked port was taken ({err:#}); retrying with new ports");
                     attempt += 1;
                 }
@@ -110,7 +116,17 @@ impl Envoy {
     fn launch(options: &EnvoyOptions) -> Result<Envoy> {
         let binary = envoy_binary()?;
         let ports = free_ports(3)?;
-        let (listen_port, admin_port, upstream_port) = (ports[0], ports[1], ports[2]);
+        let given = |name: &str, free: u16| -> Result<u16> {
+            match options.placeholders.iter().find(|(key, _)| key == name) {
+                Some((_, value)) => value
+                    .parse()
+                    .with_context(|| format!("{name} = {value:?} is not a port")),
+                None => Ok(free),
+            }
+        };
+        let listen_port = given("LISTEN_PORT", ports[0])?;
+        let admin_port = given("ADMIN_PORT", ports[1])?;
+        let upstream_port = given("UPSTREAM_PORT", ports[2])?;
         let mut values = vec![
             ("LISTEN_PORT".to_owned(), listen_port.to_string()),
             ("ADMIN_PORT".to_owned(), admin_port.to_string()),
@@ -220,6 +236,11 @@ impl Envoy {
     /// The counter `name` (e.g. `wasmcustom.sluice.rule.per-ip.allowed`), if Envoy has it.
     pub fn counter(&self, name: &str) -> Result<Option<u64>> {
         Ok(self.stats()?.counter(name))
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// The process id.

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,11 +29,24 @@ impl Redis {
 
     /// Like [`Redis::start`], with more `redis-server` arguments (e.g. `--cluster-enabled yes`).
     pub fn start_with(extra: &[&str]) -> Result<Redis> {
+        Redis::start_at(None, extra)
+    }
+
+    /// Like [`Redis::start_with`], on the given loopback port (one attempt: a taken port is an error).
+    pub fn start_on(port: u16, extra: &[&str]) -> Result<Redis> {
+        Redis::start_at(Some(port), extra)
+    }
+
+    fn start_at(port: Option<u16>, extra: &[&str]) -> Result<Redis> {
         let with_bus = extra.contains(&"--cluster-enabled");
+        let attempts = if port.is_some() { 1 } else { 3 };
         let mut last = None;
-        for _ in 0..3 {
+        for _ in 0..attempts {
             let mut redis = Redis {
-                port: free_port(with_bus)?,
+                port: match port {
+                    Some(port) => port,
+                    None => free_port(with_bus)?,
+                },
                 dir: tempfile::Builder::new().prefix("sluice-redis-").tempdir()?,
                 extra: extra.iter().map(|a| a.to_string()).collect(),
                 child: None,
@@ -63,6 +76,16 @@ impl Redis {
     /// The directory Redis runs in (its log is `redis.log` there).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Redis's log file (inside [`Redis::dir`], removed on drop).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// The process id, while Redis runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Sends one command; a Redis error reply is an `Err`.

@@ -24,6 +24,10 @@ pub struct ServiceOptions {
     pub token: String,
     /// More flags, e.g. `["--redis-timeout-ms", "200"]`.
     pub args: Vec<String>,
+    /// Where to listen; `None`: a free loopback port.
+    pub bind: Option<SocketAddr>,
+    /// The service's `RUST_LOG`.
+    pub log_filter: String,
 }
 
 impl ServiceOptions {
@@ -32,6 +36,8 @@ impl ServiceOptions {
             redis_url: redis_url.into(),
             token: format!("test-token-{}", std::process::id()),
             args: Vec::new(),
+            bind: None,
+            log_filter: "info".to_owned(),
         }
     }
 
@@ -90,9 +96,19 @@ impl Service {
         &self.options.token
     }
 
+    /// The service's log file (stderr; inside a temp dir removed on drop).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("service.log")
+    }
+
+    /// The process id, while the service runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The service's log (stderr) so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("service.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     /// `GET path` without a token.
@@ -120,6 +136,11 @@ impl Service {
             token,
             Some(body),
         )
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
 
     /// Kills the service (SIGKILL) and waits for it to exit.
@@ -156,7 +177,7 @@ impl Service {
     /// Starts the service again (on the same port once it had one) and waits for `/healthz`.
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
-        let bind = match self.address {
+        let bind = match self.address.or(self.options.bind) {
             Some(address) => address.to_string(),
             None => "127.0.0.1:0".to_owned(),
         };
@@ -167,7 +188,7 @@ impl Service {
             // The environment, not a flag: flags show in the process list.
             .env("SLUICE_TOKEN", &self.options.token)
             .args(&self.options.args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", &self.options.log_filter)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
