@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use sluice_tests::envoy::{
     agent, get, sustain, sustain_until, Envoy, EnvoyOptions, Load, Sustained, Template,
 };
+use sluice_tests::eventually;
 use sluice_tests::redis::Redis;
 use sluice_tests::service::{Service, ServiceOptions};
 
@@ -62,34 +63,6 @@ fn start_envoy(service: &Service, plugin_config_json: String, concurrency: u32) 
         placeholders: vec![("SERVICE_PORT".to_owned(), port.to_string())],
     })
     .unwrap()
-}
-
-/// A counter or gauge of Envoy's, 0 while Envoy does not have it yet.
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.counter(name).unwrap().unwrap_or(0)
-}
-
-fn sluice_stats(envoy: &Envoy) -> Vec<(String, String)> {
-    let stats = envoy.stats().unwrap();
-    stats
-        .matching("wasmcustom.sluice")
-        .into_iter()
-        .map(|(n, v)| (n.to_owned(), v.to_owned()))
-        .collect()
-}
-
-/// Polls `condition` every 50 ms until it holds; false if it did not within `within`.
-fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Every answer was 200 or 429 (no 5xx, no connection error), and none took [`SLOWEST_ALLOWED`].
@@ -186,14 +159,14 @@ fn two_proxies_share_one_cached_limit_within_the_bound() {
     );
 
     for (i, (envoy, run)) in proxies.iter().zip(&runs).enumerate() {
-        let stats = sluice_stats(envoy);
+        let stats = envoy.sluice_stats();
         assert!(
-            stat(envoy, "wasmcustom.sluice.sync.ok") > 0,
+            envoy.stat("wasmcustom.sluice.sync.ok") > 0,
             "proxy {i} never synced; {stats:?}\nservice log:\n{}",
             service.log()
         );
         assert_eq!(
-            stat(envoy, "wasmcustom.sluice.rule.shared.allowed"),
+            envoy.stat("wasmcustom.sluice.rule.shared.allowed"),
             run.count(200) as u64,
             "proxy {i}: the filter's allowed count and the 200s seen must agree; {stats:?}"
         );
@@ -234,23 +207,23 @@ fn killing_the_service_mid_load_costs_the_edge_nothing() {
         let loader = scope.spawn(|| sustain_until(&load, &stop));
         let steps = {
             std::thread::sleep(Duration::from_secs(2));
-            let synced = eventually(Duration::from_secs(5), || stat(&envoy, sync_ok) > 0);
-            let failed_before = stat(&envoy, sync_failed);
+            let synced = eventually(Duration::from_secs(5), || envoy.stat(sync_ok) > 0);
+            let failed_before = envoy.stat(sync_failed);
 
             service.kill();
             let killed = Instant::now();
-            let opened = eventually(Duration::from_secs(5), || stat(&envoy, breaker) == 1);
+            let opened = eventually(Duration::from_secs(5), || envoy.stat(breaker) == 1);
             let open_at = Instant::now();
-            let failed_after = stat(&envoy, sync_failed);
+            let failed_after = envoy.stat(sync_failed);
             // The fallback decides alone once the last lease (3 intervals) has lapsed: measure it after that.
             let window_from = open_at + Duration::from_millis(500);
             std::thread::sleep((window_from + window).saturating_duration_since(Instant::now()));
 
-            let ok_before_restart = stat(&envoy, sync_ok);
+            let ok_before_restart = envoy.stat(sync_ok);
             let restarted = service.restart();
             // The breaker probes after its cool-down (2 s, jittered up to 3 s), then closes on a good sync.
             let recovered = eventually(Duration::from_secs(10), || {
-                stat(&envoy, sync_ok) > ok_before_restart && stat(&envoy, breaker) == 0
+                envoy.stat(sync_ok) > ok_before_restart && envoy.stat(breaker) == 0
             });
             // A little more load with the breaker closed again.
             std::thread::sleep(Duration::from_millis(500));
@@ -280,7 +253,7 @@ fn killing_the_service_mid_load_costs_the_edge_nothing() {
         recovered,
         ok_before_restart,
     ) = steps;
-    let stats = sluice_stats(&envoy);
+    let stats = envoy.sluice_stats();
 
     assert!(synced, "no sync succeeded before the kill; {stats:?}");
     assert_edge_unharmed(&run, "load across the kill and the restart");
@@ -356,21 +329,21 @@ fn redis_restarting_under_the_service_is_a_503_and_then_nothing() {
     let (run, steps) = std::thread::scope(|scope| {
         let loader = scope.spawn(|| sustain_until(&load, &stop));
         let steps = {
-            let synced = eventually(Duration::from_secs(5), || stat(&envoy, sync_ok) > 0);
+            let synced = eventually(Duration::from_secs(5), || envoy.stat(sync_ok) > 0);
             redis.stop();
             let during = service.post("/v1/sync", &sync_body);
             let alive = service.get("/healthz");
             let unready = service.get("/readyz");
-            let opened = eventually(Duration::from_secs(5), || stat(&envoy, breaker) == 1);
+            let opened = eventually(Duration::from_secs(5), || envoy.stat(breaker) == 1);
 
             let restarted = redis.restart();
             let ready = eventually(
                 Duration::from_secs(10),
                 || matches!(service.get("/readyz"), Ok(r) if r.status == 200),
             );
-            let ok_before = stat(&envoy, sync_ok);
+            let ok_before = envoy.stat(sync_ok);
             let recovered = eventually(Duration::from_secs(10), || {
-                stat(&envoy, sync_ok) > ok_before && stat(&envoy, breaker) == 0
+                envoy.stat(sync_ok) > ok_before && envoy.stat(breaker) == 0
             });
             let after = service.post("/v1/sync", &sync_body);
             (
@@ -381,7 +354,7 @@ fn redis_restarting_under_the_service_is_a_503_and_then_nothing() {
         (loader.join().unwrap(), steps)
     });
     let (synced, during, alive, unready, opened, restarted, ready, recovered, after) = steps;
-    let stats = sluice_stats(&envoy);
+    let stats = envoy.sluice_stats();
     let log = service.log();
 
     assert!(synced, "no sync succeeded before Redis stopped; {stats:?}");
@@ -453,18 +426,18 @@ fn a_wrong_token_is_refused_loudly_and_the_fallback_answers() {
         .map(|_| get(&client, &url, &[]).unwrap().status)
         .collect();
     let refused = eventually(Duration::from_secs(5), || {
-        stat(&envoy, "wasmcustom.sluice.sync.unauthorized") > 0
+        envoy.stat("wasmcustom.sluice.sync.unauthorized") > 0
     });
     // Once refused, no grant can have come: the fallback still decides.
     statuses.extend((0..5).map(|_| get(&client, &url, &[]).unwrap().status));
-    let stats = sluice_stats(&envoy);
+    let stats = envoy.sluice_stats();
 
     assert!(
         refused,
         "sync.unauthorized stayed 0 for 5 s; {stats:?}\nservice log:\n{}",
         service.log()
     );
-    assert_eq!(stat(&envoy, "wasmcustom.sluice.sync.ok"), 0, "{stats:?}");
+    assert_eq!(envoy.stat("wasmcustom.sluice.sync.ok"), 0, "{stats:?}");
     let log = envoy.log();
     assert!(
         log.contains("refused our token"),
@@ -505,14 +478,14 @@ fn strict_rules_are_exact_and_fail_closed_without_a_hang() {
         statuses,
         [200, 200, 200, 200, 200, 429, 429, 429, 429, 429],
         "5 per minute, decided by the service one request at a time; {:?}",
-        sluice_stats(&envoy)
+        envoy.sluice_stats()
     );
     let denied = &replies[5];
     assert!(
         denied.header("retry-after").is_some() && denied.body.contains("\"rule\":\"strict\""),
         "{denied:?}"
     );
-    assert!(stat(&envoy, "wasmcustom.sluice.check.sent") >= 10);
+    assert!(envoy.stat("wasmcustom.sluice.check.sent") >= 10);
     let (fresh, _) = send("carol");
     assert_eq!(
         fresh.status, 200,
@@ -532,9 +505,9 @@ fn strict_rules_are_exact_and_fail_closed_without_a_hang() {
             "request {i} with the service dead took {took:?} (timeout_ms {TIMEOUT_MS})"
         );
     }
-    let stats = sluice_stats(&envoy);
+    let stats = envoy.sluice_stats();
     assert!(
-        stat(&envoy, "wasmcustom.sluice.check.failed") >= 1,
+        envoy.stat("wasmcustom.sluice.check.failed") >= 1,
         "no strict check was counted as failed; {stats:?}"
     );
 }

@@ -23,6 +23,7 @@ use sluice_tests::envoy::{
     agent, free_ports, get, raw_get, repo_root, wasm_path, Demo, DerivedTemplate, Envoy,
     EnvoyOptions, Reply, Template,
 };
+use sluice_tests::eventually;
 use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
 
@@ -30,35 +31,6 @@ const BYPASSED: &str = "wasmcustom.sluice.bypassed";
 const SYNC_OK: &str = "wasmcustom.sluice.sync.ok";
 const SYNC_FAILED: &str = "wasmcustom.sluice.sync.failed";
 const BREAKER_OPEN: &str = "wasmcustom.sluice.breaker.open";
-
-/// A counter or gauge of Envoy's, 0 while Envoy does not have it yet.
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.counter(name).unwrap().unwrap_or(0)
-}
-
-/// sluice's stats, for assert messages.
-fn sluice_stats(envoy: &Envoy) -> Vec<(String, String)> {
-    let stats = envoy.stats().unwrap();
-    stats
-        .matching("wasmcustom.sluice")
-        .into_iter()
-        .map(|(n, v)| (n.to_owned(), v.to_owned()))
-        .collect()
-}
-
-/// Polls `condition` every 50 ms until it holds; false if it did not within `within`.
-fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// A loopback port nothing listens on (a counter service that is not there: connections are refused).
 fn closed_port() -> u16 {
@@ -229,7 +201,7 @@ mod client_address {
         let next = get(&client, &url, &[]).unwrap();
         assert_eq!(next.status, 429, "{what}: the limit is spent: {next:?}");
 
-        let bypassed_before = stat(envoy, BYPASSED);
+        let bypassed_before = envoy.stat(BYPASSED);
         let mut tried = 0;
         let mut not_denied = Vec::new();
         for n in 1..=5 {
@@ -247,14 +219,14 @@ mod client_address {
                 }
             }
         }
-        let bypassed = stat(envoy, BYPASSED) - bypassed_before;
+        let bypassed = envoy.stat(BYPASSED) - bypassed_before;
         assert!(
             not_denied.is_empty() && bypassed == 0,
             "{what}: once 127.0.0.1 had spent its {limit} on {path}, {} of {tried} requests with forged client \
              headers were not denied and {bypassed} were bypassed; the client picked its own address (the edge \
              must set use_remote_address: true, xff_num_trusted_hops: 0):\n{not_denied:#?}\nsluice's stats: {:?}",
             not_denied.len(),
-            sluice_stats(envoy)
+            envoy.sluice_stats()
         );
     }
 
@@ -397,7 +369,7 @@ mod client_address {
             [200, 200, 200, 429, 429],
             "{what}: the client is the entry the load balancer appended (203.0.113.7), whatever it sent before \
              it; sluice's stats: {:?}",
-            sluice_stats(envoy)
+            envoy.sluice_stats()
         );
         // A load balancer that adds its own header line instead of appending to the client's: one list.
         let two_lines = raw_get(
@@ -420,10 +392,10 @@ mod client_address {
             "{what}: 203.0.113.8 (appended by the load balancer) has its own bucket: {other:?}"
         );
 
-        let bypassed = stat(envoy, BYPASSED);
+        let bypassed = envoy.stat(BYPASSED);
         let forged = send("10.9.9.9, 203.0.113.7");
         assert_eq!(
-            (forged.status, stat(envoy, BYPASSED)),
+            (forged.status, envoy.stat(BYPASSED)),
             (429, bypassed),
             "{what}: a forged 10.9.9.9 left of the load balancer's entry must not pass bypass.cidrs: {forged:?}"
         );
@@ -433,10 +405,10 @@ mod client_address {
             "{what}: the load balancer says the client is 10.9.9.9, in bypass.cidrs: {trusted:?}"
         );
         assert_eq!(
-            stat(envoy, BYPASSED),
+            envoy.stat(BYPASSED),
             bypassed + 1,
             "{what}: {:?}",
-            sluice_stats(envoy)
+            envoy.sluice_stats()
         );
     }
 
@@ -522,7 +494,7 @@ mod paths {
             "{what}: once the client had spent its 3 on /api/x, these spellings of /api/x were not denied: \
              {not_denied:?} (path, status); a rule must match the path the request names, not its spelling; \
              sluice's stats: {:?}",
-            sluice_stats(envoy)
+            envoy.sluice_stats()
         );
     }
 
@@ -537,9 +509,9 @@ mod paths {
             not_bypassed.push("//healthz");
         }
         for path in not_bypassed {
-            let before = stat(envoy, BYPASSED);
+            let before = envoy.stat(BYPASSED);
             let reply = raw_get(envoy.listen_port, path, &[]).unwrap();
-            let after = stat(envoy, BYPASSED);
+            let after = envoy.stat(BYPASSED);
             if after != before {
                 problems.push(format!(
                     "{path}: bypassed (status {}), it is not /healthz",
@@ -553,20 +525,20 @@ mod paths {
                 ));
             }
         }
-        let before = stat(envoy, BYPASSED);
+        let before = envoy.stat(BYPASSED);
         let reply: Reply = raw_get(envoy.listen_port, "/healthz?x", &[]).unwrap();
-        if reply.status != 200 || stat(envoy, BYPASSED) != before + 1 {
+        if reply.status != 200 || envoy.stat(BYPASSED) != before + 1 {
             problems.push(format!(
                 "/healthz?x: status {}, bypassed {} time(s); the query is ignored, it is /healthz",
                 reply.status,
-                stat(envoy, BYPASSED) - before
+                envoy.stat(BYPASSED) - before
             ));
         }
         assert!(
             problems.is_empty(),
             "{what}: bypass.paths [\"/healthz\"] must match exactly:\n{}\nsluice's stats: {:?}",
             problems.join("\n"),
-            sluice_stats(envoy)
+            envoy.sluice_stats()
         );
     }
 
@@ -669,7 +641,7 @@ mod sync_batches {
             sent_a += 1;
             admitted_a += usize::from(reply.status == 200);
             if sent_a % 10 == 0 {
-                breaker_seen = breaker_seen.max(stat(&a, BREAKER_OPEN));
+                breaker_seen = breaker_seen.max(a.stat(BREAKER_OPEN));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -680,30 +652,30 @@ mod sync_batches {
                 .status
                 == 200,
         );
-        let b_synced = eventually(Duration::from_secs(2), || stat(&b, SYNC_OK) > 0);
+        let b_synced = eventually(Duration::from_secs(2), || b.stat(SYNC_OK) > 0);
         for _ in 0..10 {
             let reply = get(&client, &b.url("/api/x"), &[("x-api-key", "alice")]).unwrap();
             admitted_b += usize::from(reply.status == 200);
             std::thread::sleep(Duration::from_millis(20));
         }
         let elapsed = started.elapsed();
-        breaker_seen = breaker_seen.max(stat(&a, BREAKER_OPEN));
-        let stats_a = sluice_stats(&a);
+        breaker_seen = breaker_seen.max(a.stat(BREAKER_OPEN));
+        let stats_a = a.sluice_stats();
         let service_log = tail(&service.log(), 10);
         eprintln!(
             "600-byte key: alice admitted {admitted_a} of {sent_a} on A, {admitted_b} of 11 on B in {elapsed:?}; \
              A: sync.ok {}, sync.failed {}, breaker seen {breaker_seen}",
-            stat(&a, SYNC_OK),
-            stat(&a, SYNC_FAILED)
+            a.stat(SYNC_OK),
+            a.stat(SYNC_FAILED)
         );
 
         assert_eq!(
-            stat(&a, SYNC_FAILED),
+            a.stat(SYNC_FAILED),
             0,
             "proxy A's syncs failed after one request with a 600-byte x-api-key (the service refuses keys over \
              512 bytes, and the key went back into every batch); A's stats: {stats_a:?}\nservice log:\n{service_log}"
         );
-        assert!(stat(&a, SYNC_OK) > 0, "A never synced; {stats_a:?}");
+        assert!(a.stat(SYNC_OK) > 0, "A never synced; {stats_a:?}");
         assert_eq!(
             breaker_seen, 0,
             "A's breaker opened; {stats_a:?}\nservice log:\n{service_log}"
@@ -713,13 +685,13 @@ mod sync_batches {
             "alice got {admitted_a} of {sent_a} admitted on A in 3 s; with fail_closed only leases admit, so A got \
              (almost) no lease; {stats_a:?}"
         );
-        assert!(b_synced, "B never synced; {:?}", sluice_stats(&b));
+        assert!(b_synced, "B never synced; {:?}", b.sluice_stats());
         let refill = (elapsed.as_secs_f64() * 10.0 / 60.0).floor() as usize;
         assert!(
             admitted_a + admitted_b <= 10 + refill + 1,
             "A admitted {admitted_a} and B {admitted_b} of alice in {elapsed:?}: more than the shared 10 (+{refill} \
              refilled, +1); B did not see what A spent; B: {:?}",
-            sluice_stats(&b)
+            b.sluice_stats()
         );
     }
 
@@ -741,9 +713,9 @@ mod sync_batches {
         };
         normal(&client);
         assert!(
-            eventually(Duration::from_secs(5), || stat(&envoy, SYNC_OK) > 0),
+            eventually(Duration::from_secs(5), || envoy.stat(SYNC_OK) > 0),
             "no sync before the service went down; {:?}",
-            sluice_stats(&envoy)
+            envoy.sluice_stats()
         );
 
         service.kill();
@@ -761,20 +733,20 @@ mod sync_batches {
             (2_500, 0),
             "the flood: {flood:?}"
         );
-        let noticed = eventually(Duration::from_secs(5), || stat(&envoy, BREAKER_OPEN) == 1);
+        let noticed = eventually(Duration::from_secs(5), || envoy.stat(BREAKER_OPEN) == 1);
         assert!(
             noticed,
             "the breaker did not open with the service down; {:?}",
-            sluice_stats(&envoy)
+            envoy.sluice_stats()
         );
 
-        let ok_before = stat(&envoy, SYNC_OK);
-        let failed_before = stat(&envoy, SYNC_FAILED);
+        let ok_before = envoy.stat(SYNC_OK);
+        let failed_before = envoy.stat(SYNC_FAILED);
         service.restart().unwrap();
         let back = Instant::now();
         let mut recovered = None;
         while back.elapsed() < Duration::from_secs(5) {
-            if stat(&envoy, SYNC_OK) > ok_before {
+            if envoy.stat(SYNC_OK) > ok_before {
                 recovered = Some(back.elapsed());
                 break;
             }
@@ -786,15 +758,15 @@ mod sync_batches {
              sync.failed {failed_before} -> {}, recovered after {recovered:?}",
             flood.elapsed,
             flood.statuses,
-            stat(&envoy, SYNC_OK),
-            stat(&envoy, SYNC_FAILED)
+            envoy.stat(SYNC_OK),
+            envoy.stat(SYNC_FAILED)
         );
         assert!(
             recovered.is_some(),
             "sync.ok stayed at {ok_before} for 5 s after the service came back (2,500 keys of ~500 bytes were queued \
              while it was down; sync.failed {failed_before} -> {}); {:?}\nservice log:\n{}",
-            stat(&envoy, SYNC_FAILED),
-            sluice_stats(&envoy),
+            envoy.stat(SYNC_FAILED),
+            envoy.sluice_stats(),
             tail(&service.log(), 10)
         );
     }
@@ -871,7 +843,7 @@ mod memory {
             "Envoy's heap grew by {:.1} MiB over 20,000 unique 2 KB keys with the counter service unreachable \
              (max_keys 1024): memory must stay bounded whatever the keys; {:?}",
             heap_growth as f64 / MIB,
-            sluice_stats(&envoy)
+            envoy.sluice_stats()
         );
     }
 }
@@ -953,7 +925,7 @@ mod eviction {
              {most}: {refill} refilled + 1) while 8 junk keys of its public FNV-1a set (set {target} of {SETS}) came \
              before each request: the junk evicts its record and it comes back with a full bucket; statuses \
              {victim_statuses:?}; {:?}",
-            sluice_stats(&envoy)
+            envoy.sluice_stats()
         );
     }
 }

@@ -238,6 +238,27 @@ impl Envoy {
         Ok(self.stats()?.counter(name))
     }
 
+    /// The counter or gauge `name`, 0 while Envoy does not have it yet (panics if the admin
+    /// endpoint does not answer: for tests).
+    pub fn stat(&self, name: &str) -> u64 {
+        match self.counter(name) {
+            Ok(value) => value.unwrap_or(0),
+            Err(error) => panic!("reading {name} from Envoy's admin: {error:#}"),
+        }
+    }
+
+    /// sluice's own stats (`wasmcustom.sluice.*`), for assert messages.
+    pub fn sluice_stats(&self) -> Vec<(String, String)> {
+        match self.stats() {
+            Ok(stats) => stats
+                .matching("wasmcustom.sluice")
+                .into_iter()
+                .map(|(n, v)| (n.to_owned(), v.to_owned()))
+                .collect(),
+            Err(error) => vec![("error".to_owned(), format!("{error:#}"))],
+        }
+    }
+
     /// Whether the process is running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
