@@ -39,6 +39,11 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// A number in [0.5, 1.5) that spreads the breaker's cool-down over the proxies, from the time.
+pub fn jitter(now_us: u64) -> f64 {
+    0.5 + (sluice_core::table::fnv1a(&now_us.to_le_bytes()) % 1_000) as f64 / 1_000.0
+}
+
 /// A request header. Read as bytes: the SDK's string getter panics on a value that is not
 /// UTF-8, and HTTP allows such values.
 pub fn request_header(name: &str) -> Option<String> {

@@ -9,7 +9,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_core::net::client_address;
 use sluice_core::protocol::CheckResponse;
-use sluice_core::{sync, table, Effect, Exchange, Moment, Step};
+use sluice_core::{sync, Effect, Exchange, Moment, Step};
 
 use crate::callout;
 use crate::host::{self, HostRequest, SharedData};
@@ -70,7 +70,7 @@ impl Request {
             now_us,
             service_up: self.shared.service_up.get(),
             bypass: self.shared.bypass.get(),
-            jitter: 0.5 + (table::fnv1a(&now_us.to_le_bytes()) % 1_000) as f64 / 1_000.0,
+            jitter: host::jitter(now_us),
         }
     }
 

@@ -9,7 +9,7 @@ use proxy_wasm::types::LogLevel;
 use sluice_core::policy::Service;
 use sluice_core::protocol::SyncResponse;
 use sluice_core::round::{self, Batch};
-use sluice_core::{sync, table};
+use sluice_core::sync;
 
 use crate::callout::{self, Failure};
 use crate::host::{self, SharedData};
@@ -139,7 +139,7 @@ impl Syncer {
 /// A batch that did not get through: counts back, keys announced again, the breaker told.
 fn undo(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
     let mut store = SharedData;
-    let jitter = 0.5 + (table::fnv1a(&now.to_le_bytes()) % 1_000) as f64 / 1_000.0;
+    let jitter = host::jitter(now);
     for (rule, key) in round::undo(&shared.limiter, batch, service, now, jitter, &mut store) {
         let forgotten = shared.announcer.announce(&shared.limiter, rule, key);
         shared.metrics.sync_dropped(forgotten);

@@ -82,18 +82,24 @@ fn grant_all_of(
     remaining: u64,
     reset_ms: u64,
 ) {
+    let grants = request
+        .entries
+        .iter()
+        .map(|_| Grant {
+            tokens,
+            ttl_ms: 300,
+            remaining,
+            reset_ms,
+            refused: None,
+        })
+        .collect();
+    answer_sync(proxy, call, grants);
+}
+
+/// Answers a sync callout with these grants, one per entry, and the usual 100 ms hint.
+fn answer_sync(proxy: &Proxy, call: &HttpCall, grants: Vec<Grant>) {
     let response = SyncResponse {
-        grants: request
-            .entries
-            .iter()
-            .map(|_| Grant {
-                tokens,
-                ttl_ms: 300,
-                remaining,
-                reset_ms,
-                refused: None,
-            })
-            .collect(),
+        grants,
         hints: Hints {
             next_sync_ms: 100,
             ..Hints::default()
@@ -433,30 +439,16 @@ fn a_long_key_cannot_stop_the_sync() {
         .iter()
         .position(|e| e.key.contains("sha256:"))
         .expect("the long key, as a digest");
-    let response = SyncResponse {
-        grants: (0..batch.entries.len())
-            .map(|i| Grant {
-                tokens: if i == refused_at { 0 } else { 50 },
-                ttl_ms: if i == refused_at { 0 } else { 300 },
-                remaining: 0,
-                reset_ms: 0,
-                refused: (i == refused_at).then(|| "entries[0].key: refused".to_string()),
-            })
-            .collect(),
-        hints: Hints {
-            next_sync_ms: 100,
-            ..Hints::default()
-        },
-    };
-    let body = serde_json::to_vec(&response).unwrap();
-    proxy
-        .answer_call(
-            call.token,
-            200,
-            &[("content-type", "application/json")],
-            &body,
-        )
-        .unwrap();
+    let grants = (0..batch.entries.len())
+        .map(|i| Grant {
+            tokens: if i == refused_at { 0 } else { 50 },
+            ttl_ms: if i == refused_at { 0 } else { 300 },
+            remaining: 0,
+            reset_ms: 0,
+            refused: (i == refused_at).then(|| "entries[0].key: refused".to_string()),
+        })
+        .collect();
+    answer_sync(&proxy, &call, grants);
     assert_eq!(proxy.metric("sluice.sync.refused"), Some(1));
     assert_eq!(proxy.metric("sluice.sync.failed"), Some(0), "not a failure");
     assert_eq!(proxy.metric("sluice.breaker.open"), Some(0));
