@@ -929,3 +929,69 @@ mod eviction {
         );
     }
 }
+
+/// Header values a client shapes to escape its bucket: a repeated key header whose first value
+/// is junk (Envoy hands a filter only the first of a repeated header by name), and values that
+/// are not UTF-8 (a lossy conversion would merge different ones into one bucket).
+mod key_headers {
+    use super::*;
+    use sluice_tests::envoy::raw_get_bytes;
+
+    fn per_key(requests: u64) -> String {
+        json!({
+            "rules": [{
+                "name": "per-key",
+                "key": ["header:x-api-key"],
+                "limits": [{"requests": requests, "per": "minute", "burst": requests}],
+            }],
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_junk_first_value_does_not_escape_an_exhausted_key() {
+        let envoy = start(Template::Sluice, per_key(3), &[]);
+        let port = envoy.listen_port;
+        let send = |values: &[&[u8]]| {
+            let headers: Vec<(&str, &[u8])> = values.iter().map(|v| ("x-api-key", *v)).collect();
+            raw_get_bytes(port, "/api/x", &headers).unwrap().status
+        };
+        let spent: Vec<u16> = (0..4).map(|_| send(&[b"real"])).collect();
+        assert_eq!(spent, [200, 200, 200, 429], "the real key spends its 3");
+        let tricks: Vec<u16> = (0..5)
+            .map(|i| send(&[format!("junk-{i}").as_bytes(), b"real"]))
+            .collect();
+        assert_eq!(
+            tricks,
+            [429; 5],
+            "a junk first value in front of the exhausted real key; {:?}",
+            envoy.sluice_stats()
+        );
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_keep_their_own_buckets() {
+        let envoy = start(Template::Sluice, per_key(1), &[]);
+        let port = envoy.listen_port;
+        let send = |value: &[u8]| {
+            raw_get_bytes(port, "/api/x", &[("x-api-key", value)])
+                .unwrap()
+                .status
+        };
+        let first: Vec<u16> = [b"key-\xff", b"key-\xfe", b"key-\xfd"]
+            .iter()
+            .map(|v| send(*v))
+            .collect();
+        assert_eq!(
+            first,
+            [200, 200, 200],
+            "three different values, three buckets of one; {:?}",
+            envoy.sluice_stats()
+        );
+        assert_eq!(
+            send(b"key-\xff"),
+            429,
+            "the same value again shares its bucket"
+        );
+    }
+}

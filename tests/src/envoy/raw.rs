@@ -13,18 +13,27 @@ use crate::reply::Reply;
 /// `headers`), reads the response to the end and returns it. The body is returned as received (a chunked body
 /// keeps its chunk framing).
 pub fn raw_get(port: u16, target: &str, headers: &[(&str, &str)]) -> Result<Reply> {
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    raw_get_bytes(port, target, &headers)
+}
+
+/// [`raw_get`] with header values as bytes: values that are not UTF-8, or a header repeated.
+pub fn raw_get_bytes(port: u16, target: &str, headers: &[(&str, &[u8])]) -> Result<Reply> {
     let what = format!("raw GET {target} on port {port}");
     let mut stream =
         TcpStream::connect(("127.0.0.1", port)).with_context(|| format!("{what}: connecting"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    let mut request = format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n");
+    let mut request = format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").into_bytes();
     for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
+        request.extend_from_slice(name.as_bytes());
+        request.extend_from_slice(b": ");
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
     }
-    request.push_str("Connection: close\r\n\r\n");
+    request.extend_from_slice(b"Connection: close\r\n\r\n");
     stream
-        .write_all(request.as_bytes())
+        .write_all(&request)
         .with_context(|| format!("{what}: writing"))?;
     let mut bytes = Vec::new();
     stream
