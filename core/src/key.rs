@@ -27,40 +27,62 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
     let mut keys = vec![String::with_capacity(64)];
     keys[0].push_str(&rule.name);
     for part in &rule.key {
+        // The common case, one value, is appended in place: no allocation beyond the key.
+        let one = |keys: &mut Vec<String>, value: &str| {
+            for key in keys.iter_mut() {
+                key.push(SEPARATOR);
+                key.push_str(value);
+            }
+        };
         let values = match part {
             KeyPart::ClientIp => match request.client_ip() {
-                Some(ip) => vec![ip.to_string()],
+                Some(ip) => {
+                    one(&mut keys, ip);
+                    continue;
+                }
                 None => return Vec::new(),
             },
+            KeyPart::Path => {
+                one(&mut keys, request.normal_path());
+                continue;
+            }
+            KeyPart::Method => {
+                one(&mut keys, request.method());
+                continue;
+            }
+            KeyPart::Const(value) => {
+                one(&mut keys, value);
+                continue;
+            }
             KeyPart::Header(name) => distinct(request.header(name)),
-            KeyPart::Path => vec![request.normal_path().to_string()],
-            KeyPart::Method => vec![request.method().to_string()],
-            KeyPart::Const(value) => vec![value.clone()],
         };
-        if values.is_empty() {
-            return Vec::new();
+        match values.len() {
+            0 => return Vec::new(),
+            1 => one(&mut keys, &values[0]),
+            n if keys.len() * n > MAX_KEYS => {
+                // Only a client repeating several key headers gets here: one shared bucket for
+                // all such requests of the rule.
+                let mut key = rule.name.clone();
+                key.push(SEPARATOR);
+                key.push(MARK);
+                key.push_str("many");
+                return vec![key];
+            }
+            _ => {
+                keys = keys
+                    .iter()
+                    .flat_map(|key| {
+                        values.iter().map(move |value| {
+                            let mut next = String::with_capacity(key.len() + 1 + value.len());
+                            next.push_str(key);
+                            next.push(SEPARATOR);
+                            next.push_str(value);
+                            next
+                        })
+                    })
+                    .collect();
+            }
         }
-        if keys.len() * values.len() > MAX_KEYS {
-            // Only a client repeating several key headers gets here: one shared bucket for all
-            // such requests of the rule.
-            let mut key = rule.name.clone();
-            key.push(SEPARATOR);
-            key.push(MARK);
-            key.push_str("many");
-            return vec![key];
-        }
-        keys = keys
-            .iter()
-            .flat_map(|key| {
-                values.iter().map(move |value| {
-                    let mut next = String::with_capacity(key.len() + 1 + value.len());
-                    next.push_str(key);
-                    next.push(SEPARATOR);
-                    next.push_str(value);
-                    next
-                })
-            })
-            .collect();
     }
     keys.into_iter()
         .map(|key| bounded(&rule.name, key))

@@ -179,8 +179,9 @@ impl Matcher {
     /// upstream serves) or the path as sent: a trick that changes one cannot escape the rule.
     pub fn matches(&self, request: &dyn RequestView) -> bool {
         if let Some(prefix) = &self.path_prefix {
-            if !request.normal_path().starts_with(prefix.as_str())
-                && !request.path().starts_with(prefix.as_str())
+            // The path as sent first: when it matches, nothing needs normalizing.
+            if !request.path().starts_with(prefix.as_str())
+                && !request.normal_path().starts_with(prefix.as_str())
             {
                 return false;
             }
