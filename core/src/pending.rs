@@ -82,6 +82,58 @@ impl Pending {
     }
 }
 
+/// One worker's announcements: the quota of the current round on the shared queue, and the
+/// keys waiting beyond it. The host puts a key on the queue when [`Outbox::may_queue`] says so
+/// (and reports it with [`Outbox::queued`]); otherwise the key [`Outbox::wait`]s.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// The sync round the quota counts for.
+    round: u64,
+    /// Announcements put on the queue this round.
+    announced: u32,
+    waiting: Pending,
+}
+
+impl Outbox {
+    /// Whether an announcement may go on the queue now: nothing is waiting before it, and the
+    /// round's quota is not spent.
+    pub fn may_queue(&self) -> bool {
+        self.waiting.is_empty() && self.announced < ANNOUNCE_PER_ROUND
+    }
+
+    /// One announcement went on the queue.
+    pub fn queued(&mut self) {
+        self.announced = self.announced.saturating_add(1);
+    }
+
+    /// The key waits here; returns the keys forgotten to stay within bounds (their counts
+    /// must be dropped, see [`crate::sync::forget`]).
+    pub fn wait(&mut self, rule: RuleId, key: String) -> Vec<(RuleId, String)> {
+        self.waiting.push(rule, key)
+    }
+
+    /// The sync round is `round`: a new one starts the quota again.
+    pub fn round(&mut self, round: u64) {
+        if self.round != round {
+            self.round = round;
+            self.announced = 0;
+        }
+    }
+
+    /// The oldest waiting key, if the round's quota lets it go on the queue.
+    pub fn next_to_queue(&mut self) -> Option<(RuleId, String)> {
+        if self.announced >= ANNOUNCE_PER_ROUND {
+            return None;
+        }
+        self.waiting.pop()
+    }
+
+    /// Every waiting key (the round's winner sends them).
+    pub fn take_waiting(&mut self) -> Pending {
+        std::mem::take(&mut self.waiting)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +150,34 @@ mod tests {
         assert_eq!(pending.len(), 2);
         assert_eq!(pending.pop(), Some((RuleId::new(0), "a".into())));
         assert_eq!(pending.bytes(), 1);
+    }
+
+    #[test]
+    fn the_queue_takes_a_quota_a_round_and_the_rest_waits_in_order() {
+        let mut outbox = Outbox::default();
+        outbox.round(1);
+        let mut queued = 0;
+        for i in 0..ANNOUNCE_PER_ROUND + 3 {
+            if outbox.may_queue() {
+                outbox.queued();
+                queued += 1;
+            } else {
+                assert!(outbox.wait(RuleId::new(0), format!("k{i}")).is_empty());
+            }
+        }
+        assert_eq!(queued, ANNOUNCE_PER_ROUND);
+        assert_eq!(outbox.next_to_queue(), None, "the quota is spent");
+        outbox.round(1);
+        assert_eq!(outbox.next_to_queue(), None, "the same round");
+        outbox.round(2);
+        let first = format!("k{ANNOUNCE_PER_ROUND}");
+        assert_eq!(outbox.next_to_queue(), Some((RuleId::new(0), first)), "oldest first");
+        assert!(
+            !outbox.may_queue(),
+            "keys still wait: a new one goes behind them"
+        );
+        assert_eq!(outbox.take_waiting().len(), 2);
+        assert!(outbox.may_queue());
     }
 
     #[test]

@@ -1,81 +1,58 @@
-//! Announcing keys with unsynced counts to the worker that syncs, within bounds: at most
-//! [`ANNOUNCE_PER_ROUND`] a round on the shared queue per worker, the rest in the worker's own
-//! bounded [`Pending`] set (see `sluice_core::pending`).
+//! Announcing keys with unsynced counts to the worker that syncs: the host's shared queue,
+//! within the bounds core's [`Outbox`] keeps (`sluice_core::pending`).
 
 use std::cell::RefCell;
 
 use proxy_wasm::hostcalls;
-use sluice_core::pending::{Pending, ANNOUNCE_PER_ROUND};
+use sluice_core::pending::{Outbox, Pending};
 use sluice_core::policy::RuleId;
 use sluice_core::{sync, Limiter};
 
 use crate::host::SharedData;
 
-#[derive(Default)]
-struct State {
-    /// The sync round the quota counts for.
-    round: u64,
-    /// Announcements put on the queue this round.
-    announced: u32,
-    pending: Pending,
-}
-
 /// One worker's announcements.
 #[derive(Default)]
 pub struct Announcer {
     queue: Option<u32>,
-    state: RefCell<State>,
+    outbox: RefCell<Outbox>,
 }
 
 impl Announcer {
     pub fn new(queue: Option<u32>) -> Announcer {
         Announcer {
             queue,
-            state: RefCell::default(),
+            outbox: RefCell::default(),
         }
     }
 
     /// Announces that `key` of `rule` has unsynced counts. Returns how many waiting keys had
     /// to be forgotten (their counts dropped) to keep the bounds.
     pub fn announce(&self, limiter: &Limiter, rule: RuleId, key: String) -> usize {
-        let Ok(mut state) = self.state.try_borrow_mut() else {
+        let Ok(mut outbox) = self.outbox.try_borrow_mut() else {
             return 0;
         };
-        if state.pending.is_empty()
-            && state.announced < ANNOUNCE_PER_ROUND
-            && self.enqueue(rule, &key)
-        {
-            state.announced += 1;
+        if outbox.may_queue() && self.enqueue(rule, &key) {
+            outbox.queued();
             return 0;
         }
-        let forgotten = state.pending.push(rule, key);
-        drop(state);
-        for (rule, key) in &forgotten {
-            let _ = sync::forget(limiter, *rule, key, &mut SharedData);
-        }
-        forgotten.len()
+        let forgotten = outbox.wait(rule, key);
+        drop(outbox);
+        forget(limiter, &forgotten)
     }
 
-    /// A new round began (or not): the quota starts again, and waiting keys go on the queue
-    /// within it.
+    /// The sync round is `round`: waiting keys go on the queue within its quota.
     pub fn flush(&self, round: u64) {
-        let Ok(mut state) = self.state.try_borrow_mut() else {
+        let Ok(mut outbox) = self.outbox.try_borrow_mut() else {
             return;
         };
-        if state.round != round {
-            state.round = round;
-            state.announced = 0;
-        }
-        while state.announced < ANNOUNCE_PER_ROUND {
-            let Some((rule, key)) = state.pending.pop() else {
-                break;
-            };
+        outbox.round(round);
+        while let Some((rule, key)) = outbox.next_to_queue() {
             if !self.enqueue(rule, &key) {
                 // Keeps its place as the newest; the host's queue is not there to take it.
-                let _ = state.pending.push(rule, key);
+                let _ = outbox.wait(rule, key);
                 break;
             }
-            state.announced += 1;
+            outbox.queued();
         }
     }
 
@@ -83,8 +60,8 @@ impl Announcer {
     /// waiting keys first, and returns them once each, oldest first, bounded as `Pending` is.
     /// Keys forgotten on the way have their counts dropped.
     pub fn gather(&self, limiter: &Limiter) -> (Pending, usize) {
-        let mut gathered = match self.state.try_borrow_mut() {
-            Ok(mut state) => std::mem::take(&mut state.pending),
+        let mut gathered = match self.outbox.try_borrow_mut() {
+            Ok(mut outbox) => outbox.take_waiting(),
             Err(_) => Pending::default(),
         };
         let mut forgotten = Vec::new();
@@ -95,16 +72,12 @@ impl Announcer {
                 }
             }
         }
-        for (rule, key) in &forgotten {
-            let _ = sync::forget(limiter, *rule, key, &mut SharedData);
-        }
-        (gathered, forgotten.len())
+        (gathered, forget(limiter, &forgotten))
     }
 
-    /// Gives back what the winner could not send this round: it waits here, and goes on the
-    /// queue within the quota.
-    pub fn keep(&self, limiter: &Limiter, left: Pending) {
-        let mut left = left;
+    /// Gives back what the winner could not send this round: it goes on the queue within the
+    /// quota, or waits here.
+    pub fn keep(&self, limiter: &Limiter, mut left: Pending) {
         while let Some((rule, key)) = left.pop() {
             self.announce(limiter, rule, key);
         }
@@ -118,4 +91,12 @@ impl Announcer {
             None => false,
         }
     }
+}
+
+/// Drops the counts of keys that could not wait any longer; how many.
+fn forget(limiter: &Limiter, forgotten: &[(RuleId, String)]) -> usize {
+    for (rule, key) in forgotten {
+        let _ = sync::forget(limiter, *rule, key, &mut SharedData);
+    }
+    forgotten.len()
 }
