@@ -16,7 +16,7 @@
 use crate::decision::{Decision, Outcome, Quota, Spent};
 use crate::headers::{denial_body, render, retry_after_seconds};
 use crate::limit::Limit;
-use crate::limiter::{Conditions, Limiter, RuleAnswer};
+use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
@@ -143,7 +143,7 @@ impl Exchange {
                 exchange.spent = evaluation.spent;
                 for (rule, key) in limiter.strict_keys(request) {
                     if moment.service_up {
-                        let Some(spec) = limiter.policy().rule(rule) else {
+                        let Some(Enforced { rule: spec, .. }) = limiter.rule(rule) else {
                             continue;
                         };
                         let check = exchange.checks.len();
@@ -184,9 +184,8 @@ impl Exchange {
         match answer {
             Some(answer) => {
                 let limit = limiter
-                    .policy()
                     .rule(rule)
-                    .and_then(|r| r.limits.first().copied())
+                    .and_then(|r| r.rule.limits.first().copied())
                     .unwrap_or(Limit::UNIT);
                 let answer = RuleAnswer {
                     allowed: answer.allowed,
@@ -229,9 +228,8 @@ impl Exchange {
         let Some((rule, quota)) = self.quota.take() else {
             return Vec::new();
         };
-        let policy = limiter.policy();
-        let name = policy.rule(rule).map_or("", |r| r.name.as_str());
-        render(policy.headers, name, &quota)
+        let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
+        render(limiter.policy().headers, name, &quota)
     }
 
     /// Strict checks still out.
@@ -276,9 +274,8 @@ impl Exchange {
         effects: &mut Vec<Effect>,
     ) {
         let shadow = limiter
-            .policy()
             .rule(rule)
-            .is_some_and(|r| r.mode == Mode::Shadow);
+            .is_some_and(|r| r.rule.mode == Mode::Shadow);
         let outcome = match (answer.allowed, shadow) {
             (true, _) => Outcome::Allowed,
             (false, true) => Outcome::ShadowDenied,
@@ -314,7 +311,7 @@ impl Exchange {
 /// The 429 for a denial by `rule`.
 fn denial(limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
     let policy = limiter.policy();
-    let name = policy.rule(rule).map_or("", |r| r.name.as_str());
+    let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
     let retry_after = retry_after_seconds(retry_after_us);
     let mut headers = vec![
         ("retry-after", retry_after.to_string()),

@@ -38,6 +38,15 @@ struct RuleVerdict {
     spend: Spend,
 }
 
+/// A rule ready to enforce: its identity, its validated value and its key table, always
+/// together (the limiter keeps no table apart from its rule).
+#[derive(Debug, Clone, Copy)]
+pub struct Enforced<'a> {
+    pub id: RuleId,
+    pub rule: &'a Rule,
+    pub table: &'a Table,
+}
+
 /// One rule's answer, outside a whole-request decision (strict fallbacks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleAnswer {
@@ -69,9 +78,24 @@ impl Limiter {
         &self.policy
     }
 
+    /// The rule `id` names, with its table.
+    pub fn rule(&self, id: RuleId) -> Option<Enforced<'_>> {
+        let rule = self.policy.rule(id)?;
+        let table = self.tables.get(id.index())?;
+        Some(Enforced { id, rule, table })
+    }
+
+    /// Every rule, in order, with its table.
+    pub fn rules(&self) -> impl Iterator<Item = Enforced<'_>> {
+        self.policy
+            .rules()
+            .zip(&self.tables)
+            .map(|((id, rule), table)| Enforced { id, rule, table })
+    }
+
     /// The key table of rule `rule`.
     pub fn table(&self, rule: RuleId) -> Option<&Table> {
-        self.tables.get(rule.index())
+        self.rule(rule).map(|r| r.table)
     }
 
     /// Whether a request skips every rule.
@@ -98,14 +122,16 @@ impl Limiter {
         let mut denial = None;
         let mut lease_exhausted = false;
 
-        for (index, rule) in self.policy.rules() {
+        for Enforced {
+            id: index,
+            rule,
+            table,
+        } in self.rules()
+        {
             if rule.consistency == Consistency::Strict || !rule.matcher.matches(request) {
                 continue;
             }
             for key in key::build(rule, request) {
-                let Some(table) = self.tables.get(index.index()) else {
-                    continue;
-                };
                 let fingerprint = table.fingerprint(&key);
                 let limits = bucket_limits(rule);
                 let step = store::update(store, &table.set_key(fingerprint), |set| {
@@ -189,7 +215,10 @@ impl Limiter {
     /// The strict rules that match this request, with their keys: each needs one check.
     pub fn strict_keys(&self, request: &mut dyn RequestView) -> Vec<(RuleId, String)> {
         let mut keys = Vec::new();
-        for (index, rule) in self.policy.rules() {
+        for Enforced {
+            id: index, rule, ..
+        } in self.rules()
+        {
             if rule.consistency == Consistency::Strict && rule.matcher.matches(request) {
                 keys.extend(
                     key::build(rule, request)
@@ -209,8 +238,9 @@ impl Limiter {
         now_us: u64,
         store: &mut dyn Store,
     ) -> Option<RuleAnswer> {
-        let spec = self.policy.rule(rule)?;
-        let table = self.table(rule)?;
+        let Enforced {
+            rule: spec, table, ..
+        } = self.rule(rule)?;
         let fingerprint = table.fingerprint(key);
         let limits = bucket_limits(spec);
         let conditions = Conditions {
@@ -243,7 +273,7 @@ impl Limiter {
     }
 
     fn refund_one(&self, index: RuleId, fingerprint: u64, how: Spend, store: &mut dyn Store) {
-        let (Some(rule), Some(table)) = (self.policy.rule(index), self.table(index)) else {
+        let Some(Enforced { rule, table, .. }) = self.rule(index) else {
             return;
         };
         // Best effort: a refund that loses every race leaves the client one token short.

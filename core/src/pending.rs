@@ -171,7 +171,11 @@ mod tests {
         assert_eq!(outbox.next_to_queue(), None, "the same round");
         outbox.round(2);
         let first = format!("k{ANNOUNCE_PER_ROUND}");
-        assert_eq!(outbox.next_to_queue(), Some((RuleId::new(0), first)), "oldest first");
+        assert_eq!(
+            outbox.next_to_queue(),
+            Some((RuleId::new(0), first)),
+            "oldest first"
+        );
         assert!(
             !outbox.may_queue(),
             "keys still wait: a new one goes behind them"

@@ -46,7 +46,7 @@ pub fn compose(
         let Some((rule, key)) = waiting.pop() else {
             break;
         };
-        let limits = limiter.policy().rule(rule).map_or(0, |r| r.limits.len());
+        let limits = limiter.rule(rule).map_or(0, |r| r.rule.limits.len());
         let size = entry_bytes(&key, limits);
         if bytes + size > MAX_BATCH_BYTES && !entries.is_empty() {
             // Back to the front would be fairer, but the next round takes it first anyway:

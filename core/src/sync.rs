@@ -2,7 +2,7 @@
 //! answer becomes leases. Pure steps over [`Store`] values; the filter does the I/O.
 
 use crate::breaker::Breaker;
-use crate::limiter::Limiter;
+use crate::limiter::{Enforced, Limiter};
 use crate::policy::RuleId;
 use crate::protocol::{Grant, LimitSpec, SyncEntry};
 use crate::store::{self, Store, StoreError};
@@ -158,8 +158,9 @@ pub fn snapshot(
     key: &str,
     store: &mut dyn Store,
 ) -> Option<SyncEntry> {
-    let spec = limiter.policy().rule(rule)?;
-    let table = limiter.table(rule)?;
+    let Enforced {
+        rule: spec, table, ..
+    } = limiter.rule(rule)?;
     let fingerprint = table.fingerprint(key);
     let limits = crate::limiter::bucket_limits(spec);
     let (spent, denied) = store::update(store, &table.set_key(fingerprint), |set| {
@@ -192,7 +193,10 @@ pub fn forget(
     key: &str,
     store: &mut dyn Store,
 ) -> Result<(), StoreError> {
-    let (Some(spec), Some(table)) = (limiter.policy().rule(rule), limiter.table(rule)) else {
+    let Some(Enforced {
+        rule: spec, table, ..
+    }) = limiter.rule(rule)
+    else {
         return Ok(());
     };
     let limits = crate::limiter::bucket_limits(spec);
@@ -219,7 +223,10 @@ pub fn restore(
     entry: &SyncEntry,
     store: &mut dyn Store,
 ) -> Result<bool, StoreError> {
-    let (Some(spec), Some(table)) = (limiter.policy().rule(rule), limiter.table(rule)) else {
+    let Some(Enforced {
+        rule: spec, table, ..
+    }) = limiter.rule(rule)
+    else {
         return Ok(false);
     };
     let limits = crate::limiter::bucket_limits(spec);
@@ -251,7 +258,10 @@ pub fn apply_lease(
     now_us: u64,
     store: &mut dyn Store,
 ) -> Result<(), StoreError> {
-    let (Some(spec), Some(table)) = (limiter.policy().rule(rule), limiter.table(rule)) else {
+    let Some(Enforced {
+        rule: spec, table, ..
+    }) = limiter.rule(rule)
+    else {
         return Ok(());
     };
     let limits = crate::limiter::bucket_limits(spec);

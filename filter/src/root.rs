@@ -56,7 +56,7 @@ impl RootContext for Root {
         prepare(&limiter);
         let service = limiter.policy().service.clone();
         let metrics = Metrics::define(
-            limiter.policy().rules.iter().map(|r| r.name.as_str()),
+            limiter.rules().map(|r| r.rule.name.as_str()),
             service.is_some(),
         );
         if let Some(service) = service
@@ -112,10 +112,8 @@ impl RootContext for Root {
 /// (Envoy's main-thread VM, before any worker serves) creates them all; later VMs find them.
 fn prepare(limiter: &Limiter) {
     let mut store = SharedData;
-    for (rule, _) in limiter.policy().rules() {
-        let Some(table) = limiter.table(rule) else {
-            continue;
-        };
+    for rule in limiter.rules() {
+        let table = rule.table;
         if matches!(store.get(&table.set_key_at(0)), Ok(Some(_))) {
             continue;
         }
