@@ -20,9 +20,9 @@ use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
+use crate::proxy_sync;
 use crate::request::RequestView;
 use crate::store::Store;
-use crate::sync;
 
 /// What the host knows besides the request, at one moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -65,7 +65,7 @@ pub enum Effect {
     Bypassed,
     /// A key got its first unsynced count: announce it to the syncer.
     Announce { rule: RuleId, key: String },
-    /// A lease ran out: bring the next sync round forward ([`sync::hurry`]).
+    /// A lease ran out: bring the next sync round forward ([`proxy_sync::hurry`]).
     Hurry,
     /// Send this strict check; feed its answer (or its failure, even to be sent) to
     /// [`Exchange::answered`] with `check`.
@@ -201,7 +201,7 @@ impl Exchange {
             None => {
                 if let Some(service) = limiter.policy().service.as_ref() {
                     // A failed check counts against the breaker; it leaves the sync round alone.
-                    let _ = sync::update_state(store, |s| {
+                    let _ = proxy_sync::update_state(store, |s| {
                         s.breaker.failed(
                             service.breaker_failures,
                             moment.now_us,

@@ -30,4 +30,4 @@ pub use policy::Policy;
 pub use request::{PlainRequest, RequestView};
 pub use store::{MemoryStore, Store, StoreError};
 pub mod breaker;
-pub mod sync;
+pub mod proxy_sync;

@@ -7,8 +7,8 @@ use crate::pending::{entry_bytes, Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use crate::policy::RuleId;
 use crate::policy::Service;
 use crate::protocol::{SyncRequest, SyncResponse};
+use crate::proxy_sync;
 use crate::store::Store;
-use crate::sync;
 
 /// A batch to send, and which rule each entry's key belongs to.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +54,7 @@ pub fn compose(
             let _ = waiting.push(rule, key);
             break;
         }
-        if let Some(entry) = sync::snapshot(limiter, rule, &key, store) {
+        if let Some(entry) = proxy_sync::snapshot(limiter, rule, &key, store) {
             bytes += size;
             entries.push(entry);
             rules.push(rule);
@@ -91,10 +91,10 @@ pub fn settle(
             settled.reason.get_or_insert_with(|| reason.clone());
             continue;
         }
-        let _ = sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
+        let _ = proxy_sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
     }
     let hints = &response.hints;
-    let _ = sync::update_state(store, |s| {
+    let _ = proxy_sync::update_state(store, |s| {
         s.breaker.succeeded();
         s.busy_until_us = 0;
         s.interval_ms = hints.next_sync_ms;
@@ -116,11 +116,11 @@ pub fn undo(
 ) -> Vec<(RuleId, String)> {
     let mut announce = Vec::new();
     for (rule, entry) in batch.rules.iter().zip(&batch.request.entries) {
-        if let Ok(true) = sync::restore(limiter, *rule, entry, store) {
+        if let Ok(true) = proxy_sync::restore(limiter, *rule, entry, store) {
             announce.push((*rule, entry.key.clone()));
         }
     }
-    let _ = sync::update_state(store, |s| {
+    let _ = proxy_sync::update_state(store, |s| {
         s.busy_until_us = 0;
         s.breaker.failed(
             service.breaker_failures,

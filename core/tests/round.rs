@@ -4,8 +4,8 @@
 use sluice_core::pending::{Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use sluice_core::policy::RuleId;
 use sluice_core::protocol::{Grant, Hints, Overrides, SyncResponse};
+use sluice_core::proxy_sync::{claim_round, read_state};
 use sluice_core::round::{self, Mismatch};
-use sluice_core::sync::{claim_round, read_state};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
 const SECOND: u64 = 1_000_000;

@@ -13,14 +13,14 @@ use tower::ServiceBuilder;
 
 use crate::error::{AppError, ErrorReport};
 use crate::state::AppState;
-use crate::{auth, check, probes, sync};
+use crate::{auth, check_handler, probes, sync_handler};
 
 /// The whole service as a `Router`, testable without a socket (`tower::ServiceExt::oneshot`).
 pub fn app(state: AppState) -> Router {
     let settings = state.settings.clone();
     let v1 = Router::new()
-        .route("/v1/sync", post(sync::handle))
-        .route("/v1/check", post(check::handle))
+        .route("/v1/sync", post(sync_handler::handle))
+        .route("/v1/check", post(check_handler::handle))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

@@ -8,7 +8,7 @@ pub mod auth;
 pub mod backend;
 pub mod backpressure;
 pub mod body;
-pub mod check;
+pub mod check_handler;
 pub mod credentials;
 pub mod error;
 pub mod keys;
@@ -18,7 +18,7 @@ pub mod scripts;
 pub mod server;
 pub mod settings;
 pub mod state;
-pub mod sync;
+pub mod sync_handler;
 pub mod validate;
 
 pub use app::app;

@@ -13,7 +13,7 @@
 mod common;
 
 use common::{batch, entry, state, TEN_PER_SECOND};
-use sluice_counter_service::{keys, sync, AppState};
+use sluice_counter_service::{keys, sync_handler, AppState};
 use sluice_protocol::{Grant, LimitSpec, SyncRequest};
 use sluice_tests::redis::Redis;
 
@@ -25,7 +25,7 @@ const INTERVAL_MS: u64 = 100;
 const BORROWED: f64 = 10.0 * INTERVAL_MS as f64 * 1.5 / 1_000.0;
 
 async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Grant> {
-    sync::apply(state, request, now).await.unwrap()
+    sync_handler::apply(state, request, now).await.unwrap()
 }
 
 /// One proxy, one key, `spent` and `denied` since its last sync.

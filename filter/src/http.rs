@@ -9,7 +9,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_core::net::client_address;
 use sluice_core::protocol::CheckResponse;
-use sluice_core::{sync, Effect, Exchange, Moment, Step};
+use sluice_core::{proxy_sync, Effect, Exchange, Moment, Step};
 
 use crate::callout;
 use crate::host::{self, HostRequest, SharedData};
@@ -91,7 +91,11 @@ impl Request {
                 Effect::Hurry => {
                     if let Some(service) = limiter.policy().service.as_ref() {
                         if !shared.hurried.replace(true) {
-                            sync::hurry(&mut SharedData, host::now_us(), service.sync_interval_ms);
+                            proxy_sync::hurry(
+                                &mut SharedData,
+                                host::now_us(),
+                                service.sync_interval_ms,
+                            );
                         }
                     }
                 }
@@ -112,7 +116,7 @@ impl Request {
                 Effect::CheckFailed => {
                     shared.metrics.check_failed();
                     if let Some(service) = limiter.policy().service.as_ref() {
-                        let state = sync::read_state(&mut SharedData);
+                        let state = proxy_sync::read_state(&mut SharedData);
                         shared.publish(&state, service, host::now_us());
                     }
                 }

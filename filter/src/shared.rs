@@ -4,7 +4,7 @@
 use std::cell::Cell;
 
 use sluice_core::policy::Service;
-use sluice_core::sync::SyncState;
+use sluice_core::proxy_sync::SyncState;
 use sluice_core::Limiter;
 
 use crate::announce::Announcer;

@@ -493,7 +493,9 @@ fn waiting_keys_stay_bounded_while_the_service_is_away() {
             }
         }
     }
-    let (items, bytes) = proxy.queue_size(sluice_core::sync::QUEUE_NAME).unwrap();
+    let (items, bytes) = proxy
+        .queue_size(sluice_core::proxy_sync::QUEUE_NAME)
+        .unwrap();
     let most = 2 * 2 * ANNOUNCE_PER_ROUND as usize;
     assert!(
         items <= most,

@@ -1,4 +1,5 @@
-//! The proxy side of the sync: who syncs this round, what goes into the batch, and how the
+//! The proxy's side of the sync (the service's is `counter-service/src/sync_handler.rs`, the
+//! script `lua/sync.lua`): who syncs this round, what goes into the batch, and how the
 //! answer becomes leases. Pure steps over [`Store`] values; the filter does the I/O.
 
 use crate::breaker::Breaker;
