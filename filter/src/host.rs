@@ -198,7 +198,7 @@ mod tests {
     fn pairs_round_trip_and_garbage_is_refused() {
         let pairs: &[(&[u8], &[u8])] = &[(b"x-a", b"1"), (b"x-a", b"\xff"), (b"\xfe", b"")];
         let bytes = encode(pairs);
-        let decoded = decode_pairs(&bytes).unwrap();
+        let decoded = decode_pairs(&bytes).unwrap_or_default();
         assert_eq!(decoded.len(), 3);
         assert_eq!(decoded[1], (b"x-a".to_vec(), b"\xff".to_vec()));
         for cut in 1..bytes.len() {
