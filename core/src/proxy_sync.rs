@@ -7,6 +7,7 @@ use crate::limiter::{Enforced, Limiter};
 use crate::policy::RuleId;
 use crate::protocol::{Grant, LimitSpec, SyncEntry};
 use crate::store::{self, Store, StoreError};
+use crate::table::Record;
 
 /// Shared-data key of the proxy's [`SyncState`].
 pub const STATE_KEY: &str = "sluice/sync";
@@ -151,6 +152,36 @@ pub fn announced(msg: &[u8]) -> Option<(RuleId, String)> {
     Some((RuleId::new(rule), key.to_string()))
 }
 
+/// Runs `step` on the record of `key` when the table holds it, and writes the record back when
+/// `step` says it changed it; `missing` when the rule or the record is not there (evicted).
+fn with_record<T: Clone>(
+    limiter: &Limiter,
+    rule: RuleId,
+    key: &str,
+    store: &mut dyn Store,
+    missing: T,
+    mut step: impl FnMut(&mut Record) -> (T, bool),
+) -> Result<T, StoreError> {
+    let Some(Enforced {
+        rule: spec, table, ..
+    }) = limiter.rule(rule)
+    else {
+        return Ok(missing);
+    };
+    let limits = crate::limiter::bucket_limits(spec);
+    let fingerprint = table.fingerprint(key);
+    store::update(store, &table.set_key(fingerprint), |set| {
+        let Some(mut record) = table.find(set, fingerprint) else {
+            return (missing.clone(), false);
+        };
+        let (answer, changed) = step(&mut record);
+        if changed {
+            table.store(set, &record, limits, record.seen_us);
+        }
+        (answer, changed)
+    })
+}
+
 /// Takes a key's unsynced counts (resetting them) and makes its batch entry.
 /// `None` if the key was evicted or has nothing to report.
 pub fn snapshot(
@@ -159,25 +190,17 @@ pub fn snapshot(
     key: &str,
     store: &mut dyn Store,
 ) -> Option<SyncEntry> {
-    let Enforced {
-        rule: spec, table, ..
-    } = limiter.rule(rule)?;
-    let fingerprint = table.fingerprint(key);
-    let limits = crate::limiter::bucket_limits(spec);
-    let (spent, denied) = store::update(store, &table.set_key(fingerprint), |set| {
-        let Some(mut record) = table.find(set, fingerprint) else {
-            return ((0, 0), false);
-        };
+    let (spent, denied) = with_record(limiter, rule, key, store, (0, 0), |record| {
         let counts = (record.spent, record.denied);
         record.spent = 0;
         record.denied = 0;
-        table.store(set, &record, limits, record.seen_us);
         (counts, true)
     })
     .ok()?;
     if spent == 0 && denied == 0 {
         return None;
     }
+    let spec = limiter.rule(rule)?.rule;
     Some(SyncEntry {
         key: key.to_string(),
         limits: spec.limits.iter().map(LimitSpec::from).collect(),
@@ -194,24 +217,12 @@ pub fn forget(
     key: &str,
     store: &mut dyn Store,
 ) -> Result<(), StoreError> {
-    let Some(Enforced {
-        rule: spec, table, ..
-    }) = limiter.rule(rule)
-    else {
-        return Ok(());
-    };
-    let limits = crate::limiter::bucket_limits(spec);
-    let fingerprint = table.fingerprint(key);
-    store::update(store, &table.set_key(fingerprint), |set| {
-        let Some(mut record) = table.find(set, fingerprint) else {
-            return ((), false);
-        };
+    with_record(limiter, rule, key, store, (), |record| {
         if !record.unsynced() {
             return ((), false);
         }
         record.spent = 0;
         record.denied = 0;
-        table.store(set, &record, limits, record.seen_us);
         ((), true)
     })
 }
@@ -224,18 +235,7 @@ pub fn restore(
     entry: &SyncEntry,
     store: &mut dyn Store,
 ) -> Result<bool, StoreError> {
-    let Some(Enforced {
-        rule: spec, table, ..
-    }) = limiter.rule(rule)
-    else {
-        return Ok(false);
-    };
-    let limits = crate::limiter::bucket_limits(spec);
-    let fingerprint = table.fingerprint(&entry.key);
-    store::update(store, &table.set_key(fingerprint), |set| {
-        let Some(mut record) = table.find(set, fingerprint) else {
-            return (false, false);
-        };
+    with_record(limiter, rule, &entry.key, store, false, |record| {
         let announce = !record.unsynced();
         record.spent = record
             .spent
@@ -243,7 +243,6 @@ pub fn restore(
         record.denied = record
             .denied
             .saturating_add(entry.denied.min(u32::MAX as u64) as u32);
-        table.store(set, &record, limits, record.seen_us);
         (announce, true)
     })
 }
