@@ -35,13 +35,7 @@ pub async fn decide(
         .arg(now_override_us)
         .arg(request.cost)
         .arg(request.limits.len());
-    for limit in &request.limits {
-        invocation
-            .key(keys::limit_key(&request.key, limit))
-            .arg(limit.requests)
-            .arg(limit.period_ms)
-            .arg(limit.burst);
-    }
+    keys::add_limits(&mut invocation, &request.key, &request.limits);
     state.metrics.script_called("check", 1);
     let reply: Vec<i64> = state.backend.invoke("check", &invocation).await?;
     match reply[..] {

@@ -4,6 +4,7 @@
 //! the hash tag makes every limit of one entry share a slot, so one script call covers them.
 
 use redis::cluster_routing::Slot;
+use redis::ScriptInvocation;
 use sluice_protocol::fnv1a;
 use sluice_protocol::LimitSpec;
 
@@ -22,6 +23,18 @@ pub fn limit_key(entry_key: &str, limit: &LimitSpec) -> String {
         limit.period_ms,
         limit.burst
     )
+}
+
+/// Adds an entry's limits to a script call as both scripts read them: per limit, its key in
+/// KEYS and `requests, period_ms, burst` in ARGV.
+pub fn add_limits(invocation: &mut ScriptInvocation<'_>, entry_key: &str, limits: &[LimitSpec]) {
+    for limit in limits {
+        invocation
+            .key(limit_key(entry_key, limit))
+            .arg(limit.requests)
+            .arg(limit.period_ms)
+            .arg(limit.burst);
+    }
 }
 
 /// The hash slot of every key of an entry.

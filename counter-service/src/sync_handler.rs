@@ -220,13 +220,7 @@ impl Call<'_> {
                 .arg(entry.limits.len())
                 .arg(report.spent)
                 .arg(report.denied);
-            for limit in &entry.limits {
-                invocation
-                    .key(keys::limit_key(&entry.key, limit))
-                    .arg(limit.requests)
-                    .arg(limit.period_ms)
-                    .arg(limit.burst);
-            }
+            keys::add_limits(&mut invocation, &entry.key, &entry.limits);
         }
         let reply: Vec<i64> = state.backend.invoke("sync", &invocation).await?;
         if reply.len() != 4 * reports.len() {
