@@ -37,7 +37,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+pub(crate) fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.into(),
         problem: problem.into(),
@@ -53,11 +53,14 @@ struct RawPolicy {
     bypass: Option<RawBypass>,
     #[serde(default)]
     client_ip: Option<RawClientIp>,
+    #[serde(default)]
     rules: Vec<RawRule>,
     #[serde(default)]
     max_keys: Option<u32>,
     #[serde(default)]
     service: Option<RawService>,
+    #[serde(default)]
+    shedding: Option<crate::shed::config::RawShedding>,
 }
 
 #[derive(Deserialize)]
@@ -96,7 +99,7 @@ struct RawRule {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawMatch {
+pub(crate) struct RawMatch {
     #[serde(default)]
     path_prefix: Option<String>,
     #[serde(default)]
@@ -211,8 +214,15 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
 
     let service = raw.service.map(service).transpose()?;
 
-    if raw.rules.is_empty() {
-        return Err(err("rules", "must hold at least one rule"));
+    let shedding = raw
+        .shedding
+        .map(crate::shed::config::shedding)
+        .transpose()?;
+    if raw.rules.is_empty() && shedding.is_none() {
+        return Err(err(
+            "rules",
+            "must hold at least one rule (or configure \"shedding\")",
+        ));
     }
     let mut rules = Vec::with_capacity(raw.rules.len());
     for (i, r) in raw.rules.into_iter().enumerate() {
@@ -236,6 +246,36 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         rules,
         max_keys,
         service,
+        shedding,
+    })
+}
+
+/// A request matcher; `at` is its field, e.g. `rules[0].match`.
+pub(crate) fn matcher(at: &str, raw: Option<RawMatch>) -> Result<Matcher, ConfigError> {
+    let Some(m) = raw else {
+        return Ok(Matcher::default());
+    };
+    if let Some(prefix) = &m.path_prefix {
+        if !prefix.starts_with('/') {
+            return Err(err(
+                format!("{at}.path_prefix"),
+                format!("must start with '/', got {prefix:?}"),
+            ));
+        }
+    }
+    let mut methods = Vec::with_capacity(m.methods.len());
+    for (j, method) in m.methods.iter().enumerate() {
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(err(
+                format!("{at}.methods[{j}]"),
+                format!("must be an HTTP method such as GET, got {method:?}"),
+            ));
+        }
+        methods.push(method.to_ascii_uppercase());
+    }
+    Ok(Matcher {
+        path_prefix: m.path_prefix,
+        methods,
     })
 }
 
@@ -256,33 +296,7 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
         ));
     }
 
-    let matcher = match raw.matcher {
-        None => Matcher::default(),
-        Some(m) => {
-            if let Some(prefix) = &m.path_prefix {
-                if !prefix.starts_with('/') {
-                    return Err(err(
-                        format!("{at}.match.path_prefix"),
-                        format!("must start with '/', got {prefix:?}"),
-                    ));
-                }
-            }
-            let mut methods = Vec::with_capacity(m.methods.len());
-            for (j, method) in m.methods.iter().enumerate() {
-                if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
-                    return Err(err(
-                        format!("{at}.match.methods[{j}]"),
-                        format!("must be an HTTP method such as GET, got {method:?}"),
-                    ));
-                }
-                methods.push(method.to_ascii_uppercase());
-            }
-            Matcher {
-                path_prefix: m.path_prefix,
-                methods,
-            }
-        }
-    };
+    let matcher = matcher(&format!("{at}.match"), raw.matcher)?;
 
     if raw.key.is_empty() {
         return Err(err(

@@ -2,16 +2,22 @@
 //! and carries out the [`Effect`]s and the [`Step`] it returns.
 //!
 //! ```text
-//! request seen ──start──▶ decided ──(strict rules)──▶ checks out ──answered/failed──▶ final
-//!                            │                                                          │
-//!                            └───────────── Continue / Respond(429) ◀──────────────────┘
-//! response seen ──response_headers──▶ the rate-limit headers to add
+//! request seen ──start──▶ shedding ──shed──▶ Respond(503)
+//!                            │ admitted (holds a slot) or queued
+//!                            ▼
+//!                         rate limits ──(strict rules)──▶ checks out ──answered/failed──▶ final
+//!                            │                                                            │
+//!                            └──── Continue / Queue / Respond(429, slot given back) ◀─────┘
+//! queued ──seated (a slot came) / unseated (shed while waiting, spends refunded)
+//! response seen ──responded + response_headers──▶ the headers to add, the latency noted
+//! stream ended (any way) ──finish──▶ the slot given back, a latency sample
 //! ```
 //!
-//! Local and cached rules are decided at once from the store; each strict rule sends one
-//! check and the request waits for the answers. A check that fails (no answer, an error, a
-//! timeout) counts against the circuit breaker and the rule decides by its fallback. A strict
-//! denial gives back what the other rules spent. Nothing here reads a clock or does I/O.
+//! Shedding comes first: a shed request spends no quota. Local and cached rules are decided at
+//! once from the store; each strict rule sends one check and the request waits for the
+//! answers. A check that fails (no answer, an error, a timeout) counts against the circuit
+//! breaker and the rule decides by its fallback. A strict denial gives back what the other
+//! rules spent. Nothing here reads a clock or does I/O.
 
 use crate::decision::{Decision, Outcome, Quota, Spent};
 use crate::headers::{denial_body, render, retry_after_seconds};
@@ -22,6 +28,8 @@ use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
 use crate::proxy_sync;
 use crate::request::RequestView;
+use crate::shed::policy::BulkheadId;
+use crate::shed::{self, Admission, Level, Pressure, Seat, ShedMode, ShedReason, Shedding};
 use crate::store::Store;
 
 /// What the host knows besides the request, at one moment.
@@ -35,6 +43,10 @@ pub struct Moment {
     pub bypass: bool,
     /// A number in [0.5, 1.5] drawn by the host, to jitter the breaker's cool-down.
     pub jitter: f64,
+    /// A uniform draw in [0, 1), for the success-rate rejection and `Retry-After` spread.
+    pub draw: f64,
+    /// The fleet level from the counter service's last fresh answer.
+    pub fleet: Option<f64>,
 }
 
 /// A local answer to send instead of forwarding the request.
@@ -54,6 +66,13 @@ pub enum Step {
     Wait,
     /// Answer it locally (and do not forward it).
     Respond(Reply),
+    /// Hold it in the worker's wait queue for a slot of its bulkhead ([`crate::shed::WaitQueue`]);
+    /// tell the exchange how it ends with [`Exchange::seated`] or [`Exchange::unseated`].
+    Queue {
+        seat: Seat,
+        level: Level,
+        wait_budget_us: Option<u64>,
+    },
 }
 
 /// Something the host carries out besides the request's own step.
@@ -73,6 +92,22 @@ pub enum Effect {
     /// A strict check failed; the breaker in the store counted it (metrics, and the host
     /// re-reads the breaker).
     CheckFailed,
+    /// Shedding admitted the request (it holds a slot) or queued it.
+    Admitted { seat: Seat, queued: bool },
+    /// Shedding answered 503; `would`: monitor or warn mode let it through instead.
+    Shed {
+        seat: Seat,
+        reason: ShedReason,
+        would: bool,
+    },
+    /// Set this header on the request to the upstream (replacing any the client sent).
+    RequestHeader { name: String, value: String },
+    /// The stream ended after the upstream answered: a latency and status sample.
+    Finished {
+        bulkhead: BulkheadId,
+        latency_us: u64,
+        status: u32,
+    },
 }
 
 /// One request's state between its callbacks.
@@ -88,6 +123,14 @@ pub struct Exchange {
     denied: Option<(RuleId, RuleAnswer)>,
     /// The request was answered locally (no response headers to add).
     answered: bool,
+    /// The bulkhead slot it holds, and since when.
+    seat: Option<(Seat, u64)>,
+    /// Admitted by shedding into its queue, once rate limits let it through.
+    queued: Option<(Seat, Level, Option<u64>)>,
+    /// What warn mode would have shed, for the response header.
+    warned: Option<ShedReason>,
+    /// The upstream's status and when it came (request to response headers).
+    answer: Option<(u32, u64)>,
 }
 
 impl Exchange {
@@ -102,9 +145,20 @@ impl Exchange {
     ) -> (Exchange, Step, Vec<Effect>) {
         let mut exchange = Exchange::default();
         let mut effects = Vec::new();
+        // The emergency switch and bypassed paths skip shedding too; bypassed addresses do not
+        // (a trusted client can still overload the upstream).
+        let bypass = &limiter.policy().bypass;
+        let exempt =
+            moment.bypass || bypass.all || bypass.paths.iter().any(|p| p == request.path());
+        if let Some(shedding) = limiter.policy().shedding.as_ref().filter(|_| !exempt) {
+            if let Some(reply) = exchange.shed(shedding, request, moment, store, &mut effects) {
+                return (exchange, Step::Respond(reply), effects);
+            }
+        }
         if moment.bypass || limiter.bypassed(request.path(), client) {
             effects.push(Effect::Bypassed);
-            return (exchange, Step::Continue, effects);
+            let step = exchange.admitted_step();
+            return (exchange, step, effects);
         }
         let conditions = Conditions {
             now_us: moment.now_us,
@@ -133,6 +187,7 @@ impl Exchange {
                 retry_after_us,
             } => {
                 exchange.answered = true;
+                exchange.give_up_seat(limiter, store);
                 let reply = denial(limiter, rule, &quota, retry_after_us);
                 (exchange, Step::Respond(reply), effects)
             }
@@ -225,11 +280,15 @@ impl Exchange {
         if self.answered {
             return Vec::new();
         }
-        let Some((rule, quota)) = self.quota.take() else {
-            return Vec::new();
-        };
-        let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-        render(limiter.policy().headers, name, &quota)
+        let mut headers = Vec::new();
+        if let Some(reason) = self.warned.take() {
+            headers.push((WOULD_SHED_HEADER, reason.name().to_string()));
+        }
+        if let Some((rule, quota)) = self.quota.take() {
+            let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
+            headers.extend(render(limiter.policy().headers, name, &quota));
+        }
+        headers
     }
 
     /// Strict checks still out.
@@ -301,9 +360,10 @@ impl Exchange {
                 limiter.refund(&self.spent, store);
                 self.spent.clear();
                 self.answered = true;
+                self.give_up_seat(limiter, store);
                 Step::Respond(denial(limiter, rule, &answer.quota, answer.retry_after_us))
             }
-            None => Step::Continue,
+            None => self.admitted_step(),
         }
     }
 }
@@ -322,5 +382,196 @@ fn denial(limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -
         status: 429,
         headers,
         body: denial_body(name, quota, retry_after),
+    }
+}
+
+/// Shedding: the request's slot in its bulkhead, from admission to the stream's end.
+impl Exchange {
+    /// The shedding decision; `Some(reply)` when the request is shed at once.
+    fn shed(
+        &mut self,
+        shedding: &Shedding,
+        request: &mut dyn RequestView,
+        moment: Moment,
+        store: &mut dyn Store,
+        effects: &mut Vec<Effect>,
+    ) -> Option<Reply> {
+        let pressure = Pressure {
+            now_us: moment.now_us,
+            fleet: moment.fleet,
+            draw: moment.draw,
+        };
+        let level = match shed::admit(shedding, request, pressure, store) {
+            Admission::Exempt { level } => level,
+            Admission::Admitted {
+                seat,
+                level,
+                would_shed,
+            } => {
+                self.seat = Some((seat, moment.now_us));
+                effects.push(Effect::Admitted {
+                    seat,
+                    queued: false,
+                });
+                if let Some(reason) = would_shed {
+                    effects.push(Effect::Shed {
+                        seat,
+                        reason,
+                        would: true,
+                    });
+                    if shedding.mode == ShedMode::Warn {
+                        self.warned = Some(reason);
+                        effects.push(Effect::RequestHeader {
+                            name: WOULD_SHED_HEADER.into(),
+                            value: reason.name().into(),
+                        });
+                    }
+                }
+                level
+            }
+            Admission::Queue {
+                seat,
+                level,
+                wait_budget_us,
+                ..
+            } => {
+                self.queued = Some((seat, level, wait_budget_us));
+                effects.push(Effect::Admitted { seat, queued: true });
+                level
+            }
+            Admission::Shed {
+                seat,
+                level,
+                reason,
+            } => {
+                self.answered = true;
+                effects.push(Effect::Shed {
+                    seat,
+                    reason,
+                    would: false,
+                });
+                return Some(overloaded(shedding, seat, level, reason, moment.draw));
+            }
+        };
+        if let Some(name) = &shedding.degradation_header {
+            effects.push(Effect::RequestHeader {
+                name: name.clone(),
+                value: level.name().into(),
+            });
+        }
+        None
+    }
+
+    /// Go on: to the queue if shedding asked for it, else upstream.
+    fn admitted_step(&self) -> Step {
+        match self.queued {
+            Some((seat, level, wait_budget_us)) => Step::Queue {
+                seat,
+                level,
+                wait_budget_us,
+            },
+            None => Step::Continue,
+        }
+    }
+
+    /// A request answered locally gives its slot back at once (and leaves no queue).
+    fn give_up_seat(&mut self, limiter: &Limiter, store: &mut dyn Store) {
+        self.queued = None;
+        if let (Some((seat, _)), Some(shedding)) =
+            (self.seat.take(), limiter.policy().shedding.as_ref())
+        {
+            let _ = shed::release(shedding, seat, store);
+        }
+    }
+
+    /// The queued request got a slot at `now_us` (the queue took it for it).
+    pub fn seated(&mut self, now_us: u64) {
+        if let Some((seat, _, _)) = self.queued.take() {
+            self.seat = Some((seat, now_us));
+        }
+    }
+
+    /// The queued request was shed while it waited: what rate limits spent on it is given back.
+    pub fn unseated(&mut self, limiter: &Limiter, store: &mut dyn Store) {
+        if self.queued.take().is_some() {
+            limiter.refund(&self.spent, store);
+            self.spent.clear();
+            self.answered = true;
+        }
+    }
+
+    /// The bulkhead seat this request waits for, if it waits.
+    pub fn waiting(&self) -> Option<Seat> {
+        self.queued.map(|(seat, _, _)| seat)
+    }
+
+    /// Whether it holds a bulkhead slot.
+    pub fn holds_slot(&self) -> bool {
+        self.seat.is_some()
+    }
+
+    /// The upstream's (or Envoy's, for it) response status was seen at `now_us`.
+    pub fn responded(&mut self, status: u32, now_us: u64) {
+        if self.answer.is_none() {
+            self.answer = Some((status, now_us));
+        }
+    }
+
+    /// The stream ended, however it ended (response, reset, timeout, local reply): the slot
+    /// goes back and the latency becomes a sample. Runs once; later calls do nothing.
+    pub fn finish(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let Some((seat, since_us)) = self.seat.take() else {
+            return effects;
+        };
+        if let Some(shedding) = limiter.policy().shedding.as_ref() {
+            let _ = shed::release(shedding, seat, store);
+        }
+        if let Some((status, at_us)) = self.answer.take() {
+            effects.push(Effect::Finished {
+                bulkhead: seat.bulkhead,
+                latency_us: at_us.saturating_sub(since_us),
+                status,
+            });
+        }
+        effects
+    }
+}
+
+/// The request header (and response header) by which warn mode says what it would have shed.
+pub const WOULD_SHED_HEADER: &str = "x-sluice-would-shed";
+/// The response header on a 503 that names why the request was shed.
+pub const SHED_HEADER: &str = "x-sluice-shed";
+
+/// The 503 for a request shed by `reason`. `Retry-After` is spread over [s, 2s) by `draw`, so
+/// shed clients do not all come back at once.
+pub fn overloaded(
+    shedding: &Shedding,
+    seat: Seat,
+    level: Level,
+    reason: ShedReason,
+    draw: f64,
+) -> Reply {
+    let base = shedding.retry_after_s;
+    let retry_after = base + (draw.clamp(0.0, 0.999) * base as f64) as u64;
+    let bulkhead = shedding
+        .bulkheads
+        .get(seat.bulkhead)
+        .map_or("", |b| b.name.as_str());
+    let class = shedding
+        .classes
+        .get(seat.class)
+        .map_or("", |c| c.name.as_str());
+    let (reason, level) = (reason.name(), level.name());
+    Reply {
+        status: 503,
+        headers: vec![
+            ("retry-after", retry_after.to_string()),
+            ("content-type", "application/json".to_string()),
+            (SHED_HEADER, reason.to_string()),
+        ],
+        body: format!(
+            "{{\"error\":\"overloaded\",\"reason\":\"{reason}\",\"bulkhead\":\"{bulkhead}\",\"class\":\"{class}\",\"level\":\"{level}\",\"message\":\"the upstream is overloaded ({reason}); retry in {retry_after} s\",\"retryAfter\":{retry_after}}}"
+        ),
     }
 }

@@ -17,6 +17,7 @@ pub mod policy;
 pub use sluice_protocol as protocol;
 pub mod request;
 pub mod round;
+pub mod shed;
 pub mod store;
 pub mod table;
 

@@ -15,6 +15,8 @@ pub struct Policy {
     pub max_keys: u32,
     /// The counter service, when rules share limits across proxies.
     pub service: Option<Service>,
+    /// Load shedding, when configured.
+    pub shedding: Option<crate::shed::Shedding>,
 }
 
 /// Which rate-limit headers go on responses.
@@ -166,11 +168,13 @@ impl Policy {
                 .any(|rule| rule.key.contains(&KeyPart::ClientIp))
     }
 
-    /// Whether any rule talks to the counter service.
+    /// Whether any rule talks to the counter service, or shedding reports to it.
     pub fn needs_service(&self) -> bool {
-        self.rules
-            .iter()
-            .any(|rule| rule.consistency != Consistency::Local)
+        self.shedding.as_ref().is_some_and(|s| s.fleet) && self.service.is_some()
+            || self
+                .rules
+                .iter()
+                .any(|rule| rule.consistency != Consistency::Local)
     }
 }
 

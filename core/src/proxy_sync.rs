@@ -28,10 +28,37 @@ pub struct SyncState {
     pub bypass: bool,
     /// Rounds started, for logs and tests.
     pub rounds: u64,
+    /// The fleet level from the service's last answer.
+    pub fleet: Fleet,
+}
+
+/// The fleet load level the counter service last answered, and when.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fleet {
+    /// In thousandths; `u32::MAX`: no level.
+    pub level_milli: u32,
+    pub at_us: u64,
+}
+
+impl Fleet {
+    pub fn heard(level: Option<f64>, now_us: u64) -> Fleet {
+        Fleet {
+            level_milli: level
+                .filter(|l| l.is_finite())
+                .map_or(u32::MAX, |l| (l.clamp(0.0, 1.0) * 1_000.0).round() as u32),
+            at_us: now_us,
+        }
+    }
+
+    /// The level, if heard within `fresh_us`.
+    pub fn level(&self, now_us: u64, fresh_us: u64) -> Option<f64> {
+        let fresh = self.at_us > 0 && now_us.saturating_sub(self.at_us) <= fresh_us;
+        (fresh && self.level_milli <= 1_000).then(|| self.level_milli as f64 / 1_000.0)
+    }
 }
 
 impl SyncState {
-    const LEN: usize = 8 * 5 + 4 + 1;
+    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(Self::LEN);
@@ -42,6 +69,8 @@ impl SyncState {
         b.extend_from_slice(&self.rounds.to_le_bytes());
         b.extend_from_slice(&self.breaker.failures.to_le_bytes());
         b.push(self.bypass as u8);
+        b.extend_from_slice(&self.fleet.level_milli.to_le_bytes());
+        b.extend_from_slice(&self.fleet.at_us.to_le_bytes());
         b
     }
 
@@ -57,6 +86,8 @@ impl SyncState {
         };
         let mut f = [0u8; 4];
         f.copy_from_slice(&bytes[40..44]);
+        let mut level = [0u8; 4];
+        level.copy_from_slice(&bytes[45..49]);
         SyncState {
             next_at_us: u64_at(0),
             busy_until_us: u64_at(8),
@@ -67,6 +98,10 @@ impl SyncState {
             },
             rounds: u64_at(32),
             bypass: bytes[44] != 0,
+            fleet: Fleet {
+                level_milli: u32::from_le_bytes(level),
+                at_us: u64_at(49),
+            },
         }
     }
 
@@ -296,8 +331,12 @@ mod tests {
             },
             bypass: true,
             rounds: 6,
+            fleet: Fleet::heard(Some(0.42), 7),
         };
         assert_eq!(SyncState::decode(&s.encode()), s);
+        assert_eq!(s.fleet.level(8, 10), Some(0.42));
+        assert_eq!(s.fleet.level(100, 10), None, "stale");
+        assert_eq!(Fleet::heard(None, 7).level(8, 10), None);
         assert_eq!(SyncState::decode(b"junk"), SyncState::default());
     }
 

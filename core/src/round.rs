@@ -30,8 +30,8 @@ pub struct Settled {
 pub struct Mismatch;
 
 /// Takes as many waiting keys as fit in one batch, by count and by bytes, and snapshots their
-/// counts (resetting them in the records). The rest stay in `waiting`. `None` when no key has
-/// anything to report.
+/// counts (resetting them in the records). The rest stay in `waiting`. With shedding and a
+/// fleet level, the proxy's load goes with it. `None` when there is nothing to report.
 pub fn compose(
     limiter: &Limiter,
     waiting: &mut Pending,
@@ -39,6 +39,12 @@ pub fn compose(
     interval_ms: u64,
     store: &mut dyn Store,
 ) -> Option<Batch> {
+    let load = limiter
+        .policy()
+        .shedding
+        .as_ref()
+        .filter(|s| s.fleet)
+        .map(|s| crate::shed::load_report(s, store));
     let mut entries = Vec::new();
     let mut rules = Vec::new();
     let mut bytes = 0;
@@ -60,12 +66,13 @@ pub fn compose(
             rules.push(rule);
         }
     }
-    (!entries.is_empty()).then(|| Batch {
+    (!entries.is_empty() || load.is_some()).then(|| Batch {
         rules,
         request: SyncRequest {
             proxy: proxy.to_string(),
             interval_ms,
             entries,
+            load,
         },
     })
 }
@@ -99,6 +106,7 @@ pub fn settle(
         s.busy_until_us = 0;
         s.interval_ms = hints.next_sync_ms;
         s.bypass = hints.overrides.bypass;
+        s.fleet = proxy_sync::Fleet::heard(hints.overrides.load_level, now_us);
     });
     Ok(settled)
 }

@@ -19,6 +19,8 @@ fn at(now_us: u64) -> Moment {
         service_up: true,
         bypass: false,
         jitter: 1.0,
+        draw: 0.5,
+        fleet: None,
     }
 }
 

@@ -91,7 +91,7 @@ pub fn too_deep(bytes: &[u8], max: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_protocol::SyncRequest;
+    use sluice_protocol::{LoadReport, SyncRequest};
 
     fn message(json: &str) -> String {
         parse::<SyncRequest>(json.as_bytes())
@@ -112,6 +112,42 @@ mod tests {
             "malformed JSON: EOF while parsing an object at line 1 column 1"
         );
         assert!(message("{} x").starts_with("malformed JSON: "));
+    }
+
+    /// `load` is optional both ways: an older proxy's sync reads as one without a report, and is
+    /// written without the field; an older service (whose request type had no `load`) ignores it.
+    #[test]
+    fn the_load_report_is_optional_on_the_wire() {
+        let old = r#"{"proxy":"p","interval_ms":100,"entries":[]}"#;
+        let request: SyncRequest = parse(old.as_bytes()).unwrap();
+        assert_eq!(request.load, None);
+        assert_eq!(serde_json::to_string(&request).unwrap(), old);
+
+        let new = r#"{"proxy":"p","interval_ms":100,"entries":[],"load":{"utilization":0.5,"shed_rate":0.0,"latency_ms":12.5}}"#;
+        let request: SyncRequest = parse(new.as_bytes()).unwrap();
+        let load = LoadReport {
+            utilization: 0.5,
+            shed_rate: 0.0,
+            latency_ms: 12.5,
+        };
+        assert_eq!(request.load, Some(load));
+        assert_eq!(serde_json::to_string(&request).unwrap(), new);
+
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct OlderSyncRequest {
+            proxy: String,
+            interval_ms: u64,
+            entries: Vec<sluice_protocol::SyncEntry>,
+        }
+        assert!(parse::<OlderSyncRequest>(new.as_bytes()).is_ok());
+
+        let partial = r#"{"proxy":"p","interval_ms":100,"entries":[],"load":{"utilization":0.5}}"#;
+        assert!(
+            message(partial).starts_with("malformed JSON: load: missing field `shed_rate`"),
+            "{}",
+            message(partial)
+        );
     }
 
     #[test]

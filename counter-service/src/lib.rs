@@ -1,5 +1,6 @@
 //! sluice's counter service: keeps the global truth of every limit in Redis and answers the
-//! proxies' batched syncs (`POST /v1/sync`) with quota leases, and strict checks (`POST /v1/check`).
+//! proxies' batched syncs (`POST /v1/sync`) with quota leases and the fleet's load level, and strict
+//! checks (`POST /v1/check`).
 //!
 //! Stateless: any number of replicas can share one Redis or Redis Cluster.
 
@@ -11,6 +12,7 @@ pub mod body;
 pub mod check_handler;
 pub mod credentials;
 pub mod error;
+pub mod fleet;
 pub mod keys;
 pub mod metrics;
 pub mod probes;

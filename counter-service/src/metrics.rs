@@ -1,6 +1,7 @@
 //! The service's Prometheus metrics (OpenMetrics text at `GET /metrics`), and the Redis latency
 //! average that drives backpressure.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -45,6 +46,13 @@ pub struct Metrics {
     /// Connections open.
     pub connections: Gauge,
     pub next_sync_ms: Gauge,
+    /// The last fleet load level this replica answered, and how many proxies' reports it was
+    /// the mean of.
+    pub fleet_load_level: Gauge<f64, AtomicU64>,
+    pub fleet_proxies: Gauge,
+    /// Load reports, by outcome: `recorded`, `full` (the fleet hash was full: not recorded,
+    /// answered all the same), `error` (Redis failed: no level answered).
+    load_reports: Family<Labels, Counter>,
     /// Redis latency, moving average, for backpressure.
     pub redis_latency: Ewma,
 }
@@ -73,6 +81,9 @@ impl Metrics {
             in_flight: Gauge::default(),
             connections: Gauge::default(),
             next_sync_ms: Gauge::default(),
+            fleet_load_level: Gauge::default(),
+            fleet_proxies: Gauge::default(),
+            load_reports: Family::default(),
             redis_latency: Ewma::new(0.2),
             registry: Registry::default(),
         };
@@ -139,6 +150,21 @@ impl Metrics {
             "The last next_sync_ms hint",
             metrics.next_sync_ms.clone(),
         );
+        registry.register(
+            "fleet_load_level",
+            "The last fleet load level answered (mean utilization of the fresh load reports)",
+            metrics.fleet_load_level.clone(),
+        );
+        registry.register(
+            "fleet_proxies",
+            "Proxies whose load report was fresh at the last fleet load level answered",
+            metrics.fleet_proxies.clone(),
+        );
+        registry.register(
+            "load_reports",
+            "Load reports, by outcome",
+            metrics.load_reports.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -163,6 +189,13 @@ impl Metrics {
         let decision = if allowed { "allowed" } else { "denied" };
         self.checks
             .get_or_create(&vec![("decision", decision)])
+            .inc();
+    }
+
+    /// A load report's outcome: `recorded`, `full` or `error`.
+    pub fn load_reported(&self, outcome: &'static str) {
+        self.load_reports
+            .get_or_create(&vec![("outcome", outcome)])
             .inc();
     }
 

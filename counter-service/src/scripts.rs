@@ -2,8 +2,8 @@
 //! loads the script on `NOSCRIPT`, so a restarted or new Redis node is served too).
 //!
 //! `check.lua` and `sync.lua` share their clock, hash load, lease scan, refill and expiry through
-//! `lua/prelude.lua`: each script the service runs is the prelude's text followed by the script's
-//! own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
+//! `lua/prelude.lua` (`fleet.lua` its clock and hash load): each script the service runs is the
+//! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
 //! reload sends that same text, on one Redis and on every node of a cluster alike.
 
 use redis::Script;
@@ -14,6 +14,8 @@ pub const PRELUDE_LUA: &str = include_str!("../../lua/prelude.lua");
 pub const SYNC_BODY_LUA: &str = include_str!("../../lua/sync.lua");
 /// `lua/check.lua` alone, without the prelude (it does not run so).
 pub const CHECK_BODY_LUA: &str = include_str!("../../lua/check.lua");
+/// `lua/fleet.lua` alone, without the prelude (it does not run so).
+pub const FLEET_BODY_LUA: &str = include_str!("../../lua/fleet.lua");
 
 /// The script of one proxy's batch, one call per hash slot: the prelude, then `lua/sync.lua`.
 pub const SYNC_LUA: &str = concat!(
@@ -27,6 +29,12 @@ pub const CHECK_LUA: &str = concat!(
     "\n",
     include_str!("../../lua/check.lua")
 );
+/// The script of one load report and the fleet's level: the prelude, then `lua/fleet.lua`.
+pub const FLEET_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/fleet.lua")
+);
 /// `lua/token_bucket.lua`: the per-request baseline for benchmarks (not used by the service; it
 /// stands alone, without the prelude, as `redis-benchmark` loads it).
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
@@ -35,6 +43,7 @@ pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
 pub struct Scripts {
     pub sync: Script,
     pub check: Script,
+    pub fleet: Script,
 }
 
 impl Scripts {
@@ -42,6 +51,7 @@ impl Scripts {
         Scripts {
             sync: Script::new(SYNC_LUA),
             check: Script::new(CHECK_LUA),
+            fleet: Script::new(FLEET_LUA),
         }
     }
 }
@@ -57,7 +67,11 @@ mod tests {
     use super::*;
 
     /// The scripts that run after the prelude, without it.
-    const BODIES: [(&str, &str); 2] = [("sync.lua", SYNC_BODY_LUA), ("check.lua", CHECK_BODY_LUA)];
+    const BODIES: [(&str, &str); 3] = [
+        ("sync.lua", SYNC_BODY_LUA),
+        ("check.lua", CHECK_BODY_LUA),
+        ("fleet.lua", FLEET_BODY_LUA),
+    ];
 
     /// The names the prelude defines at its top level (`local function f`, `local NAME = …`).
     fn prelude_names() -> Vec<&'static str> {
@@ -131,9 +145,11 @@ mod tests {
     fn the_service_loads_each_script_after_the_prelude_by_the_sha_of_both() {
         assert_eq!(SYNC_LUA, format!("{PRELUDE_LUA}\n{SYNC_BODY_LUA}"));
         assert_eq!(CHECK_LUA, format!("{PRELUDE_LUA}\n{CHECK_BODY_LUA}"));
+        assert_eq!(FLEET_LUA, format!("{PRELUDE_LUA}\n{FLEET_BODY_LUA}"));
         let scripts = Scripts::new();
         assert_eq!(scripts.sync.get_hash(), Script::new(SYNC_LUA).get_hash());
         assert_eq!(scripts.check.get_hash(), Script::new(CHECK_LUA).get_hash());
+        assert_eq!(scripts.fleet.get_hash(), Script::new(FLEET_LUA).get_hash());
         assert_ne!(
             scripts.check.get_hash(),
             Script::new(CHECK_BODY_LUA).get_hash()

@@ -1,6 +1,7 @@
 //! `POST /v1/sync`: a proxy's batch. Every entry's spend is debited from the global buckets and
 //! the entry is answered with a lease (`lua/sync.lua`), one script call per Redis Cluster hash
-//! slot, the calls of one batch in parallel. An entry out of bounds is refused alone.
+//! slot, the calls of one batch in parallel. An entry out of bounds is refused alone. A batch that
+//! carries the proxy's load is also answered the fleet's load level ([`fleet`]).
 
 use std::collections::HashMap;
 
@@ -14,6 +15,7 @@ use crate::backpressure;
 use crate::body::JsonBody;
 use crate::credentials::Caller;
 use crate::error::AppError;
+use crate::fleet;
 use crate::keys;
 use crate::state::AppState;
 use crate::validate;
@@ -52,11 +54,20 @@ pub async fn handle(
         settings.max_concurrency,
     );
     metrics.next_sync_ms.set(next_sync_ms as i64);
+    // A sync without a report leaves the fleet alone and gets no level: only a proxy that sheds
+    // reports its load, and only it uses the level.
+    let load_level = match &request.load {
+        Some(load) => fleet::level(&state, &proxy, load, next_sync_ms).await,
+        None => None,
+    };
     Ok(Json(SyncResponse {
         grants,
         hints: Hints {
             next_sync_ms,
-            overrides: Overrides::default(),
+            overrides: Overrides {
+                load_level,
+                ..Overrides::default()
+            },
         },
     }))
 }

@@ -2,11 +2,11 @@
 //! (`entries[3].key`, `entries[0].limits[1].burst`).
 //!
 //! A sync batch is refused whole only for what concerns the batch (the proxy id, the number of
-//! entries); an entry out of bounds is refused alone ([`sync_entry`]). The counts of an entry
-//! are cut to what its limits make possible ([`report_cap`]).
+//! entries, the load report); an entry out of bounds is refused alone ([`sync_entry`]). The
+//! counts of an entry are cut to what its limits make possible ([`report_cap`]).
 
 use sluice_protocol::MAX_TOKENS;
-use sluice_protocol::{CheckRequest, LimitSpec, SyncEntry, SyncRequest};
+use sluice_protocol::{CheckRequest, LimitSpec, LoadReport, SyncEntry, SyncRequest};
 
 use crate::error::AppError;
 use crate::settings::Settings;
@@ -21,9 +21,15 @@ pub const MAX_COUNT: u64 = 1 << 53;
 /// How long a proxy may have been cut off from the service (its fallback deciding) and still
 /// have its report counted in full, beyond the lifetime of its lease: one minute.
 pub const OUTAGE_ALLOWANCE_MS: u64 = 60_000;
+/// Largest utilization a load report may give: a proxy's in-flight requests may exceed its
+/// limit briefly, ten times is a report that cannot be right.
+pub const MAX_UTILIZATION: f64 = 10.0;
+/// Largest upstream latency a load report may give: an hour, in milliseconds.
+pub const MAX_LATENCY_MS: f64 = 3_600_000.0;
 
-/// The checks that refuse a whole batch: the proxy id and the number of entries. (The
-/// interval is not refused: the service clamps it, see [`Settings::sync_interval_ms`].)
+/// The checks that refuse a whole batch: the proxy id, the number of entries and the load
+/// report. (The interval is not refused: the service clamps it, see
+/// [`Settings::sync_interval_ms`].)
 pub fn sync_batch(request: &SyncRequest, settings: &Settings) -> Result<(), AppError> {
     name("proxy", &request.proxy, settings.max_key_bytes)?;
     if request.entries.len() > settings.max_batch {
@@ -31,6 +37,29 @@ pub fn sync_batch(request: &SyncRequest, settings: &Settings) -> Result<(), AppE
             "entries",
             format!("more than {} entries in one batch", settings.max_batch),
         ));
+    }
+    if let Some(load) = &request.load {
+        load_report(load)?;
+    }
+    Ok(())
+}
+
+/// A load report's values: finite, `utilization` in [0, [`MAX_UTILIZATION`]], `shed_rate` in
+/// [0, 1], `latency_ms` in [0, [`MAX_LATENCY_MS`]]. The error names the field (`load.shed_rate`).
+pub fn load_report(load: &LoadReport) -> Result<(), AppError> {
+    let bounds = [
+        ("utilization", load.utilization, MAX_UTILIZATION),
+        ("shed_rate", load.shed_rate, 1.0),
+        ("latency_ms", load.latency_ms, MAX_LATENCY_MS),
+    ];
+    for (field, value, max) in bounds {
+        // a NaN fails the range test too
+        if !(value.is_finite() && (0.0..=max).contains(&value)) {
+            return Err(AppError::invalid(
+                format!("load.{field}"),
+                format!("must be a number between 0 and {max}"),
+            ));
+        }
     }
     Ok(())
 }
@@ -170,6 +199,7 @@ mod tests {
             proxy: "p".into(),
             interval_ms: 100,
             entries: vec![entry("a", vec![TEN]), entry(&"k".repeat(513), vec![TEN])],
+            load: None,
         };
         assert_eq!(message(&request), "entries[1].key: longer than 512 bytes");
         request.entries[1] = entry("b", vec![]);
@@ -206,6 +236,98 @@ mod tests {
         assert_eq!(message(&request), "");
         request.proxy = String::new();
         assert_eq!(message(&request), "proxy: must not be empty");
+    }
+
+    #[test]
+    fn a_load_report_out_of_bounds_refuses_the_batch_naming_the_field() {
+        let fine = LoadReport {
+            utilization: 0.5,
+            shed_rate: 0.1,
+            latency_ms: 20.0,
+        };
+        let mut request = SyncRequest {
+            proxy: "p".into(),
+            interval_ms: 100,
+            entries: vec![entry("a", vec![TEN])],
+            load: Some(fine),
+        };
+        assert_eq!(message(&request), "");
+        // the bounds themselves are fine: a brief overload, nothing shed or all, an hour
+        for edge in [
+            LoadReport {
+                utilization: 0.0,
+                shed_rate: 0.0,
+                latency_ms: 0.0,
+            },
+            LoadReport {
+                utilization: 10.0,
+                shed_rate: 1.0,
+                latency_ms: 3_600_000.0,
+            },
+        ] {
+            request.load = Some(edge);
+            assert_eq!(message(&request), "", "{edge:?}");
+        }
+        let cases = [
+            (
+                LoadReport {
+                    utilization: 10.5,
+                    ..fine
+                },
+                "load.utilization: must be a number between 0 and 10",
+            ),
+            (
+                LoadReport {
+                    utilization: -0.1,
+                    ..fine
+                },
+                "load.utilization: must be a number between 0 and 10",
+            ),
+            (
+                LoadReport {
+                    utilization: f64::NAN,
+                    ..fine
+                },
+                "load.utilization: must be a number between 0 and 10",
+            ),
+            (
+                LoadReport {
+                    shed_rate: 1.01,
+                    ..fine
+                },
+                "load.shed_rate: must be a number between 0 and 1",
+            ),
+            (
+                LoadReport {
+                    shed_rate: f64::NEG_INFINITY,
+                    ..fine
+                },
+                "load.shed_rate: must be a number between 0 and 1",
+            ),
+            (
+                LoadReport {
+                    latency_ms: 3_600_000.5,
+                    ..fine
+                },
+                "load.latency_ms: must be a number between 0 and 3600000",
+            ),
+            (
+                LoadReport {
+                    latency_ms: f64::INFINITY,
+                    ..fine
+                },
+                "load.latency_ms: must be a number between 0 and 3600000",
+            ),
+        ];
+        for (load, expected) in cases {
+            request.load = Some(load);
+            assert_eq!(message(&request), expected, "{load:?}");
+            let error = sync_batch(&request, &settings()).unwrap_err();
+            assert_eq!(error.kind(), "invalid_request");
+        }
+        // a sync without a report is not checked for one
+        request.load = None;
+        assert_eq!(message(&request), "");
     }
 
     #[test]

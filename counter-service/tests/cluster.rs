@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use axum::http::StatusCode;
 use common::{get, post, settings};
 use serde_json::json;
-use sluice_counter_service::{keys, AppState};
+use sluice_counter_service::{fleet, keys, AppState};
 use sluice_protocol::LimitSpec;
 use sluice_tests::redis::{RedisCluster, Reply};
 
@@ -115,4 +115,29 @@ async fn a_batch_over_many_slots_makes_one_call_per_slot() {
 
 async fn readyz(state: &AppState) -> StatusCode {
     get(state, "/readyz").await.status
+}
+
+/// The fleet's load reports live in one key: on a cluster, one `EVALSHA` on the node of its slot.
+#[tokio::test]
+async fn load_reports_meet_in_one_key_on_a_cluster() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let state = AppState::new(settings(&cluster.url_list(), &[])).unwrap();
+    let body = |proxy: &str, utilization: f64| {
+        json!({"proxy": proxy, "interval_ms": 100, "entries": [],
+               "load": {"utilization": utilization, "shed_rate": 0.0, "latency_ms": 5.0}})
+    };
+    let first = post(&state, "/v1/sync", &body("p1", 0.2)).await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    assert_eq!(first.body["hints"]["overrides"]["load_level"], 0.2);
+    cluster.reset_stats().unwrap();
+    let second = post(&state, "/v1/sync", &body("p2", 0.8)).await;
+    assert_eq!(second.body["hints"]["overrides"]["load_level"], 0.5);
+    assert_eq!(cluster.command_calls("evalsha").unwrap(), 1);
+    let holding: Vec<_> = cluster
+        .nodes()
+        .iter()
+        .filter(|node| node.text(&["EXISTS", fleet::FLEET_KEY]).unwrap_or_default() == "1")
+        .collect();
+    assert_eq!(holding.len(), 1, "one key, on one master");
+    assert_eq!(holding[0].text(&["HLEN", fleet::FLEET_KEY]).unwrap(), "2");
 }

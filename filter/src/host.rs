@@ -39,6 +39,24 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// A uniform draw in [0, 1): the time and a per-VM counter, hashed.
+pub fn draw() -> f64 {
+    thread_local! {
+        static COUNT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    let n = COUNT.with(|c| {
+        c.set(c.get().wrapping_add(1));
+        c.get()
+    });
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&now_us().to_le_bytes());
+    bytes[8..].copy_from_slice(&n.to_le_bytes());
+    let h = sluice_core::table::fnv1a(&bytes);
+    // fnv1a mixes the high bits poorly: fold them in.
+    let h = h ^ (h >> 29) ^ (h >> 47);
+    (h % 1_000_003) as f64 / 1_000_003.0
+}
+
 /// A number in [0.5, 1.5) that spreads the breaker's cool-down over the proxies, from the time.
 pub fn jitter(now_us: u64) -> f64 {
     0.5 + (sluice_core::table::fnv1a(&now_us.to_le_bytes()) % 1_000) as f64 / 1_000.0
@@ -48,6 +66,14 @@ pub fn jitter(now_us: u64) -> f64 {
 /// UTF-8, and HTTP allows such values.
 pub fn request_header(name: &str) -> Option<String> {
     hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A response header of the request's own response.
+pub fn response_header(name: &str) -> Option<String> {
+    hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
         .ok()
         .flatten()
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())

@@ -7,28 +7,55 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
+use sluice_core::exchange::overloaded;
 use sluice_core::net::client_address;
 use sluice_core::protocol::CheckResponse;
+use sluice_core::shed::ShedReason;
 use sluice_core::{proxy_sync, Effect, Exchange, Moment, Step};
 
 use crate::callout;
 use crate::host::{self, HostRequest, SharedData};
 use crate::shared::Shared;
+use crate::shedder::{respond, WaitEnd};
 
 pub struct Request {
     shared: Rc<Shared>,
+    /// The host's id of this request's context.
+    id: u32,
     exchange: Exchange,
     /// Strict checks in flight: callout token → check number.
     checks: HashMap<u32, usize>,
 }
 
 impl Request {
-    pub fn new(shared: Rc<Shared>) -> Request {
+    pub fn new(shared: Rc<Shared>, id: u32) -> Request {
         Request {
             shared,
+            id,
             exchange: Exchange::default(),
             checks: HashMap::new(),
         }
+    }
+
+    /// If the request waited in the queue, learns how the wait ended.
+    fn resolve_wait(&mut self) {
+        if self.exchange.waiting().is_none() {
+            return;
+        }
+        let shared = Rc::clone(&self.shared);
+        let end = shared.shedder.as_ref().and_then(|s| s.wait_end(self.id));
+        match end {
+            Some(WaitEnd::Seated { at_us }) => self.exchange.seated(at_us),
+            // Shed while waiting, or its stream ended before a slot came.
+            Some(WaitEnd::Shed) | None => self.exchange.unseated(&shared.limiter, &mut SharedData),
+        }
+    }
+
+    /// The stream ended, however: its slot goes back, its latency becomes a sample.
+    fn end(&mut self) {
+        self.resolve_wait();
+        let effects = self.exchange.finish(&self.shared.limiter, &mut SharedData);
+        let _ = self.carry_out(effects);
     }
 
     fn read_request(&self) -> HostRequest {
@@ -71,6 +98,8 @@ impl Request {
             service_up: self.shared.service_up.get(),
             bypass: self.shared.bypass.get(),
             jitter: host::jitter(now_us),
+            draw: host::draw(),
+            fleet: self.shared.shedder.as_ref().and_then(|s| s.fleet.get()),
         }
     }
 
@@ -113,6 +142,33 @@ impl Request {
                         _ => failed.push(check),
                     }
                 }
+                Effect::Admitted { seat, queued } => {
+                    if let Some(shedder) = &shared.shedder {
+                        shedder.admitted(seat, queued);
+                    }
+                }
+                Effect::Shed {
+                    seat,
+                    reason,
+                    would,
+                } => {
+                    if let Some(shedder) = &shared.shedder {
+                        shedder.shed(seat, reason, would);
+                    }
+                }
+                Effect::RequestHeader { name, value } => {
+                    let _ =
+                        hostcalls::set_map_value(MapType::HttpRequestHeaders, &name, Some(&value));
+                }
+                Effect::Finished {
+                    bulkhead,
+                    latency_us,
+                    status,
+                } => {
+                    if let Some(shedder) = &shared.shedder {
+                        shedder.finished(bulkhead, latency_us, status);
+                    }
+                }
                 Effect::CheckFailed => {
                     shared.metrics.check_failed();
                     if let Some(service) = limiter.policy().service.as_ref() {
@@ -134,28 +190,57 @@ impl Request {
     }
 
     /// Turns core's step into the host's action.
-    fn act(&self, step: Step) -> Action {
+    fn act(&mut self, step: Step) -> Action {
         match step {
             Step::Continue => Action::Continue,
             Step::Wait => Action::Pause,
             Step::Respond(reply) => {
-                let headers: Vec<(&str, &str)> = reply
-                    .headers
-                    .iter()
-                    .map(|(name, value)| (*name, value.as_str()))
-                    .collect();
-                let _ = hostcalls::send_http_response(
-                    reply.status,
-                    headers,
-                    Some(reply.body.as_bytes()),
-                );
+                respond(&reply);
+                Action::Pause
+            }
+            Step::Queue {
+                seat,
+                level,
+                wait_budget_us,
+            } => {
+                let shared = Rc::clone(&self.shared);
+                let (Some(shedder), Some(shedding)) =
+                    (&shared.shedder, shared.limiter.policy().shedding.as_ref())
+                else {
+                    return Action::Continue;
+                };
+                if shedder.enqueue(shedding, self.id, seat, host::now_us(), wait_budget_us) {
+                    return Action::Pause;
+                }
+                // The queue is full and keeps its waiters.
+                self.exchange.unseated(&shared.limiter, &mut SharedData);
+                shedder.shed(seat, ShedReason::QueueFull, false);
+                respond(&overloaded(
+                    shedding,
+                    seat,
+                    level,
+                    ShedReason::QueueFull,
+                    host::draw(),
+                ));
                 Action::Pause
             }
         }
     }
 }
 
+impl Drop for Request {
+    fn drop(&mut self) {
+        // The last chance to give the slot back, whatever the host called before.
+        self.end();
+    }
+}
+
 impl Context for Request {
+    fn on_done(&mut self) -> bool {
+        self.end();
+        true
+    }
+
     fn on_http_call_response(
         &mut self,
         token_id: u32,
@@ -182,6 +267,10 @@ impl Context for Request {
 }
 
 impl HttpContext for Request {
+    fn on_log(&mut self) {
+        self.end();
+    }
+
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let shared = Rc::clone(&self.shared);
         let mut request = self.read_request();
@@ -204,6 +293,11 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.resolve_wait();
+        let status = host::response_header(":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        self.exchange.responded(status, host::now_us());
         for (header, value) in self.exchange.response_headers(&self.shared.limiter) {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(&value));
         }

@@ -3,7 +3,8 @@
 //! `root` parses the configuration once and owns the per-proxy machinery (`shared`); `http`
 //! turns each request into one `Limiter::decide` call and strict checks; `syncer` runs the batched
 //! sync on ticks and `announce` feeds it; `callout` is the one way to call the counter service;
-//! `host` wraps the host's shared data, headers and clock; `metrics` the stats.
+//! `host` wraps the host's shared data, headers and clock; `metrics` the stats; `shedder` keeps
+//! shedding's samples, metrics and wait queue.
 
 // A panic traps the VM and fails every request on its worker: none in the filter.
 #![cfg_attr(
@@ -23,6 +24,7 @@ mod http;
 mod metrics;
 mod root;
 mod shared;
+mod shedder;
 mod syncer;
 
 use proxy_wasm::traits::RootContext;

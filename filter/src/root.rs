@@ -15,7 +15,11 @@ use crate::host::SharedData;
 use crate::http::Request;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
+use crate::shedder::Shedder;
 use crate::syncer::Syncer;
+
+/// How often a worker serves its wait queue and folds its shedding samples.
+const SHED_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
 #[derive(Default)]
 pub struct Root {
@@ -78,6 +82,11 @@ impl RootContext for Root {
                 )),
             ),
         );
+        let shedder = limiter.policy().shedding.as_ref().map(|shedding| {
+            // The wait queue is served on ticks; the controller's windows end on them.
+            let _ = hostcalls::set_tick_period(SHED_TICK);
+            Shedder::new(shedding)
+        });
         self.shared = Some(Rc::new(Shared {
             limiter,
             metrics,
@@ -85,6 +94,7 @@ impl RootContext for Root {
             service_up: Cell::new(true),
             bypass: Cell::new(false),
             hurried: Cell::new(false),
+            shedder,
         }));
         true
     }
@@ -92,12 +102,17 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         if let Some(shared) = self.shared.clone() {
             self.syncer.tick(&shared, &self.proxy_id);
+            if let (Some(shedder), Some(shedding)) =
+                (&shared.shedder, shared.limiter.policy().shedding.as_ref())
+            {
+                shedder.tick(shedding);
+            }
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let shared = self.shared.clone()?;
-        Some(Box::new(Request::new(shared)))
+        Some(Box::new(Request::new(shared, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -105,7 +120,8 @@ impl RootContext for Root {
     }
 }
 
-/// Creates every set of every rule's key table before the first request.
+/// Creates every set of every rule's key table, and every bulkhead's gauge and window, before
+/// the first request.
 ///
 /// proxy-wasm's compare-and-swap cannot create a key atomically (cas 0 writes unconditionally),
 /// so two workers creating the same set at once could lose a count. The first VM to configure
@@ -119,6 +135,13 @@ fn prepare(limiter: &Limiter) {
         }
         for set in 0..table.sets() {
             let _ = store.set(&table.set_key_at(set), &[], 0);
+        }
+    }
+    let bulkheads = limiter.policy().shedding.iter().flat_map(|s| &s.bulkheads);
+    for key in bulkheads.flat_map(|b| [&b.gauge_key, &b.window_key]) {
+        // A gauge left by an earlier configuration keeps its requests in flight.
+        if !matches!(store.get(key), Ok(Some(_))) {
+            let _ = store.set(key, &[], 0);
         }
     }
 }

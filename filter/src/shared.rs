@@ -9,6 +9,7 @@ use sluice_core::Limiter;
 
 use crate::announce::Announcer;
 use crate::metrics::Metrics;
+use crate::shedder::Shedder;
 
 pub struct Shared {
     pub limiter: Limiter,
@@ -21,6 +22,8 @@ pub struct Shared {
     pub bypass: Cell<bool>,
     /// This worker already asked for an early sync since its last tick.
     pub hurried: Cell<bool>,
+    /// Load shedding's worker side, when configured.
+    pub shedder: Option<Shedder>,
 }
 
 impl Shared {
@@ -32,5 +35,11 @@ impl Shared {
         self.bypass.set(state.bypass);
         self.hurried.set(false);
         self.metrics.breaker(breaker);
+        if let Some(shedder) = &self.shedder {
+            // Stale after three intervals (and at least a second) without an answer.
+            let interval_ms = state.effective_interval_ms(service.sync_interval_ms);
+            let fresh_us = (interval_ms * 3_000).max(1_000_000);
+            shedder.fleet.set(state.fleet.level(now_us, fresh_us));
+        }
     }
 }

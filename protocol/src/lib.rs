@@ -41,6 +41,22 @@ pub struct SyncRequest {
     /// The sync interval the proxy is using, in milliseconds (sizes the grants).
     pub interval_ms: u64,
     pub entries: Vec<SyncEntry>,
+    /// The proxy's load, when it sheds load: the service answers the fleet's level in
+    /// [`Overrides::load_level`]. Absent from older proxies, and ignored by older services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadReport>,
+}
+
+/// A proxy's load at the time of its sync, reported when it sheds load.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LoadReport {
+    /// In-flight requests over the in-flight limit, summed over the proxy's bulkheads, in
+    /// [0, 1] normally (may exceed 1 briefly).
+    pub utilization: f64,
+    /// Fraction of the requests it shed since its last report, in [0, 1].
+    pub shed_rate: f64,
+    /// Its upstreams' recent latency, in milliseconds (a smoothed average).
+    pub latency_ms: f64,
 }
 
 /// What one proxy did with one key since its previous sync.
@@ -96,7 +112,8 @@ pub struct Overrides {
     /// Emergency bypass: admit everything while set.
     #[serde(default)]
     pub bypass: bool,
-    /// Fleet load level in [0, 1], for load shedding.
+    /// Fleet load level in [0, 1], for load shedding: the mean utilization of the proxies
+    /// whose [`LoadReport`] is fresh. Answered to a sync that carries a report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_level: Option<f64>,
 }

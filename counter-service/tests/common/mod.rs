@@ -135,6 +135,7 @@ pub fn batch(proxy: &str, interval_ms: u64, entries: Vec<SyncEntry>) -> SyncRequ
         proxy: proxy.into(),
         interval_ms,
         entries,
+        load: None,
     }
 }
 

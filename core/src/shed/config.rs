@@ -1,0 +1,408 @@
+//! Parsing and validating the `shedding` section. Every error names its field.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::config::{err, matcher, ConfigError, RawMatch};
+use crate::shed::policy::{
+    default_classes, Adaptive, Bulkhead, Class, Drop, Levels, LimitKind, QueuePolicy, ShedMode,
+    Shedding, SuccessRate,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawShedding {
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    class_header: Option<String>,
+    #[serde(default)]
+    default_class: Option<String>,
+    /// Name → threshold; `null` never sheds. Merged over the defaults.
+    #[serde(default)]
+    classes: BTreeMap<String, Option<f64>>,
+    #[serde(default)]
+    never_shed_paths: Option<Vec<String>>,
+    #[serde(default)]
+    levels: Option<RawLevels>,
+    #[serde(default)]
+    degradation_header: Option<String>,
+    #[serde(default)]
+    fleet: Option<bool>,
+    #[serde(default)]
+    retry_after_s: Option<u64>,
+    bulkheads: Vec<RawBulkhead>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLevels {
+    elevated: f64,
+    high: f64,
+    critical: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBulkhead {
+    name: String,
+    #[serde(default, rename = "match")]
+    matcher: Option<RawMatch>,
+    limit: RawLimit,
+    #[serde(default)]
+    queue: Option<RawQueue>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    success_rate: Option<RawSuccessRate>,
+    #[serde(default)]
+    expensive: Vec<RawMatch>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum RawLimit {
+    Static(u32),
+    Adaptive(RawAdaptive),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdaptive {
+    min: u32,
+    max: u32,
+    #[serde(default)]
+    initial: Option<u32>,
+    #[serde(default)]
+    tolerance: Option<f64>,
+    #[serde(default)]
+    window_ms: Option<u64>,
+    #[serde(default)]
+    probe_interval_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQueue {
+    size: u32,
+    max_wait_ms: u64,
+    #[serde(default)]
+    drop: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSuccessRate {
+    #[serde(default)]
+    threshold: Option<f64>,
+    #[serde(default)]
+    aggression: Option<f64>,
+    #[serde(default)]
+    min_requests: Option<u32>,
+    #[serde(default)]
+    window_ms: Option<u64>,
+    #[serde(default)]
+    max_rejection: Option<f64>,
+}
+
+/// Paths never shed unless the configuration says otherwise: the usual health checks.
+pub const DEFAULT_NEVER_SHED: [&str; 3] = ["/healthz", "/readyz", "/livez"];
+pub const DEFAULT_DEGRADATION_HEADER: &str = "x-sluice-load-level";
+
+fn in_range(field: &str, value: f64, low: f64, high: f64) -> Result<f64, ConfigError> {
+    if value.is_finite() && value >= low && value <= high {
+        Ok(value)
+    } else {
+        Err(err(
+            field,
+            format!("must be between {low} and {high}, got {value}"),
+        ))
+    }
+}
+
+fn int_range<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &str,
+    value: T,
+    low: T,
+    high: T,
+) -> Result<T, ConfigError> {
+    if value >= low && value <= high {
+        Ok(value)
+    } else {
+        Err(err(
+            field,
+            format!("must be between {low} and {high}, got {value}"),
+        ))
+    }
+}
+
+/// A lower-case HTTP header name.
+fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+    if ok {
+        Ok(name.to_ascii_lowercase())
+    } else {
+        Err(err(
+            field,
+            format!("must be an HTTP header name such as x-priority, got {name:?}"),
+        ))
+    }
+}
+
+fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
+    let mode = match raw.mode.as_deref().unwrap_or("enforce") {
+        "monitor" => ShedMode::Monitor,
+        "warn" => ShedMode::Warn,
+        "enforce" => ShedMode::Enforce,
+        other => {
+            return Err(err(
+                "shedding.mode",
+                format!("expected one of monitor, warn, enforce, got {other:?}"),
+            ))
+        }
+    };
+    let class_header = raw
+        .class_header
+        .as_deref()
+        .map(|h| header_name("shedding.class_header", h))
+        .transpose()?;
+
+    let mut classes = default_classes();
+    for (name, threshold) in raw.classes {
+        let at = format!("shedding.classes.{name}");
+        if !name_ok(&name) {
+            return Err(err(
+                at,
+                "a class name must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
+            ));
+        }
+        let threshold = threshold.map(|t| in_range(&at, t, 0.01, 1.0)).transpose()?;
+        match classes.iter_mut().find(|c| c.name == name) {
+            Some(class) => class.threshold = threshold,
+            None => classes.push(Class { name, threshold }),
+        }
+    }
+    if classes.len() > 32 {
+        return Err(err("shedding.classes", "at most 32 classes"));
+    }
+    let default_name = raw.default_class.unwrap_or_else(|| "basic".into());
+    let Some(default_class) = classes.iter().position(|c| c.name == default_name) else {
+        let names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
+        return Err(err(
+            "shedding.default_class",
+            format!(
+                "{default_name:?} is not a class; the classes are {}",
+                names.join(", ")
+            ),
+        ));
+    };
+
+    let never_shed_paths = match raw.never_shed_paths {
+        None => DEFAULT_NEVER_SHED.iter().map(|p| p.to_string()).collect(),
+        Some(paths) => {
+            for (i, path) in paths.iter().enumerate() {
+                if !path.starts_with('/') {
+                    return Err(err(
+                        format!("shedding.never_shed_paths[{i}]"),
+                        format!("must start with '/', got {path:?}"),
+                    ));
+                }
+            }
+            paths
+        }
+    };
+
+    let levels = match raw.levels {
+        None => Levels::default(),
+        Some(l) => {
+            let elevated = in_range("shedding.levels.elevated", l.elevated, 0.01, 1.0)?;
+            let high = in_range("shedding.levels.high", l.high, elevated, 1.0)?;
+            let critical = in_range("shedding.levels.critical", l.critical, high, 1.0)?;
+            Levels {
+                elevated,
+                high,
+                critical,
+            }
+        }
+    };
+
+    let degradation_header = match raw.degradation_header.as_deref() {
+        None => Some(DEFAULT_DEGRADATION_HEADER.to_string()),
+        Some("") => None,
+        Some(h) => Some(header_name("shedding.degradation_header", h)?),
+    };
+    let retry_after_s = int_range(
+        "shedding.retry_after_s",
+        raw.retry_after_s.unwrap_or(1),
+        1,
+        3_600,
+    )?;
+
+    if raw.bulkheads.is_empty() {
+        return Err(err("shedding.bulkheads", "must hold at least one bulkhead"));
+    }
+    if raw.bulkheads.len() > 64 {
+        return Err(err("shedding.bulkheads", "at most 64 bulkheads"));
+    }
+    let mut bulkheads: Vec<Bulkhead> = Vec::with_capacity(raw.bulkheads.len());
+    for (i, b) in raw.bulkheads.into_iter().enumerate() {
+        let b = bulkhead(&format!("shedding.bulkheads[{i}]"), b)?;
+        if bulkheads.iter().any(|other| other.name == b.name) {
+            return Err(err(
+                format!("shedding.bulkheads[{i}].name"),
+                format!(
+                    "{:?} is used by an earlier bulkhead; names must be unique",
+                    b.name
+                ),
+            ));
+        }
+        bulkheads.push(b);
+    }
+
+    Ok(Shedding {
+        mode,
+        class_header,
+        classes,
+        default_class,
+        never_shed_paths,
+        levels,
+        degradation_header,
+        fleet: raw.fleet.unwrap_or(true),
+        retry_after_s,
+        bulkheads,
+    })
+}
+
+fn bulkhead(at: &str, raw: RawBulkhead) -> Result<Bulkhead, ConfigError> {
+    if !name_ok(&raw.name) {
+        return Err(err(
+            format!("{at}.name"),
+            format!(
+                "must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.', got {:?}",
+                raw.name
+            ),
+        ));
+    }
+    let request_matcher = matcher(&format!("{at}.match"), raw.matcher)?;
+    let limit = match raw.limit {
+        RawLimit::Static(n) => {
+            LimitKind::Static(int_range(&format!("{at}.limit.static"), n, 1, 1_000_000)?)
+        }
+        RawLimit::Adaptive(a) => {
+            let field = |f: &str| format!("{at}.limit.adaptive.{f}");
+            let min = int_range(&field("min"), a.min, 1, 1_000_000)?;
+            let max = int_range(&field("max"), a.max, min, 1_000_000)?;
+            let initial = int_range(
+                &field("initial"),
+                a.initial.unwrap_or(20.clamp(min, max)),
+                min,
+                max,
+            )?;
+            let tolerance = in_range(&field("tolerance"), a.tolerance.unwrap_or(1.5), 1.05, 10.0)?;
+            let window_ms = int_range(&field("window_ms"), a.window_ms.unwrap_or(100), 10, 60_000)?;
+            let probe_interval_ms = a.probe_interval_ms.unwrap_or(30_000);
+            if probe_interval_ms != 0 && probe_interval_ms < window_ms * 10 {
+                return Err(err(
+                    field("probe_interval_ms"),
+                    format!(
+                        "must be 0 (never probe) or at least 10 windows ({} ms), got {probe_interval_ms}",
+                        window_ms * 10
+                    ),
+                ));
+            }
+            LimitKind::Adaptive(Adaptive {
+                min,
+                max,
+                initial,
+                tolerance,
+                window_ms,
+                probe_interval_ms,
+            })
+        }
+    };
+    let queue = raw
+        .queue
+        .map(|q| {
+            let size = int_range(&format!("{at}.queue.size"), q.size, 1, 10_000)?;
+            let max_wait_ms =
+                int_range(&format!("{at}.queue.max_wait_ms"), q.max_wait_ms, 1, 60_000)?;
+            let drop = match q.drop.as_deref().unwrap_or("oldest") {
+                "oldest" => Drop::Oldest,
+                "newest" => Drop::Newest,
+                other => {
+                    return Err(err(
+                        format!("{at}.queue.drop"),
+                        format!("expected oldest or newest, got {other:?}"),
+                    ))
+                }
+            };
+            Ok(QueuePolicy {
+                size,
+                max_wait_ms,
+                drop,
+            })
+        })
+        .transpose()?;
+    let timeout_ms = raw
+        .timeout_ms
+        .map(|t| int_range(&format!("{at}.timeout_ms"), t, 1, 3_600_000))
+        .transpose()?;
+    let success_rate = raw
+        .success_rate
+        .map(|s| {
+            let field = |f: &str| format!("{at}.success_rate.{f}");
+            Ok(SuccessRate {
+                threshold: in_range(&field("threshold"), s.threshold.unwrap_or(0.95), 0.01, 1.0)?,
+                aggression: in_range(&field("aggression"), s.aggression.unwrap_or(1.0), 0.1, 10.0)?,
+                min_requests: int_range(
+                    &field("min_requests"),
+                    s.min_requests.unwrap_or(20),
+                    1,
+                    1_000_000,
+                )?,
+                window_ms: int_range(
+                    &field("window_ms"),
+                    s.window_ms.unwrap_or(10_000),
+                    100,
+                    600_000,
+                )?,
+                max_rejection: in_range(
+                    &field("max_rejection"),
+                    s.max_rejection.unwrap_or(0.95),
+                    0.0,
+                    1.0,
+                )?,
+            })
+        })
+        .transpose()?;
+    let expensive = raw
+        .expensive
+        .into_iter()
+        .enumerate()
+        .map(|(j, m)| matcher(&format!("{at}.expensive[{j}]"), Some(m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Bulkhead {
+        gauge_key: format!("sluice/shed/{}", raw.name),
+        window_key: format!("sluice/shed/{}/window", raw.name),
+        name: raw.name,
+        matcher: request_matcher,
+        limit,
+        queue,
+        timeout_ms,
+        success_rate,
+        expensive,
+    })
+}

@@ -1,0 +1,220 @@
+//! The validated `shedding` section: bulkheads, classes, levels, as values.
+
+use crate::policy::Matcher;
+
+/// Whether shedding answers 503, or only says what it would shed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedMode {
+    /// Count what would be shed (metrics) and admit it.
+    Monitor,
+    /// As `Monitor`, and tell the upstream and the client in a header.
+    Warn,
+    /// Shed: `503 Service Unavailable`.
+    Enforce,
+}
+
+/// A priority class: its name and the utilization above which it is shed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Class {
+    pub name: String,
+    /// Shed when in flight / limit (or the fleet level) is at or above this; `None`: never shed.
+    pub threshold: Option<f64>,
+}
+
+/// Class index within [`Shedding::classes`].
+pub type ClassId = usize;
+
+/// The utilizations at which the degradation level rises.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Levels {
+    pub elevated: f64,
+    pub high: f64,
+    pub critical: f64,
+}
+
+impl Default for Levels {
+    fn default() -> Levels {
+        Levels {
+            elevated: 0.70,
+            high: 0.85,
+            critical: 0.95,
+        }
+    }
+}
+
+/// The load level the upstream is told about in the degradation header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Normal,
+    Elevated,
+    High,
+    Critical,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Normal => "normal",
+            Level::Elevated => "elevated",
+            Level::High => "high",
+            Level::Critical => "critical",
+        }
+    }
+}
+
+impl Levels {
+    pub fn level(&self, utilization: f64) -> Level {
+        if utilization >= self.critical {
+            Level::Critical
+        } else if utilization >= self.high {
+            Level::High
+        } else if utilization >= self.elevated {
+            Level::Elevated
+        } else {
+            Level::Normal
+        }
+    }
+}
+
+/// How a bulkhead's in-flight limit is set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LimitKind {
+    Static(u32),
+    Adaptive(Adaptive),
+}
+
+/// The adaptive limit's controller settings (see [`crate::shed::controller`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Adaptive {
+    pub min: u32,
+    pub max: u32,
+    pub initial: u32,
+    /// How much slower than its no-load latency the upstream may get before the limit shrinks.
+    pub tolerance: f64,
+    /// One controller step per window.
+    pub window_ms: u64,
+    /// How often the limit drops to `min` for one window to re-measure the no-load latency.
+    pub probe_interval_ms: u64,
+}
+
+/// Which waiter leaves a full queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drop {
+    /// The one that waited longest (it is the likeliest to time out anyway).
+    Oldest,
+    /// The one arriving.
+    Newest,
+}
+
+/// A bounded wait for a slot instead of an immediate 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePolicy {
+    /// Waiters per worker.
+    pub size: u32,
+    pub max_wait_ms: u64,
+    pub drop: Drop,
+}
+
+/// Rejection by the recent success rate, as Envoy's `admission_control`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SuccessRate {
+    /// The success rate below which requests start being rejected, in (0, 1].
+    pub threshold: f64,
+    /// How steeply the rejection probability rises (1: linear).
+    pub aggression: f64,
+    /// Fewer requests than this in the window never reject.
+    pub min_requests: u32,
+    /// How long a result counts (it fades with this time constant).
+    pub window_ms: u64,
+    /// The rejection probability never goes above this, so some traffic still probes.
+    pub max_rejection: f64,
+}
+
+/// One bulkhead: the requests to one upstream (cluster or route), limited together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bulkhead {
+    pub name: String,
+    pub matcher: Matcher,
+    pub limit: LimitKind,
+    pub queue: Option<QueuePolicy>,
+    /// The route's timeout: the deadline of requests that carry none of their own.
+    pub timeout_ms: Option<u64>,
+    pub success_rate: Option<SuccessRate>,
+    /// Requests shed from level `high` up, before any class is.
+    pub expensive: Vec<Matcher>,
+    /// Shared-data key of its [`crate::shed::Gauge`].
+    pub gauge_key: String,
+    /// Shared-data key of its controller window.
+    pub window_key: String,
+}
+
+impl Bulkhead {
+    /// The adaptive controller's window, or a default for static limits (they still measure
+    /// latency, errors and utilization).
+    pub fn window_ms(&self) -> u64 {
+        match self.limit {
+            LimitKind::Adaptive(a) => a.window_ms,
+            LimitKind::Static(_) => 100,
+        }
+    }
+}
+
+/// Bulkhead index within [`Shedding::bulkheads`].
+pub type BulkheadId = usize;
+
+/// The whole `shedding` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shedding {
+    pub mode: ShedMode,
+    /// The request header that names the class (set by a trusted filter).
+    pub class_header: Option<String>,
+    pub classes: Vec<Class>,
+    pub default_class: ClassId,
+    /// Exact paths never shed nor counted (health checks).
+    pub never_shed_paths: Vec<String>,
+    pub levels: Levels,
+    /// The request header that tells the upstream the level; `None`: not sent.
+    pub degradation_header: Option<String>,
+    /// Whether the fleet level from the counter service counts.
+    pub fleet: bool,
+    pub retry_after_s: u64,
+    pub bulkheads: Vec<Bulkhead>,
+}
+
+/// The default classes, as in the seed: free, basic, premium, enterprise, critical.
+pub fn default_classes() -> Vec<Class> {
+    [
+        ("free", Some(0.70)),
+        ("basic", Some(0.80)),
+        ("premium", Some(0.90)),
+        ("enterprise", Some(0.95)),
+        ("critical", None),
+    ]
+    .into_iter()
+    .map(|(name, threshold)| Class {
+        name: name.into(),
+        threshold,
+    })
+    .collect()
+}
+
+impl Shedding {
+    /// The class a header value names, or the default.
+    pub fn class_of(&self, value: Option<&str>) -> ClassId {
+        value
+            .and_then(|v| {
+                let v = v.trim();
+                self.classes
+                    .iter()
+                    .position(|c| c.name.eq_ignore_ascii_case(v))
+            })
+            .unwrap_or(self.default_class)
+    }
+
+    /// Higher is more important: classes never shed first, then by threshold.
+    pub fn rank(&self, class: ClassId) -> f64 {
+        self.classes
+            .get(class)
+            .map_or(0.0, |c| c.threshold.unwrap_or(f64::INFINITY))
+    }
+}

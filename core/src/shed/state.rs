@@ -1,0 +1,193 @@
+//! What a bulkhead keeps in shared data, so every worker sees it: the [`Gauge`] that requests
+//! read and update (in flight, and what the last window decided), and the [`Window`] that
+//! workers fold their samples into on their ticks.
+
+use crate::shed::controller::ControlState;
+
+/// The hot state of one bulkhead: one read and one compare-and-swap per admission and per
+/// release.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gauge {
+    pub in_flight: u32,
+    /// The in-flight limit the last window set (adaptive limits); 0: not set yet.
+    pub limit: u32,
+    /// Smoothed latency of the upstream, request to response headers; 0: unknown.
+    pub rtt_us: u32,
+    /// Success-rate rejection probability, in millionths.
+    pub reject_ppm: u32,
+    /// Smoothed in flight / limit, in thousandths.
+    pub use_milli: u32,
+}
+
+impl Gauge {
+    const LEN: usize = 20;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::LEN);
+        for v in [
+            self.in_flight,
+            self.limit,
+            self.rtt_us,
+            self.reject_ppm,
+            self.use_milli,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes; anything malformed (or empty) reads as the initial gauge.
+    pub fn decode(bytes: &[u8]) -> Gauge {
+        if bytes.len() != Self::LEN {
+            return Gauge::default();
+        }
+        let at = |i: usize| {
+            bytes
+                .get(i * 4..i * 4 + 4)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u32::from_le_bytes)
+        };
+        Gauge {
+            in_flight: at(0),
+            limit: at(1),
+            rtt_us: at(2),
+            reject_ppm: at(3),
+            use_milli: at(4),
+        }
+    }
+
+    pub fn utilization(&self) -> f64 {
+        self.use_milli as f64 / 1_000.0
+    }
+}
+
+/// The bulkhead's window: samples since the window started, and the controller's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Window {
+    pub started_us: f64,
+    /// Requests that got response headers, their summed latency, 5xx among them, and timeouts.
+    pub count: f64,
+    pub sum_rtt_us: f64,
+    pub errors: f64,
+    pub drops: f64,
+    /// The highest in flight / limit a tick saw.
+    pub peak_use: f64,
+    pub control: ControlState,
+    /// Success-rate counts, fading with the success-rate window.
+    pub sr_total: f64,
+    pub sr_ok: f64,
+    /// Smoothed in flight / limit, and when it was last sampled.
+    pub use_ema: f64,
+    pub use_at_us: f64,
+    /// Smoothed latency.
+    pub rtt_ema_us: f64,
+    /// Requests offered and shed since the last load report.
+    pub report_offered: f64,
+    pub report_shed: f64,
+}
+
+impl Window {
+    const FIELDS: usize = 19;
+
+    fn fields(&self) -> [f64; Self::FIELDS] {
+        [
+            self.started_us,
+            self.count,
+            self.sum_rtt_us,
+            self.errors,
+            self.drops,
+            self.peak_use,
+            self.control.limit,
+            self.control.baseline_us,
+            self.control.next_probe_us,
+            self.control.probe_saved,
+            self.sr_total,
+            self.sr_ok,
+            self.use_ema,
+            self.use_at_us,
+            self.rtt_ema_us,
+            self.report_offered,
+            self.report_shed,
+            self.control.probe_clean,
+            self.control.probe_windows,
+        ]
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        self.fields().iter().flat_map(|f| f.to_le_bytes()).collect()
+    }
+
+    /// Decodes; anything malformed (or empty) reads as a fresh window. A value that is not
+    /// finite reads as 0.
+    pub fn decode(bytes: &[u8]) -> Window {
+        if bytes.len() != Self::FIELDS * 8 {
+            return Window::default();
+        }
+        let f = |i: usize| {
+            let v = bytes
+                .get(i * 8..i * 8 + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0.0, f64::from_le_bytes);
+            if v.is_finite() {
+                v
+            } else {
+                0.0
+            }
+        };
+        Window {
+            started_us: f(0),
+            count: f(1),
+            sum_rtt_us: f(2),
+            errors: f(3),
+            drops: f(4),
+            peak_use: f(5),
+            control: ControlState {
+                limit: f(6),
+                baseline_us: f(7),
+                next_probe_us: f(8),
+                probe_saved: f(9),
+                probe_clean: f(17),
+                probe_windows: f(18),
+            },
+            sr_total: f(10),
+            sr_ok: f(11),
+            use_ema: f(12),
+            use_at_us: f(13),
+            rtt_ema_us: f(14),
+            report_offered: f(15),
+            report_shed: f(16),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauge_and_window_round_trip_and_garbage_reads_as_fresh() {
+        let g = Gauge {
+            in_flight: 3,
+            limit: 12,
+            rtt_us: 25_000,
+            reject_ppm: 10,
+            use_milli: 900,
+        };
+        assert_eq!(Gauge::decode(&g.encode()), g);
+        assert_eq!(Gauge::decode(b"short"), Gauge::default());
+        let w = Window {
+            count: 4.0,
+            control: ControlState {
+                limit: 12.5,
+                ..ControlState::default()
+            },
+            report_shed: 2.0,
+            ..Window::default()
+        };
+        assert_eq!(Window::decode(&w.encode()), w);
+        let mut nan = w.encode();
+        nan[8..16].copy_from_slice(&f64::NAN.to_le_bytes());
+        assert_eq!(Window::decode(&nan).count, 0.0);
+        assert_eq!(Window::decode(&[1, 2, 3]), Window::default());
+    }
+}

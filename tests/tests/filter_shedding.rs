@@ -1,0 +1,225 @@
+//! Shedding in the wasmtime host, on a virtual clock: slots shared by the workers, given back
+//! however a stream ends, the wait queue served by the root's ticks, and the adaptive limit
+//! following the upstream's latency.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sluice_core::shed::Gauge;
+use sluice_host::{
+    filter_wasm_path, Exchange, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec,
+};
+
+fn module() -> &'static FilterModule {
+    static MODULE: OnceLock<FilterModule> = OnceLock::new();
+    MODULE.get_or_init(|| {
+        FilterModule::load(filter_wasm_path())
+            .unwrap_or_else(|e| panic!("{e}: build the filter first (`make test` does)"))
+    })
+}
+
+fn proxy(config: &str, workers: usize) -> Proxy {
+    let options = ProxyOptions {
+        workers,
+        ..ProxyOptions::new(config)
+    };
+    Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
+}
+
+fn gauge(proxy: &Proxy, bulkhead: &str) -> Gauge {
+    let (bytes, _) = proxy
+        .shared_data(&format!("sluice/shed/{bulkhead}"))
+        .expect("the gauge is created at configuration");
+    Gauge::decode(&bytes)
+}
+
+fn send(proxy: &Proxy, worker: usize, class: &str) -> Exchange {
+    let spec = RequestSpec::get("/api/x").header("x-class", class);
+    proxy.worker(worker).request(spec).unwrap()
+}
+
+fn status(exchange: &Exchange) -> Option<u32> {
+    match exchange.state().unwrap() {
+        ExchangeState::Continued { .. } => Some(200),
+        ExchangeState::LocalResponse { status, .. } => Some(status),
+        ExchangeState::Paused => None,
+        ExchangeState::Reset => Some(0),
+    }
+}
+
+const STATIC: &str = r#"{"shedding": {"class_header": "x-class",
+  "bulkheads": [{"name": "api", "match": {"path_prefix": "/api/"}, "limit": {"static": 4}}]}}"#;
+
+#[test]
+fn the_workers_share_the_slots_and_every_kind_of_end_gives_one_back() {
+    let proxy = proxy(STATIC, 3);
+    let held: Vec<Exchange> = (0..4).map(|i| send(&proxy, i % 3, "critical")).collect();
+    assert!(held.iter().all(|e| status(e) == Some(200)));
+    assert_eq!(gauge(&proxy, "api").in_flight, 4);
+    let shed = send(&proxy, 2, "enterprise");
+    let ExchangeState::LocalResponse {
+        status: code,
+        headers,
+        body,
+    } = shed.state().unwrap()
+    else {
+        panic!("not shed: {:?}", shed.state());
+    };
+    assert_eq!(code, 503);
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "x-sluice-shed" && v == "concurrency"));
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "overloaded");
+
+    // A response, a client reset before any response, a 504 from the host, a 503 reset.
+    held[0].respond(200, &[]).unwrap();
+    held[1].finish().unwrap();
+    held[2].respond(504, &[]).unwrap();
+    held[3].respond(503, &[]).unwrap();
+    assert_eq!(gauge(&proxy, "api").in_flight, 0);
+
+    // Many more, ended every way, on every worker: nothing leaks.
+    let mut open = Vec::new();
+    for i in 0..300 {
+        let e = send(&proxy, i % 3, if i % 5 == 0 { "free" } else { "critical" });
+        if status(&e) == Some(200) {
+            open.push(e);
+        }
+        if open.len() >= 3 || i % 7 == 0 {
+            for (j, e) in open.drain(..).enumerate() {
+                match (i + j) % 3 {
+                    0 => drop(e.respond(200, &[])),
+                    1 => drop(e.finish()),
+                    _ => drop(e.respond(500, &[])),
+                }
+            }
+        }
+    }
+    for e in open {
+        e.finish().unwrap();
+    }
+    assert_eq!(gauge(&proxy, "api").in_flight, 0);
+    proxy.advance(Duration::from_millis(20)).unwrap();
+    assert_eq!(proxy.metric("sluice.shed.api.in_flight"), Some(0));
+    assert!(proxy.metric("sluice.shed.api.admitted").unwrap_or(0) > 200);
+}
+
+#[test]
+fn a_waiter_gets_the_next_slot_on_a_tick_and_one_that_waits_too_long_is_shed() {
+    let proxy = proxy(
+        r#"{"shedding": {"class_header": "x-class", "bulkheads": [{"name": "api", "limit": {"static": 1},
+            "queue": {"size": 4, "max_wait_ms": 50}}]}}"#,
+        2,
+    );
+    let first = send(&proxy, 0, "critical");
+    assert_eq!(status(&first), Some(200));
+    let low = send(&proxy, 1, "free");
+    let high = send(&proxy, 1, "premium");
+    assert_eq!(status(&low), None, "waits");
+    assert_eq!(status(&high), None, "waits");
+    assert_eq!(proxy.metric("sluice.shed.api.queued"), Some(2));
+    proxy.advance(Duration::from_millis(20)).unwrap();
+    assert_eq!(status(&high), None, "no slot yet");
+    // A slot frees on the other worker: the next tick of the waiters' worker seats the most
+    // important one.
+    first.respond(200, &[]).unwrap();
+    proxy.advance(Duration::from_millis(10)).unwrap();
+    assert_eq!(status(&high), Some(200));
+    assert_eq!(status(&low), None);
+    assert_eq!(gauge(&proxy, "api").in_flight, 1);
+    // The other waits past 50 ms and gets its 503.
+    proxy.advance(Duration::from_millis(40)).unwrap();
+    let ExchangeState::LocalResponse {
+        status: code,
+        headers,
+        ..
+    } = low.state().unwrap()
+    else {
+        panic!("{:?}", low.state());
+    };
+    assert_eq!(code, 503);
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "x-sluice-shed" && v == "queue_timeout"));
+    high.respond(200, &[]).unwrap();
+    assert_eq!(gauge(&proxy, "api").in_flight, 0);
+    assert_eq!(proxy.metric("sluice.shed.api.shed.queue_timeout"), Some(1));
+    assert_eq!(proxy.metric("sluice.shed.api.class.free.shed"), Some(1));
+}
+
+#[test]
+fn a_waiter_whose_client_leaves_holds_nothing() {
+    let proxy = proxy(
+        r#"{"shedding": {"bulkheads": [{"name": "api", "limit": {"static": 1},
+            "queue": {"size": 4, "max_wait_ms": 500}}]}}"#,
+        1,
+    );
+    let first = send(&proxy, 0, "basic");
+    let waiter = send(&proxy, 0, "basic");
+    assert_eq!(status(&waiter), None);
+    waiter.finish().unwrap();
+    first.finish().unwrap();
+    proxy.advance(Duration::from_millis(30)).unwrap();
+    assert_eq!(gauge(&proxy, "api").in_flight, 0);
+    assert_eq!(status(&send(&proxy, 0, "basic")), Some(200));
+}
+
+/// An upstream that answers after `latency`: requests sent one per `gap`, each answered when
+/// its time comes, on a virtual clock.
+fn drive(
+    proxy: &Proxy,
+    seconds: u64,
+    gap: Duration,
+    latency: impl Fn(usize) -> Duration,
+) -> (usize, usize) {
+    let mut open: Vec<(Exchange, Duration)> = Vec::new();
+    let (mut admitted, mut shed) = (0, 0);
+    let mut now = Duration::ZERO;
+    let end = Duration::from_secs(seconds);
+    while now < end {
+        open.retain(|(e, at)| {
+            if *at <= now {
+                let _ = e.respond(200, &[]);
+                false
+            } else {
+                true
+            }
+        });
+        let e = send(proxy, admitted % 2, "basic");
+        match status(&e) {
+            Some(200) => {
+                admitted += 1;
+                open.push((e, now + latency(open.len())));
+            }
+            _ => shed += 1,
+        }
+        proxy.advance(gap).unwrap();
+        now += gap;
+    }
+    for (e, _) in open {
+        let _ = e.respond(200, &[]);
+    }
+    (admitted, shed)
+}
+
+#[test]
+fn the_adaptive_limit_falls_when_the_upstream_queues() {
+    let proxy = proxy(
+        r#"{"shedding": {"bulkheads": [{"name": "api", "limit": {"adaptive":
+            {"min": 2, "max": 100, "initial": 40, "tolerance": 1.5, "window_ms": 100}}}]}}"#,
+        2,
+    );
+    // 4 workers of 20 ms: latency grows with what is in flight beyond 4.
+    let (admitted, shed) = drive(&proxy, 5, Duration::from_millis(2), |in_flight| {
+        Duration::from_millis(20 * (1 + in_flight as u64 / 4))
+    });
+    let limit = proxy.metric("sluice.shed.api.limit").unwrap();
+    assert!((4..=12).contains(&limit), "limit {limit}");
+    assert!(
+        shed > 0 && admitted > 500,
+        "admitted {admitted}, shed {shed}"
+    );
+    let rtt = proxy.metric("sluice.shed.api.rtt_ms").unwrap();
+    assert!(rtt <= 45, "rtt {rtt} ms");
+}
