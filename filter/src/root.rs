@@ -19,7 +19,7 @@ use crate::shedder::Shedder;
 use crate::syncer::Syncer;
 
 /// How often a worker serves its wait queue and folds its shedding samples.
-const SHED_TICK: std::time::Duration = std::time::Duration::from_millis(10);
+const SHED_TICK: std::time::Duration = std::time::Duration::from_millis(2);
 
 #[derive(Default)]
 pub struct Root {
