@@ -59,20 +59,22 @@ ROUTE_TIMEOUT_MS = 1000  # `timeout: 1s` of the route in every envoy/overload-*.
 
 def shedding(limit):
     """sluice's configuration for both sluice variants: one bulkhead over every path, in-flight `limit`."""
+    bulkhead = {
+        "name": "upstream",
+        "match": {"path_prefix": "/"},
+        "limit": limit,
+        "timeout_ms": 1000,
+    }
+    if ARGS.queue_wait_ms > 0:
+        bulkhead["queue"] = {"size": 64, "max_wait_ms": ARGS.queue_wait_ms, "drop": "oldest"}
     return {
         "rules": [],
         "shedding": {
             "mode": "enforce",
             "class_header": "x-sluice-class",
             "default_class": "basic",
-            "classes": {"high": 0.9, "low": 0.7},
-            "bulkheads": [{
-                "name": "upstream",
-                "match": {"path_prefix": "/"},
-                "limit": limit,
-                "queue": {"size": 64, "max_wait_ms": 50, "drop": "oldest"},
-                "timeout_ms": 1000,
-            }],
+            "classes": {"high": ARGS.high_threshold, "low": 0.7},
+            "bulkheads": [bulkhead],
         },
     }
 
@@ -82,7 +84,7 @@ def static_limit():
     return ARGS.static_limit if ARGS.static_limit is not None else int(math.floor(1.5 * ARGS.workers + 0.5))
 
 
-SLUICE_ADAPTIVE_LIMIT = {"adaptive": {"min": 4, "max": 64, "initial": 16, "tolerance": 1.5, "window_ms": 100}}
+SLUICE_ADAPTIVE_LIMIT = {"adaptive": {"min": 4, "max": 64, "initial": 16, "tolerance": 1.25, "window_ms": 100}}
 
 # name -> (template, sluice configuration or None)
 VARIANTS = {
@@ -577,6 +579,10 @@ if __name__ == "__main__":
     parser.add_argument("--only", help=f"comma-separated variants (default: all of {', '.join(VARIANTS)})")
     parser.add_argument("--workers", type=int, default=8, help="upstream requests served at once (default 8)")
     parser.add_argument("--service-ms", type=int, default=25, help="upstream service time, ms (default 25)")
+    parser.add_argument("--queue-wait-ms", type=int, default=15,
+                        help="sluice's queue: max_wait_ms per waiter (default 15; 0: no queue, 503 at once)")
+    parser.add_argument("--high-threshold", type=float, default=1.0,
+                        help="utilization above which sluice sheds the high class (low: 0.7)")
     parser.add_argument("--static-limit", type=int, help="sluice-static's in-flight limit (default 1.5 x workers)")
     parser.add_argument("--timeout-ms", type=int, default=5000,
                         help="sluice-load's timeout of each request, ms (default 5000; Envoy's route times out at 1 s)")

@@ -164,6 +164,35 @@ fn each_class_is_shed_above_its_own_share_and_critical_never() {
 }
 
 #[test]
+fn a_route_can_name_the_class_of_requests_the_header_does_not() {
+    let limiter = build(
+        r#"{"shedding": {"class_header": "x-class", "default_class": "free",
+            "class_routes": [{"match": {"path_prefix": "/api/checkout"}, "class": "critical"}],
+            "bulkheads": [{"name": "api", "limit": {"static": 1}}]}}"#,
+    );
+    let mut store = MemoryStore::default();
+    let (_held, _, _) = start(&limiter, &mut store, PlainRequest::get("/api/x"), at(T0));
+    let (_, step, _) = start(&limiter, &mut store, PlainRequest::get("/api/x"), at(T0));
+    assert!(reply(&step).body.contains("\"class\":\"free\""));
+    let (_, step, _) = start(
+        &limiter,
+        &mut store,
+        PlainRequest::get("/api/checkout/pay"),
+        at(T0),
+    );
+    assert_eq!(step, Step::Continue, "the route's class: critical");
+    // The trusted header wins over the route.
+    let named = PlainRequest::get("/api/checkout/pay").with_header("x-class", "free");
+    let (_, step, _) = start(&limiter, &mut store, named, at(T0));
+    assert_eq!(reply(&step).status, 503);
+    let bad = r#"{"shedding": {"class_routes": [{"match": {}, "class": "gold"}], "bulkheads": [{"name": "a", "limit": {"static": 1}}]}}"#;
+    assert_eq!(
+        sluice_core::parse(bad.as_bytes()).unwrap_err().field,
+        "shedding.class_routes[0].class"
+    );
+}
+
+#[test]
 fn health_checks_and_requests_of_no_bulkhead_are_neither_shed_nor_counted() {
     let limiter = static_limit(1);
     let mut store = MemoryStore::default();

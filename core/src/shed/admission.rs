@@ -1,7 +1,7 @@
 //! The shedding decision of one request, and the in-flight slot it holds until its stream ends.
 //!
 //! A request matches at most one bulkhead (the first whose matcher matches). Its class comes
-//! from the class header. Then, in this order, it is shed when:
+//! from the class header, else from the first class route it matches, else the default. Then, in this order, it is shed when:
 //! 1. `degraded`: the level is `high` or above and the request is one of the bulkhead's
 //!    expensive ones;
 //! 2. `fleet`: the fleet level from the counter service is at or above its class's threshold;
@@ -191,10 +191,19 @@ pub fn admit(
             level: Level::Normal,
         };
     };
-    let class = match &shedding.class_header {
-        Some(header) => shedding.class_of(request.header(header).first().map(String::as_str)),
-        None => shedding.default_class,
-    };
+    let named = shedding.class_header.as_ref().and_then(|header| {
+        let values = request.header(header);
+        shedding.named_class(values.first().map(String::as_str))
+    });
+    let class = named
+        .or_else(|| {
+            shedding
+                .class_routes
+                .iter()
+                .find(|(m, _)| m.matches(request))
+                .map(|&(_, class)| class)
+        })
+        .unwrap_or(shedding.default_class);
     let threshold = shedding.classes.get(class).and_then(|c| c.threshold);
     let expensive = spec.expensive.iter().any(|m| m.matches(request));
     let deadline = deadline_us(request, spec.timeout_ms);

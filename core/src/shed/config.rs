@@ -23,6 +23,8 @@ pub(crate) struct RawShedding {
     #[serde(default)]
     classes: BTreeMap<String, Option<f64>>,
     #[serde(default)]
+    class_routes: Vec<RawClassRoute>,
+    #[serde(default)]
     never_shed_paths: Option<Vec<String>>,
     #[serde(default)]
     levels: Option<RawLevels>,
@@ -33,6 +35,14 @@ pub(crate) struct RawShedding {
     #[serde(default)]
     retry_after_s: Option<u64>,
     bulkheads: Vec<RawBulkhead>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClassRoute {
+    #[serde(rename = "match")]
+    matcher: RawMatch,
+    class: String,
 }
 
 #[derive(Deserialize)]
@@ -210,6 +220,19 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         ));
     };
 
+    let mut class_routes = Vec::with_capacity(raw.class_routes.len());
+    for (i, route) in raw.class_routes.into_iter().enumerate() {
+        let at = format!("shedding.class_routes[{i}]");
+        let matched = matcher(&format!("{at}.match"), Some(route.matcher))?;
+        let Some(class) = classes.iter().position(|c| c.name == route.class) else {
+            return Err(err(
+                format!("{at}.class"),
+                format!("{:?} is not a class", route.class),
+            ));
+        };
+        class_routes.push((matched, class));
+    }
+
     let never_shed_paths = match raw.never_shed_paths {
         None => DEFAULT_NEVER_SHED.iter().map(|p| p.to_string()).collect(),
         Some(paths) => {
@@ -276,6 +299,7 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         mode,
         class_header,
         classes,
+        class_routes,
         default_class,
         never_shed_paths,
         levels,

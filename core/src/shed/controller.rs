@@ -3,8 +3,8 @@
 //!
 //! Each window (100 ms by default) the limit moves toward `limit × gradient (+ headroom)`, where
 //! `gradient = tolerance × baseline / latency`, clamped to [0.5, 1]: while the upstream answers
-//! within `tolerance ×` its no-load latency the limit grows by √limit (if it was used), and as
-//! queueing shows in the latency it shrinks in proportion. Timeouts shrink it by a fifth (the
+//! within `tolerance ×` its no-load latency the limit grows by √limit (if it was used; a third of
+//! the way per window), and as queueing shows in the latency it shrinks in proportion, at once. Timeouts shrink it by a fifth (the
 //! latency of a request that never answered is not in the mean). The no-load latency
 //! (`baseline`) is the lowest window mean seen, re-measured every `probe_interval_ms` by holding
 //! the limit at `min` for one window, as Envoy's `adaptive_concurrency` measures its minRTT:
@@ -14,7 +14,7 @@ use crate::shed::policy::{Adaptive, SuccessRate};
 
 /// Windows with fewer answered requests than this leave the limit alone.
 pub const MIN_SAMPLES: f64 = 5.0;
-/// How far one window moves the limit toward its target.
+/// How far one window moves the limit up toward its target.
 const SMOOTHING: f64 = 0.3;
 /// The limit grows only if the window used at least this much of it.
 const USED: f64 = 0.5;
@@ -111,7 +111,13 @@ pub fn step(
         };
         state.limit * gradient + headroom
     };
-    state.limit = (state.limit * (1.0 - SMOOTHING) + target * SMOOTHING).clamp(min, max);
+    // Down at once (queueing hurts every request now), up gently.
+    let next = if target < state.limit {
+        target
+    } else {
+        state.limit * (1.0 - SMOOTHING) + target * SMOOTHING
+    };
+    state.limit = next.clamp(min, max);
 }
 
 /// The limit requests see: the whole part of the controller's, or `min` while it probes.

@@ -169,6 +169,8 @@ pub struct Shedding {
     /// The request header that names the class (set by a trusted filter).
     pub class_header: Option<String>,
     pub classes: Vec<Class>,
+    /// Classes by route, for requests the class header does not name: the first match wins.
+    pub class_routes: Vec<(Matcher, ClassId)>,
     pub default_class: ClassId,
     /// Exact paths never shed nor counted (health checks).
     pub never_shed_paths: Vec<String>,
@@ -199,16 +201,14 @@ pub fn default_classes() -> Vec<Class> {
 }
 
 impl Shedding {
-    /// The class a header value names, or the default.
-    pub fn class_of(&self, value: Option<&str>) -> ClassId {
-        value
-            .and_then(|v| {
-                let v = v.trim();
-                self.classes
-                    .iter()
-                    .position(|c| c.name.eq_ignore_ascii_case(v))
-            })
-            .unwrap_or(self.default_class)
+    /// The class a header value names, if it names one.
+    pub fn named_class(&self, value: Option<&str>) -> Option<ClassId> {
+        value.and_then(|v| {
+            let v = v.trim();
+            self.classes
+                .iter()
+                .position(|c| c.name.eq_ignore_ascii_case(v))
+        })
     }
 
     /// Higher is more important: classes never shed first, then by threshold.
