@@ -102,6 +102,9 @@ pub enum Effect {
     },
     /// Set this header on the request to the upstream (replacing any the client sent).
     RequestHeader { name: String, value: String },
+    /// Remove this header from the request to the upstream: one only sluice may set
+    /// ([`WOULD_SHED_HEADER`], the degradation header), when sluice does not set it.
+    ClearRequestHeader { name: String },
     /// The stream ended after the upstream answered: a latency and status sample.
     Finished {
         bulkhead: BulkheadId,
@@ -154,6 +157,15 @@ impl Exchange {
             if let Some(reply) = exchange.shed(shedding, request, moment, store, &mut effects) {
                 return (exchange, Step::Respond(reply), effects);
             }
+        } else if let Some(shedding) = limiter.policy().shedding.as_ref() {
+            // Not decided by shedding: what the upstream is told about load still never comes
+            // from the client.
+            let names = shedding.degradation_header.iter().cloned();
+            effects.extend(
+                names
+                    .chain([WOULD_SHED_HEADER.to_string()])
+                    .map(|name| Effect::ClearRequestHeader { name }),
+            );
         }
         if moment.bypass || limiter.bypassed(request.path(), client) {
             effects.push(Effect::Bypassed);
@@ -457,6 +469,13 @@ impl Exchange {
             effects.push(Effect::RequestHeader {
                 name: name.clone(),
                 value: level.name().into(),
+            });
+        }
+        if self.warned.is_none() {
+            // Only sluice says what it would have shed: a client's own claim never reaches the
+            // upstream.
+            effects.push(Effect::ClearRequestHeader {
+                name: WOULD_SHED_HEADER.into(),
             });
         }
         None

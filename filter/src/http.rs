@@ -160,6 +160,9 @@ impl Request {
                     let _ =
                         hostcalls::set_map_value(MapType::HttpRequestHeaders, &name, Some(&value));
                 }
+                Effect::ClearRequestHeader { name } => {
+                    let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, &name, None);
+                }
                 Effect::Finished {
                     bulkhead,
                     latency_us,

@@ -12,7 +12,7 @@ use tempfile::TempDir;
 use super::client::{agent, get};
 use super::paths::{envoy_binary, wasm_path};
 use super::ports::free_ports;
-use super::stats::Stats;
+use super::stats::{histogram_samples, Stats};
 use super::template::{render_file, yaml_single_quoted, Template};
 
 /// How long Envoy may take to become ready (or to give up on a bad configuration).
@@ -136,7 +136,10 @@ impl Envoy {
                 yaml_single_quoted(&options.plugin_config_json),
             ),
         ];
-        if matches!(options.template, Template::Sluice | Template::SluiceService) {
+        if matches!(
+            options.template,
+            Template::Sluice | Template::SluiceService | Template::Shedding
+        ) {
             values.push(("WASM".to_owned(), wasm_path()?.display().to_string()));
         }
         values.extend(options.placeholders.iter().cloned());
@@ -245,6 +248,21 @@ impl Envoy {
             Ok(value) => value.unwrap_or(0),
             Err(error) => panic!("reading {name} from Envoy's admin: {error:#}"),
         }
+    }
+
+    /// How many samples the histogram `name` holds (e.g. `wasmcustom.sluice.shed.api.latency_ms`), 0 while it
+    /// has none. Envoy merges histograms on a flush: with `stats_flush_on_admin` (as in `shedding.yaml.tmpl`) a
+    /// read starts one, so poll (see [`crate::eventually`]).
+    pub fn histogram_samples(&self, name: &str) -> Result<u64> {
+        let reply = get(
+            &agent(),
+            &self.admin_url("/stats?histogram_buckets=detailed"),
+            &[],
+        )?;
+        if reply.status != 200 {
+            bail!("GET /stats answered {}: {}", reply.status, reply.body);
+        }
+        Ok(histogram_samples(&reply.body, name).unwrap_or(0))
     }
 
     /// sluice's own stats (`wasmcustom.sluice.*`), for assert messages.

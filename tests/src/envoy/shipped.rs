@@ -1,7 +1,8 @@
-//! The shipped configurations, started as shipped: `envoy/demo.yaml` with only its fixed ports, its `.wasm` path and
-//! (when a test asks) sluice's JSON configuration turned into placeholders, and any template of `envoy/` with exact
-//! text edits (e.g. `xff_num_trusted_hops: 0` made `1` for Envoy behind a load balancer). Every edit must match
-//! exactly as often as expected, so a test fails loudly when the file it edits changed shape.
+//! The shipped configurations, started as shipped: `envoy/demo.yaml` and `envoy/production.yaml` with only their fixed
+//! ports, their `.wasm` path and (when a test asks) sluice's JSON configuration turned into placeholders, and any
+//! template of `envoy/` with exact text edits (e.g. `xff_num_trusted_hops: 0` made `1` for Envoy behind a load
+//! balancer). Every edit must match exactly as often as expected, so a test fails loudly when the file it edits changed
+//! shape.
 //!
 //! ```no_run
 //! use sluice_tests::envoy::{Demo, Envoy};
@@ -9,6 +10,7 @@
 //! let demo = Demo::shipped()?;                      // envoy/demo.yaml
 //! let plugin = demo.plugin_config_json.clone();     // sluice's configuration as shipped
 //! let envoy = Envoy::start(demo.options(plugin, 2, 1)?)?; // the counter service on 127.0.0.1:1 (closed)
+//! let production = Demo::production()?;             // envoy/production.yaml, the same way
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
@@ -68,7 +70,8 @@ pub fn replace_exactly(text: &str, from: &str, to: &str, times: usize) -> Result
 }
 
 /// `envoy/demo.yaml` as a template: its fixed ports (10000, 10001, 9901, 8081), its relative `.wasm` path and its
-/// sluice configuration replaced by placeholders, nothing else touched.
+/// sluice configuration replaced by placeholders, nothing else touched. [`Demo::production`] does the same for
+/// `envoy/production.yaml`.
 #[derive(Debug)]
 pub struct Demo {
     template: DerivedTemplate,
@@ -88,25 +91,14 @@ impl Demo {
 
     /// A demo configuration of `demo.yaml`'s shape (e.g. an older revision of the file).
     pub fn from_text(yaml: &str) -> Result<Demo> {
-        let mut text = yaml.to_owned();
-        for (port, placeholder, times) in [
-            ("10000", "LISTEN_PORT", 1),
-            ("10001", "UPSTREAM_PORT", 2),
-            ("9901", "ADMIN_PORT", 1),
-            ("8081", "SERVICE_PORT", 1),
-        ] {
-            text = replace_exactly(
-                &text,
-                &format!("port_value: {port} }}"),
-                &format!("port_value: {{{{{placeholder}}}}} }}"),
-                times,
-            )?;
-        }
-        text = replace_exactly(
-            &text,
-            "filename: \"target/wasm32-wasip1/release/sluice_filter.wasm\"",
-            "filename: \"{{WASM}}\"",
-            1,
+        let mut text = ports_and_wasm(
+            yaml,
+            &[
+                ("10000", "LISTEN_PORT", 1),
+                ("10001", "UPSTREAM_PORT", 2),
+                ("9901", "ADMIN_PORT", 1),
+                ("8081", "SERVICE_PORT", 1),
+            ],
         )?;
         let value_lines: Vec<String> = text
             .lines()
@@ -136,24 +128,131 @@ impl Demo {
         })
     }
 
-    /// What to start: the demo with sluice's configuration `plugin_config_json` (e.g. [`Demo::plugin_config_json`]),
-    /// `concurrency` workers, and its cluster `sluice_service` on `127.0.0.1:service_port`.
+    /// What to start: the demo (or the production example) with sluice's configuration `plugin_config_json` (e.g.
+    /// [`Demo::plugin_config_json`]), `concurrency` workers, and its cluster `sluice_service` on
+    /// `127.0.0.1:service_port`.
     pub fn options(
         &self,
         plugin_config_json: String,
         concurrency: u32,
         service_port: u16,
     ) -> Result<EnvoyOptions> {
-        Ok(EnvoyOptions {
-            template: self.template.template(),
+        shipped_options(
+            &self.template,
             plugin_config_json,
             concurrency,
-            placeholders: vec![
-                ("WASM".to_owned(), wasm_path()?.display().to_string()),
-                ("SERVICE_PORT".to_owned(), service_port.to_string()),
+            service_port,
+        )
+    }
+}
+
+/// `envoy/production.yaml`, the production-shaped example, as a template of the same kind: its fixed ports (edge 10200,
+/// upstream 10201, admin 9921, counter service 8081), its relative `.wasm` path and its sluice configuration (the JSON
+/// block of its `configuration`) replaced by placeholders, nothing else touched: the JWT filter, the header removal,
+/// the routes and the clusters as shipped. [`Demo::plugin_config_json`] is that JSON on one line (the block's lines
+/// joined: the same JSON).
+impl Demo {
+    /// `envoy/production.yaml` as it is in the repository.
+    pub fn production() -> Result<Demo> {
+        let path = repo_root().join("envoy/production.yaml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Demo::production_from_text(&text)
+            .with_context(|| format!("turning {} into a template", path.display()))
+    }
+
+    /// A configuration of `production.yaml`'s shape.
+    pub fn production_from_text(yaml: &str) -> Result<Demo> {
+        let text = ports_and_wasm(
+            yaml,
+            &[
+                ("10200", "LISTEN_PORT", 1),
+                // The upstream listener and the three clusters that point at it.
+                ("10201", "UPSTREAM_PORT", 4),
+                ("9921", "ADMIN_PORT", 1),
+                ("8081", "SERVICE_PORT", 1),
             ],
+        )?;
+        // sluice's JSON is a block scalar: `value: |`, then the lines indented deeper than it.
+        let lines: Vec<&str> = text.lines().collect();
+        let starts: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].trim() == "value: |")
+            .collect();
+        let [start] = starts.as_slice() else {
+            bail!(
+                "expected one `value: |` line (sluice's JSON as a block), found {}",
+                starts.len()
+            );
+        };
+        let indent = |line: &str| line.len() - line.trim_start().len();
+        let key_indent = indent(lines[*start]);
+        let block: Vec<&str> = lines[start + 1..]
+            .iter()
+            .take_while(|line| line.trim().is_empty() || indent(line) > key_indent)
+            .copied()
+            .collect();
+        // JSON strings hold no line breaks, so joining the trimmed lines keeps the JSON as it is.
+        let plugin_config_json = block
+            .iter()
+            .map(|line| line.trim())
+            .filter(|line| !line.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        serde_json::from_str::<serde_json::Value>(&plugin_config_json)
+            .with_context(|| format!("sluice's configuration is not JSON: {plugin_config_json}"))?;
+        let mut rendered: Vec<String> = lines[..*start].iter().map(|l| l.to_string()).collect();
+        rendered.push(format!(
+            "{}value: '{{{{PLUGIN_CONFIG}}}}'",
+            &lines[*start][..key_indent]
+        ));
+        rendered.extend(
+            lines[start + 1 + block.len()..]
+                .iter()
+                .map(|l| l.to_string()),
+        );
+        Ok(Demo {
+            template: DerivedTemplate::new(&(rendered.join("\n") + "\n"))?,
+            plugin_config_json,
         })
     }
+}
+
+/// `yaml` with its fixed ports (`(port, placeholder, how often)`, each written `port_value: <port> }`) and its relative
+/// `.wasm` path made placeholders.
+fn ports_and_wasm(yaml: &str, ports: &[(&str, &str, usize)]) -> Result<String> {
+    let mut text = yaml.to_owned();
+    for (port, placeholder, times) in ports {
+        text = replace_exactly(
+            &text,
+            &format!("port_value: {port} }}"),
+            &format!("port_value: {{{{{placeholder}}}}} }}"),
+            *times,
+        )?;
+    }
+    replace_exactly(
+        &text,
+        "filename: \"target/wasm32-wasip1/release/sluice_filter.wasm\"",
+        "filename: \"{{WASM}}\"",
+        1,
+    )
+}
+
+/// The options of a shipped configuration made a template: the built `.wasm` and the counter service's port.
+fn shipped_options(
+    template: &DerivedTemplate,
+    plugin_config_json: String,
+    concurrency: u32,
+    service_port: u16,
+) -> Result<EnvoyOptions> {
+    Ok(EnvoyOptions {
+        template: template.template(),
+        plugin_config_json,
+        concurrency,
+        placeholders: vec![
+            ("WASM".to_owned(), wasm_path()?.display().to_string()),
+            ("SERVICE_PORT".to_owned(), service_port.to_string()),
+        ],
+    })
 }
 
 #[cfg(test)]
@@ -189,5 +288,34 @@ mod tests {
         assert!(text.contains("value: '{{PLUGIN_CONFIG}}'"), "{text}");
         let config: serde_json::Value = serde_json::from_str(&demo.plugin_config_json).unwrap();
         assert_eq!(config["client_ip"]["trusted_hops"], 0, "{config}");
+    }
+
+    #[test]
+    fn the_production_config_becomes_a_template_and_sluice_accepts_its_configuration() {
+        let production = Demo::production().unwrap();
+        let text = std::fs::read_to_string(&production.template.path).unwrap();
+        for placeholder in [
+            "LISTEN_PORT",
+            "UPSTREAM_PORT",
+            "ADMIN_PORT",
+            "SERVICE_PORT",
+            "WASM",
+        ] {
+            assert!(
+                text.contains(&format!("{{{{{placeholder}}}}}")),
+                "{placeholder}"
+            );
+        }
+        assert!(text.contains("value: '{{PLUGIN_CONFIG}}'"), "{text}");
+        assert!(
+            !text.contains("\"shedding\""),
+            "the JSON block is gone: {text}"
+        );
+        assert!(!production.plugin_config_json.contains('\n'));
+        let policy = sluice_core::parse(production.plugin_config_json.as_bytes()).unwrap();
+        let shedding = policy.shedding.expect("a shedding section");
+        let bulkheads: Vec<&str> = shedding.bulkheads.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(bulkheads, ["api", "search", "payments"]);
+        assert_eq!(shedding.class_header.as_deref(), Some("x-sluice-class"));
     }
 }

@@ -34,9 +34,48 @@ impl Stats {
     }
 }
 
+/// How many samples the histogram `name` holds in all (its cumulative `totals` buckets), from the admin
+/// interface's `/stats?histogram_buckets=detailed` text; `None` if the text has no such histogram or it has no
+/// recorded values yet.
+pub fn histogram_samples(text: &str, name: &str) -> Option<u64> {
+    let mut lines = text.lines();
+    lines.find(|line| line.trim_end() == format!("{name}:"))?;
+    let totals = lines
+        .take_while(|line| line.starts_with(' '))
+        .find_map(|line| line.trim().strip_prefix("totals="))?;
+    // `start,width:count` per bucket, comma-space separated.
+    totals
+        .split(", ")
+        .map(|bucket| {
+            bucket
+                .rsplit_once(':')
+                .and_then(|(_, n)| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_the_samples_of_a_detailed_histogram() {
+        let text = "a.other: 3\n\
+                    wasmcustom.sluice.shed.api.latency_ms:\n  \
+                    totals=0,0:2, 3,0.1:1, 300,10:4\n  \
+                    intervals=300,10:3\n  \
+                    summary=P0(0,0) P100(310,310)\n\
+                    wasmcustom.sluice.shed.b.latency_ms: No recorded values\n";
+        assert_eq!(
+            histogram_samples(text, "wasmcustom.sluice.shed.api.latency_ms"),
+            Some(7)
+        );
+        assert_eq!(
+            histogram_samples(text, "wasmcustom.sluice.shed.b.latency_ms"),
+            None
+        );
+        assert_eq!(histogram_samples(text, "absent"), None);
+    }
 
     #[test]
     fn reads_counters_and_skips_histograms() {

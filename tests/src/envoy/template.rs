@@ -14,6 +14,11 @@ pub enum Template {
     /// `envoy/sluice-service.yaml.tmpl`: as [`Template::Sluice`], plus the cluster `sluice_service` (the counter
     /// service on 127.0.0.1); needs the `SERVICE_PORT` placeholder.
     SluiceService,
+    /// `envoy/shedding.yaml.tmpl`: sluice in front of an upstream whose latency and errors each request chooses
+    /// (Envoy's fault filter: `x-envoy-fault-delay-request`, `x-envoy-fault-abort-request`), echoing the
+    /// degradation header it received; with the cluster `sluice_service`, so it needs the `SERVICE_PORT`
+    /// placeholder.
+    Shedding,
     /// `envoy/native-local-ratelimit.yaml.tmpl`: Envoy's own local_ratelimit filter instead of sluice;
     /// needs the `MAX_TOKENS`, `TOKENS_PER_FILL` and `FILL_INTERVAL` placeholders.
     NativeLocalRateLimit,
@@ -30,6 +35,7 @@ impl Template {
         match self {
             Template::Sluice => envoy.join("sluice.yaml.tmpl"),
             Template::SluiceService => envoy.join("sluice-service.yaml.tmpl"),
+            Template::Shedding => envoy.join("shedding.yaml.tmpl"),
             Template::NativeLocalRateLimit => envoy.join("native-local-ratelimit.yaml.tmpl"),
             Template::NoLimiter => envoy.join("no-limiter.yaml.tmpl"),
             Template::File(path) => path.clone(),

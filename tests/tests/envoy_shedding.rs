@@ -1,0 +1,971 @@
+//! sluice's load shedding in a real Envoy (the pinned wheel, V8), in front of an upstream whose latency and errors
+//! each request chooses (`envoy/shedding.yaml.tmpl`: Envoy's fault filter driven by `x-envoy-fault-delay-request`
+//! and `x-envoy-fault-abort-request`, which echoes the degradation header it received). The in-flight limit holds
+//! across two workers and a 503 explains itself; no way a stream ends leaks a slot; classes are shed in order;
+//! deadlines, the success rate, the adaptive limit, the queue, the degradation levels, monitor and warn modes and
+//! the metrics do what they say; and, with Redis and the counter service, an idle proxy sheds by the fleet's load.
+//! Run with `make test`, which builds the filter (and the service) and sets `SLUICE_ENVOY` and `SLUICE_WASM`.
+//!
+//! The tests take turns (one lock): they hold requests for set times and measure latencies.
+
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_tests::envoy::{agent, get, Envoy, EnvoyOptions, Reply, Template};
+use sluice_tests::eventually;
+
+/// The request header that names the class.
+const CLASS: &str = "x-sluice-class";
+/// How long the upstream waits before answering, in ms (the fault filter's header).
+const DELAY: &str = "x-envoy-fault-delay-request";
+/// The status the upstream answers instead of 200 (the fault filter's header).
+const ABORT: &str = "x-envoy-fault-abort-request";
+/// The upstream's echo of sluice's degradation header (`x-sluice-load-level`) on the request it received.
+const SEEN_LEVEL: &str = "x-seen-load-level";
+/// The upstream's echo of warn mode's `x-sluice-would-shed` on the request it received.
+const SEEN_WOULD_SHED: &str = "x-seen-would-shed";
+
+static MACHINE: Mutex<()> = Mutex::new(());
+
+/// One test at a time (a test that failed still hands the machine on).
+fn machine() -> MutexGuard<'static, ()> {
+    MACHINE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Envoy with two workers and sluice configured with `config` (the counter service's cluster points at
+/// `service_port`; port 1 when none is used: nothing connects to it then).
+fn start_with(config: Value, service_port: u16) -> Envoy {
+    Envoy::start(EnvoyOptions {
+        template: Template::Shedding,
+        plugin_config_json: config.to_string(),
+        concurrency: 2,
+        placeholders: vec![("SERVICE_PORT".to_owned(), service_port.to_string())],
+    })
+    .unwrap()
+}
+
+/// Envoy with sluice's `shedding` section (and no rate limit).
+fn start(shedding: Value) -> Envoy {
+    start_with(json!({ "shedding": shedding }), 1)
+}
+
+/// `wasmcustom.sluice.shed.<bulkhead>.<what>`: a counter or gauge of the bulkhead, 0 while absent.
+fn shed_stat(envoy: &Envoy, bulkhead: &str, what: &str) -> u64 {
+    envoy.stat(&format!("wasmcustom.sluice.shed.{bulkhead}.{what}"))
+}
+
+/// `GET path` on a connection of its own, and how long it took.
+fn send(envoy: &Envoy, path: &str, headers: &[(&str, &str)]) -> (Reply, Duration) {
+    let sent = Instant::now();
+    let reply = get(&agent(), &envoy.url(path), headers)
+        .unwrap_or_else(|e| panic!("GET {path} {headers:?}: {e:#}"));
+    (reply, sent.elapsed())
+}
+
+/// The reason a 503 from shedding gives, in its `x-sluice-shed` header and its body (which must agree).
+fn shed_reason(reply: &Reply) -> Option<String> {
+    if reply.status != 503 {
+        return None;
+    }
+    let header = reply.header("x-sluice-shed")?.to_owned();
+    let body = reply.json().unwrap_or(Value::Null);
+    assert_eq!(
+        body["reason"].as_str(),
+        Some(header.as_str()),
+        "the x-sluice-shed header and the body's reason disagree: {reply:?}"
+    );
+    Some(header)
+}
+
+/// Asserts `reply` is shedding's 503 for `reason` and returns its body.
+#[track_caller]
+fn assert_shed(reply: &Reply, reason: &str) -> Value {
+    assert_eq!(
+        shed_reason(reply).as_deref(),
+        Some(reason),
+        "expected a 503 shed for {reason}: {reply:?}"
+    );
+    reply.json().unwrap()
+}
+
+/// Requests sent from threads of their own, each on its own connection, held by the upstream's delay.
+struct Held {
+    threads: Vec<JoinHandle<(Reply, Instant)>>,
+}
+
+/// Sends `n` requests `GET path` with `headers` from `n` threads (one connection each) and returns at once.
+fn hold(envoy: &Envoy, n: usize, path: &str, headers: &[(&str, &str)]) -> Held {
+    let url = envoy.url(path);
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    let threads = (0..n)
+        .map(|_| {
+            let (url, headers) = (url.clone(), headers.clone());
+            std::thread::spawn(move || {
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
+                let reply = get(&agent(), &url, &headers)
+                    .unwrap_or_else(|e| panic!("held GET {url}: {e:#}"));
+                (reply, Instant::now())
+            })
+        })
+        .collect();
+    Held { threads }
+}
+
+impl Held {
+    /// Waits for every answer: the replies, and when each came.
+    fn finish(self) -> Vec<(Reply, Instant)> {
+        self.threads
+            .into_iter()
+            .map(|t| t.join().expect("a holding thread panicked"))
+            .collect()
+    }
+
+    /// Waits for every answer and asserts each was 200.
+    #[track_caller]
+    fn all_ok(self) -> Vec<Instant> {
+        self.finish()
+            .into_iter()
+            .map(|(reply, at)| {
+                assert_eq!(reply.status, 200, "a held request: {reply:?}");
+                at
+            })
+            .collect()
+    }
+}
+
+/// Waits (at most 3 s) until the bulkhead's `in_flight` gauge reads `n` (refreshed on the filter's 10 ms ticks).
+#[track_caller]
+fn wait_in_flight(envoy: &Envoy, bulkhead: &str, n: u64) {
+    let reached = eventually(Duration::from_secs(3), || {
+        shed_stat(envoy, bulkhead, "in_flight") == n
+    });
+    assert!(
+        reached,
+        "{bulkhead}.in_flight did not reach {n} within 3 s; {:?}",
+        envoy.sluice_stats()
+    );
+}
+
+/// A request written on a raw connection, left unanswered until the connection is closed (a client that gives
+/// up: Envoy resets the stream).
+struct Dangling(TcpStream);
+
+fn dangle(envoy: &Envoy, target: &str, headers: &[(&str, &str)]) -> Dangling {
+    let port = envoy.listen_port;
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut request = format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    Dangling(stream)
+}
+
+impl Dangling {
+    fn close(self) {
+        let _ = self.0.shutdown(Shutdown::Both);
+    }
+}
+
+/// `Retry-After` as whole seconds.
+#[track_caller]
+fn retry_after(reply: &Reply) -> u64 {
+    let value = reply
+        .header("retry-after")
+        .unwrap_or_else(|| panic!("no Retry-After: {reply:?}"));
+    value
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("Retry-After {value:?} is not whole seconds: {reply:?}"))
+}
+
+#[test]
+fn beyond_the_limit_a_request_is_503_with_retry_after_and_a_json_reason() {
+    let _machine = machine();
+    // `basic` (the default class) may use every slot.
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "classes": {"basic": 1.0},
+        "bulkheads": [{"name": "api", "limit": {"static": 4}}],
+    }));
+
+    let held = hold(&envoy, 4, "/api/slow", &[(DELAY, "800")]);
+    wait_in_flight(&envoy, "api", 4);
+    let (shed, took) = send(&envoy, "/api/x", &[]);
+    let body = assert_shed(&shed, "concurrency");
+    let retry = retry_after(&shed);
+    assert!((1..=2).contains(&retry), "Retry-After {retry}: {shed:?}");
+    assert!(
+        shed.header("content-type")
+            .is_some_and(|c| c.starts_with("application/json")),
+        "{shed:?}"
+    );
+    assert_eq!(body["error"], "overloaded", "{body}");
+    assert_eq!(body["bulkhead"], "api", "{body}");
+    assert_eq!(body["class"], "basic", "{body}");
+    assert_eq!(body["retryAfter"], json!(retry), "{body}");
+    assert!(
+        took < Duration::from_millis(300),
+        "a shed request is answered at once, not after the held ones: {took:?}"
+    );
+
+    held.all_ok();
+    wait_in_flight(&envoy, "api", 0);
+    let (after, _) = send(&envoy, "/api/x", &[]);
+    assert_eq!(after.status, 200, "with the slots back: {after:?}");
+    assert_eq!(shed_stat(&envoy, "api", "shed.concurrency"), 1);
+    assert_eq!(shed_stat(&envoy, "api", "admitted"), 5);
+    eprintln!("limit 4: 5th request shed in {took:?}, Retry-After {retry}");
+}
+
+#[test]
+fn no_way_a_stream_ends_leaks_a_slot() {
+    let _machine = machine();
+    let envoy = start_with(
+        json!({
+            "rules": [{
+                "name": "tight",
+                "match": {"path_prefix": "/limited/"},
+                "key": ["const:all"],
+                "limits": [{"requests": 3, "per": "minute"}],
+            }],
+            "shedding": {
+                "class_header": CLASS,
+                "classes": {"basic": 1.0},
+                "bulkheads": [
+                    {"name": "q", "match": {"path_prefix": "/q/"}, "limit": {"static": 1},
+                     "queue": {"size": 4, "max_wait_ms": 3000}},
+                    {"name": "api", "limit": {"static": 8}},
+                ],
+            },
+        }),
+        1,
+    );
+    let mut statuses: Vec<(&str, u16, Option<String>)> = Vec::new();
+    let mut note = |what: &'static str, reply: &Reply| {
+        statuses.push((what, reply.status, shed_reason(reply)));
+    };
+
+    // Four held by the upstream and four whose clients will give up: the bulkhead is full.
+    let held = hold(
+        &envoy,
+        4,
+        "/api/slow",
+        &[(DELAY, "2500"), (CLASS, "critical")],
+    );
+    let dangling: Vec<Dangling> = (0..4)
+        .map(|_| dangle(&envoy, "/api/gone", &[(DELAY, "5000")]))
+        .collect();
+    wait_in_flight(&envoy, "api", 8);
+    let peak = shed_stat(&envoy, "api", "in_flight");
+    for _ in 0..5 {
+        let (reply, _) = send(&envoy, "/api/x", &[]);
+        assert_shed(&reply, "concurrency");
+        note("shed", &reply);
+    }
+    // The clients that give up take their slots with them at once (not when the upstream would have answered).
+    for d in dangling {
+        d.close();
+    }
+    wait_in_flight(&envoy, "api", 4);
+
+    // Envoy's route timeout (504), three at once.
+    let timeouts = hold(&envoy, 3, "/short/x", &[(DELAY, "1000")]);
+    for (reply, _) in timeouts.finish() {
+        assert_eq!(reply.status, 504, "the route timeout: {reply:?}");
+        note("route timeout", &reply);
+    }
+    // The upstream's own errors.
+    for status in ["503", "500", "503", "500"] {
+        let (reply, _) = send(&envoy, "/api/x", &[(ABORT, status)]);
+        assert_eq!(reply.status.to_string(), status, "{reply:?}");
+        assert_eq!(
+            shed_reason(&reply),
+            None,
+            "the upstream's {status}: {reply:?}"
+        );
+        note("upstream error", &reply);
+    }
+    // Rate-limited (429) after the shedding slot was taken.
+    for _ in 0..5 {
+        let (reply, _) = send(&envoy, "/limited/x", &[]);
+        note("rate limit", &reply);
+    }
+    for _ in 0..5 {
+        let (reply, _) = send(&envoy, "/api/x", &[]);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        note("plain", &reply);
+    }
+    // A client that gives up while its request waits in the queue.
+    let q_holder = hold(&envoy, 1, "/q/slow", &[(DELAY, "600"), (CLASS, "critical")]);
+    wait_in_flight(&envoy, "q", 1);
+    let waiter = dangle(&envoy, "/q/x", &[]);
+    let queued = eventually(Duration::from_secs(3), || {
+        shed_stat(&envoy, "q", "queued") == 1
+    });
+    assert!(
+        queued,
+        "the waiter never queued; {:?}",
+        envoy.sluice_stats()
+    );
+    waiter.close();
+
+    held.all_ok();
+    q_holder.all_ok();
+    let drained = eventually(Duration::from_secs(3), || {
+        shed_stat(&envoy, "api", "in_flight") == 0 && shed_stat(&envoy, "q", "in_flight") == 0
+    });
+    let stats = envoy.sluice_stats();
+    assert!(
+        drained,
+        "a slot leaked: api.in_flight {} and q.in_flight {} 3 s after the last answer; {stats:?}",
+        shed_stat(&envoy, "api", "in_flight"),
+        shed_stat(&envoy, "q", "in_flight")
+    );
+    assert_eq!(peak, 8, "in flight during the load");
+    let rate_limited: Vec<u16> = statuses
+        .iter()
+        .filter(|s| s.0 == "rate limit")
+        .map(|s| s.1)
+        .collect();
+    assert_eq!(rate_limited, [200, 200, 200, 429, 429], "{statuses:?}");
+    assert_eq!(envoy.stat("wasmcustom.sluice.rule.tight.denied"), 2);
+    assert_eq!(shed_stat(&envoy, "api", "shed.concurrency"), 5, "{stats:?}");
+
+    // And by behaviour: all eight slots are free again.
+    let full = hold(&envoy, 8, "/api/again", &[(DELAY, "300")]);
+    let replies = full.finish();
+    let again: Vec<u16> = replies.iter().map(|(r, _)| r.status).collect();
+    assert_eq!(again, [200; 8], "eight at once after the load");
+    let q_again = send(&envoy, "/q/x", &[]).0;
+    assert_eq!(q_again.status, 200, "{q_again:?}");
+    eprintln!("peak in flight {peak}; statuses {statuses:?}");
+}
+
+#[test]
+fn each_class_is_shed_at_its_share_and_critical_and_health_checks_never() {
+    let _machine = machine();
+    // The default classes: free 0.7, basic 0.8, premium 0.9, enterprise 0.95, critical never.
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "bulkheads": [{"name": "api", "limit": {"static": 10}}],
+    }));
+    let critical = [(DELAY, "1500"), (CLASS, "critical")];
+
+    let seven = hold(&envoy, 7, "/api/slow", &critical);
+    wait_in_flight(&envoy, "api", 7);
+    let (free, _) = send(&envoy, "/api/x", &[(CLASS, "free")]);
+    let body = assert_shed(&free, "priority");
+    assert_eq!(body["class"], "free", "{body}");
+    let (premium, _) = send(&envoy, "/api/x", &[(CLASS, "premium")]);
+    assert_eq!(premium.status, 200, "premium at 7 of 10: {premium:?}");
+    let (basic, _) = send(&envoy, "/api/x", &[]);
+    assert_eq!(
+        basic.status, 200,
+        "basic (the default) at 7 of 10: {basic:?}"
+    );
+
+    let three = hold(&envoy, 3, "/api/slow", &critical);
+    wait_in_flight(&envoy, "api", 10);
+    let (premium, _) = send(&envoy, "/api/x", &[(CLASS, "premium")]);
+    assert_shed(&premium, "concurrency");
+    let (critical_reply, _) = send(&envoy, "/api/x", &[(CLASS, "critical")]);
+    assert_eq!(
+        critical_reply.status, 200,
+        "critical at the limit: {critical_reply:?}"
+    );
+
+    // A health check at the limit, of the lowest class and slow: passes, and is not counted.
+    let admitted = shed_stat(&envoy, "api", "admitted");
+    let health = hold(&envoy, 1, "/healthz", &[(CLASS, "free"), (DELAY, "300")]);
+    std::thread::sleep(Duration::from_millis(150));
+    let during = shed_stat(&envoy, "api", "in_flight");
+    let health = health.finish();
+    assert_eq!(health[0].0.status, 200, "{:?}", health[0].0);
+    assert_eq!(during, 10, "a health check in flight is not counted");
+    assert_eq!(shed_stat(&envoy, "api", "admitted"), admitted);
+
+    seven.all_ok();
+    three.all_ok();
+    assert_eq!(shed_stat(&envoy, "api", "class.free.shed"), 1);
+    assert_eq!(shed_stat(&envoy, "api", "class.premium.shed"), 1);
+    assert_eq!(shed_stat(&envoy, "api", "class.critical.shed"), 0);
+}
+
+#[test]
+fn a_request_whose_deadline_is_shorter_than_the_upstreams_latency_is_shed_at_once() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "bulkheads": [{"name": "api", "limit": {"static": 100}}],
+    }));
+
+    // Teach the bulkhead the upstream's latency: ~300 ms.
+    hold(&envoy, 8, "/api/slow", &[(DELAY, "300")]).all_ok();
+    let learned = eventually(Duration::from_secs(2), || {
+        shed_stat(&envoy, "api", "rtt_ms") >= 250
+    });
+    let rtt_ms = shed_stat(&envoy, "api", "rtt_ms");
+    assert!(learned, "rtt_ms {rtt_ms}; {:?}", envoy.sluice_stats());
+
+    // A client that will give up after 50 ms. Envoy strips x-envoy-expected-rq-timeout-ms from external requests
+    // (use_remote_address: true) before any filter runs, so at the edge a client's deadline is its grpc-timeout.
+    let (short, took) = send(&envoy, "/api/x", &[("grpc-timeout", "50m")]);
+    assert_shed(&short, "deadline");
+    assert!(
+        took < Duration::from_millis(200),
+        "shed at once, not after the upstream's {rtt_ms} ms: {took:?}"
+    );
+    let (stripped, _) = send(
+        &envoy,
+        "/api/x",
+        &[("x-envoy-expected-rq-timeout-ms", "50")],
+    );
+    assert_eq!(
+        stripped.status, 200,
+        "Envoy no longer strips x-envoy-expected-rq-timeout-ms at the edge (sluice would shed by it): {stripped:?}"
+    );
+    for headers in [
+        vec![],
+        vec![("grpc-timeout", "2S")],
+        vec![("grpc-timeout", "50m"), (CLASS, "critical")],
+    ] {
+        let (reply, _) = send(&envoy, "/api/x", &headers);
+        assert_eq!(reply.status, 200, "{headers:?}: {reply:?}");
+    }
+    assert_eq!(shed_stat(&envoy, "api", "shed.deadline"), 1);
+    eprintln!("rtt {rtt_ms} ms: a 50 ms deadline shed in {took:?}");
+}
+
+#[test]
+fn a_failing_upstream_is_shed_by_its_success_rate() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "bulkheads": [{"name": "api", "limit": {"static": 1000},
+                       "success_rate": {"threshold": 0.9, "min_requests": 10}}],
+    }));
+    let client = agent();
+    let url = envoy.url("/api/x");
+    // Nine in ten fail: the rejection probability settles near (1 − 0.1 / 0.9) ≈ 0.89.
+    let mut sent = 0usize;
+    let mut next = || {
+        sent += 1;
+        let headers: &[(&str, &str)] = if sent.is_multiple_of(10) {
+            &[]
+        } else {
+            &[(ABORT, "500")]
+        };
+        get(&client, &url, headers).unwrap()
+    };
+
+    // Fewer answers than min_requests never reject: the first ten all reach the upstream.
+    for i in 0..10 {
+        let reply = next();
+        assert_eq!(shed_reason(&reply), None, "request {i}: {reply:?}");
+    }
+    // The rejection probability is published when the bulkhead's window (100 ms) ends: a few hundred requests on
+    // a fast machine. Paced, and bounded in time.
+    let mut first_shed = None;
+    let since = Instant::now();
+    for i in 10.. {
+        if let Some(reason) = shed_reason(&next()) {
+            assert_eq!(reason, "errors");
+            first_shed = Some((i, since.elapsed()));
+            break;
+        }
+        if since.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (first_shed, after) = first_shed.unwrap_or_else(|| {
+        panic!(
+            "nothing shed in 2 s of requests, 90% failing; {:?}",
+            envoy.sluice_stats()
+        )
+    });
+    let (mut shed, mut passed) = (0, 0);
+    for _ in 0..100 {
+        let reply = next();
+        match shed_reason(&reply).as_deref() {
+            Some("errors") => shed += 1,
+            None if reply.status == 200 || reply.status == 500 => passed += 1,
+            other => panic!("{other:?}: {reply:?}"),
+        }
+    }
+    assert!(
+        (50..=99).contains(&shed) && passed >= 1,
+        "of 100 requests once 90% failed, {shed} shed and {passed} passed; expected most shed but not all \
+         (the probability is near 0.89 and capped at 0.95)"
+    );
+    assert_eq!(
+        shed_stat(&envoy, "api", "shed.errors"),
+        shed + 1,
+        "{:?}",
+        envoy.sluice_stats()
+    );
+    eprintln!(
+        "first shed at request {first_shed} ({after:?} after the 10th); then {shed} of 100 shed, {passed} passed"
+    );
+}
+
+#[test]
+fn the_adaptive_limit_comes_down_when_latency_rises_over_the_baseline() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "classes": {"basic": 1.0},
+        "bulkheads": [{"name": "api",
+                       "limit": {"adaptive": {"min": 2, "max": 100, "initial": 50, "window_ms": 100}}}],
+    }));
+    let limit = || shed_stat(&envoy, "api", "limit");
+
+    // The controller first measures the no-load latency: it holds the limit at `min` (2) until two windows of
+    // traffic within it, then returns to `initial`. Fast requests one at a time, until the limit has read 50 for
+    // 300 ms (a probe that gave up for lack of traffic would return to 50 for one window only).
+    let client = agent();
+    let url = envoy.url("/api/x");
+    let started = Instant::now();
+    let mut readings = Vec::new();
+    let mut stable_since: Option<Instant> = None;
+    while started.elapsed() < Duration::from_secs(5) {
+        let reply = get(&client, &url, &[]).unwrap();
+        assert_eq!(reply.status, 200, "one at a time: {reply:?}");
+        let now = limit();
+        if readings.last() != Some(&now) {
+            readings.push(now);
+        }
+        match (now, stable_since) {
+            (50, None) => stable_since = Some(Instant::now()),
+            (50, Some(since)) if since.elapsed() > Duration::from_millis(300) => break,
+            (50, Some(_)) => {}
+            _ => stable_since = None,
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        stable_since.is_some_and(|s| s.elapsed() > Duration::from_millis(300)),
+        "the limit never settled at initial (50) after the baseline probe; readings {readings:?}"
+    );
+    assert!(
+        readings.contains(&2),
+        "the probe at min (2) was never seen: {readings:?}"
+    );
+
+    // Sixteen clients, every request 200 ms: latency is ~200× the baseline, so each window of 5+ answers moves
+    // the limit 30% of the way to half of itself (×0.85).
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (during, shed) = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..16)
+            .map(|_| {
+                scope.spawn(|| {
+                    let client = agent();
+                    let mut shed = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let reply = get(&client, &url, &[(DELAY, "200")]).unwrap();
+                        if reply.status == 503 {
+                            assert_eq!(shed_reason(&reply).as_deref(), Some("concurrency"));
+                            shed += 1;
+                            std::thread::sleep(Duration::from_millis(30));
+                        } else {
+                            assert_eq!(reply.status, 200, "{reply:?}");
+                        }
+                    }
+                    shed
+                })
+            })
+            .collect();
+        let load_started = Instant::now();
+        let mut during = Vec::new();
+        while load_started.elapsed() < Duration::from_millis(2500) {
+            std::thread::sleep(Duration::from_millis(100));
+            during.push(limit());
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let shed: u32 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+        (during, shed)
+    });
+    let lowest = during.iter().copied().min().unwrap_or(50);
+    let last = during.last().copied().unwrap_or(50);
+    assert!(
+        lowest <= 25 && last <= 30,
+        "under 16 concurrent requests of 200 ms (baseline ~1 ms) the limit should fall well below 50; every 100 ms: \
+         {during:?}"
+    );
+    assert!(
+        during.iter().all(|&l| l >= 2),
+        "never below min: {during:?}"
+    );
+    eprintln!("limit while probing {readings:?}; under load every 100 ms {during:?}; {shed} shed");
+}
+
+#[test]
+fn a_request_waits_in_the_queue_for_a_slot_and_is_shed_when_the_wait_runs_out() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "classes": {"basic": 1.0},
+        "bulkheads": [{"name": "api", "limit": {"static": 2},
+                       "queue": {"size": 4, "max_wait_ms": 300}}],
+    }));
+
+    // Two slots held for 400 ms; the third request comes 200 ms after both were seen in flight, so the slots
+    // free within its 300 ms wait (at most 200 ms after it came), and not before the holders' 400 ms since they
+    // were sent.
+    let sent_holders = Instant::now();
+    let holders = hold(&envoy, 2, "/api/slow", &[(DELAY, "400")]);
+    wait_in_flight(&envoy, "api", 2);
+    std::thread::sleep(Duration::from_millis(200));
+    let sent = Instant::now();
+    let remaining = (sent_holders + Duration::from_millis(400)).saturating_duration_since(sent);
+    let (third, waited) = send(&envoy, "/api/x", &[]);
+    let third_done = Instant::now();
+    let freed: Vec<Instant> = holders.all_ok();
+    let first_freed = freed.iter().min().copied().unwrap();
+    assert_eq!(third.status, 200, "the queued request is served: {third:?}");
+    assert_eq!(
+        shed_stat(&envoy, "api", "queued"),
+        1,
+        "{:?}",
+        envoy.sluice_stats()
+    );
+    assert!(
+        third_done + Duration::from_millis(50) >= first_freed,
+        "the queued request was answered {:?} before the first slot freed",
+        first_freed - third_done
+    );
+    assert!(
+        waited + Duration::from_millis(20) >= remaining,
+        "the queued request took {waited:?}: it should have waited the holders' remaining {remaining:?}"
+    );
+
+    // Slots held for 1 s: the wait (300 ms) runs out first.
+    let holders = hold(&envoy, 2, "/api/slow", &[(DELAY, "1000")]);
+    wait_in_flight(&envoy, "api", 2);
+    let (late, took) = send(&envoy, "/api/x", &[]);
+    assert_shed(&late, "queue_timeout");
+    assert!(
+        (Duration::from_millis(280)..Duration::from_millis(700)).contains(&took),
+        "shed after its 300 ms wait, took {took:?}"
+    );
+    holders.all_ok();
+    assert_eq!(shed_stat(&envoy, "api", "shed.queue_timeout"), 1);
+    assert_eq!(shed_stat(&envoy, "api", "queued"), 2);
+    wait_in_flight(&envoy, "api", 0);
+    eprintln!(
+        "queued request served after {waited:?} (holders' remaining {remaining:?}); timed out after {took:?}"
+    );
+}
+
+#[test]
+fn the_upstream_is_told_the_load_level_and_expensive_routes_go_first() {
+    let _machine = machine();
+    // Low levels, so that they are reached with in flight (12 of 20) under the basic class's share (16): the level
+    // follows the utilization smoothed over ~1 s (0.6 × (1 − e^(−t/1 s)): elevated at ~0.3 s, high at ~0.9 s,
+    // critical at ~1.8 s), while the basic class is not shed.
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "levels": {"elevated": 0.15, "high": 0.35, "critical": 0.5},
+        "bulkheads": [{"name": "api", "limit": {"static": 20},
+                       "expensive": [{"path_prefix": "/api/search"}]}],
+    }));
+
+    let (idle, _) = send(&envoy, "/api/x", &[("x-sluice-load-level", "critical")]);
+    assert_eq!(idle.status, 200, "{idle:?}");
+    assert_eq!(
+        idle.header(SEEN_LEVEL),
+        Some("normal"),
+        "idle, whatever the client said: {idle:?}"
+    );
+    let (search, _) = send(&envoy, "/api/search", &[]);
+    assert_eq!(
+        search.status, 200,
+        "an expensive route while idle: {search:?}"
+    );
+
+    let held = hold(
+        &envoy,
+        12,
+        "/api/slow",
+        &[(DELAY, "3000"), (CLASS, "critical")],
+    );
+    wait_in_flight(&envoy, "api", 12);
+    let since = Instant::now();
+    let order = ["normal", "elevated", "high", "critical"];
+    let mut seen: Vec<(String, Duration)> = Vec::new();
+    let mut degraded = None;
+    while since.elapsed() < Duration::from_millis(2800) {
+        let (probe, _) = send(&envoy, "/api/x", &[(CLASS, "critical")]);
+        assert_eq!(probe.status, 200, "{probe:?}");
+        let level = probe.header(SEEN_LEVEL).unwrap_or("(none)").to_owned();
+        if seen.last().map(|(l, _)| l) != Some(&level) {
+            seen.push((level.clone(), since.elapsed()));
+        }
+        if degraded.is_none() && (level == "high" || level == "critical") {
+            let (search, _) = send(&envoy, "/api/search", &[]);
+            let (other, _) = send(&envoy, "/api/x", &[]);
+            degraded = Some((search, other));
+        }
+        if level == "critical" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    held.all_ok();
+
+    let levels: Vec<&str> = seen.iter().map(|(l, _)| l.as_str()).collect();
+    let ranks: Vec<Option<usize>> = levels
+        .iter()
+        .map(|l| order.iter().position(|o| o == l))
+        .collect();
+    assert!(
+        ranks.iter().all(Option::is_some) && ranks.windows(2).all(|w| w[0] < w[1]),
+        "the level must rise step by step: {seen:?}"
+    );
+    for level in ["elevated", "high", "critical"] {
+        assert!(levels.contains(&level), "never {level}: {seen:?}");
+    }
+    let critical_after = seen.last().map(|(_, t)| *t).unwrap_or_default();
+    assert!(
+        critical_after >= Duration::from_millis(1000),
+        "critical after {critical_after:?}: the utilization is smoothed over ~1 s (~1.8 s expected); {seen:?}"
+    );
+    let (search, other) = degraded.expect("checked at level high");
+    let body = assert_shed(&search, "degraded");
+    assert!(
+        body["level"] == "high" || body["level"] == "critical",
+        "{body}"
+    );
+    assert_eq!(
+        other.status, 200,
+        "a route that is not expensive: {other:?}"
+    );
+    assert!(
+        matches!(other.header(SEEN_LEVEL), Some("high" | "critical")),
+        "{other:?}"
+    );
+    assert_eq!(shed_stat(&envoy, "api", "shed.degraded"), 1);
+    eprintln!("levels over time: {seen:?}");
+}
+
+#[test]
+fn monitor_only_counts_and_warn_also_tells_the_upstream_and_the_client() {
+    let _machine = machine();
+    for mode in ["monitor", "warn"] {
+        let envoy = start_with(
+            json!({
+                "bypass": {"paths": ["/open"]},
+                "shedding": {
+                    "mode": mode,
+                    "classes": {"basic": 1.0},
+                    "bulkheads": [{"name": "api", "limit": {"static": 2}}],
+                },
+            }),
+            1,
+        );
+        // What the upstream is told about load is sluice's to say, never the client's: not under the limit, nor
+        // on a path that skips sluice.
+        let forged = [
+            ("x-sluice-would-shed", "priority"),
+            ("x-sluice-load-level", "critical"),
+        ];
+        let (under, _) = send(&envoy, "/api/x", &forged);
+        assert_eq!(under.status, 200, "{under:?}");
+        assert_eq!(under.header(SEEN_WOULD_SHED), None, "{mode}: {under:?}");
+        assert_eq!(
+            under.header(SEEN_LEVEL),
+            Some("normal"),
+            "{mode}: {under:?}"
+        );
+        let (open, _) = send(&envoy, "/open", &forged);
+        assert_eq!(open.status, 200, "{open:?}");
+        assert_eq!(
+            (open.header(SEEN_WOULD_SHED), open.header(SEEN_LEVEL)),
+            (None, None),
+            "{mode}: a bypassed path: {open:?}"
+        );
+
+        let held = hold(&envoy, 2, "/api/slow", &[(DELAY, "600")]);
+        wait_in_flight(&envoy, "api", 2);
+        let (over, _) = send(&envoy, "/api/x", &[]);
+        held.all_ok();
+        assert_eq!(over.status, 200, "{mode} never sheds: {over:?}");
+        let stats = envoy.sluice_stats();
+        assert_eq!(
+            shed_stat(&envoy, "api", "would_shed.concurrency"),
+            1,
+            "{mode}: {stats:?}"
+        );
+        assert_eq!(
+            shed_stat(&envoy, "api", "shed.concurrency"),
+            0,
+            "{mode}: {stats:?}"
+        );
+        let told = (mode == "warn").then_some("concurrency");
+        assert_eq!(
+            over.header(SEEN_WOULD_SHED),
+            told,
+            "{mode}: what the upstream saw: {over:?}"
+        );
+        assert_eq!(
+            over.header("x-sluice-would-shed"),
+            told,
+            "{mode}: what the client saw: {over:?}"
+        );
+    }
+}
+
+#[test]
+fn the_metrics_count_what_was_shed_by_reason_and_class_and_the_latency() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "bulkheads": [{"name": "api", "limit": {"static": 4}}],
+    }));
+    let critical = |delay: &'static str| [(DELAY, delay), (CLASS, "critical")];
+
+    // Three answered in ~200 ms: the latency the deadline is judged by.
+    hold(&envoy, 3, "/api/warm", &critical("200")).all_ok();
+    assert!(eventually(Duration::from_secs(2), || {
+        shed_stat(&envoy, "api", "rtt_ms") >= 150
+    }));
+    let (reply, _) = send(
+        &envoy,
+        "/api/x",
+        &[(CLASS, "premium"), ("grpc-timeout", "20m")],
+    );
+    assert_shed(&reply, "deadline");
+
+    // 3 of 4 in flight: free (0.7) is shed by priority, basic (0.8) is not.
+    let three = hold(&envoy, 3, "/api/slow", &critical("800"));
+    wait_in_flight(&envoy, "api", 3);
+    for _ in 0..3 {
+        assert_shed(&send(&envoy, "/api/x", &[(CLASS, "free")]).0, "priority");
+    }
+    // 4 of 4: everyone but critical is shed by concurrency.
+    let fourth = hold(&envoy, 1, "/api/slow", &critical("800"));
+    wait_in_flight(&envoy, "api", 4);
+    for class in ["basic", "basic", "premium"] {
+        assert_shed(&send(&envoy, "/api/x", &[(CLASS, class)]).0, "concurrency");
+    }
+    three.all_ok();
+    fourth.all_ok();
+
+    let stats = envoy.sluice_stats();
+    let expected = [
+        ("shed.deadline", 1),
+        ("shed.priority", 3),
+        ("shed.concurrency", 3),
+        ("shed.errors", 0),
+        ("shed.degraded", 0),
+        ("shed.fleet", 0),
+        ("shed.queue_full", 0),
+        ("shed.queue_timeout", 0),
+        ("class.free.shed", 3),
+        ("class.basic.shed", 2),
+        ("class.premium.shed", 2),
+        ("class.enterprise.shed", 0),
+        ("class.critical.shed", 0),
+        ("admitted", 7),
+    ];
+    for (name, value) in expected {
+        assert_eq!(shed_stat(&envoy, "api", name), value, "{name}; {stats:?}");
+    }
+    // Every admitted request that was answered is one latency sample.
+    let histogram = "wasmcustom.sluice.shed.api.latency_ms";
+    let mut samples = 0;
+    let merged = eventually(Duration::from_secs(3), || {
+        samples = envoy.histogram_samples(histogram).unwrap();
+        samples == 7
+    });
+    assert!(merged, "{histogram} holds {samples} sample(s), expected 7");
+}
+
+/// The fleet level: proxy A busy, proxy B idle and shedding the low classes by the fleet's load. Needs Redis and
+/// the counter service (the `redis` feature).
+#[cfg(feature = "redis")]
+#[test]
+fn an_idle_proxy_sheds_low_classes_when_the_fleet_is_busy() {
+    use sluice_tests::redis::Redis;
+    use sluice_tests::service::Service;
+
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let port = service.address().expect("the service listens").port();
+    let config = json!({
+        "service": {
+            "cluster": "sluice_service",
+            "authority": "sluice_service",
+            "token": service.token(),
+            "timeout_ms": 200,
+            "sync_interval_ms": 100,
+        },
+        "shedding": {
+            "class_header": CLASS,
+            "bulkheads": [{"name": "api", "limit": {"static": 10}}],
+        },
+    });
+    let a = start_with(config.clone(), port);
+    let b = start_with(config, port);
+
+    // A at 16 of 10 (critical is counted, never shed): 1.6; B at 0. The fleet level is their mean, 0.8: above
+    // free (0.7), under premium (0.9), enterprise (0.95) and critical (never).
+    let held = hold(&a, 16, "/api/slow", &[(DELAY, "2500"), (CLASS, "critical")]);
+    wait_in_flight(&a, "api", 16);
+    let busy = Instant::now();
+    let mut free = None;
+    let shed = eventually(Duration::from_secs(2), || {
+        let reply = send(&b, "/api/x", &[(CLASS, "free")]).0;
+        let shed = reply.status == 503;
+        free = Some(reply);
+        shed
+    });
+    let free = free.unwrap();
+    assert!(
+        shed,
+        "B never shed free by the fleet's level: {free:?}; B: {:?}\nservice log:\n{}",
+        b.sluice_stats(),
+        service.log()
+    );
+    let shed_after = busy.elapsed();
+    let body = assert_shed(&free, "fleet");
+    assert_eq!(
+        body["level"], "elevated",
+        "B's level is the fleet's, 0.8: {body}"
+    );
+    for class in ["premium", "enterprise", "critical"] {
+        let (reply, _) = send(&b, "/api/x", &[(CLASS, class)]);
+        assert_eq!(reply.status, 200, "{class} on B: {reply:?}");
+    }
+    // B itself is idle (its gauge is refreshed on ticks: the last answer may be a tick old).
+    wait_in_flight(&b, "api", 0);
+    held.all_ok();
+
+    // A idle again: within a few syncs the fleet is idle and B admits free again.
+    let idle = Instant::now();
+    let recovered = eventually(Duration::from_secs(3), || {
+        send(&b, "/api/x", &[(CLASS, "free")]).0.status == 200
+    });
+    eprintln!(
+        "B shed free by the fleet {shed_after:?} after A was busy, and admitted it again {:?} after A was idle",
+        idle.elapsed()
+    );
+    assert!(
+        recovered,
+        "B still sheds free 3 s after A went idle; {:?}",
+        b.sluice_stats()
+    );
+    assert!(a.stat("wasmcustom.sluice.sync.ok") > 0 && b.stat("wasmcustom.sluice.sync.ok") > 0);
+}
