@@ -422,7 +422,14 @@ fn the_queue_waits_for_a_slot_most_important_first_and_sheds_what_waits_too_long
         else {
             panic!("{step:?}");
         };
-        let queued = queue.push(&shedding, id, seat, T0 + id as u64, wait_budget_us);
+        let queued = queue.push(
+            &shedding,
+            id,
+            seat,
+            T0 + id as u64,
+            wait_budget_us,
+            &mut store,
+        );
         waiting.push((id, ex, queued));
     }
     assert_eq!(waiting[0].2, Queued::Waiting);
@@ -441,8 +448,10 @@ fn the_queue_waits_for_a_slot_most_important_first_and_sheds_what_waits_too_long
     ex2.seated(T0 + 10 * MS);
     assert!(ex2.holds_slot());
     // The other waits past its 50 ms and is shed.
-    assert!(queue.expired(T0 + 40 * MS).is_empty());
-    let gone = queue.expired(T0 + 60 * MS);
+    assert!(queue
+        .expired(&shedding, T0 + 40 * MS, &mut store)
+        .is_empty());
+    let gone = queue.expired(&shedding, T0 + 60 * MS, &mut store);
     assert_eq!(gone.iter().map(|w| w.id).collect::<Vec<_>>(), vec![3]);
     assert!(queue.is_empty());
     assert_eq!(in_flight(&limiter, &mut store), 2);
@@ -455,11 +464,65 @@ fn the_queue_waits_for_a_slot_most_important_first_and_sheds_what_waits_too_long
         bulkhead: 0,
         class: 0,
     };
-    assert_eq!(q.push(&s, 1, seat, T0, None), Queued::Waiting);
-    assert_eq!(q.push(&s, 2, seat, T0, None), Queued::Full);
+    let mut store = MemoryStore::default();
+    assert_eq!(q.push(&s, 1, seat, T0, None, &mut store), Queued::Waiting);
+    assert_eq!(q.push(&s, 2, seat, T0, None, &mut store), Queued::Full);
     // A deadline that leaves no time to wait: no queue.
-    assert_eq!(q.push(&s, 3, seat, T0, Some(0)), Queued::Full);
-    assert_eq!(q.remove(1).map(|w| w.id), Some(1));
+    assert_eq!(q.push(&s, 3, seat, T0, Some(0), &mut store), Queued::Full);
+    assert_eq!(gauge(&s, 0, &mut store).waiting(0), 1);
+    assert_eq!(q.remove(&s, 1, &mut store).map(|w| w.id), Some(1));
+    assert_eq!(
+        gauge(&s, 0, &mut store).waiting(0),
+        0,
+        "counted out as it leaves"
+    );
+}
+
+#[test]
+fn a_newcomer_does_not_take_a_slot_a_waiter_of_its_class_could_take() {
+    let limiter = limiter(&shedding(
+        r#"{"name": "api", "limit": {"static": 2}, "queue": {"size": 8, "max_wait_ms": 100}}"#,
+    ));
+    let shedding = limiter.policy().shedding.clone().unwrap();
+    let mut store = MemoryStore::default();
+    let (mut a, _, _) = start(&limiter, &mut store, request("critical"), at(T0));
+    let (mut b, _, _) = start(&limiter, &mut store, request("critical"), at(T0));
+    let mut queue = WaitQueue::default();
+    let (_, step, _) = start(&limiter, &mut store, request("high"), at(T0));
+    let Step::Queue { seat, .. } = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(
+        queue.push(&shedding, 7, seat, T0, None, &mut store),
+        Queued::Waiting
+    );
+    // A slot frees before the waiter's worker ticks: a newcomer of the same class queues
+    // behind the waiter, and so does a less important one; a more important one does not wait.
+    a.finish(&limiter, &mut store);
+    let (_, step, _) = start(&limiter, &mut store, request("high"), at(T0 + MS));
+    assert!(matches!(step, Step::Queue { .. }), "{step:?}");
+    let (_, step, _) = start(&limiter, &mut store, request("low"), at(T0 + MS));
+    assert!(
+        matches!(step, Step::Queue { .. } | Step::Respond(_)),
+        "{step:?}"
+    );
+    let (_, step, _) = start(&limiter, &mut store, request("critical"), at(T0 + MS));
+    assert_eq!(step, Step::Continue);
+    // The waiter is seated at its tick: it is counted out and in flight.
+    let (mut c, _, _) = start(&limiter, &mut store, request("critical"), at(T0 + MS));
+    c.finish(&limiter, &mut store);
+    let seated = queue.admit(&shedding, None, &mut store);
+    assert!(
+        seated.is_empty(),
+        "critical took the slot: 3 in flight of 2"
+    );
+    let g = gauge(&shedding, 0, &mut store);
+    assert_eq!(g.waiting(seat.class), 1);
+    b.finish(&limiter, &mut store);
+    let seated = queue.admit(&shedding, None, &mut store);
+    assert_eq!(seated.iter().map(|w| w.id).collect::<Vec<_>>(), vec![7]);
+    let g = gauge(&shedding, 0, &mut store);
+    assert_eq!((g.in_flight, g.waiting(seat.class)), (2, 0));
 }
 
 fn limiter_with_drop(drop: &str) -> Limiter {

@@ -43,7 +43,10 @@ impl Request {
             return;
         }
         let shared = Rc::clone(&self.shared);
-        let end = shared.shedder.as_ref().and_then(|s| s.wait_end(self.id));
+        let end = match (&shared.shedder, shared.limiter.policy().shedding.as_ref()) {
+            (Some(shedder), Some(shedding)) => shedder.wait_end(shedding, self.id),
+            _ => None,
+        };
         match end {
             Some(WaitEnd::Seated { at_us }) => self.exchange.seated(at_us),
             // Shed while waiting, or its stream ended before a slot came.

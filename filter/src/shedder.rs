@@ -157,7 +157,7 @@ impl Shedder {
         let queued = self
             .queue
             .borrow_mut()
-            .push(shedding, id, seat, now_us, wait_budget_us);
+            .push(shedding, id, seat, now_us, wait_budget_us, &mut SharedData);
         match queued {
             shed::Queued::Waiting => true,
             shed::Queued::Evicted(old) => {
@@ -171,10 +171,10 @@ impl Shedder {
 
     /// How a request's wait ended, if it did; forgets it. A request still waiting leaves the
     /// queue (its stream ended).
-    pub fn wait_end(&self, id: u32) -> Option<WaitEnd> {
+    pub fn wait_end(&self, shedding: &Shedding, id: u32) -> Option<WaitEnd> {
         let end = self.ended.borrow_mut().remove(&id);
         if end.is_none() {
-            self.queue.borrow_mut().remove(id);
+            self.queue.borrow_mut().remove(shedding, id, &mut SharedData);
             self.evicted.borrow_mut().retain(|w| w.id != id);
         }
         end
@@ -198,7 +198,7 @@ impl Shedder {
         // Decide everything first, then act: acting on a stream can call back into this VM.
         let (seated, mut gone) = {
             let mut queue = self.queue.borrow_mut();
-            let expired = queue.expired(now);
+            let expired = queue.expired(shedding, now, &mut SharedData);
             let seated = queue.admit(shedding, fleet, &mut SharedData);
             (seated, expired)
         };

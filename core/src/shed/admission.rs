@@ -233,6 +233,17 @@ pub fn admit(
             }
         });
         let enforce = shedding.mode == ShedMode::Enforce;
+        // A slot a waiter of this class or a more important one could take now is theirs:
+        // the newcomer queues behind them (waiters are seated on their worker's tick).
+        let behind = reason.is_none()
+            && threshold.is_some()
+            && spec.queue.is_some()
+            && waiter_ahead(shedding, &gauge, class, in_flight, limit);
+        let reason = if behind {
+            Some(ShedReason::Concurrency)
+        } else {
+            reason
+        };
         match reason {
             Some(reason) if enforce => {
                 let admission = if reason.queueable() && spec.queue.is_some() {
@@ -293,8 +304,48 @@ pub fn admit_waiter(
             return (false, false);
         }
         gauge.in_flight = gauge.in_flight.saturating_add(1);
+        gauge.add_waiting(seat.class, -1);
         *bytes = gauge.encode();
         (true, true)
+    })
+}
+
+/// Counts a waiter in (`delta` 1) or out (-1) of the bulkhead's shared waiting counts.
+pub fn count_waiter(
+    shedding: &Shedding,
+    seat: Seat,
+    delta: i64,
+    store: &mut dyn Store,
+) -> Result<(), StoreError> {
+    let Some(spec) = shedding.bulkheads.get(seat.bulkhead) else {
+        return Ok(());
+    };
+    store::update(store, &spec.gauge_key, |bytes| {
+        let mut gauge = Gauge::decode(bytes);
+        gauge.add_waiting(seat.class, delta);
+        *bytes = gauge.encode();
+        ((), true)
+    })
+}
+
+/// Whether a waiter of `class` or of a more important class could take a slot now.
+fn waiter_ahead(
+    shedding: &Shedding,
+    gauge: &Gauge,
+    class: ClassId,
+    in_flight: f64,
+    limit: f64,
+) -> bool {
+    let rank = shedding.rank(class);
+    gauge.waiting.iter().enumerate().any(|(w, &n)| {
+        n > 0 && shedding.rank(w) >= rank && {
+            let t = shedding
+                .classes
+                .get(w)
+                .and_then(|c| c.threshold)
+                .unwrap_or(1.0);
+            in_flight < t * limit && in_flight < limit
+        }
     })
 }
 

@@ -69,17 +69,19 @@ pub fn step(
     let probe_every = settings.probe_interval_ms as f64 * 1_000.0;
     if state.probe_saved > 0.0 {
         // First the requests admitted before the probe drain; the window after the first one
-        // that stayed within `min` measures the no-load latency (or the probe gives up after
-        // PROBE_WINDOWS, keeping what it has).
+        // that stayed within `min` measures the no-load latency. The probe gives up when the
+        // traffic stops (nothing to measure, and no reason to hold the limit down) or after
+        // PROBE_WINDOWS, keeping the window's mean only if nothing better is known.
         state.probe_windows += 1.0;
         if stats.peak_use <= 1.0 {
             state.probe_clean += 1.0;
         }
         let measured = state.probe_clean >= 2.0 && stats.count > 0.0;
-        if !measured && state.probe_windows < PROBE_WINDOWS {
+        let idle = stats.count <= 0.0;
+        if !measured && !idle && state.probe_windows < PROBE_WINDOWS {
             return;
         }
-        if measured {
+        if measured || (state.baseline_us <= 0.0 && stats.count > 0.0) {
             state.baseline_us = stats.mean_rtt_us;
         }
         state.limit = state.probe_saved.clamp(min, max);
@@ -89,7 +91,12 @@ pub fn step(
         state.next_probe_us = now + probe_every * (1.0 + 0.1 * jitter);
         return;
     }
-    if settings.probe_interval_ms > 0 && (state.baseline_us <= 0.0 || now >= state.next_probe_us) {
+    // A probe needs traffic: an idle bulkhead keeps its limit (and probes when traffic comes).
+    let busy = stats.count >= MIN_SAMPLES;
+    if settings.probe_interval_ms > 0
+        && busy
+        && (state.baseline_us <= 0.0 || now >= state.next_probe_us)
+    {
         state.probe_saved = state.limit;
         state.limit = min;
         return;
@@ -261,6 +268,49 @@ mod tests {
             "{} {before}",
             state.limit
         );
+    }
+
+    #[test]
+    fn an_idle_bulkhead_never_probes_and_keeps_its_initial_limit() {
+        let settings = adaptive();
+        let mut state = ControlState::default();
+        for i in 1..=100 {
+            step(
+                &settings,
+                &mut state,
+                WindowStats::default(),
+                i * 100_000,
+                0.0,
+            );
+            assert_eq!(effective(&settings, &state), 20, "window {i}");
+        }
+        // Traffic comes: one probe at min, then back to the limit with a baseline.
+        let light = WindowStats {
+            count: 10.0,
+            mean_rtt_us: 25_000.0,
+            drops: 0.0,
+            peak_use: 0.2,
+        };
+        let mut at_min = 0;
+        for i in 101..=130 {
+            step(&settings, &mut state, light, i * 100_000, 0.0);
+            at_min += (effective(&settings, &state) == 2) as u32;
+        }
+        assert!((1..=3).contains(&at_min), "{at_min} windows at min");
+        assert_eq!(state.baseline_us, 25_000.0);
+        assert_eq!(effective(&settings, &state), 20);
+        // The traffic stops during the next probe: it gives up at once.
+        state.next_probe_us = 0.0;
+        step(&settings, &mut state, light, 140 * 100_000, 0.0);
+        assert_eq!(effective(&settings, &state), 2, "probing");
+        step(
+            &settings,
+            &mut state,
+            WindowStats::default(),
+            141 * 100_000,
+            0.0,
+        );
+        assert_eq!(effective(&settings, &state), 20, "gave up: no traffic");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! frees (the most important class first, then the longest waiting), their wait runs out, or a
 //! newer waiter pushes them out of a full queue.
 
-use crate::shed::admission::{admit_waiter, Seat};
+use crate::shed::admission::{admit_waiter, count_waiter, Seat};
 use crate::shed::policy::{Drop, Shedding};
 use crate::store::Store;
 
@@ -52,8 +52,32 @@ impl WaitQueue {
     }
 
     /// Offers a request to its bulkhead's queue. `wait_budget_us` shortens the wait to what its
-    /// own deadline leaves.
+    /// own deadline leaves. Every waiter is counted in the bulkhead's shared gauge from here
+    /// until it leaves the queue, however it leaves.
     pub fn push(
+        &mut self,
+        shedding: &Shedding,
+        id: u32,
+        seat: Seat,
+        now_us: u64,
+        wait_budget_us: Option<u64>,
+        store: &mut dyn Store,
+    ) -> Queued {
+        let queued = self.place(shedding, id, seat, now_us, wait_budget_us);
+        match queued {
+            Queued::Waiting => {
+                let _ = count_waiter(shedding, seat, 1, store);
+            }
+            Queued::Evicted(old) => {
+                let _ = count_waiter(shedding, old.seat, -1, store);
+                let _ = count_waiter(shedding, seat, 1, store);
+            }
+            Queued::Full => {}
+        }
+        queued
+    }
+
+    fn place(
         &mut self,
         shedding: &Shedding,
         id: u32,
@@ -101,20 +125,36 @@ impl WaitQueue {
     }
 
     /// Takes a request out (its stream ended while it waited).
-    pub fn remove(&mut self, id: u32) -> Option<Waiter> {
+    pub fn remove(
+        &mut self,
+        shedding: &Shedding,
+        id: u32,
+        store: &mut dyn Store,
+    ) -> Option<Waiter> {
         let at = self.waiters.iter().position(|w| w.id == id)?;
-        Some(self.waiters.remove(at))
+        let waiter = self.waiters.remove(at);
+        let _ = count_waiter(shedding, waiter.seat, -1, store);
+        Some(waiter)
     }
 
     /// Takes out the waiters whose wait ran out.
-    pub fn expired(&mut self, now_us: u64) -> Vec<Waiter> {
-        let (gone, kept) = self.waiters.drain(..).partition(|w| w.until_us <= now_us);
+    pub fn expired(
+        &mut self,
+        shedding: &Shedding,
+        now_us: u64,
+        store: &mut dyn Store,
+    ) -> Vec<Waiter> {
+        let (gone, kept): (Vec<Waiter>, _) =
+            self.waiters.drain(..).partition(|w| w.until_us <= now_us);
         self.waiters = kept;
+        for w in &gone {
+            let _ = count_waiter(shedding, w.seat, -1, store);
+        }
         gone
     }
 
     /// Gives slots to waiters while there are any: by class (most important first), then by
-    /// age. Returns the admitted, taken out of the queue.
+    /// age. Returns the admitted, taken out of the queue (and out of the shared count).
     pub fn admit(
         &mut self,
         shedding: &Shedding,

@@ -6,7 +6,7 @@ use crate::shed::controller::ControlState;
 
 /// The hot state of one bulkhead: one read and one compare-and-swap per admission and per
 /// release.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Gauge {
     pub in_flight: u32,
     /// The in-flight limit the last window set (adaptive limits); 0: not set yet.
@@ -17,13 +17,18 @@ pub struct Gauge {
     pub reject_ppm: u32,
     /// Smoothed in flight / limit, in thousandths.
     pub use_milli: u32,
+    /// Requests waiting in the workers' queues, by class: a new request does not take a slot
+    /// a waiter of its class or a more important one could take.
+    pub waiting: Vec<u32>,
 }
 
 impl Gauge {
     const LEN: usize = 20;
+    /// At most this many classes (the configuration's bound).
+    const MAX_CLASSES: usize = 32;
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(Self::LEN);
+        let mut b = Vec::with_capacity(Self::LEN + 4 * self.waiting.len());
         for v in [
             self.in_flight,
             self.limit,
@@ -33,12 +38,40 @@ impl Gauge {
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
+        // Trailing zeros are not written: an idle queue keeps the gauge at 20 bytes.
+        let used = self
+            .waiting
+            .iter()
+            .rposition(|&w| w > 0)
+            .map_or(0, |i| i + 1);
+        for w in self.waiting.iter().take(used) {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
         b
+    }
+
+    /// Waiting in `class`.
+    pub fn waiting(&self, class: usize) -> u32 {
+        self.waiting.get(class).copied().unwrap_or(0)
+    }
+
+    /// Changes the count waiting in `class` by `delta` (never below zero).
+    pub fn add_waiting(&mut self, class: usize, delta: i64) {
+        if class >= Self::MAX_CLASSES {
+            return;
+        }
+        if self.waiting.len() <= class {
+            self.waiting.resize(class + 1, 0);
+        }
+        if let Some(w) = self.waiting.get_mut(class) {
+            *w = (*w as i64 + delta).clamp(0, u32::MAX as i64) as u32;
+        }
     }
 
     /// Decodes; anything malformed (or empty) reads as the initial gauge.
     pub fn decode(bytes: &[u8]) -> Gauge {
-        if bytes.len() != Self::LEN {
+        let extra = bytes.len().wrapping_sub(Self::LEN);
+        if bytes.len() < Self::LEN || extra % 4 != 0 || extra / 4 > Self::MAX_CLASSES {
             return Gauge::default();
         }
         let at = |i: usize| {
@@ -53,6 +86,7 @@ impl Gauge {
             rtt_us: at(2),
             reject_ppm: at(3),
             use_milli: at(4),
+            waiting: (0..extra / 4).map(|i| at(5 + i)).collect(),
         }
     }
 
@@ -172,8 +206,13 @@ mod tests {
             rtt_us: 25_000,
             reject_ppm: 10,
             use_milli: 900,
+            waiting: vec![0, 3],
         };
         assert_eq!(Gauge::decode(&g.encode()), g);
+        let mut idle = g.clone();
+        idle.add_waiting(1, -5);
+        assert_eq!(idle.encode().len(), 20, "no waiter, no bytes for them");
+        assert_eq!(Gauge::decode(&idle.encode()).waiting(1), 0);
         assert_eq!(Gauge::decode(b"short"), Gauge::default());
         let w = Window {
             count: 4.0,
