@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::limit::{Limit, Period};
+use crate::limit::{Algorithm, Limit, Period};
 use crate::net::Cidr;
 use crate::policy::{
     Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy, Rule,
@@ -113,6 +113,8 @@ struct RawLimit {
     per: String,
     #[serde(default)]
     burst: Option<u64>,
+    #[serde(default)]
+    algorithm: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -342,6 +344,18 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             "cached and strict need a top-level \"service\" section",
         ));
     }
+    if let Some(windowed) = limits.iter().find(|l| l.algorithm().windowed()) {
+        if consistency != Consistency::Local {
+            return Err(err(
+                format!("{at}.consistency"),
+                format!(
+                    "{} runs in local consistency only in this version (its counter-service script is not built yet); use token_bucket or gcra for cached and strict, or a {} fallback",
+                    windowed.algorithm().name(),
+                    windowed.algorithm().name()
+                ),
+            ));
+        }
+    }
 
     let fallback = match raw.fallback {
         None => Fallback::Open(limits.clone()),
@@ -386,25 +400,81 @@ fn limits(at: &str, raw: &[RawLimit]) -> Result<Vec<Limit>, ConfigError> {
     if raw.len() > 8 {
         return Err(err(at, "must hold at most 8 limits"));
     }
-    raw.iter()
+    let parsed = raw
+        .iter()
         .enumerate()
-        .map(|(k, l)| {
-            let period = Period::parse(&l.per).ok_or_else(|| {
-                err(
-                    format!("{at}[{k}].per"),
-                    format!("expected one of {}, got {:?}", Period::NAMES, l.per),
-                )
-            })?;
-            Limit::new(l.requests, period, l.burst).map_err(|problem| {
-                let field = if problem.starts_with("burst") {
-                    "burst"
-                } else {
-                    "requests"
-                };
-                err(format!("{at}[{k}].{field}"), problem)
-            })
-        })
-        .collect()
+        .map(|(k, l)| limit(&format!("{at}[{k}]"), l))
+        .collect::<Result<Vec<Limit>, _>>()?;
+    // One algorithm per list: a record's ghost speaks for all of its limits in one way.
+    if let Some(first) = parsed.first() {
+        if let Some(k) = parsed
+            .iter()
+            .position(|l| l.algorithm() != first.algorithm())
+        {
+            return Err(err(
+                format!("{at}[{k}].algorithm"),
+                format!(
+                    "the limits of a rule share one algorithm ({} here); count another algorithm in another rule with the same key",
+                    first.algorithm().name()
+                ),
+            ));
+        }
+    }
+    Ok(parsed)
+}
+
+fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
+    let algorithm = match l.algorithm.as_deref() {
+        None => Algorithm::TokenBucket,
+        Some(name) => Algorithm::parse(name).ok_or_else(|| {
+            let known = "sliding_log, leaky_bucket";
+            let problem = if known.split(", ").any(|k| k == name) {
+                format!("{name} is not built yet; one of {} is", Algorithm::NAMES)
+            } else {
+                format!("expected one of {}, got {name:?}", Algorithm::NAMES)
+            };
+            err(format!("{at}.algorithm"), problem)
+        })?,
+    };
+    let period = Period::parse(&l.per).ok_or_else(|| {
+        err(
+            format!("{at}.per"),
+            format!("expected one of {}, got {:?}", Period::NAMES, l.per),
+        )
+    })?;
+    if algorithm.windowed() {
+        if l.burst.is_some() {
+            return Err(err(
+                format!("{at}.burst"),
+                format!(
+                    "{} counts `requests` per window and has no burst; burst is for token_bucket and gcra",
+                    algorithm.name()
+                ),
+            ));
+        }
+        return Limit::windowed(l.requests, period, algorithm).map_err(|problem| {
+            let field = if problem.starts_with("week") {
+                "per"
+            } else {
+                "requests"
+            };
+            err(format!("{at}.{field}"), problem)
+        });
+    }
+    let limit = Limit::new(l.requests, period, l.burst).map_err(|problem| {
+        let field = if problem.starts_with("burst") {
+            "burst"
+        } else if problem.starts_with("week") {
+            "per"
+        } else {
+            "requests"
+        };
+        err(format!("{at}.{field}"), problem)
+    })?;
+    Ok(match algorithm {
+        Algorithm::Gcra => limit.gcra(),
+        _ => limit,
+    })
 }
 
 fn key_part(part: &str) -> Result<KeyPart, String> {

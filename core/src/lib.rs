@@ -1,6 +1,7 @@
 //! sluice's pure core: limits and their algorithms, the policy model, key building, headers and
 //! the sync protocol. No I/O and no clock: time is an argument.
 
+pub mod algorithm;
 pub mod bucket;
 pub mod config;
 pub mod decision;
@@ -20,12 +21,13 @@ pub mod round;
 pub mod shed;
 pub mod store;
 pub mod table;
+pub mod window;
 
 pub use bucket::{Bucket, Verdict};
 pub use config::{parse, ConfigError};
 pub use decision::{Decision, Evaluation, Outcome, Quota};
 pub use exchange::{Effect, Exchange, Moment, Reply, Step};
-pub use limit::{Limit, Period};
+pub use limit::{Algorithm, Limit, Period};
 pub use limiter::{Conditions, Limiter};
 pub use policy::Policy;
 pub use request::{PlainRequest, RequestView};

@@ -9,10 +9,14 @@ pub enum Period {
     Minute,
     Hour,
     Day,
+    /// A calendar week, Monday 00:00 UTC to Monday 00:00 UTC (`fixed_window` only).
+    Week,
+    /// A calendar month, the 1st 00:00 UTC to the next 1st (`fixed_window` only).
+    Month,
 }
 
 impl Period {
-    pub const NAMES: &'static str = "second, minute, hour, day";
+    pub const NAMES: &'static str = "second, minute, hour, day, week, month";
 
     pub fn parse(name: &str) -> Option<Period> {
         match name {
@@ -20,16 +24,27 @@ impl Period {
             "minute" => Some(Period::Minute),
             "hour" => Some(Period::Hour),
             "day" => Some(Period::Day),
+            "week" => Some(Period::Week),
+            "month" => Some(Period::Month),
             _ => None,
         }
     }
 
+    /// Whether windows of this period follow the calendar rather than a fixed length.
+    pub fn calendar(self) -> bool {
+        matches!(self, Period::Week | Period::Month)
+    }
+
+    /// The length in seconds; a month counts as 30 days where one length is needed (rates,
+    /// the `w=` of the `RateLimit-Policy` header).
     pub fn seconds(self) -> u64 {
         match self {
             Period::Second => 1,
             Period::Minute => 60,
             Period::Hour => 3_600,
             Period::Day => 86_400,
+            Period::Week => 7 * 86_400,
+            Period::Month => 30 * 86_400,
         }
     }
 
@@ -45,17 +60,64 @@ impl fmt::Display for Period {
             Period::Minute => "minute",
             Period::Hour => "hour",
             Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
         })
     }
 }
 
-/// `requests` per `period`, with a bucket of `burst` tokens: at most `burst` at once, and
-/// `requests` more every `period` after that.
+/// How a limit counts. Each keeps 16 bytes of state per key and limit ([`crate::bucket`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// `burst` at once, refilled at `requests` per `period`.
+    #[default]
+    TokenBucket,
+    /// The same admissions as the token bucket from one timestamp, the theoretical arrival
+    /// time: exact `Retry-After`.
+    Gcra,
+    /// `requests` per window, windows aligned to the UTC clock and calendar.
+    FixedWindow,
+    /// The previous window's count weighted by its overlap with the last `period`, plus the
+    /// current window's.
+    SlidingWindow,
+}
+
+impl Algorithm {
+    pub const NAMES: &'static str = "token_bucket, gcra, fixed_window, sliding_window";
+
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        match name {
+            "token_bucket" => Some(Algorithm::TokenBucket),
+            "gcra" => Some(Algorithm::Gcra),
+            "fixed_window" => Some(Algorithm::FixedWindow),
+            "sliding_window" => Some(Algorithm::SlidingWindow),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+        }
+    }
+
+    /// Whether it counts in windows (no burst of its own: `requests` per window).
+    pub fn windowed(self) -> bool {
+        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+    }
+}
+
+/// `requests` per `period`, counted by `algorithm`. For the token bucket and GCRA, `burst`
+/// tokens: at most `burst` at once, and `requests` more every `period` after that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
     requests: u64,
     period: Period,
     burst: u64,
+    algorithm: Algorithm,
 }
 
 /// Largest accepted `requests` or `burst`: keeps every token count exact in an `f64` and a `u32`.
@@ -67,6 +129,7 @@ impl Limit {
         requests: 1,
         period: Period::Second,
         burst: 1,
+        algorithm: Algorithm::TokenBucket,
     };
 
     /// A limit, or the reason it is not one. `burst` defaults to `requests`.
@@ -81,11 +144,58 @@ impl Limit {
         if burst == 0 || burst > MAX_TOKENS {
             return Err("burst must be between 1 and 2147483648");
         }
+        if period.calendar() {
+            return Err(
+                "week and month are calendar windows: use them with the fixed_window algorithm",
+            );
+        }
         Ok(Limit {
             requests,
             period,
             burst,
+            algorithm: Algorithm::TokenBucket,
         })
+    }
+
+    /// A limit counted by a windowed `algorithm`: `requests` per window (no burst).
+    pub fn windowed(
+        requests: u64,
+        period: Period,
+        algorithm: Algorithm,
+    ) -> Result<Limit, &'static str> {
+        if !algorithm.windowed() {
+            return Err("not a windowed algorithm");
+        }
+        if requests == 0 {
+            return Err("must be at least 1");
+        }
+        // A window's count and its ghost (see `bucket`) need fewer requests than microseconds.
+        if requests >= period.micros() / 2 || requests > MAX_TOKENS {
+            return Err("too many for one window: at most one request per two microseconds of it");
+        }
+        if period.calendar() && algorithm != Algorithm::FixedWindow {
+            return Err(
+                "week and month are calendar windows: use them with the fixed_window algorithm",
+            );
+        }
+        Ok(Limit {
+            requests,
+            period,
+            burst: requests,
+            algorithm,
+        })
+    }
+
+    /// The same limit counted by GCRA (the token bucket's admissions).
+    pub fn gcra(self) -> Limit {
+        Limit {
+            algorithm: Algorithm::Gcra,
+            ..self
+        }
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
     }
 
     pub fn requests(&self) -> u64 {

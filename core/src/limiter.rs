@@ -288,7 +288,7 @@ impl Limiter {
                 }
                 Spend::Buckets => {
                     for (bucket, limit) in record.buckets.iter_mut().zip(bucket_limits(rule)) {
-                        *bucket = bucket.refund(limit, 1);
+                        *bucket = bucket.give_back(limit, 1);
                     }
                 }
             }
@@ -320,9 +320,7 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
             // The fallback buckets follow what this proxy spends, so a lapse of the lease
             // falls back to what is left locally, not to a fresh burst.
             for (bucket, limit) in record.buckets.iter_mut().zip(bucket_limits(rule)) {
-                let mut refilled = bucket.refilled(limit, now);
-                refilled.tokens = (refilled.tokens - 1.0).max(0.0);
-                *bucket = refilled;
+                *bucket = bucket.spend(limit, now, 1);
             }
         }
         verdict
@@ -403,13 +401,13 @@ fn spend_buckets(limits: &[Limit], buckets: &mut [Bucket], now: u64) -> RuleVerd
     let mut verdicts: [Option<Verdict>; table::MAX_LIMITS] = [None; table::MAX_LIMITS];
     let mut allowed = true;
     for (i, (limit, bucket)) in limits.iter().zip(buckets.iter()).enumerate() {
-        let (verdict, _) = bucket.peek(limit, now, 1);
+        let (verdict, _) = bucket.check(limit, now, 1);
         allowed &= verdict.allowed;
         verdicts[i] = Some(verdict);
     }
     if allowed {
         for (i, (limit, bucket)) in limits.iter().zip(buckets.iter_mut()).enumerate() {
-            let (verdict, next) = bucket.take(limit, now, 1);
+            let (verdict, next) = bucket.admit(limit, now, 1);
             *bucket = next;
             verdicts[i] = Some(verdict);
         }

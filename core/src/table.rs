@@ -75,7 +75,7 @@ impl Record {
             stamp_us: 0,
         }; MAX_LIMITS];
         for (bucket, limit) in buckets.iter_mut().zip(limits) {
-            *bucket = Bucket::full(limit, now_us);
+            *bucket = Bucket::fresh(limit, now_us);
         }
         Record {
             fingerprint,
@@ -95,16 +95,13 @@ impl Record {
         self.spent > 0 || self.denied > 0
     }
 
-    /// When every local bucket is full again (`now_us` if they are).
+    /// The ghost to leave when evicted: when every local bucket is full again (`now_us` if
+    /// they are), or a windowed limit's encoding of what it has left ([`crate::algorithm`]).
     pub fn full_at_us(&self, limits: &[Limit], now_us: u64) -> u64 {
         self.buckets
             .iter()
             .zip(limits)
-            .map(|(bucket, limit)| {
-                let missing = limit.burst() as f64 - bucket.refilled(limit, now_us).tokens;
-                let per_token = limit.period().micros() as f64 / limit.requests() as f64;
-                now_us + (missing.max(0.0) * per_token).ceil() as u64
-            })
+            .map(|(bucket, limit)| bucket.ghost_us(limit, now_us))
             .max()
             .unwrap_or(now_us)
     }
@@ -112,13 +109,11 @@ impl Record {
     /// A key seen again while the ghost of its evicted record stands: its buckets hold what
     /// they would if they had been empty until `full_at_us` minus the time a refill to full takes
     /// (never more than the evicted record had, for the slowest limit; possibly less for faster
-    /// ones).
+    /// ones); windowed limits get back at most what they had left.
     pub fn returning(fingerprint: u64, limits: &[Limit], now_us: u64, full_at_us: u64) -> Record {
         let mut record = Record::fresh(fingerprint, limits, now_us);
-        let wait_us = full_at_us.saturating_sub(now_us) as f64;
         for (bucket, limit) in record.buckets.iter_mut().zip(limits) {
-            let per_token = limit.period().micros() as f64 / limit.requests() as f64;
-            bucket.tokens = (limit.burst() as f64 - wait_us / per_token).max(0.0);
+            *bucket = Bucket::returning(limit, now_us, full_at_us);
         }
         record
     }
@@ -216,6 +211,10 @@ impl Table {
         for limit in limits {
             shape.extend_from_slice(&limit.requests().to_le_bytes());
             shape.extend_from_slice(&limit.period().seconds().to_le_bytes());
+            // The state's meaning changes with the algorithm: a new table, not a misread one.
+            if limit.algorithm() != crate::limit::Algorithm::TokenBucket {
+                shape.extend_from_slice(limit.algorithm().name().as_bytes());
+            }
             shape.extend_from_slice(&limit.burst().to_le_bytes());
         }
         shape.extend_from_slice(&max_keys.to_le_bytes());

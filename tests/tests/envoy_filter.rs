@@ -270,3 +270,111 @@ fn shadow_mode_counts_but_never_denies() {
         "{sluice:?}"
     );
 }
+
+/// Seconds until the next 00:00 UTC.
+fn seconds_to_midnight() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    86_400 - now % 86_400
+}
+
+/// Sleeps until `ms` past the next whole second (by the system clock, which Envoy reads too).
+fn sleep_until_ms_of_second(ms: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = now.subsec_millis() as u64;
+    let wait = if into < ms {
+        ms - into
+    } else {
+        1_000 - into + ms
+    };
+    std::thread::sleep(Duration::from_millis(wait));
+}
+
+#[test]
+fn a_daily_fixed_window_resets_at_midnight_utc_and_says_so() {
+    let envoy = start(
+        config(
+            json!({"requests": 3, "per": "day", "algorithm": "fixed_window"}),
+            "enforce",
+        ),
+        2,
+    );
+    let client = agent();
+    let url = envoy.url("/api/x");
+    for left in [2, 1, 0] {
+        let reply = get(&client, &url, &[]).unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(int_header(&reply, "x-ratelimit-remaining"), left);
+    }
+    let denied = get(&client, &url, &[]).unwrap();
+    assert_eq!(denied.status, 429, "{denied:?}");
+    let expected = seconds_to_midnight();
+    for name in ["retry-after", "x-ratelimit-reset"] {
+        let value = int_header(&denied, name);
+        assert!(
+            value.abs_diff(expected) <= 2,
+            "{name} {value} s, midnight UTC is in {expected} s"
+        );
+    }
+}
+
+/// The classic boundary burst: the limit's worth just before a window ends and again just
+/// after. A fixed window admits both (its definition); a sliding window admits the first only.
+#[test]
+fn a_window_boundary_burst_is_twice_the_limit_for_a_fixed_window_and_not_for_a_sliding_one() {
+    // A sliding window lets one request more through per tenth of the window as the first
+    // burst slides out: the second burst takes well under 100 ms, so at most one or two.
+    for (algorithm, most, least) in [("fixed_window", 20, 20), ("sliding_window", 12, 10)] {
+        let envoy = start(
+            config(
+                json!({"requests": 10, "per": "second", "algorithm": algorithm}),
+                "enforce",
+            ),
+            2,
+        );
+        let client = agent();
+        let url = envoy.url("/api/x");
+        let mut admitted = 0;
+        // The last 300 ms of one second, then the first 300 ms of the next.
+        sleep_until_ms_of_second(650);
+        for _ in 0..10 {
+            admitted += (get(&client, &url, &[]).unwrap().status == 200) as u32;
+        }
+        let first = admitted;
+        sleep_until_ms_of_second(30);
+        for _ in 0..10 {
+            admitted += (get(&client, &url, &[]).unwrap().status == 200) as u32;
+        }
+        assert_eq!(first, 10, "{algorithm}: the first burst fits in one window");
+        assert!(
+            (least..=most).contains(&admitted),
+            "{algorithm}: admitted {admitted} of 20 across the boundary"
+        );
+    }
+}
+
+#[test]
+fn gcra_says_exactly_when_to_retry() {
+    let envoy = start(
+        config(
+            json!({"requests": 2, "per": "minute", "burst": 2, "algorithm": "gcra"}),
+            "enforce",
+        ),
+        2,
+    );
+    let client = agent();
+    let url = envoy.url("/api/x");
+    for _ in 0..2 {
+        assert_eq!(get(&client, &url, &[]).unwrap().status, 200);
+    }
+    let denied = get(&client, &url, &[]).unwrap();
+    assert_eq!(denied.status, 429, "{denied:?}");
+    // One request every 30 s; the second was admitted a moment ago.
+    let retry = int_header(&denied, "retry-after");
+    assert!((29..=30).contains(&retry), "retry-after {retry}");
+    assert_eq!(int_header(&denied, "x-ratelimit-reset"), 60);
+}

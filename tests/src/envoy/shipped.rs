@@ -269,10 +269,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_demo_becomes_a_template() {
-        let demo = Demo::shipped().unwrap();
-        let text = std::fs::read_to_string(&demo.template.path).unwrap();
+    /// The ports, the `.wasm` path and sluice's configuration are placeholders.
+    fn assert_every_placeholder(text: &str) {
         for placeholder in [
             "LISTEN_PORT",
             "UPSTREAM_PORT",
@@ -286,6 +284,13 @@ mod tests {
             );
         }
         assert!(text.contains("value: '{{PLUGIN_CONFIG}}'"), "{text}");
+    }
+
+    #[test]
+    fn the_demo_becomes_a_template() {
+        let demo = Demo::shipped().unwrap();
+        let text = std::fs::read_to_string(&demo.template.path).unwrap();
+        assert_every_placeholder(&text);
         let config: serde_json::Value = serde_json::from_str(&demo.plugin_config_json).unwrap();
         assert_eq!(config["client_ip"]["trusted_hops"], 0, "{config}");
     }
@@ -294,19 +299,7 @@ mod tests {
     fn the_production_config_becomes_a_template_and_sluice_accepts_its_configuration() {
         let production = Demo::production().unwrap();
         let text = std::fs::read_to_string(&production.template.path).unwrap();
-        for placeholder in [
-            "LISTEN_PORT",
-            "UPSTREAM_PORT",
-            "ADMIN_PORT",
-            "SERVICE_PORT",
-            "WASM",
-        ] {
-            assert!(
-                text.contains(&format!("{{{{{placeholder}}}}}")),
-                "{placeholder}"
-            );
-        }
-        assert!(text.contains("value: '{{PLUGIN_CONFIG}}'"), "{text}");
+        assert_every_placeholder(&text);
         assert!(
             !text.contains("\"shedding\""),
             "the JSON block is gone: {text}"

@@ -1,0 +1,339 @@
+//! Every algorithm over the same 16 bytes of state per key and limit ([`Bucket`]): the step a
+//! request takes, a refund, an unconditional spend (what a lease already admitted), and the
+//! record's ghost (when the state is fresh again, and a state no more generous than the one
+//! evicted). What the two fields hold:
+//!
+//! | algorithm | `tokens` | `stamp_us` |
+//! | --- | --- | --- |
+//! | `token_bucket` | tokens left | when they were counted |
+//! | `gcra` | the theoretical arrival time (µs, fractional) | unused |
+//! | `fixed_window` | requests counted in the window | the window's start |
+//! | `sliding_window` | requests counted in the current window | previous window's count << 32, current window's number |
+//!
+//! Windowed ghosts: a record evicted with `remaining` requests left in a window that ends at
+//! `end` leaves the time `end - 1 - remaining` (inside the window, since a window holds fewer
+//! requests than half its microseconds). A key seen again in that window gets back at most
+//! `remaining`; in a later window of a longer limit's ghost, nothing until its window ends.
+
+use crate::bucket::{Bucket, Verdict};
+use crate::limit::{Algorithm, Limit};
+use crate::window;
+
+impl Bucket {
+    /// The state of a key seen for the first time: everything available.
+    pub fn fresh(limit: &Limit, now_us: u64) -> Bucket {
+        match limit.algorithm() {
+            Algorithm::TokenBucket => Bucket::full(limit, now_us),
+            Algorithm::Gcra => Bucket {
+                tokens: now_us as f64,
+                stamp_us: 0,
+            },
+            Algorithm::FixedWindow => Bucket {
+                tokens: 0.0,
+                stamp_us: window::start_us(limit.period(), now_us),
+            },
+            Algorithm::SlidingWindow => Sliding::at(limit, now_us).pack(),
+        }
+    }
+
+    /// Would `cost` be admitted at `now_us`? Changes nothing but the passing of time.
+    pub fn check(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, Bucket) {
+        match limit.algorithm() {
+            Algorithm::TokenBucket => self.peek(limit, now_us, cost),
+            Algorithm::Gcra => gcra(self, limit, now_us, cost, false),
+            Algorithm::FixedWindow => fixed(self, limit, now_us, cost, false),
+            Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, false),
+        }
+    }
+
+    /// Admits `cost` if it may be, spending it; otherwise spends nothing.
+    pub fn admit(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, Bucket) {
+        match limit.algorithm() {
+            Algorithm::TokenBucket => self.take(limit, now_us, cost),
+            Algorithm::Gcra => gcra(self, limit, now_us, cost, true),
+            Algorithm::FixedWindow => fixed(self, limit, now_us, cost, true),
+            Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, true),
+        }
+    }
+
+    /// Gives back `cost` spent by a request another rule then denied.
+    pub fn give_back(self, limit: &Limit, cost: u64) -> Bucket {
+        match limit.algorithm() {
+            Algorithm::TokenBucket => self.refund(limit, cost),
+            Algorithm::Gcra => Bucket {
+                tokens: self.tokens - cost as f64 * interval(limit),
+                ..self
+            },
+            Algorithm::FixedWindow => Bucket {
+                tokens: (self.tokens - cost as f64).max(0.0),
+                ..self
+            },
+            Algorithm::SlidingWindow => {
+                let mut s = Sliding::unpack(self);
+                s.current = (s.current - cost as f64).max(0.0);
+                s.pack()
+            }
+        }
+    }
+
+    /// Spends `cost` whatever is left (never below empty): what a lease admitted is followed
+    /// here, so a lapse of the lease falls back to what is left locally.
+    pub fn spend(self, limit: &Limit, now_us: u64, cost: u64) -> Bucket {
+        let cost_f = cost as f64;
+        match limit.algorithm() {
+            Algorithm::TokenBucket => {
+                let mut b = self.refilled(limit, now_us);
+                b.tokens = (b.tokens - cost_f).max(0.0);
+                b
+            }
+            Algorithm::Gcra => {
+                let t = interval(limit);
+                let tat = self.tokens.max(now_us as f64) + cost_f * t;
+                Bucket {
+                    tokens: tat.min(now_us as f64 + limit.burst() as f64 * t),
+                    ..self
+                }
+            }
+            Algorithm::FixedWindow => {
+                let b = fixed_now(self, limit, now_us);
+                Bucket {
+                    tokens: (b.tokens + cost_f).min(limit.requests() as f64),
+                    ..b
+                }
+            }
+            Algorithm::SlidingWindow => {
+                let mut s = Sliding::unpack(self).rolled(limit, now_us);
+                s.current = (s.current + cost_f).min(limit.requests() as f64);
+                s.pack()
+            }
+        }
+    }
+
+    /// The ghost's time: when the state is fresh again (token bucket, GCRA), or the windowed
+    /// encoding above; `now_us` when there is nothing to remember.
+    pub fn ghost_us(self, limit: &Limit, now_us: u64) -> u64 {
+        match limit.algorithm() {
+            Algorithm::TokenBucket => {
+                let missing = limit.burst() as f64 - self.refilled(limit, now_us).tokens;
+                now_us + (missing.max(0.0) * interval(limit)).ceil() as u64
+            }
+            Algorithm::Gcra => (self.tokens.ceil() as u64).max(now_us),
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let (verdict, _) = self.check(limit, now_us, 0);
+                let used = limit.requests().saturating_sub(verdict.remaining);
+                if used == 0 {
+                    return now_us;
+                }
+                window::end_us(limit.period(), now_us) - 1 - verdict.remaining
+            }
+        }
+    }
+
+    /// A key seen again while its ghost (`ghost_us`, later than `now_us`) stands.
+    pub fn returning(limit: &Limit, now_us: u64, ghost_us: u64) -> Bucket {
+        let fresh = Bucket::fresh(limit, now_us);
+        match limit.algorithm() {
+            Algorithm::TokenBucket => {
+                let wait_us = ghost_us.saturating_sub(now_us) as f64;
+                Bucket {
+                    tokens: (limit.burst() as f64 - wait_us / interval(limit)).max(0.0),
+                    ..fresh
+                }
+            }
+            Algorithm::Gcra => Bucket {
+                tokens: ghost_us as f64,
+                ..fresh
+            },
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let requests = limit.requests();
+                let end = window::end_us(limit.period(), now_us);
+                let used = if ghost_us >= end {
+                    // A longer limit's ghost: nothing left in this window.
+                    requests
+                } else {
+                    requests.saturating_sub(end - 1 - ghost_us)
+                };
+                match limit.algorithm() {
+                    Algorithm::FixedWindow => Bucket {
+                        tokens: used as f64,
+                        ..fresh
+                    },
+                    _ => {
+                        let mut s = Sliding::unpack(fresh);
+                        s.current = used as f64;
+                        s.pack()
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Microseconds between two admissions at the steady rate.
+fn interval(limit: &Limit) -> f64 {
+    limit.period().micros() as f64 / limit.requests() as f64
+}
+
+/// GCRA: admitted when the theoretical arrival time after it is within `burst` intervals.
+fn gcra(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+    let t = interval(limit);
+    let now = now_us as f64;
+    let capacity = limit.burst() as f64 * t;
+    let tat = b.tokens.max(now);
+    let next = tat + cost as f64 * t;
+    let allowed = next - now <= capacity;
+    let after = if allowed && spend { next } else { tat };
+    let used = if allowed { next } else { tat };
+    let verdict = Verdict {
+        allowed,
+        remaining: ((capacity - (used - now)) / t).max(0.0).floor() as u64,
+        retry_after_us: if allowed {
+            0
+        } else {
+            (next - capacity - now).ceil() as u64
+        },
+        reset_us: (used - now).max(0.0).ceil() as u64,
+    };
+    (verdict, Bucket { tokens: after, ..b })
+}
+
+/// The fixed window's state in the window of `now_us` (a new window starts empty).
+fn fixed_now(b: Bucket, limit: &Limit, now_us: u64) -> Bucket {
+    let start = window::start_us(limit.period(), now_us);
+    if b.stamp_us == start {
+        b
+    } else {
+        Bucket {
+            tokens: 0.0,
+            stamp_us: start,
+        }
+    }
+}
+
+fn fixed(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+    let mut b = fixed_now(b, limit, now_us);
+    let requests = limit.requests() as f64;
+    let allowed = b.tokens + cost as f64 <= requests;
+    let until_end = window::end_us(limit.period(), now_us) - now_us;
+    let counted = if allowed {
+        b.tokens + cost as f64
+    } else {
+        b.tokens
+    };
+    if allowed && spend {
+        b.tokens = counted;
+    }
+    let verdict = Verdict {
+        allowed,
+        remaining: (requests - counted).max(0.0) as u64,
+        retry_after_us: if allowed { 0 } else { until_end },
+        reset_us: if counted > 0.0 { until_end } else { 0 },
+    };
+    (verdict, b)
+}
+
+/// The sliding window's state: the previous window's count, the current one's, and which
+/// window is current (its number since the epoch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Sliding {
+    previous: f64,
+    current: f64,
+    number: u64,
+}
+
+impl Sliding {
+    fn at(limit: &Limit, now_us: u64) -> Sliding {
+        Sliding {
+            previous: 0.0,
+            current: 0.0,
+            number: now_us / limit.period().micros(),
+        }
+    }
+
+    fn unpack(b: Bucket) -> Sliding {
+        Sliding {
+            previous: (b.stamp_us >> 32) as f64,
+            current: b.tokens,
+            number: b.stamp_us & 0xffff_ffff,
+        }
+    }
+
+    fn pack(self) -> Bucket {
+        let previous = (self.previous.max(0.0) as u64).min(0xffff_ffff);
+        Bucket {
+            tokens: self.current,
+            stamp_us: (previous << 32) | (self.number & 0xffff_ffff),
+        }
+    }
+
+    /// Moved to the window of `now_us`.
+    fn rolled(self, limit: &Limit, now_us: u64) -> Sliding {
+        let number = (now_us / limit.period().micros()) & 0xffff_ffff;
+        if number == self.number {
+            self
+        } else if number == self.number + 1 {
+            Sliding {
+                previous: self.current,
+                current: 0.0,
+                number,
+            }
+        } else {
+            Sliding {
+                previous: 0.0,
+                current: 0.0,
+                number,
+            }
+        }
+    }
+
+    /// The previous window's count weighted by its overlap with the last period, plus the
+    /// current window's.
+    fn weighted(&self, limit: &Limit, now_us: u64) -> f64 {
+        let length = limit.period().micros();
+        let into = (now_us % length) as f64 / length as f64;
+        self.previous * (1.0 - into) + self.current
+    }
+}
+
+fn sliding(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+    let mut s = Sliding::unpack(b).rolled(limit, now_us);
+    let requests = limit.requests() as f64;
+    let cost = cost as f64;
+    let length = limit.period().micros() as f64;
+    let start = now_us - now_us % limit.period().micros();
+    let weighted = s.weighted(limit, now_us);
+    // Counts are whole numbers and the weight is exact to a microsecond: a hair of tolerance
+    // keeps a request at exactly the limit from being refused by rounding.
+    let allowed = weighted + cost <= requests + 1e-9;
+    let counted = if allowed { weighted + cost } else { weighted };
+    if allowed && spend {
+        s.current += cost;
+    }
+    // Offsets within the window, in microseconds: small numbers, exact in an f64.
+    let elapsed = (now_us - start) as f64;
+    let retry_after_us = if allowed {
+        0
+    } else if s.current + cost <= requests && s.previous > 0.0 {
+        // Later in this window, once enough of the previous one has slid out.
+        let into = 1.0 - (requests - cost - s.current) / s.previous;
+        (into * length - elapsed).ceil().max(1.0) as u64
+    } else {
+        // In the next window, once enough of this one has slid out.
+        let into = 1.0 - (requests - cost) / s.current.max(1.0);
+        (length + into.max(0.0) * length - elapsed).ceil() as u64
+    };
+    let reset_us = if s.current > 0.0 {
+        start + 2 * limit.period().micros() - now_us
+    } else if s.previous > 0.0 {
+        start + limit.period().micros() - now_us
+    } else {
+        0
+    };
+    let verdict = Verdict {
+        allowed,
+        remaining: (requests - counted).max(0.0).floor() as u64,
+        retry_after_us,
+        reset_us,
+    };
+    (verdict, s.pack())
+}
