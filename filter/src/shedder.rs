@@ -154,10 +154,14 @@ impl Shedder {
         now_us: u64,
         wait_budget_us: Option<u64>,
     ) -> bool {
-        let queued = self
-            .queue
-            .borrow_mut()
-            .push(shedding, id, seat, now_us, wait_budget_us, &mut SharedData);
+        let queued = self.queue.borrow_mut().push(
+            shedding,
+            id,
+            seat,
+            now_us,
+            wait_budget_us,
+            &mut SharedData,
+        );
         match queued {
             shed::Queued::Waiting => true,
             shed::Queued::Evicted(old) => {
@@ -174,7 +178,9 @@ impl Shedder {
     pub fn wait_end(&self, shedding: &Shedding, id: u32) -> Option<WaitEnd> {
         let end = self.ended.borrow_mut().remove(&id);
         if end.is_none() {
-            self.queue.borrow_mut().remove(shedding, id, &mut SharedData);
+            self.queue
+                .borrow_mut()
+                .remove(shedding, id, &mut SharedData);
             self.evicted.borrow_mut().retain(|w| w.id != id);
         }
         end
