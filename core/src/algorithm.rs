@@ -9,6 +9,7 @@
 //! | `gcra` | the theoretical arrival time (µs, fractional) | unused |
 //! | `fixed_window` | requests counted in the window | the window's start |
 //! | `sliding_window` | requests counted in the current window | previous window's count << 32, current window's number |
+//! | `leaky_bucket` | the next free slot's time (µs, fractional) | unused |
 //!
 //! Windowed ghosts: a record evicted with `remaining` requests left in a window that ends at
 //! `end` leaves the time `end - 1 - remaining` (inside the window, since a window holds fewer
@@ -24,7 +25,7 @@ impl Bucket {
     pub fn fresh(limit: &Limit, now_us: u64) -> Bucket {
         match limit.algorithm() {
             Algorithm::TokenBucket => Bucket::full(limit, now_us),
-            Algorithm::Gcra => Bucket {
+            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
                 tokens: now_us as f64,
                 stamp_us: 0,
             },
@@ -41,6 +42,7 @@ impl Bucket {
         match limit.algorithm() {
             Algorithm::TokenBucket => self.peek(limit, now_us, cost),
             Algorithm::Gcra => gcra(self, limit, now_us, cost, false),
+            Algorithm::LeakyBucket => leaky(self, limit, now_us, cost, false),
             Algorithm::FixedWindow => fixed(self, limit, now_us, cost, false),
             Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, false),
         }
@@ -51,6 +53,7 @@ impl Bucket {
         match limit.algorithm() {
             Algorithm::TokenBucket => self.take(limit, now_us, cost),
             Algorithm::Gcra => gcra(self, limit, now_us, cost, true),
+            Algorithm::LeakyBucket => leaky(self, limit, now_us, cost, true),
             Algorithm::FixedWindow => fixed(self, limit, now_us, cost, true),
             Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, true),
         }
@@ -60,7 +63,7 @@ impl Bucket {
     pub fn give_back(self, limit: &Limit, cost: u64) -> Bucket {
         match limit.algorithm() {
             Algorithm::TokenBucket => self.refund(limit, cost),
-            Algorithm::Gcra => Bucket {
+            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
                 tokens: self.tokens - cost as f64 * interval(limit),
                 ..self
             },
@@ -86,7 +89,7 @@ impl Bucket {
                 b.tokens = (b.tokens - cost_f).max(0.0);
                 b
             }
-            Algorithm::Gcra => {
+            Algorithm::Gcra | Algorithm::LeakyBucket => {
                 let t = interval(limit);
                 let tat = self.tokens.max(now_us as f64) + cost_f * t;
                 Bucket {
@@ -117,7 +120,7 @@ impl Bucket {
                 let missing = limit.burst() as f64 - self.refilled(limit, now_us).tokens;
                 now_us + (missing.max(0.0) * interval(limit)).ceil() as u64
             }
-            Algorithm::Gcra => (self.tokens.ceil() as u64).max(now_us),
+            Algorithm::Gcra | Algorithm::LeakyBucket => (self.tokens.ceil() as u64).max(now_us),
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (verdict, _) = self.check(limit, now_us, 0);
                 let used = limit.requests().saturating_sub(verdict.remaining);
@@ -140,7 +143,7 @@ impl Bucket {
                     ..fresh
                 }
             }
-            Algorithm::Gcra => Bucket {
+            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
                 tokens: ghost_us as f64,
                 ..fresh
             },
@@ -193,7 +196,42 @@ fn gcra(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdi
             (next - capacity - now).ceil() as u64
         },
         reset_us: (used - now).max(0.0).ceil() as u64,
+        delay_us: 0,
     };
+    (verdict, Bucket { tokens: after, ..b })
+}
+
+/// The leaky bucket: each request takes the next slot (one every `period / requests`); it
+/// leaves at its slot less `delay` slots (so a burst's first `delay` leave at once). Refused
+/// when `delay + queue` slots are taken, or when it would wait longer than `max_delay_ms`.
+fn leaky(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+    let t = interval(limit);
+    let now = now_us as f64;
+    let shaping = limit.shaping();
+    let capacity = limit.burst() as f64 * t;
+    let slot = b.tokens.max(now);
+    let next = slot + cost as f64 * t;
+    let wait = (slot - shaping.delay as f64 * t - now).max(0.0);
+    let max_wait = shaping.max_delay_ms as f64 * 1_000.0;
+    let fits = next - now <= capacity;
+    let allowed = fits && wait <= max_wait;
+    let used = if allowed { next } else { slot };
+    let retry_after_us = if allowed {
+        0
+    } else {
+        // Until a slot is free and the wait for it is within bounds.
+        let for_room = next - capacity - now;
+        let for_wait = slot - shaping.delay as f64 * t - max_wait - now;
+        for_room.max(for_wait).max(1.0).ceil() as u64
+    };
+    let verdict = Verdict {
+        allowed,
+        remaining: ((capacity - (used - now)) / t).max(0.0).floor() as u64,
+        retry_after_us,
+        reset_us: (used - now).max(0.0).ceil() as u64,
+        delay_us: if allowed { wait.ceil() as u64 } else { 0 },
+    };
+    let after = if allowed && spend { next } else { slot };
     (verdict, Bucket { tokens: after, ..b })
 }
 
@@ -228,6 +266,7 @@ fn fixed(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verd
         remaining: (requests - counted).max(0.0) as u64,
         retry_after_us: if allowed { 0 } else { until_end },
         reset_us: if counted > 0.0 { until_end } else { 0 },
+        delay_us: 0,
     };
     (verdict, b)
 }
@@ -334,6 +373,7 @@ fn sliding(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Ve
         remaining: (requests - counted).max(0.0).floor() as u64,
         retry_after_us,
         reset_us,
+        delay_us: 0,
     };
     (verdict, s.pack())
 }

@@ -22,6 +22,8 @@ pub struct Verdict {
     pub retry_after_us: u64,
     /// Microseconds until the bucket is full again.
     pub reset_us: u64,
+    /// When allowed by a shaper (leaky bucket): how long the request waits before it leaves.
+    pub delay_us: u64,
 }
 
 impl Bucket {
@@ -87,6 +89,7 @@ impl Bucket {
             remaining: tokens.floor() as u64,
             retry_after_us,
             reset_us: ((limit.burst() as f64 - self.tokens) * micros_per_token).ceil() as u64,
+            delay_us: 0,
         }
     }
 }

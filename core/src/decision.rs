@@ -50,6 +50,8 @@ pub struct Evaluation {
     pub spent: Vec<Spent>,
     /// A lease ran out: the proxy should sync early rather than deny until its next interval.
     pub lease_exhausted: bool,
+    /// Admitted by a shaping limit (leaky bucket) to leave this much later.
+    pub delay_us: u64,
 }
 
 /// How a rule spent a request's tokens, so they can be given back.

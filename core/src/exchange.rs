@@ -66,6 +66,9 @@ pub enum Step {
     Wait,
     /// Answer it locally (and do not forward it).
     Respond(Reply),
+    /// Hold it until `until_us`, then forward it: a leaky bucket shapes it to its slot. If
+    /// its stream ends before, tell the exchange ([`Exchange::cancel_delay`]).
+    Delay { until_us: u64 },
     /// Hold it in the worker's wait queue for a slot of its bulkhead ([`crate::shed::WaitQueue`]);
     /// tell the exchange how it ends with [`Exchange::seated`] or [`Exchange::unseated`].
     Queue {
@@ -134,6 +137,8 @@ pub struct Exchange {
     warned: Option<ShedReason>,
     /// The upstream's status and when it came (request to response headers).
     answer: Option<(u32, u64)>,
+    /// A shaping limit holds it until then.
+    delay_until: Option<u64>,
 }
 
 impl Exchange {
@@ -208,6 +213,9 @@ impl Exchange {
                     exchange.offer(rule, quota);
                 }
                 exchange.spent = evaluation.spent;
+                if evaluation.delay_us > 0 {
+                    exchange.delay_until = Some(moment.now_us.saturating_add(evaluation.delay_us));
+                }
                 for (rule, key) in limiter.strict_keys(request) {
                     if moment.service_up {
                         let Some(Enforced { rule: spec, .. }) = limiter.rule(rule) else {
@@ -481,8 +489,14 @@ impl Exchange {
         None
     }
 
-    /// Go on: to the queue if shedding asked for it, else upstream.
-    fn admitted_step(&self) -> Step {
+    /// Go on: after its delay if a leaky bucket shapes it (a request both shaped and queued by
+    /// shedding goes after its delay, uncounted by the bulkhead: shaping already paces it), to
+    /// the queue if shedding asked for it, else upstream.
+    fn admitted_step(&mut self) -> Step {
+        if let Some(until_us) = self.delay_until {
+            self.queued = None;
+            return Step::Delay { until_us };
+        }
         match self.queued {
             Some((seat, level, wait_budget_us)) => Step::Queue {
                 seat,
@@ -517,6 +531,20 @@ impl Exchange {
             self.spent.clear();
             self.answered = true;
         }
+    }
+
+    /// The request was held for its slot and its stream ended before it left: what the rules
+    /// spent on it is given back (its slot, to the next request).
+    pub fn cancel_delay(&mut self, limiter: &Limiter, store: &mut dyn Store) {
+        if self.delay_until.take().is_some() {
+            limiter.refund(&self.spent, store);
+            self.spent.clear();
+        }
+    }
+
+    /// It left after its delay.
+    pub fn delay_over(&mut self) {
+        self.delay_until = None;
     }
 
     /// The bulkhead seat this request waits for, if it waits.

@@ -80,10 +80,22 @@ pub enum Algorithm {
     /// The previous window's count weighted by its overlap with the last `period`, plus the
     /// current window's.
     SlidingWindow,
+    /// Shaping: requests leave at `requests` per `period`; a burst's first `delay` pass at
+    /// once, the next `queue` wait for their slot (at most `max_delay_ms`), the rest are refused.
+    LeakyBucket,
+}
+
+/// A leaky bucket's shaping: how many of a burst pass at once, how many wait, for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Shaping {
+    pub delay: u32,
+    pub queue: u32,
+    pub max_delay_ms: u32,
 }
 
 impl Algorithm {
-    pub const NAMES: &'static str = "token_bucket, gcra, fixed_window, sliding_window";
+    pub const NAMES: &'static str =
+        "token_bucket, gcra, fixed_window, sliding_window, leaky_bucket";
 
     pub fn parse(name: &str) -> Option<Algorithm> {
         match name {
@@ -91,6 +103,7 @@ impl Algorithm {
             "gcra" => Some(Algorithm::Gcra),
             "fixed_window" => Some(Algorithm::FixedWindow),
             "sliding_window" => Some(Algorithm::SlidingWindow),
+            "leaky_bucket" => Some(Algorithm::LeakyBucket),
             _ => None,
         }
     }
@@ -101,6 +114,7 @@ impl Algorithm {
             Algorithm::Gcra => "gcra",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::LeakyBucket => "leaky_bucket",
         }
     }
 
@@ -118,6 +132,7 @@ pub struct Limit {
     period: Period,
     burst: u64,
     algorithm: Algorithm,
+    shaping: Shaping,
 }
 
 /// Largest accepted `requests` or `burst`: keeps every token count exact in an `f64` and a `u32`.
@@ -130,6 +145,11 @@ impl Limit {
         period: Period::Second,
         burst: 1,
         algorithm: Algorithm::TokenBucket,
+        shaping: Shaping {
+            delay: 0,
+            queue: 0,
+            max_delay_ms: 0,
+        },
     };
 
     /// A limit, or the reason it is not one. `burst` defaults to `requests`.
@@ -154,6 +174,7 @@ impl Limit {
             period,
             burst,
             algorithm: Algorithm::TokenBucket,
+            shaping: Shaping::default(),
         })
     }
 
@@ -183,7 +204,25 @@ impl Limit {
             period,
             burst: requests,
             algorithm,
+            shaping: Shaping::default(),
         })
+    }
+
+    /// A leaky bucket: `requests` per `period` leave, `shaping` says how a burst waits.
+    pub fn leaky(requests: u64, period: Period, shaping: Shaping) -> Result<Limit, &'static str> {
+        let base = Limit::new(requests, period, None)?;
+        // The request leaving now, the `delay` passing with it, the `queue` waiting.
+        let room = 1 + shaping.delay as u64 + shaping.queue as u64;
+        Ok(Limit {
+            burst: room,
+            algorithm: Algorithm::LeakyBucket,
+            shaping,
+            ..base
+        })
+    }
+
+    pub fn shaping(&self) -> Shaping {
+        self.shaping
     }
 
     /// The same limit counted by GCRA (the token bucket's admissions).
@@ -216,13 +255,29 @@ impl Limit {
     }
 }
 
-/// A limit as the wire carries it.
+/// A limit as the wire carries it. `gcra` travels as `token_bucket`: the service's token
+/// bucket admits exactly what GCRA admits (keep it so). A calendar window names its calendar,
+/// with its nominal length in `period_ms`; see [`sluice_protocol::LimitSpec`].
 impl From<&Limit> for sluice_protocol::LimitSpec {
     fn from(limit: &Limit) -> Self {
+        use sluice_protocol::{AlgorithmSpec, Calendar};
+        let algorithm = match limit.algorithm {
+            Algorithm::FixedWindow => AlgorithmSpec::FixedWindow,
+            Algorithm::SlidingWindow => AlgorithmSpec::SlidingWindow,
+            // token_bucket and gcra; algorithms of one proxy only never reach the service.
+            _ => AlgorithmSpec::TokenBucket,
+        };
+        let calendar = match limit.period {
+            Period::Week => Some(Calendar::Week),
+            Period::Month => Some(Calendar::Month),
+            _ => None,
+        };
         sluice_protocol::LimitSpec {
             requests: limit.requests,
             period_ms: limit.period.seconds() * 1_000,
             burst: limit.burst,
+            algorithm,
+            calendar,
         }
     }
 }
@@ -241,5 +296,36 @@ mod tests {
     fn zero_is_refused() {
         assert!(Limit::new(0, Period::Second, None).is_err());
         assert!(Limit::new(5, Period::Second, Some(0)).is_err());
+    }
+
+    #[test]
+    fn the_wire_names_windows_and_calendars_and_sends_gcra_as_a_token_bucket() {
+        use sluice_protocol::{AlgorithmSpec, Calendar, LimitSpec};
+        let bucket = Limit::new(10, Period::Second, Some(20)).unwrap();
+        assert_eq!(
+            LimitSpec::from(&bucket),
+            LimitSpec::token_bucket(10, 1_000, 20)
+        );
+        assert_eq!(
+            LimitSpec::from(&bucket.gcra()),
+            LimitSpec::token_bucket(10, 1_000, 20)
+        );
+        let daily = Limit::windowed(3, Period::Day, Algorithm::FixedWindow).unwrap();
+        assert_eq!(
+            LimitSpec::from(&daily),
+            LimitSpec::window(AlgorithmSpec::FixedWindow, 3, 86_400_000)
+        );
+        let sliding = Limit::windowed(5, Period::Minute, Algorithm::SlidingWindow).unwrap();
+        assert_eq!(
+            LimitSpec::from(&sliding),
+            LimitSpec::window(AlgorithmSpec::SlidingWindow, 5, 60_000)
+        );
+        for (period, calendar) in [
+            (Period::Week, Calendar::Week),
+            (Period::Month, Calendar::Month),
+        ] {
+            let limit = Limit::windowed(100, period, Algorithm::FixedWindow).unwrap();
+            assert_eq!(LimitSpec::from(&limit), LimitSpec::calendar(100, calendar));
+        }
     }
 }

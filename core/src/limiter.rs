@@ -36,6 +36,8 @@ struct RuleVerdict {
     quota: Quota,
     retry_after_us: u64,
     spend: Spend,
+    /// A shaping limit holds the request this long before it leaves.
+    delay_us: u64,
 }
 
 /// A rule ready to enforce: its identity, its validated value and its key table, always
@@ -121,6 +123,7 @@ impl Limiter {
         let mut tightest: Option<(RuleId, Quota)> = None;
         let mut denial = None;
         let mut lease_exhausted = false;
+        let mut delay_us = 0u64;
 
         for Enforced {
             id: index,
@@ -168,6 +171,7 @@ impl Limiter {
                 }
                 lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed;
                 if verdict.allowed {
+                    delay_us = delay_us.max(verdict.delay_us);
                     spent.push(Spent {
                         rule: index,
                         fingerprint,
@@ -203,12 +207,16 @@ impl Limiter {
             }
             None => Decision::Allow { quota: tightest },
         };
+        if !matches!(decision, Decision::Allow { .. }) {
+            delay_us = 0;
+        }
         Evaluation {
             decision,
             outcomes,
             newly_unsynced,
             spent,
             lease_exhausted,
+            delay_us,
         }
     }
 
@@ -361,6 +369,7 @@ fn closed(limit: Limit) -> RuleVerdict {
         },
         retry_after_us: 1_000_000,
         spend: Spend::Buckets,
+        delay_us: 0,
     }
 }
 
@@ -393,6 +402,7 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
         // lease no sooner than the next sync.
         retry_after_us: if allowed { 0 } else { micros_per_token },
         spend: Spend::Lease,
+        delay_us: 0,
     }
 }
 
@@ -429,6 +439,16 @@ fn spend_buckets(limits: &[Limit], buckets: &mut [Bucket], now: u64) -> RuleVerd
         // No limits: only a fail-closed fallback has none, and it never gets here.
         return closed(Limit::UNIT);
     };
+    let delay_us = if allowed {
+        verdicts
+            .iter()
+            .flatten()
+            .map(|v| v.delay_us)
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
     RuleVerdict {
         allowed,
         quota: Quota {
@@ -438,5 +458,6 @@ fn spend_buckets(limits: &[Limit], buckets: &mut [Bucket], now: u64) -> RuleVerd
         },
         retry_after_us: verdict.retry_after_us,
         spend: Spend::Buckets,
+        delay_us,
     }
 }

@@ -1,8 +1,8 @@
 //! The validated policy: what the operator configured, as values. Built by [`crate::config`].
 
 use crate::limit::Limit;
+pub use crate::matcher::Matcher;
 use crate::net::Cidr;
-use crate::request::RequestView;
 
 /// The whole plugin configuration, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,14 +83,6 @@ pub struct Rule {
     pub mode: Mode,
     pub consistency: Consistency,
     pub fallback: Fallback,
-}
-
-/// Which requests a rule applies to. Empty parts match everything.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Matcher {
-    pub path_prefix: Option<String>,
-    /// Upper-case method names.
-    pub methods: Vec<String>,
 }
 
 /// One part of a rule's key.
@@ -175,21 +167,5 @@ impl Policy {
                 .rules
                 .iter()
                 .any(|rule| rule.consistency != Consistency::Local)
-    }
-}
-
-impl Matcher {
-    /// Whether a request is the rule's. A path prefix matches the normalized path (what the
-    /// upstream serves) or the path as sent: a trick that changes one cannot escape the rule.
-    pub fn matches(&self, request: &dyn RequestView) -> bool {
-        if let Some(prefix) = &self.path_prefix {
-            // The path as sent first: when it matches, nothing needs normalizing.
-            if !request.path().starts_with(prefix.as_str())
-                && !request.normal_path().starts_with(prefix.as_str())
-            {
-                return false;
-            }
-        }
-        self.methods.is_empty() || self.methods.iter().any(|m| m == request.method())
     }
 }

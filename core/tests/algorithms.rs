@@ -319,7 +319,7 @@ fn configuration_names_the_field_of_every_algorithm_mistake() {
         (
             rule(
                 r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_window"}]"#,
-                r#", "consistency": "strict""#,
+                r#", "consistency": "cached""#,
             ),
             "rules[0].consistency",
         ),
@@ -335,8 +335,16 @@ fn configuration_names_the_field_of_every_algorithm_mistake() {
         let error = sluice_core::parse(json.as_bytes()).unwrap_err();
         assert_eq!(error.field, field, "{json}: {error}");
     }
-    // What is fine: gcra everywhere; windows locally and as a cached rule's fallback.
+    // What is fine: gcra everywhere; windows locally, strict, and as a cached rule's fallback.
     for ok in [
+        rule(
+            r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_window"}]"#,
+            r#", "consistency": "strict""#,
+        ),
+        rule(
+            r#"[{"requests": 3, "per": "day", "algorithm": "fixed_window"}, {"requests": 50, "per": "month", "algorithm": "fixed_window"}]"#,
+            r#", "consistency": "strict""#,
+        ),
         rule(
             r#"[{"requests": 5, "per": "minute", "algorithm": "gcra"}]"#,
             r#", "consistency": "strict""#,
@@ -387,4 +395,186 @@ fn the_limiter_counts_every_algorithm_through_the_key_table() {
         }
         assert_eq!(admitted, 3, "{algorithm}");
     }
+}
+
+fn leaky(requests: u64, delay: u32, queue: u32, max_delay_ms: u32) -> Limit {
+    let shaping = sluice_core::limit::Shaping {
+        delay,
+        queue,
+        max_delay_ms,
+    };
+    Limit::leaky(requests, Period::Second, shaping).unwrap()
+}
+
+proptest! {
+    /// Every admitted request leaves on the schedule of its definition: one every
+    /// `period / requests`, never before its arrival, the first `delay` of a burst with the
+    /// one leaving now; never more than `delay + queue` slots taken ahead.
+    #[test]
+    fn the_leaky_bucket_lets_requests_leave_at_its_rate(
+        requests in prop::sample::select(vec![1u64, 2, 4, 5, 10, 20, 50]),
+        delay in 0u32..4,
+        queue in 1u32..10,
+        gaps in proptest::collection::vec(0u64..300_000, 1..200),
+    ) {
+        let limit = leaky(requests, delay, queue, 60_000);
+        let t = S / requests;
+        let times = arrivals(MIDNIGHT, &gaps);
+        let mut state = Bucket::fresh(&limit, times[0]);
+        // The reference: the next free slot, as the definition reads.
+        let mut next_slot = times[0];
+        for &now in &times {
+            let (verdict, next) = state.admit(&limit, now, 1);
+            state = next;
+            let slot = next_slot.max(now);
+            // At most `delay + queue` slots may be taken ahead of the one leaving now.
+            let fits = slot - now <= (delay + queue) as u64 * t;
+            prop_assert_eq!(verdict.allowed, fits, "at {}: slot {}", now, slot);
+            if fits {
+                let leave = slot.saturating_sub(delay as u64 * t).max(now);
+                prop_assert_eq!(verdict.delay_us, leave - now);
+                next_slot = slot + t;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_leaky_bucket_refuses_a_wait_beyond_max_delay_and_says_when_to_retry() {
+    // 10 a second (one every 100 ms), 20 may wait, but never longer than 250 ms.
+    let limit = leaky(10, 0, 20, 250);
+    let now = MIDNIGHT;
+    let mut state = Bucket::fresh(&limit, now);
+    let mut delays = Vec::new();
+    loop {
+        let (verdict, next) = state.admit(&limit, now, 1);
+        if !verdict.allowed {
+            // The 4th would wait 300 ms: refused; the wait is within bounds 50 ms later.
+            assert_eq!(verdict.retry_after_us, 50_000, "{verdict:?}");
+            break;
+        }
+        delays.push(verdict.delay_us / 1_000);
+        state = next;
+    }
+    assert_eq!(delays, vec![0, 100, 200]);
+    // A held request whose client leaves gives its slot back: the next one takes it.
+    let state = state.give_back(&limit, 1);
+    let (verdict, _) = state.admit(&limit, now, 1);
+    assert_eq!(verdict.delay_us, 200_000);
+}
+
+#[test]
+fn leaky_bucket_configuration_errors_name_their_field() {
+    let rule = |limit: &str, extra: &str| {
+        format!(
+            r#"{{"service": {{"cluster": "c"}}, "rules": [{{"name": "r", "key": ["client_ip"], "limits": [{limit}]{extra}}}]}}"#
+        )
+    };
+    let cases = [
+        (
+            rule(
+                r#"{"requests": 5, "per": "second", "algorithm": "leaky_bucket", "queue": 5}"#,
+                r#", "consistency": "cached""#,
+            ),
+            "rules[0].consistency",
+        ),
+        (
+            rule(
+                r#"{"requests": 5, "per": "second", "algorithm": "leaky_bucket", "queue": 5}"#,
+                r#", "consistency": "strict""#,
+            ),
+            "rules[0].consistency",
+        ),
+        (
+            rule(
+                r#"{"requests": 5, "per": "second"}"#,
+                r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 5, "per": "second", "algorithm": "leaky_bucket", "queue": 1}]}"#,
+            ),
+            "rules[0].fallback.limits",
+        ),
+        (
+            rule(
+                r#"{"requests": 5, "per": "second", "algorithm": "leaky_bucket", "queue": 5, "burst": 3}"#,
+                r#", "consistency": "local""#,
+            ),
+            "rules[0].limits[0].burst",
+        ),
+        (
+            rule(
+                r#"{"requests": 5, "per": "second", "algorithm": "leaky_bucket", "queue": 5, "max_delay_ms": 0}"#,
+                r#", "consistency": "local""#,
+            ),
+            "rules[0].limits[0].max_delay_ms",
+        ),
+        (
+            rule(
+                r#"{"requests": 5, "per": "second", "queue": 5}"#,
+                r#", "consistency": "local""#,
+            ),
+            "rules[0].limits[0].queue",
+        ),
+        (
+            rule(
+                r#"{"requests": 5, "per": "second", "algorithm": "gcra", "delay": 5}"#,
+                r#", "consistency": "local""#,
+            ),
+            "rules[0].limits[0].delay",
+        ),
+    ];
+    for (json, field) in cases {
+        let error = sluice_core::parse(json.as_bytes()).unwrap_err();
+        assert_eq!(error.field, field, "{json}: {error}");
+    }
+    let ok = rule(
+        r#"{"requests": 5, "per": "second", "algorithm": "leaky_bucket", "delay": 2, "queue": 10, "max_delay_ms": 2000}"#,
+        r#", "consistency": "local""#,
+    );
+    assert!(sluice_core::parse(ok.as_bytes()).is_ok());
+}
+
+#[test]
+fn the_exchange_holds_a_shaped_request_and_gives_its_slot_back_if_it_never_leaves() {
+    use sluice_core::{Exchange, Moment, Step};
+    let json = r#"{"rules": [{"name": "shape", "key": ["const:all"],
+        "limits": [{"requests": 10, "per": "second", "algorithm": "leaky_bucket", "queue": 5}]}]}"#;
+    let limiter = sluice_core::Limiter::new(sluice_core::parse(json.as_bytes()).unwrap());
+    let mut store = MemoryStore::default();
+    let at = |now_us| Moment {
+        now_us,
+        service_up: true,
+        bypass: false,
+        jitter: 1.0,
+        draw: 0.5,
+        fleet: None,
+    };
+    let start = |store: &mut MemoryStore| {
+        let mut request = PlainRequest::get("/x");
+        Exchange::start(&limiter, &mut request, None, at(MIDNIGHT), store)
+    };
+    let (_, first, _) = start(&mut store);
+    assert_eq!(first, Step::Continue);
+    let (mut second, step, _) = start(&mut store);
+    assert_eq!(
+        step,
+        Step::Delay {
+            until_us: MIDNIGHT + 100_000
+        }
+    );
+    let (_, step, _) = start(&mut store);
+    assert_eq!(
+        step,
+        Step::Delay {
+            until_us: MIDNIGHT + 200_000
+        }
+    );
+    // The second's client leaves before its slot: the slot goes back, the next request
+    // gets the 200 ms slot again, not the 300 ms one.
+    second.cancel_delay(&limiter, &mut store);
+    let (_, step, _) = start(&mut store);
+    assert_eq!(
+        step,
+        Step::Delay {
+            until_us: MIDNIGHT + 200_000
+        }
+    );
 }

@@ -1,5 +1,7 @@
-//! `POST /v1/check`: one strict decision for one key (`lua/check.lua`), for rules that choose
-//! exactness over latency. The proxies' outstanding leases are set aside first.
+//! `POST /v1/check`: one strict decision for one key, for rules that choose exactness over
+//! latency: `lua/check.lua` for token buckets (the proxies' outstanding leases are set aside
+//! first), `lua/window.lua` for windows (`fixed_window`, `sliding_window`; the limits of one
+//! check share one algorithm, see `validate`).
 
 use axum::extract::State;
 use axum::Json;
@@ -30,12 +32,22 @@ pub async fn decide(
     request: &CheckRequest,
     now_override_us: u64,
 ) -> Result<CheckResponse, BackendError> {
-    let mut invocation = state.scripts.check.prepare_invoke();
+    let windowed = request.limits.iter().any(|l| l.algorithm.windowed());
+    let script = if windowed {
+        &state.scripts.window
+    } else {
+        &state.scripts.check
+    };
+    let mut invocation = script.prepare_invoke();
     invocation
         .arg(now_override_us)
         .arg(request.cost)
         .arg(request.limits.len());
-    keys::add_limits(&mut invocation, &request.key, &request.limits);
+    if windowed {
+        keys::add_windows(&mut invocation, &request.key, &request.limits);
+    } else {
+        keys::add_limits(&mut invocation, &request.key, &request.limits);
+    }
     state.metrics.script_called("check", 1);
     let reply: Vec<i64> = state.backend.invoke("check", &invocation).await?;
     match reply[..] {
@@ -46,7 +58,7 @@ pub async fn decide(
             reset_ms: u64::try_from(reset_ms).unwrap_or(0),
         }),
         _ => Err(BackendError::Reply(format!(
-            "check.lua answered {} numbers, not 4",
+            "the check script answered {} numbers, not 4",
             reply.len()
         ))),
     }

@@ -2,7 +2,7 @@
 //! loads the script on `NOSCRIPT`, so a restarted or new Redis node is served too).
 //!
 //! `check.lua` and `sync.lua` share their clock, hash load, lease scan, refill and expiry through
-//! `lua/prelude.lua` (`fleet.lua` its clock and hash load): each script the service runs is the
+//! `lua/prelude.lua` (`fleet.lua` its clock and hash load, `window.lua` its clock and expiry): each script the service runs is the
 //! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
 //! reload sends that same text, on one Redis and on every node of a cluster alike.
 
@@ -16,6 +16,8 @@ pub const SYNC_BODY_LUA: &str = include_str!("../../lua/sync.lua");
 pub const CHECK_BODY_LUA: &str = include_str!("../../lua/check.lua");
 /// `lua/fleet.lua` alone, without the prelude (it does not run so).
 pub const FLEET_BODY_LUA: &str = include_str!("../../lua/fleet.lua");
+/// `lua/window.lua` alone, without the prelude (it does not run so).
+pub const WINDOW_BODY_LUA: &str = include_str!("../../lua/window.lua");
 
 /// The script of one proxy's batch, one call per hash slot: the prelude, then `lua/sync.lua`.
 pub const SYNC_LUA: &str = concat!(
@@ -28,6 +30,13 @@ pub const CHECK_LUA: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     "\n",
     include_str!("../../lua/check.lua")
+);
+/// The script of one strict decision on windows (`fixed_window`, `sliding_window`): the
+/// prelude, then `lua/window.lua`.
+pub const WINDOW_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/window.lua")
 );
 /// The script of one load report and the fleet's level: the prelude, then `lua/fleet.lua`.
 pub const FLEET_LUA: &str = concat!(
@@ -44,6 +53,7 @@ pub struct Scripts {
     pub sync: Script,
     pub check: Script,
     pub fleet: Script,
+    pub window: Script,
 }
 
 impl Scripts {
@@ -52,6 +62,7 @@ impl Scripts {
             sync: Script::new(SYNC_LUA),
             check: Script::new(CHECK_LUA),
             fleet: Script::new(FLEET_LUA),
+            window: Script::new(WINDOW_LUA),
         }
     }
 }
@@ -67,10 +78,11 @@ mod tests {
     use super::*;
 
     /// The scripts that run after the prelude, without it.
-    const BODIES: [(&str, &str); 3] = [
+    const BODIES: [(&str, &str); 4] = [
         ("sync.lua", SYNC_BODY_LUA),
         ("check.lua", CHECK_BODY_LUA),
         ("fleet.lua", FLEET_BODY_LUA),
+        ("window.lua", WINDOW_BODY_LUA),
     ];
 
     /// The names the prelude defines at its top level (`local function f`, `local NAME = …`).
@@ -146,10 +158,15 @@ mod tests {
         assert_eq!(SYNC_LUA, format!("{PRELUDE_LUA}\n{SYNC_BODY_LUA}"));
         assert_eq!(CHECK_LUA, format!("{PRELUDE_LUA}\n{CHECK_BODY_LUA}"));
         assert_eq!(FLEET_LUA, format!("{PRELUDE_LUA}\n{FLEET_BODY_LUA}"));
+        assert_eq!(WINDOW_LUA, format!("{PRELUDE_LUA}\n{WINDOW_BODY_LUA}"));
         let scripts = Scripts::new();
         assert_eq!(scripts.sync.get_hash(), Script::new(SYNC_LUA).get_hash());
         assert_eq!(scripts.check.get_hash(), Script::new(CHECK_LUA).get_hash());
         assert_eq!(scripts.fleet.get_hash(), Script::new(FLEET_LUA).get_hash());
+        assert_eq!(
+            scripts.window.get_hash(),
+            Script::new(WINDOW_LUA).get_hash()
+        );
         assert_ne!(
             scripts.check.get_hash(),
             Script::new(CHECK_BODY_LUA).get_hash()

@@ -6,7 +6,7 @@
 //! counts of an entry are cut to what its limits make possible ([`report_cap`]).
 
 use sluice_protocol::MAX_TOKENS;
-use sluice_protocol::{CheckRequest, LimitSpec, LoadReport, SyncEntry, SyncRequest};
+use sluice_protocol::{AlgorithmSpec, CheckRequest, LimitSpec, LoadReport, SyncEntry, SyncRequest};
 
 use crate::error::AppError;
 use crate::settings::Settings;
@@ -69,6 +69,21 @@ pub fn sync_entry(index: usize, entry: &SyncEntry, settings: &Settings) -> Resul
     let at = format!("entries[{index}]");
     name(&format!("{at}.key"), &entry.key, settings.max_key_bytes)?;
     limits(&format!("{at}.limits"), &entry.limits)?;
+    // Leases are token buckets: a window is decided by /v1/check alone (strict rules).
+    if let Some((j, limit)) = entry
+        .limits
+        .iter()
+        .enumerate()
+        .find(|(_, l)| l.algorithm.windowed())
+    {
+        return Err(AppError::invalid(
+            format!("{at}.limits[{j}].algorithm"),
+            format!(
+                "{} is decided by /v1/check (strict) only; a sync leases token buckets",
+                limit.algorithm.name()
+            ),
+        ));
+    }
     for (field, value) in [("spent", entry.spent), ("denied", entry.denied)] {
         if value > MAX_COUNT {
             return Err(AppError::invalid(
@@ -154,6 +169,63 @@ fn limits(field: &str, limits: &[LimitSpec]) -> Result<(), AppError> {
                 ));
             }
         }
+        window(&format!("{field}[{j}]"), limit)?;
+        if limit.algorithm != limits[0].algorithm {
+            return Err(AppError::invalid(
+                format!("{field}[{j}].algorithm"),
+                format!(
+                    "the limits of one key share one algorithm ({} here)",
+                    limits[0].algorithm.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The bounds of a window, as `sluice_core::Limit::windowed` holds them: no burst of its own
+/// (`burst` equals `requests`), fewer requests than half the window's microseconds, and a
+/// calendar only for a fixed window, with its nominal length in `period_ms`.
+fn window(at: &str, limit: &LimitSpec) -> Result<(), AppError> {
+    if let Some(calendar) = limit.calendar {
+        if limit.algorithm != AlgorithmSpec::FixedWindow {
+            return Err(AppError::invalid(
+                format!("{at}.calendar"),
+                format!(
+                    "week and month are calendar windows of fixed_window, not of {}",
+                    limit.algorithm.name()
+                ),
+            ));
+        }
+        if limit.period_ms != calendar.period_ms() {
+            return Err(AppError::invalid(
+                format!("{at}.period_ms"),
+                format!(
+                    "a {} window travels with its nominal length, {} ms",
+                    calendar.name(),
+                    calendar.period_ms()
+                ),
+            ));
+        }
+    }
+    if !limit.algorithm.windowed() {
+        return Ok(());
+    }
+    if limit.burst != limit.requests {
+        return Err(AppError::invalid(
+            format!("{at}.burst"),
+            format!(
+                "{} has no burst: it must equal requests",
+                limit.algorithm.name()
+            ),
+        ));
+    }
+    // core's bound: a count and its ghost need fewer requests than microseconds.
+    if u128::from(limit.requests) * 2 >= u128::from(limit.period_ms) * 1_000 {
+        return Err(AppError::invalid(
+            format!("{at}.requests"),
+            "too many for one window: fewer than half its microseconds",
+        ));
     }
     Ok(())
 }
@@ -187,11 +259,7 @@ mod tests {
         batch.or(entry).map(|e| e.to_string()).unwrap_or_default()
     }
 
-    const TEN: LimitSpec = LimitSpec {
-        requests: 10,
-        period_ms: 1000,
-        burst: 10,
-    };
+    const TEN: LimitSpec = LimitSpec::token_bucket(10, 1000, 10);
 
     #[test]
     fn each_error_names_its_field() {
@@ -334,21 +402,96 @@ mod tests {
     fn a_report_is_capped_by_its_tightest_limit() {
         // 10/s with a burst of 10, over 60.3 s: 10 + 603
         assert_eq!(report_cap(&[TEN], 60_300), 613);
-        let per_minute = LimitSpec {
-            requests: 3,
-            period_ms: 60_000,
-            burst: 3,
-        };
+        let per_minute = LimitSpec::token_bucket(3, 60_000, 3);
         // 3/min: 3 + ceil(3 × 60300 / 60000) = 3 + 4
         assert_eq!(report_cap(&[TEN, per_minute], 60_300), 7);
-        let huge = LimitSpec {
-            requests: MAX_TOKENS,
-            period_ms: 1,
-            burst: MAX_TOKENS,
-        };
+        let huge = LimitSpec::token_bucket(MAX_TOKENS, 1, MAX_TOKENS);
         assert_eq!(report_cap(&[huge], u64::MAX), MAX_COUNT);
         assert_eq!(report_cap(&[], 1_000), 0);
         // the default settings: 100 ms syncs, leases of 3 intervals, plus a minute
         assert_eq!(report_window_ms(&settings(), 100), 60_300);
+    }
+
+    #[test]
+    fn windows_are_bounded_as_in_core_and_checked_only() {
+        use sluice_protocol::Calendar;
+        let settings = settings();
+        let check = |limits: Vec<LimitSpec>| {
+            let request = CheckRequest {
+                key: "k".into(),
+                limits,
+                cost: 1,
+            };
+            check_request(&request, &settings)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let daily = LimitSpec::window(AlgorithmSpec::FixedWindow, 3, 86_400_000);
+        let sliding = LimitSpec::window(AlgorithmSpec::SlidingWindow, 5, 1_000);
+        let monthly = LimitSpec::calendar(100, Calendar::Month);
+        assert_eq!(check(vec![daily, monthly]), "");
+        assert_eq!(check(vec![sliding]), "");
+        // at most one request per two microseconds: 499,999 a second
+        assert_eq!(
+            check(vec![LimitSpec::window(
+                AlgorithmSpec::FixedWindow,
+                499_999,
+                1_000
+            )]),
+            ""
+        );
+        assert_eq!(
+            check(vec![LimitSpec::window(
+                AlgorithmSpec::FixedWindow,
+                500_000,
+                1_000
+            )]),
+            "limits[0].requests: too many for one window: fewer than half its microseconds"
+        );
+        assert_eq!(
+            check(vec![daily, LimitSpec { burst: 4, ..daily }]),
+            "limits[1].burst: fixed_window has no burst: it must equal requests"
+        );
+        assert_eq!(
+            check(vec![LimitSpec {
+                algorithm: AlgorithmSpec::SlidingWindow,
+                ..monthly
+            }]),
+            "limits[0].calendar: week and month are calendar windows of fixed_window, not of sliding_window"
+        );
+        assert_eq!(
+            check(vec![LimitSpec {
+                period_ms: 31 * 86_400_000,
+                ..monthly
+            }]),
+            "limits[0].period_ms: a month window travels with its nominal length, 2592000000 ms"
+        );
+        assert_eq!(
+            check(vec![LimitSpec {
+                algorithm: AlgorithmSpec::TokenBucket,
+                ..monthly
+            }]),
+            "limits[0].calendar: week and month are calendar windows of fixed_window, not of token_bucket"
+        );
+        assert_eq!(
+            check(vec![daily, sliding]),
+            "limits[1].algorithm: the limits of one key share one algorithm (fixed_window here)"
+        );
+        assert_eq!(
+            check(vec![TEN, daily]),
+            "limits[1].algorithm: the limits of one key share one algorithm (token_bucket here)"
+        );
+        // a sync leases token buckets: a window there is refused, that entry alone
+        let request = SyncRequest {
+            proxy: "p".into(),
+            interval_ms: 100,
+            entries: vec![entry("a", vec![TEN]), entry("b", vec![sliding])],
+            load: None,
+        };
+        assert_eq!(
+            message(&request),
+            "entries[1].limits[0].algorithm: sliding_window is decided by /v1/check (strict) only; a sync leases token buckets"
+        );
     }
 }

@@ -18,16 +18,8 @@ async fn a_batch_over_many_slots_makes_one_call_per_slot() {
     let state = AppState::new(settings(&cluster.url_list(), &[])).unwrap();
     assert!(state.backend.is_cluster());
     let limits = [
-        LimitSpec {
-            requests: 10,
-            period_ms: 1_000,
-            burst: 10,
-        },
-        LimitSpec {
-            requests: 100,
-            period_ms: 60_000,
-            burst: 20,
-        },
+        LimitSpec::token_bucket(10, 1_000, 10),
+        LimitSpec::token_bucket(100, 60_000, 20),
     ];
     // 40 entries; "user:3" twice, so two entries share a slot
     let mut names: Vec<String> = (0..39).map(|i| format!("user:{i}")).collect();

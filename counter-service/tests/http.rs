@@ -184,14 +184,7 @@ async fn a_bad_entry_is_refused_alone() {
     );
     assert_eq!(grants[3]["tokens"], 11, "{answer:?}");
     assert!(grants[3].get("refused").is_none());
-    let good_key = keys::limit_key(
-        "good",
-        &LimitSpec {
-            requests: 10,
-            period_ms: 1_000,
-            burst: 10,
-        },
-    );
+    let good_key = keys::limit_key("good", &LimitSpec::token_bucket(10, 1_000, 10));
     assert_eq!(redis.text(&["HGET", &good_key, "tokens"]).unwrap(), "8");
     assert_eq!(
         redis.text(&["DBSIZE"]).unwrap(),
@@ -217,14 +210,7 @@ async fn reported_counts_are_bounded_by_the_limit() {
         assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
         assert_eq!(answer.body["grants"][0]["tokens"], 0, "{answer:?}");
     }
-    let key = keys::limit_key(
-        "k",
-        &LimitSpec {
-            requests: 10,
-            period_ms: 1_000,
-            burst: 10,
-        },
-    );
+    let key = keys::limit_key("k", &LimitSpec::token_bucket(10, 1_000, 10));
     let tokens: f64 = redis
         .text(&["HGET", &key, "tokens"])
         .unwrap()
@@ -449,14 +435,7 @@ async fn per_proxy_tokens_keep_each_holder_to_its_own_proxies() {
     assert_eq!(b.status, StatusCode::OK, "{b:?}");
     let b_tokens = b.body["grants"][0]["tokens"].as_u64().unwrap();
     assert!(b_tokens <= 1, "a holds the bucket: {b:?}");
-    let key = keys::limit_key(
-        "k",
-        &LimitSpec {
-            requests: 10,
-            period_ms: 1_000,
-            burst: 10,
-        },
-    );
+    let key = keys::limit_key("k", &LimitSpec::token_bucket(10, 1_000, 10));
     assert_eq!(redis.text(&["HGET", &key, "g:edge-a/p1"]).unwrap(), "11");
     assert_eq!(
         redis.text(&["HGET", &key, "g:edge-b/p1"]).unwrap(),
@@ -669,4 +648,124 @@ fn the_binary_serves_and_stops_on_sigterm() {
     assert_eq!(service.get("/readyz").unwrap().status, 200);
     let status = service.terminate(Duration::from_secs(10)).unwrap();
     assert!(status.success(), "{status:?}: {}", service.log());
+}
+
+/// Milliseconds from now until the next 00:00 UTC.
+fn ms_to_midnight() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    86_400_000 - now % 86_400_000
+}
+
+#[tokio::test]
+async fn windows_are_checked_on_keys_of_their_own_and_expire_with_their_window() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+
+    // An algorithm the service does not know: 400, naming the field.
+    let unknown = json!({"key": "k", "limits": [{"requests": 2, "period_ms": 86400000, "burst": 2, "algorithm": "sliding_log"}]});
+    let answer = post(&state, "/v1/check", &unknown).await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "malformed_json");
+    let message = answer.body["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("malformed JSON: limits[0].algorithm: unknown variant `sliding_log`"),
+        "{message}"
+    );
+    // Out of a window's bounds: 400, naming the field.
+    let bursty = json!({"key": "k", "limits": [{"requests": 2, "period_ms": 86400000, "burst": 5, "algorithm": "fixed_window"}]});
+    let answer = post(&state, "/v1/check", &bursty).await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_eq!(
+        answer.body["message"],
+        "limits[0].burst: fixed_window has no burst: it must equal requests"
+    );
+
+    // 2 a day on the real clock: the third waits until 00:00 UTC.
+    let daily = json!({"key": "k", "limits": [{"requests": 2, "period_ms": 86400000, "burst": 2, "algorithm": "fixed_window"}]});
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(post(&state, "/v1/check", &daily).await);
+    }
+    let allowed: Vec<_> = answers.iter().map(|a| a.body["allowed"].clone()).collect();
+    assert_eq!(
+        allowed,
+        [json!(true), json!(true), json!(false)],
+        "{answers:?}"
+    );
+    let until_midnight = ms_to_midnight();
+    let retry = answers[2].body["retry_after_ms"].as_u64().unwrap();
+    assert!(
+        retry.abs_diff(until_midnight) <= 2_000,
+        "retry after {retry} ms, midnight in {until_midnight} ms"
+    );
+    assert_eq!(answers[2].body["reset_ms"].as_u64().unwrap(), retry);
+    assert_eq!(answers[1].body["remaining"], 0);
+
+    // The token bucket of the same numbers on the same key counts apart.
+    let bucket =
+        json!({"key": "k", "limits": [{"requests": 2, "period_ms": 86400000, "burst": 2}]});
+    let answer = post(&state, "/v1/check", &bucket).await;
+    assert_eq!(answer.body["allowed"], true, "{answer:?}");
+
+    // The window's key lives until the window is over, plus a second.
+    let window_key = keys::limit_key(
+        "k",
+        &LimitSpec::window(sluice_protocol::AlgorithmSpec::FixedWindow, 2, 86_400_000),
+    );
+    assert!(
+        window_key.ends_with(":2/86400000/2/fixed_window"),
+        "{window_key}"
+    );
+    let fields: Vec<String> = redis::cmd("HMGET")
+        .arg(&window_key)
+        .arg("n")
+        .arg("w")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(fields[0], "2");
+    let pttl: i64 = redis::cmd("PTTL").arg(&window_key).query(&mut con).unwrap();
+    assert!(
+        (pttl - 1_000 - ms_to_midnight() as i64).abs() <= 2_000,
+        "PTTL {pttl} ms, midnight in {} ms",
+        ms_to_midnight()
+    );
+
+    // A sliding minute: its key outlives the next minute, which still weighs its count.
+    let sliding = json!({"key": "s", "limits": [{"requests": 5, "period_ms": 60000, "burst": 5, "algorithm": "sliding_window"}]});
+    let answer = post(&state, "/v1/check", &sliding).await;
+    assert_eq!(answer.body["allowed"], true, "{answer:?}");
+    assert_eq!(answer.body["remaining"], 4, "{answer:?}");
+    let reset = answer.body["reset_ms"].as_u64().unwrap();
+    assert!((60_000..=120_000).contains(&reset), "reset {reset}");
+    let sliding_key = keys::limit_key(
+        "s",
+        &LimitSpec::window(sluice_protocol::AlgorithmSpec::SlidingWindow, 5, 60_000),
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&sliding_key)
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        (pttl - 1_000 - reset as i64).abs() <= 2_000,
+        "PTTL {pttl}, reset {reset}"
+    );
+
+    // A sync leases token buckets: a window there is refused, that entry alone.
+    let body = sync_body(json!([
+        ten_per_second("a"),
+        {"key": "b", "limits": [{"requests": 5, "period_ms": 60000, "burst": 5, "algorithm": "sliding_window"}], "spent": 1, "denied": 0}
+    ]));
+    let answer = post(&state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert!(answer.body["grants"][0]["refused"].is_null(), "{answer:?}");
+    assert_eq!(
+        answer.body["grants"][1]["refused"],
+        "entries[1].limits[0].algorithm: sliding_window is decided by /v1/check (strict) only; a sync leases token buckets"
+    );
 }

@@ -79,11 +79,7 @@ async fn one_proxy_gets_at_most_the_burst_and_the_refill_before_its_next_sync() 
 async fn the_grant_follows_demand() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    let limit = LimitSpec {
-        requests: 1_000,
-        period_ms: 1_000,
-        burst: 1_000,
-    };
+    let limit = LimitSpec::token_bucket(1_000, 1_000, 1_000);
     let key = keys::limit_key("k", &limit);
     let at = |spent, denied| batch("a", INTERVAL_MS, vec![entry("k", &[limit], spent, denied)]);
     let grants = sync_at(&state, &at(0, 0), T0).await;
@@ -111,11 +107,7 @@ async fn the_grant_follows_demand() {
 async fn a_small_demand_next_to_a_large_one_gets_its_want() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    let limit = LimitSpec {
-        requests: 1_000,
-        period_ms: 1_000,
-        burst: 1_000,
-    };
+    let limit = LimitSpec::token_bucket(1_000, 1_000, 1_000);
     let at = |proxy, spent, denied| {
         batch(
             proxy,
@@ -312,11 +304,7 @@ async fn silent_proxies_are_forgotten_and_idle_keys_expire() {
 async fn every_limit_of_an_entry_binds_the_grant() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    let per_minute = LimitSpec {
-        requests: 3,
-        period_ms: 60_000,
-        burst: 3,
-    };
+    let per_minute = LimitSpec::token_bucket(3, 60_000, 3);
     let request = batch(
         "a",
         INTERVAL_MS,

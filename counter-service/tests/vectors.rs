@@ -1,11 +1,21 @@
 //! The Lua bucket arithmetic (`lua/check.lua`) equals `sluice_core::Bucket::take` bit for bit:
 //! hand-checked vectors (`vectors/bucket.json`), then many seeded random cases, each run through
 //! a real Redis with a fake clock and through the Rust function.
+//!
+//! The windows (`lua/window.lua`) decide as `sluice_core`'s `fixed_window` and `sliding_window`:
+//! hand-checked steps across calendar boundaries (`vectors/window.json`), then many seeded random
+//! traces, each step run through the service's check (`check_handler::decide`, with a fake clock)
+//! and through `Bucket::check` / `Bucket::admit`: the same decisions, remaining, retry-after and
+//! reset.
+
+mod common;
 
 use redis::Script;
 use serde_json::Value;
-use sluice_core::{Bucket, Limit, Period};
+use sluice_core::{Algorithm, Bucket, Limit, Period, Verdict};
 use sluice_counter_service::scripts::CHECK_LUA;
+use sluice_counter_service::{check_handler, validate, AppState};
+use sluice_protocol::{CheckRequest, LimitSpec};
 use sluice_tests::redis::Redis;
 
 fn limit(requests: u64, period_ms: u64, burst: u64) -> Limit {
@@ -40,7 +50,7 @@ fn lua_take(
             .query(con)
             .unwrap();
     }
-    let spec = sluice_protocol::LimitSpec::from(limit);
+    let spec = LimitSpec::from(limit);
     let reply: Vec<i64> = script
         .key(key)
         .arg(now_us)
@@ -205,4 +215,263 @@ fn random_cases_agree_bit_for_bit() {
             "case {case}: the same bits"
         );
     }
+}
+
+/// One decision as the service answers it: (allowed, remaining, retry_after_ms, reset_ms).
+type Answer = (bool, u64, u64, u64);
+
+/// The windows of one key in core, decided as the filter's limiter decides a rule's limits:
+/// all are checked, and all count the request only if all admit it; the limit that speaks is
+/// the one with the fewest left (admitted) or the longest wait (denied).
+struct CoreKey {
+    limits: Vec<Limit>,
+    states: Option<Vec<Bucket>>,
+}
+
+impl CoreKey {
+    fn new(limits: Vec<Limit>) -> CoreKey {
+        CoreKey {
+            limits,
+            states: None,
+        }
+    }
+
+    fn decide(&mut self, now_us: u64, cost: u64) -> Answer {
+        let limits = &self.limits;
+        let states = self
+            .states
+            .get_or_insert_with(|| limits.iter().map(|l| Bucket::fresh(l, now_us)).collect());
+        let mut verdicts: Vec<Verdict> = limits
+            .iter()
+            .zip(states.iter())
+            .map(|(limit, state)| state.check(limit, now_us, cost).0)
+            .collect();
+        let allowed = verdicts.iter().all(|v| v.allowed);
+        if allowed {
+            for (i, (limit, state)) in limits.iter().zip(states.iter_mut()).enumerate() {
+                let (verdict, next) = state.admit(limit, now_us, cost);
+                *state = next;
+                verdicts[i] = verdict;
+            }
+        }
+        let mut chosen: Option<Verdict> = None;
+        for verdict in &verdicts {
+            let tighter = match chosen {
+                None => true,
+                Some(c) if allowed => verdict.remaining < c.remaining,
+                Some(c) => !verdict.allowed && verdict.retry_after_us > c.retry_after_us,
+            };
+            if tighter && (allowed || !verdict.allowed) {
+                chosen = Some(*verdict);
+            }
+        }
+        let v = chosen.expect("a limit speaks");
+        (
+            allowed,
+            v.remaining,
+            v.retry_after_us.div_ceil(1_000),
+            v.reset_us.div_ceil(1_000),
+        )
+    }
+}
+
+/// The service's strict check of one key at a fake time, validated as a request would be.
+fn service_decide(
+    runtime: &tokio::runtime::Runtime,
+    state: &AppState,
+    key: &str,
+    limits: &[Limit],
+    now_us: u64,
+    cost: u64,
+) -> Answer {
+    let request = CheckRequest {
+        key: key.to_owned(),
+        limits: limits.iter().map(LimitSpec::from).collect(),
+        cost,
+    };
+    validate::check_request(&request, &state.settings)
+        .unwrap_or_else(|e| panic!("{request:?} refused: {e}"));
+    let answer = runtime
+        .block_on(check_handler::decide(state, &request, now_us))
+        .unwrap();
+    (
+        answer.allowed,
+        answer.remaining,
+        answer.retry_after_ms,
+        answer.reset_ms,
+    )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn hand_checked_window_steps_hold_in_rust_and_in_lua() {
+    let redis = Redis::start().unwrap();
+    let runtime = runtime();
+    let state = runtime.block_on(async { common::state(&redis.url()) });
+    let file: Value = serde_json::from_str(include_str!("vectors/window.json")).unwrap();
+    let cases = file["cases"].as_array().unwrap();
+    assert!(cases.len() >= 6);
+    for (n, case) in cases.iter().enumerate() {
+        let name = case["name"].as_str().unwrap();
+        let limits: Vec<Limit> = case["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                Limit::windowed(
+                    l["requests"].as_u64().unwrap(),
+                    Period::parse(l["per"].as_str().unwrap()).unwrap(),
+                    Algorithm::parse(l["algorithm"].as_str().unwrap()).unwrap(),
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut core = CoreKey::new(limits.clone());
+        let key = format!("hand:{n}");
+        for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
+            let now = step["now_us"].as_u64().unwrap();
+            let cost = step["cost"].as_u64().unwrap();
+            let expected = (
+                step["allowed"].as_bool().unwrap(),
+                step["remaining"].as_u64().unwrap(),
+                step["retry_after_ms"].as_u64().unwrap(),
+                step["reset_ms"].as_u64().unwrap(),
+            );
+            assert_eq!(core.decide(now, cost), expected, "Rust: {name}, step {i}");
+            let lua = service_decide(&runtime, &state, &key, &limits, now, cost);
+            assert_eq!(lua, expected, "Lua: {name}, step {i}");
+        }
+    }
+}
+
+/// Instants where windows turn (UTC): the ends of months (February 2028 has 29 days), Mondays
+/// 00:00, Dec 31 and Jan 1.
+const BOUNDARIES: [u64; 8] = [
+    1_832_976_000_000_000, // 2028-02-01 00:00, after Jan 31
+    1_835_481_600_000_000, // 2028-03-01 00:00, after Feb 29
+    1_835_395_200_000_000, // 2028-02-29 00:00
+    1_830_297_600_000_000, // 2028-01-01 00:00, after Dec 31 2027
+    1_830_470_400_000_000, // 2028-01-03 00:00, a Monday
+    1_796_083_200_000_000, // 2026-12-01 00:00, a Tuesday after a month of 30 days
+    1_893_456_000_000_000, // 2030-01-01 00:00, a Tuesday
+    1_798_761_600_000_000, // 2027-01-01 00:00, a Friday
+];
+
+#[test]
+fn random_window_traces_decide_alike_in_rust_and_in_lua() {
+    let redis = Redis::start().unwrap();
+    let runtime = runtime();
+    let state = runtime.block_on(async { common::state(&redis.url()) });
+    let seed = 0x5eed_0002;
+    let mut rng = Rng(seed);
+    let fixed = [
+        Period::Second,
+        Period::Minute,
+        Period::Hour,
+        Period::Day,
+        Period::Week,
+        Period::Month,
+    ];
+    let sliding = [Period::Second, Period::Minute, Period::Hour, Period::Day];
+    const TRACES: usize = 2_000;
+    let mut steps = 0;
+    let mut denied = 0;
+    let mut per_kind = std::collections::BTreeMap::<String, usize>::new();
+    for trace in 0..TRACES {
+        let algorithm = if trace % 2 == 0 {
+            Algorithm::FixedWindow
+        } else {
+            Algorithm::SlidingWindow
+        };
+        let periods: &[Period] = if algorithm == Algorithm::FixedWindow {
+            &fixed
+        } else {
+            &sliding
+        };
+        let count = match rng.below(10) {
+            0..=6 => 1,
+            7 | 8 => 2,
+            _ => 3,
+        };
+        let limits: Vec<Limit> = (0..count)
+            .map(|_| {
+                let period = periods[rng.below(periods.len() as u64) as usize];
+                let most = (period.micros() / 2 - 1).min(1 << 31);
+                let requests = match rng.below(8) {
+                    0..=3 => 1 + rng.below(4),
+                    4 | 5 => 1 + rng.below(30),
+                    6 => 1 + rng.below(1_000),
+                    _ => 1 + rng.below(most),
+                };
+                Limit::windowed(requests, period, algorithm).unwrap()
+            })
+            .collect();
+        for limit in &limits {
+            *per_kind
+                .entry(format!("{} {}", algorithm.name(), limit.period()))
+                .or_default() += 1;
+        }
+        let first = limits[0];
+        let length = first.period().micros();
+        let mut now = match rng.below(3) {
+            // near a calendar boundary, a few windows of the first limit before it
+            0 | 1 => {
+                let boundary = BOUNDARIES[rng.below(BOUNDARIES.len() as u64) as usize];
+                boundary - rng.below(3 * length.min(40 * 86_400_000_000)).min(boundary)
+            }
+            // anywhere from 2024 to 2030
+            _ => 1_704_067_200_000_000 + rng.below(7 * 365 * 86_400_000_000),
+        };
+        let mut core = CoreKey::new(limits.clone());
+        let key = format!("trace:{trace}");
+        for step in 0..(10 + rng.below(40)) {
+            // Mostly 1, as the filter sends; sometimes more, up to past the smallest limit (a
+            // request that never fits: a wait of a few windows, well within the 2^53 us that
+            // both sides count exactly).
+            let least = limits.iter().map(Limit::requests).min().unwrap();
+            let cost = match rng.below(10) {
+                0 => 1 + rng.below(3),
+                1 if step > 0 => 1 + rng.below(least + 2),
+                _ => 1,
+            };
+            let answer = core.decide(now, cost);
+            let lua = service_decide(&runtime, &state, &key, &limits, now, cost);
+            assert_eq!(
+                lua, answer,
+                "trace {trace} step {step} (seed {seed:#x}): {limits:?} at {now} cost {cost}: \
+                 Lua {lua:?}, Rust {answer:?}"
+            );
+            steps += 1;
+            denied += usize::from(!answer.0);
+            // the next arrival: at once, soon, at about the limit's pace, across the end of the
+            // window, or windows later
+            let end = sluice_core::window::end_us(first.period(), now);
+            now = match rng.below(8) {
+                0 => now,
+                1 => now + rng.below(1_000),
+                2 | 3 => now + rng.below(length / first.requests() + 1),
+                4 => end - 1 - rng.below(3).min(end - 1 - now),
+                5 => end + rng.below(3),
+                6 => now + rng.below(length),
+                _ => now + rng.below(3 * length),
+            };
+        }
+    }
+    eprintln!(
+        "{TRACES} traces, {steps} steps ({denied} denied) agree; limits per kind: {per_kind:?}"
+    );
+    assert!(
+        steps >= 10 * TRACES && denied >= steps / 10,
+        "{steps} steps, {denied} denied"
+    );
+    assert!(
+        per_kind.len() == 10,
+        "every period of both windows: {per_kind:?}"
+    );
 }

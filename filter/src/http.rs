@@ -57,6 +57,10 @@ impl Request {
     /// The stream ended, however: its slot goes back, its latency becomes a sample.
     fn end(&mut self) {
         self.resolve_wait();
+        if self.shared.shaper.cancel(self.id) {
+            let shared = Rc::clone(&self.shared);
+            self.exchange.cancel_delay(&shared.limiter, &mut SharedData);
+        }
         let effects = self.exchange.finish(&self.shared.limiter, &mut SharedData);
         let _ = self.carry_out(effects);
     }
@@ -200,6 +204,10 @@ impl Request {
         match step {
             Step::Continue => Action::Continue,
             Step::Wait => Action::Pause,
+            Step::Delay { until_us } => {
+                self.shared.shaper.hold(self.id, until_us);
+                Action::Pause
+            }
             Step::Respond(reply) => {
                 respond(&reply);
                 Action::Pause

@@ -4,7 +4,7 @@
 //! turns each request into one `Limiter::decide` call and strict checks; `syncer` runs the batched
 //! sync on ticks and `announce` feeds it; `callout` is the one way to call the counter service;
 //! `host` wraps the host's shared data, headers and clock; `metrics` the stats; `shedder` keeps
-//! shedding's samples, metrics and wait queue.
+//! shedding's samples, metrics and wait queue; `shaper` holds requests a leaky bucket delays.
 
 // A panic traps the VM and fails every request on its worker: none in the filter.
 #![cfg_attr(
@@ -23,6 +23,7 @@ mod host;
 mod http;
 mod metrics;
 mod root;
+mod shaper;
 mod shared;
 mod shedder;
 mod syncer;

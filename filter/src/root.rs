@@ -18,7 +18,8 @@ use crate::shared::Shared;
 use crate::shedder::Shedder;
 use crate::syncer::Syncer;
 
-/// How often a worker serves its wait queue and folds its shedding samples.
+/// How often a worker serves its wait queue, folds its shedding samples and lets go the
+/// requests a leaky bucket held.
 const SHED_TICK: std::time::Duration = std::time::Duration::from_millis(2);
 
 #[derive(Default)]
@@ -87,6 +88,16 @@ impl RootContext for Root {
             let _ = hostcalls::set_tick_period(SHED_TICK);
             Shedder::new(shedding)
         });
+        let shapes = limiter.rules().any(|r| {
+            r.rule
+                .limits
+                .iter()
+                .any(|l| l.algorithm() == sluice_core::Algorithm::LeakyBucket)
+        });
+        if shapes {
+            // Held requests leave on ticks: their schedule is as fine as the tick.
+            let _ = hostcalls::set_tick_period(SHED_TICK);
+        }
         self.shared = Some(Rc::new(Shared {
             limiter,
             metrics,
@@ -95,12 +106,14 @@ impl RootContext for Root {
             bypass: Cell::new(false),
             hurried: Cell::new(false),
             shedder,
+            shaper: Default::default(),
         }));
         true
     }
 
     fn on_tick(&mut self) {
         if let Some(shared) = self.shared.clone() {
+            shared.shaper.tick(crate::host::now_us());
             self.syncer.tick(&shared, &self.proxy_id);
             if let (Some(shedder), Some(shedding)) =
                 (&shared.shedder, shared.limiter.policy().shedding.as_ref())

@@ -9,6 +9,7 @@ use sluice_core::Limiter;
 
 use crate::announce::Announcer;
 use crate::metrics::Metrics;
+use crate::shaper::Shaper;
 use crate::shedder::Shedder;
 
 pub struct Shared {
@@ -24,6 +25,8 @@ pub struct Shared {
     pub hurried: Cell<bool>,
     /// Load shedding's worker side, when configured.
     pub shedder: Option<Shedder>,
+    /// Requests a leaky bucket holds until their slot.
+    pub shaper: Shaper,
 }
 
 impl Shared {

@@ -24,13 +24,124 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 use serde::{Deserialize, Serialize};
 
-/// The limit parameters of one key, as the service needs them to keep the global bucket.
-/// A token bucket that holds at most `burst` tokens and refills `requests` tokens every `period_ms`.
+/// The limit parameters of one key, as the service needs them to keep the global count.
+///
+/// By default (`algorithm` absent) a token bucket that holds at most `burst` tokens and refills
+/// `requests` tokens every `period_ms`. With `algorithm` a window (`fixed_window`,
+/// `sliding_window`), `requests` per window of `period_ms`, aligned to the Unix epoch (so to the
+/// UTC clock: a day starts at 00:00 UTC), and `burst` equal to `requests`. A calendar window
+/// (`calendar`: `week` from Monday 00:00 UTC, `month` from the 1st 00:00 UTC; `fixed_window`
+/// only) has no fixed length: `period_ms` then holds its nominal length (7 days, 30 days), which
+/// bounds `requests` as any window's, and the service aligns the window to the calendar.
+///
+/// Both new fields are omitted at their defaults, so a token bucket travels as before. A service
+/// older than these fields ignores them and counts a token bucket: upgrade the service before
+/// the proxies send windows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitSpec {
     pub requests: u64,
     pub period_ms: u64,
     pub burst: u64,
+    #[serde(default, skip_serializing_if = "AlgorithmSpec::is_token_bucket")]
+    pub algorithm: AlgorithmSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<Calendar>,
+}
+
+impl LimitSpec {
+    /// A token bucket: `burst` at most, `requests` more every `period_ms`.
+    pub const fn token_bucket(requests: u64, period_ms: u64, burst: u64) -> LimitSpec {
+        LimitSpec {
+            requests,
+            period_ms,
+            burst,
+            algorithm: AlgorithmSpec::TokenBucket,
+            calendar: None,
+        }
+    }
+
+    /// A window of `period_ms` aligned to the epoch: `requests` per window.
+    pub const fn window(algorithm: AlgorithmSpec, requests: u64, period_ms: u64) -> LimitSpec {
+        LimitSpec {
+            requests,
+            period_ms,
+            burst: requests,
+            algorithm,
+            calendar: None,
+        }
+    }
+
+    /// A fixed window of the calendar: `requests` per week or month.
+    pub const fn calendar(requests: u64, calendar: Calendar) -> LimitSpec {
+        LimitSpec {
+            requests,
+            period_ms: calendar.period_ms(),
+            burst: requests,
+            algorithm: AlgorithmSpec::FixedWindow,
+            calendar: Some(calendar),
+        }
+    }
+}
+
+/// How the service counts a limit (`LimitSpec::algorithm`), named in snake case on the wire.
+/// An algorithm the service does not know refuses the request (400, naming the field).
+///
+/// `gcra` travels as `token_bucket`: the token bucket admits exactly the requests GCRA admits
+/// (GCRA is the same bucket kept as one timestamp), so the service keeps one kind of state for
+/// both. Keep it that way: a GCRA that admitted differently would need its own spec here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmSpec {
+    #[default]
+    TokenBucket,
+    FixedWindow,
+    SlidingWindow,
+}
+
+impl AlgorithmSpec {
+    pub fn is_token_bucket(&self) -> bool {
+        *self == AlgorithmSpec::TokenBucket
+    }
+
+    /// Whether it counts `requests` per window (no burst of its own).
+    pub fn windowed(self) -> bool {
+        !self.is_token_bucket()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AlgorithmSpec::TokenBucket => "token_bucket",
+            AlgorithmSpec::FixedWindow => "fixed_window",
+            AlgorithmSpec::SlidingWindow => "sliding_window",
+        }
+    }
+}
+
+/// A window that follows the UTC calendar (`LimitSpec::calendar`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Calendar {
+    /// Monday 00:00 UTC to the next Monday 00:00 UTC.
+    Week,
+    /// The 1st 00:00 UTC to the next month's 1st 00:00 UTC.
+    Month,
+}
+
+impl Calendar {
+    /// The nominal length that travels in `period_ms`: 7 days, or 30 days for a month.
+    pub const fn period_ms(self) -> u64 {
+        match self {
+            Calendar::Week => 7 * 86_400_000,
+            Calendar::Month => 30 * 86_400_000,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Calendar::Week => "week",
+            Calendar::Month => "month",
+        }
+    }
 }
 
 /// `POST /v1/sync`: one batch from one proxy.
@@ -148,4 +259,50 @@ pub struct CheckResponse {
 pub struct ErrorBody {
     pub error: String,
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_bucket_travels_as_before_and_old_limits_read_as_token_buckets() {
+        let bucket = LimitSpec::token_bucket(10, 1_000, 20);
+        assert_eq!(
+            serde_json::to_string(&bucket).unwrap(),
+            r#"{"requests":10,"period_ms":1000,"burst":20}"#
+        );
+        let old: LimitSpec =
+            serde_json::from_str(r#"{"requests":10,"period_ms":1000,"burst":20}"#).unwrap();
+        assert_eq!(old, bucket);
+    }
+
+    #[test]
+    fn windows_name_their_algorithm_and_calendar() {
+        let daily = LimitSpec::window(AlgorithmSpec::FixedWindow, 3, 86_400_000);
+        assert_eq!(
+            serde_json::to_string(&daily).unwrap(),
+            r#"{"requests":3,"period_ms":86400000,"burst":3,"algorithm":"fixed_window"}"#
+        );
+        let monthly = LimitSpec::calendar(1_000, Calendar::Month);
+        let json = serde_json::to_string(&monthly).unwrap();
+        assert_eq!(
+            json,
+            r#"{"requests":1000,"period_ms":2592000000,"burst":1000,"algorithm":"fixed_window","calendar":"month"}"#
+        );
+        assert_eq!(serde_json::from_str::<LimitSpec>(&json).unwrap(), monthly);
+        let sliding = LimitSpec::window(AlgorithmSpec::SlidingWindow, 5, 60_000);
+        let json = serde_json::to_string(&sliding).unwrap();
+        assert!(json.contains(r#""algorithm":"sliding_window""#), "{json}");
+        assert_eq!(serde_json::from_str::<LimitSpec>(&json).unwrap(), sliding);
+    }
+
+    #[test]
+    fn an_unknown_algorithm_does_not_parse() {
+        let error = serde_json::from_str::<LimitSpec>(
+            r#"{"requests":1,"period_ms":1000,"burst":1,"algorithm":"sliding_log"}"#,
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("sliding_log"), "{error}");
+    }
 }

@@ -2,7 +2,8 @@
 //! `.wasm`, `sluice-counter-service` and `redis-server`. Two proxies share one cached limit within the README's
 //! bound; the edge never errs or waits when the service is killed or Redis restarts under it, and syncs come
 //! back after; a wrong token is refused loudly while fallbacks answer; strict rules are exact and fail closed
-//! without a hang. Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`,
+//! without a hang; strict windows are exact across proxies (a daily fixed window waits for 00:00 UTC, a
+//! sliding one does not double at a boundary). Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`,
 //! `SLUICE_WASM` and `SLUICE_REDIS_SERVER`).
 //!
 //! The tests in this file take turns (one lock): they measure rates and latencies, and two Envoys, a service
@@ -510,4 +511,148 @@ fn strict_rules_are_exact_and_fail_closed_without_a_hang() {
         envoy.stat("wasmcustom.sluice.check.failed") >= 1,
         "no strict check was counted as failed; {stats:?}"
     );
+}
+
+/// Sleeps until `ms` milliseconds into the next (or this) second of the wall clock.
+fn sleep_until_ms_of_second(ms: u64) {
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_millis() as u64;
+    let wait = if into < ms {
+        ms - into
+    } else {
+        1_000 - into + ms
+    };
+    std::thread::sleep(Duration::from_millis(wait));
+}
+
+/// Milliseconds from now until the next 00:00 UTC.
+fn ms_to_midnight_utc() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    86_400_000 - now % 86_400_000
+}
+
+#[test]
+fn a_strict_daily_fixed_window_is_exact_across_proxies_and_waits_for_midnight_utc() {
+    let _machine = machine();
+    // Not across a midnight: the day must not turn between the requests and the check below.
+    if ms_to_midnight_utc() < 30_000 {
+        std::thread::sleep(Duration::from_millis(ms_to_midnight_utc() + 1_000));
+    }
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let rules = json!([{
+        "name": "daily",
+        "key": ["header:x-api-key"],
+        "consistency": "strict",
+        "limits": [{"requests": 3, "per": "day", "algorithm": "fixed_window"}],
+        "fallback": {"policy": "fail_closed"},
+    }]);
+    let plugin_config = config(service.token(), 100, rules);
+    let proxies: Vec<Envoy> = (0..2)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+    let client = agent();
+    let urls: Vec<String> = proxies.iter().map(|e| e.url("/api/x")).collect();
+
+    // Alternating between the proxies: 3 in total, whichever proxy they come through.
+    let replies: Vec<_> = (0..6)
+        .map(|i| get(&client, &urls[i % 2], &[("x-api-key", "alice")]).unwrap())
+        .collect();
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429, 429],
+        "3 a day for both proxies together; {:?} {:?}\nservice log:\n{}",
+        proxies[0].sluice_stats(),
+        proxies[1].sluice_stats(),
+        service.log()
+    );
+    // The 4th waits until the day is over: 00:00 UTC.
+    let denied = &replies[3];
+    let expected = ms_to_midnight_utc().div_ceil(1_000);
+    let retry: u64 = denied
+        .header("retry-after")
+        .unwrap_or_else(|| panic!("no retry-after: {denied:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        retry.abs_diff(expected) <= 2,
+        "retry-after {retry} s, the next 00:00 UTC in {expected} s: {denied:?}"
+    );
+    assert!(denied.body.contains("\"rule\":\"daily\""), "{denied:?}");
+    // Another key has its own day.
+    let bob = get(&client, &urls[1], &[("x-api-key", "bob")]).unwrap();
+    assert_eq!(bob.status, 200, "{bob:?}");
+    for (i, envoy) in proxies.iter().enumerate() {
+        assert!(
+            envoy.stat("wasmcustom.sluice.check.sent") >= 3,
+            "proxy {i} checked every request with the service; {:?}",
+            envoy.sluice_stats()
+        );
+        assert_eq!(
+            envoy.stat("wasmcustom.sluice.check.failed"),
+            0,
+            "proxy {i}: {:?}",
+            envoy.sluice_stats()
+        );
+    }
+}
+
+#[test]
+fn a_strict_sliding_window_does_not_double_at_a_second_boundary() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let rules = json!([{
+        "name": "sliding",
+        "match": {"path_prefix": "/api/"},
+        "key": ["const:all"],
+        "consistency": "strict",
+        "limits": [{"requests": 10, "per": "second", "algorithm": "sliding_window"}],
+        "fallback": {"policy": "fail_closed"},
+    }]);
+    let plugin_config = config(service.token(), 100, rules);
+    let proxies: Vec<Envoy> = (0..2)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+    let client = agent();
+    let urls: Vec<String> = proxies.iter().map(|e| e.url("/api/x")).collect();
+    // Warm both proxies on a path the rule does not count.
+    for envoy in &proxies {
+        get(&client, &envoy.url("/warm"), &[]).unwrap();
+    }
+    let mut send = |i: usize| (get(&client, &urls[i % 2], &[]).unwrap().status == 200) as u32;
+
+    // The last 350 ms of one second, then the first 300 ms of the next: a fixed window would
+    // admit 20; the sliding one weighs the first burst by how much of it is still inside the
+    // last second, so the second burst gets one request or two as it slides out.
+    sleep_until_ms_of_second(650);
+    let first: u32 = (0..10).map(&mut send).sum();
+    sleep_until_ms_of_second(30);
+    let second: u32 = (0..10).map(&mut send).sum();
+    eprintln!("admitted {first} of 10 before the boundary, {second} of 10 after it");
+    assert_eq!(
+        first,
+        10,
+        "the first burst fits in one window; {:?}",
+        proxies[0].sluice_stats()
+    );
+    assert!(
+        (0..=2).contains(&second),
+        "admitted {second} of 10 just after the boundary (10 just before it)"
+    );
+    for (i, envoy) in proxies.iter().enumerate() {
+        assert_eq!(
+            envoy.stat("wasmcustom.sluice.check.failed"),
+            0,
+            "proxy {i}: {:?}",
+            envoy.sluice_stats()
+        );
+    }
 }

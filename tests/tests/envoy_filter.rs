@@ -378,3 +378,55 @@ fn gcra_says_exactly_when_to_retry() {
     assert!((29..=30).contains(&retry), "retry-after {retry}");
     assert_eq!(int_header(&denied, "x-ratelimit-reset"), 60);
 }
+
+/// Ten requests at once through a leaky bucket of 10 a second: they leave one every 100 ms.
+#[test]
+fn a_leaky_bucket_spreads_a_burst_to_its_rate() {
+    let envoy = start(
+        config(
+            json!({"requests": 10, "per": "second", "algorithm": "leaky_bucket", "queue": 8, "max_delay_ms": 2000}),
+            "enforce",
+        ),
+        2,
+    );
+    let url = envoy.url("/api/x");
+    let started = std::time::Instant::now();
+    let mut done: Vec<(u16, Duration)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..10)
+            .map(|_| {
+                scope.spawn(|| {
+                    let reply = get(&agent(), &url, &[]).unwrap();
+                    (reply.status, started.elapsed())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    done.sort_by_key(|&(_, at)| at);
+    let statuses: Vec<u16> = done.iter().map(|&(s, _)| s).collect();
+    // One leaves at once, eight are held, the tenth finds the queue full.
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        9,
+        "{done:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        1,
+        "{done:?}"
+    );
+    let served: Vec<Duration> = done.iter().filter(|d| d.0 == 200).map(|d| d.1).collect();
+    let last = served.last().copied().unwrap_or_default();
+    assert!(
+        last >= Duration::from_millis(780),
+        "the ninth leaves 800 ms after the first: {served:?}"
+    );
+    // Consecutive departures are about 100 ms apart (the proxy lets them go on 2 ms ticks).
+    for pair in served.windows(2) {
+        let gap = pair[1].saturating_sub(pair[0]);
+        assert!(
+            gap >= Duration::from_millis(60),
+            "departures too close: {served:?}"
+        );
+    }
+}

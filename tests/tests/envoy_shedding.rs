@@ -528,13 +528,13 @@ fn the_adaptive_limit_comes_down_when_latency_rises_over_the_baseline() {
     let envoy = start(json!({
         "classes": {"basic": 1.0},
         "bulkheads": [{"name": "api",
-                       "limit": {"adaptive": {"min": 2, "max": 100, "initial": 50, "window_ms": 100}}}],
+                       "limit": {"adaptive": {"min": 2, "max": 100, "initial": 20, "window_ms": 100}}}],
     }));
     let limit = || shed_stat(&envoy, "api", "limit");
 
     // The controller first measures the no-load latency: it holds the limit at `min` (2) until two windows of
-    // traffic within it, then returns to `initial`. Fast requests one at a time, until the limit has read 50 for
-    // 300 ms (a probe that gave up for lack of traffic would return to 50 for one window only).
+    // traffic within it, then returns to `initial`. Fast requests one at a time, until the limit has read 20 for
+    // 300 ms (one request in flight of 20 never moves it: a window must use half the limit to count).
     let client = agent();
     let url = envoy.url("/api/x");
     let started = Instant::now();
@@ -548,24 +548,24 @@ fn the_adaptive_limit_comes_down_when_latency_rises_over_the_baseline() {
             readings.push(now);
         }
         match (now, stable_since) {
-            (50, None) => stable_since = Some(Instant::now()),
-            (50, Some(since)) if since.elapsed() > Duration::from_millis(300) => break,
-            (50, Some(_)) => {}
+            (20, None) => stable_since = Some(Instant::now()),
+            (20, Some(since)) if since.elapsed() > Duration::from_millis(300) => break,
+            (20, Some(_)) => {}
             _ => stable_since = None,
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(
         stable_since.is_some_and(|s| s.elapsed() > Duration::from_millis(300)),
-        "the limit never settled at initial (50) after the baseline probe; readings {readings:?}"
+        "the limit never settled at initial (20) after the baseline probe; readings {readings:?}"
     );
     assert!(
         readings.contains(&2),
         "the probe at min (2) was never seen: {readings:?}"
     );
 
-    // Sixteen clients, every request 200 ms: latency is ~200× the baseline, so each window of 5+ answers moves
-    // the limit 30% of the way to half of itself (×0.85).
+    // Sixteen clients, every request 200 ms (16 of 20 in flight: the windows count): latency is ~200× the
+    // baseline, so each window of 5+ answers halves the limit.
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (during, shed) = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..16)
@@ -597,11 +597,11 @@ fn the_adaptive_limit_comes_down_when_latency_rises_over_the_baseline() {
         let shed: u32 = clients.into_iter().map(|c| c.join().unwrap()).sum();
         (during, shed)
     });
-    let lowest = during.iter().copied().min().unwrap_or(50);
-    let last = during.last().copied().unwrap_or(50);
+    let lowest = during.iter().copied().min().unwrap_or(20);
+    let last = during.last().copied().unwrap_or(20);
     assert!(
-        lowest <= 25 && last <= 30,
-        "under 16 concurrent requests of 200 ms (baseline ~1 ms) the limit should fall well below 50; every 100 ms: \
+        lowest <= 10 && last <= 12,
+        "under 16 concurrent requests of 200 ms (baseline ~1 ms) the limit should fall well below 20; every 100 ms: \
          {during:?}"
     );
     assert!(

@@ -297,3 +297,40 @@ fn a_bad_header_value_does_not_trap() {
     assert_eq!(send(&proxy, 0, spec).0, 429);
     assert!(proxy.is_alive(0));
 }
+
+#[test]
+fn a_leaky_bucket_holds_requests_until_their_slot_and_a_cancelled_one_gives_it_back() {
+    let proxy = proxy(
+        r#"{"rules": [{"name": "shape", "key": ["const:all"],
+            "limits": [{"requests": 10, "per": "second", "algorithm": "leaky_bucket", "queue": 3}]}]}"#,
+        2,
+    );
+    let sent: Vec<_> = (0..5)
+        .map(|i| proxy.worker(i % 2).request(RequestSpec::get("/x")).unwrap())
+        .collect();
+    let continued = |e: &sluice_host::Exchange| e.state().unwrap().is_continued();
+    assert!(continued(&sent[0]), "the first leaves at once");
+    for e in &sent[1..4] {
+        assert_eq!(e.state().unwrap(), ExchangeState::Paused, "three wait");
+    }
+    assert_eq!(
+        sent[4].state().unwrap().local_status(),
+        Some(429),
+        "the queue is full"
+    );
+    // One leaves every 100 ms (on the next 2 ms tick).
+    proxy.advance(Duration::from_millis(98)).unwrap();
+    assert!(!continued(&sent[1]));
+    proxy.advance(Duration::from_millis(4)).unwrap();
+    assert!(continued(&sent[1]));
+    assert!(!continued(&sent[2]));
+    // The third's client leaves before its slot (200 ms): its place goes back to the bucket, so a
+    // request arriving now leaves with the last one held (300 ms), not after it (400 ms).
+    sent[2].finish().unwrap();
+    let late = proxy.worker(0).request(RequestSpec::get("/x")).unwrap();
+    assert_eq!(late.state().unwrap(), ExchangeState::Paused);
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    assert!(!continued(&sent[2]) && !continued(&late) && !continued(&sent[3]));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    assert!(continued(&late) && continued(&sent[3]));
+}

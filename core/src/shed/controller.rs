@@ -3,8 +3,9 @@
 //!
 //! Each window (100 ms by default) the limit moves toward `limit × gradient (+ headroom)`, where
 //! `gradient = tolerance × baseline / latency`, clamped to [0.5, 1]: while the upstream answers
-//! within `tolerance ×` its no-load latency the limit grows by √limit (if it was used; a third of
-//! the way per window), and as queueing shows in the latency it shrinks in proportion, at once. Timeouts shrink it by a fifth (the
+//! within `tolerance ×` its no-load latency the limit grows by √limit (a third of the way per
+//! window), and as queueing shows in the latency it shrinks in proportion, at once; a window
+//! that used less than half the limit leaves it alone (low load tells nothing about it). Timeouts shrink it by a fifth (the
 //! latency of a request that never answered is not in the mean). The no-load latency
 //! (`baseline`) is the lowest window mean seen, re-measured every `probe_interval_ms` by holding
 //! the limit at `min` for one window, as Envoy's `adaptive_concurrency` measures its minRTT:
@@ -16,7 +17,7 @@ use crate::shed::policy::{Adaptive, SuccessRate};
 pub const MIN_SAMPLES: f64 = 5.0;
 /// How far one window moves the limit up toward its target.
 const SMOOTHING: f64 = 0.3;
-/// The limit grows only if the window used at least this much of it.
+/// The limit moves only if the window used at least this much of it.
 const USED: f64 = 0.5;
 /// Multiplicative decrease on timeouts.
 const BACKOFF: f64 = 0.8;
@@ -107,11 +108,16 @@ pub fn step(
     if state.baseline_us <= 0.0 || stats.mean_rtt_us < state.baseline_us {
         state.baseline_us = stats.mean_rtt_us;
     }
+    // A window that used less than half the limit says nothing about it: latency noise at
+    // low load must not move it (and shedding cannot start before the load comes anyway).
+    if stats.peak_use < USED {
+        return;
+    }
     let target = if stats.drops > 0.0 {
         state.limit * BACKOFF
     } else {
         let gradient = (settings.tolerance * state.baseline_us / stats.mean_rtt_us).clamp(0.5, 1.0);
-        let headroom = if gradient >= 1.0 && stats.peak_use >= USED {
+        let headroom = if gradient >= 1.0 {
             state.limit.sqrt()
         } else {
             0.0

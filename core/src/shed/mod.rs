@@ -12,7 +12,6 @@
 //! ```
 
 pub mod admission;
-pub mod config;
 pub mod controller;
 pub mod policy;
 pub mod queue;

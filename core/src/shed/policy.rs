@@ -1,6 +1,6 @@
 //! The validated `shedding` section: bulkheads, classes, levels, as values.
 
-use crate::policy::Matcher;
+use crate::matcher::Matcher;
 
 /// Whether shedding answers 503, or only says what it would shed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -115,11 +115,7 @@ pub async fn get(state: &AppState, path: &str) -> Answer {
     call(state, "GET", path, None, Body::empty()).await
 }
 
-pub const TEN_PER_SECOND: LimitSpec = LimitSpec {
-    requests: 10,
-    period_ms: 1_000,
-    burst: 10,
-};
+pub const TEN_PER_SECOND: LimitSpec = LimitSpec::token_bucket(10, 1_000, 10);
 
 pub fn entry(key: &str, limits: &[LimitSpec], spent: u64, denied: u64) -> SyncEntry {
     SyncEntry {

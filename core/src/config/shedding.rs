@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::{err, matcher, ConfigError, RawMatch};
+use super::{err, matcher, ConfigError, RawMatch};
 use crate::shed::policy::{
     default_classes, Adaptive, Bulkhead, Class, Drop, Levels, LimitKind, QueuePolicy, ShedMode,
     Shedding, SuccessRate,

@@ -2,6 +2,8 @@
 //!
 //! Every error names the field it is about, as a path such as `rules[0].limits[1].per`.
 
+mod shedding;
+
 use std::fmt;
 
 use serde::Deserialize;
@@ -60,7 +62,7 @@ struct RawPolicy {
     #[serde(default)]
     service: Option<RawService>,
     #[serde(default)]
-    shedding: Option<crate::shed::config::RawShedding>,
+    shedding: Option<shedding::RawShedding>,
 }
 
 #[derive(Deserialize)]
@@ -115,6 +117,15 @@ struct RawLimit {
     burst: Option<u64>,
     #[serde(default)]
     algorithm: Option<String>,
+    /// Leaky bucket: requests of a burst that pass at once.
+    #[serde(default)]
+    delay: Option<u32>,
+    /// Leaky bucket: requests of a burst that wait for their slot.
+    #[serde(default)]
+    queue: Option<u32>,
+    /// Leaky bucket: the longest a request waits.
+    #[serde(default)]
+    max_delay_ms: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -216,10 +227,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
 
     let service = raw.service.map(service).transpose()?;
 
-    let shedding = raw
-        .shedding
-        .map(crate::shed::config::shedding)
-        .transpose()?;
+    let shedding = raw.shedding.map(shedding::shedding).transpose()?;
     if raw.rules.is_empty() && shedding.is_none() {
         return Err(err(
             "rules",
@@ -344,12 +352,14 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             "cached and strict need a top-level \"service\" section",
         ));
     }
+    // Strict windows are decided by the counter service (lua/window.lua); cached ones would need
+    // leases of a window's count.
     if let Some(windowed) = limits.iter().find(|l| l.algorithm().windowed()) {
-        if consistency != Consistency::Local {
+        if consistency == Consistency::Cached {
             return Err(err(
                 format!("{at}.consistency"),
                 format!(
-                    "{} runs in local consistency only in this version (its counter-service script is not built yet); use token_bucket or gcra for cached and strict, or a {} fallback",
+                    "{} runs in local or strict consistency: cached needs lease semantics for windows, not built yet; use token_bucket or gcra for cached, or a {} fallback",
                     windowed.algorithm().name(),
                     windowed.algorithm().name()
                 ),
@@ -381,6 +391,23 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             }
         },
     };
+
+    // A shaper holds requests in one proxy: it has no meaning across proxies.
+    let shaped = |l: &[Limit]| l.iter().any(|l| l.algorithm() == Algorithm::LeakyBucket);
+    if consistency != Consistency::Local && shaped(&limits) {
+        return Err(err(
+            format!("{at}.consistency"),
+            "leaky_bucket shapes the traffic of one proxy: local consistency only",
+        ));
+    }
+    if let Fallback::Open(fallback) = &fallback {
+        if consistency != Consistency::Local && shaped(fallback) {
+            return Err(err(
+                format!("{at}.fallback.limits"),
+                "leaky_bucket shapes the traffic of one proxy: it cannot stand in for a shared limit",
+            ));
+        }
+    }
 
     Ok(Rule {
         name: raw.name,
@@ -427,7 +454,7 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
     let algorithm = match l.algorithm.as_deref() {
         None => Algorithm::TokenBucket,
         Some(name) => Algorithm::parse(name).ok_or_else(|| {
-            let known = "sliding_log, leaky_bucket";
+            let known = "sliding_log";
             let problem = if known.split(", ").any(|k| k == name) {
                 format!("{name} is not built yet; one of {} is", Algorithm::NAMES)
             } else {
@@ -442,6 +469,54 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
             format!("expected one of {}, got {:?}", Period::NAMES, l.per),
         )
     })?;
+    let shaping_fields = [
+        ("delay", l.delay.is_some()),
+        ("queue", l.queue.is_some()),
+        ("max_delay_ms", l.max_delay_ms.is_some()),
+    ];
+    if algorithm != Algorithm::LeakyBucket {
+        if let Some((field, _)) = shaping_fields.iter().find(|(_, set)| *set) {
+            return Err(err(
+                format!("{at}.{field}"),
+                format!(
+                    "{field} shapes a leaky_bucket; this limit is a {}",
+                    algorithm.name()
+                ),
+            ));
+        }
+    } else {
+        if l.burst.is_some() {
+            return Err(err(
+                format!("{at}.burst"),
+                "a leaky_bucket has no burst: `delay` requests of a burst pass at once, `queue` more wait",
+            ));
+        }
+        let queue = l.queue.unwrap_or(0);
+        let delay = l.delay.unwrap_or(0);
+        if queue > 100_000 {
+            return Err(err(format!("{at}.queue"), "must be at most 100000"));
+        }
+        let max_delay_ms = l.max_delay_ms.unwrap_or(10_000);
+        if !(1..=60_000).contains(&max_delay_ms) {
+            return Err(err(
+                format!("{at}.max_delay_ms"),
+                format!("must be between 1 and 60000, got {max_delay_ms}"),
+            ));
+        }
+        let shaping = crate::limit::Shaping {
+            delay,
+            queue,
+            max_delay_ms,
+        };
+        return Limit::leaky(l.requests, period, shaping).map_err(|problem| {
+            let field = if problem.starts_with("week") {
+                "per"
+            } else {
+                "requests"
+            };
+            err(format!("{at}.{field}"), problem)
+        });
+    }
     if algorithm.windowed() {
         if l.burst.is_some() {
             return Err(err(
