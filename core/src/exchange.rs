@@ -49,6 +49,21 @@ pub struct Moment {
     pub fleet: Option<f64>,
 }
 
+impl Moment {
+    /// `now_us` with the service up, no bypass, no fleet level and middling draws: for tests
+    /// and tools.
+    pub fn at(now_us: u64) -> Moment {
+        Moment {
+            now_us,
+            service_up: true,
+            bypass: false,
+            jitter: 1.0,
+            draw: 0.5,
+            fleet: None,
+        }
+    }
+}
+
 /// A local answer to send instead of forwarding the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {

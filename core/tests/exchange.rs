@@ -14,14 +14,7 @@ fn limiter(json: &str) -> Limiter {
 }
 
 fn at(now_us: u64) -> Moment {
-    Moment {
-        now_us,
-        service_up: true,
-        bypass: false,
-        jitter: 1.0,
-        draw: 0.5,
-        fleet: None,
-    }
+    Moment::at(now_us)
 }
 
 fn alice() -> PlainRequest {

@@ -18,14 +18,7 @@ fn build(json: &str) -> Limiter {
 }
 
 fn at(now_us: u64) -> Moment {
-    Moment {
-        now_us,
-        service_up: true,
-        bypass: false,
-        jitter: 1.0,
-        draw: 0.5,
-        fleet: None,
-    }
+    Moment::at(now_us)
 }
 
 fn shedding(bulkhead: &str) -> String {
