@@ -34,12 +34,18 @@ OPEN_LIMIT = 1_000_000_000  # per second: nothing is ever denied, so what is mea
 DENY_LIMIT = 100  # per second: almost every request of the load is denied
 
 
-def sluice_config(requests_per_second):
+def sluice_config(requests_per_second, algorithm=None):
+    limit = {"requests": requests_per_second, "per": "second", "burst": requests_per_second}
+    if algorithm:
+        limit["algorithm"] = algorithm
+        if algorithm.endswith("_window"):
+            # A window holds fewer requests than half its microseconds, and has no burst.
+            limit = {"requests": min(requests_per_second, 400_000), "per": "second", "algorithm": algorithm}
     rule = {
         "name": "bench",
         "match": {"path_prefix": "/api/"},
         "key": ["client_ip"],
-        "limits": [{"requests": requests_per_second, "per": "second", "burst": requests_per_second}],
+        "limits": [limit],
         "mode": "enforce",
     }
     # legacy X-RateLimit-* headers: what the native filter sends with enable_x_ratelimit_headers
@@ -64,6 +70,15 @@ VARIANTS = [
     ("native-deny", "native", "native-local-ratelimit.yaml.tmpl", native_bucket(DENY_LIMIT), "native"),
     ("sluice-deny", "sluice", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": sluice_config(DENY_LIMIT)}, "sluice"),
 ]
+# The other algorithms on the same paths (--only picks them; `make bench` runs them all).
+ALGORITHMS = {"gcra": "gcra", "fixed": "fixed_window", "sliding": "sliding_window"}
+for short, algorithm in ALGORITHMS.items():
+    VARIANTS += [
+        (f"sluice-open-{short}", "sluice", "sluice.yaml.tmpl",
+         {"PLUGIN_CONFIG": sluice_config(OPEN_LIMIT, algorithm)}, "sluice"),
+        (f"sluice-deny-{short}", "sluice", "sluice.yaml.tmpl",
+         {"PLUGIN_CONFIG": sluice_config(DENY_LIMIT, algorithm)}, "sluice"),
+    ]
 COUNTERS = {
     "native": (
         "http_local_rate_limiter.http_local_rate_limit.ok",
@@ -249,21 +264,28 @@ def table(runs, info):
         f"wrk -t{ARGS.threads} -c{ARGS.connections} -d{ARGS.duration}s --latency, Envoy {info['envoy']} "
         f"--concurrency {ARGS.concurrency}, {ARGS.rounds} round(s), medians; {info['nproc']} CPUs ({info['cpu']})",
         "",
-        "| variant | limit | requests/s | p50 ms | p99 ms | denied | vs none | sluice / native |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| variant | limit | requests/s | p50 ms | p99 ms | denied | vs none | sluice / native | vs token bucket |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    limits = {"none": "-", "native-open": f"{OPEN_LIMIT}/s", "sluice-open": f"{OPEN_LIMIT}/s",
-              "native-deny": f"{DENY_LIMIT}/s", "sluice-deny": f"{DENY_LIMIT}/s"}
     for name, limiter, *_ in VARIANTS:
         m = med[name]  # VARIANTS is already cut down by --only
+        path = "open" if "-open" in name else "deny" if "-deny" in name else None
+        open_limit = 400_000 if name.endswith(("-fixed", "-sliding")) else OPEN_LIMIT
+        limit = "-" if path is None else f"{open_limit if path == 'open' else DENY_LIMIT}/s"
         ratio = "-"
-        if limiter == "sluice" and name.replace("sluice", "native") in med:
-            native = med[name.replace("sluice", "native")]
+        native_name = f"native-{path}"
+        if limiter == "sluice" and native_name in med:
+            native = med[native_name]
             ratio = f"{m['rps'] / native['rps']:.2f} (p99 {m['p99_ms'] / native['p99_ms']:.2f})"
+        vs_bucket = "-"
+        bucket_name = f"sluice-{path}"
+        if limiter == "sluice" and name != bucket_name and bucket_name in med:
+            bucket = med[bucket_name]
+            vs_bucket = f"{m['rps'] / bucket['rps']:.2f} (p99 {m['p99_ms'] / bucket['p99_ms']:.2f})"
         vs_none = f"{m['rps'] / base:.2f}" if base else "-"
         lines.append(
-            f"| {name} | {limits[name]} | {m['rps']:.0f} | {m['p50_ms']:.3f} | {m['p99_ms']:.3f} | "
-            f"{m['denied_share']:.1%} | {vs_none} | {ratio} |"
+            f"| {name} | {limit} | {m['rps']:.0f} | {m['p50_ms']:.3f} | {m['p99_ms']:.3f} | "
+            f"{m['denied_share']:.1%} | {vs_none} | {ratio} | {vs_bucket} |"
         )
     lines += [
         "",

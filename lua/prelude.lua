@@ -1,10 +1,12 @@
--- prelude.lua: the pieces check.lua and sync.lua share, written once so they cannot drift apart.
+-- prelude.lua: the pieces the service scripts share, written once so they cannot drift apart.
 -- It is not a script of its own: the service puts it in front of each script's text and loads
 -- the combined text (its SHA is the SHA of the combined text; see counter-service/src/scripts.rs).
 -- It defines only locals, reads neither KEYS nor ARGV and calls Redis only when its functions do.
 --
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit
--- (see counter-service/tests/vectors.rs).
+-- (see counter-service/tests/vectors.rs). The windows (window_state: the UTC clock and calendar
+-- of core/src/window.rs, the counts of core/src/algorithm.rs) are the ones window.lua decides
+-- strict checks on and sync_window.lua leases from, on the same keys.
 
 -- A key lives until its bucket is full again and every lease expired, plus a second, and never
 -- more than two of the longest periods (2 x 366 days; sync.lua bounds the debt).
@@ -111,4 +113,97 @@ local function whole_remaining(remaining)
     remaining = 0
   end
   return remaining
+end
+
+local DAY_US = 86400000000
+
+-- Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm), for dates from
+-- 1970 on, as core/src/window.rs.
+local function days_from_civil(year, month, day)
+  if month <= 2 then
+    year = year - 1
+  end
+  local era = math.floor(year / 400)
+  local yoe = year - era * 400
+  local mp = (month + 9) % 12
+  local doy = math.floor((153 * mp + 2) / 5) + day - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return math.max(era * 146097 + doe - 719468, 0)
+end
+
+-- The date of a day since 1970-01-01: year, month 1..12, day 1..31.
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local month = mp + 3
+  if mp >= 10 then
+    month = mp - 9
+  end
+  local year = yoe + era * 400
+  if month <= 2 then
+    year = year + 1
+  end
+  return year, month, day
+end
+
+-- The start and the end (exclusive) of the window that holds `now` (us). `window` is fixed
+-- (`length` us long, aligned to the Unix epoch, so to the UTC clock), week (from Monday 00:00
+-- UTC) or month (from the 1st 00:00 UTC). math.fmod is exact on doubles: the times stay whole
+-- microseconds.
+local function window_bounds(window, length, now)
+  local days = (now - math.fmod(now, DAY_US)) / DAY_US
+  if window == 'week' then
+    -- Day 0 was a Thursday: Monday is 3 days later in the week's count.
+    local since_monday = (days + 3) % 7
+    local start = math.max(days - since_monday, 0) * DAY_US
+    return start, start + 7 * DAY_US
+  elseif window == 'month' then
+    local year, month = civil_from_days(days)
+    local start = days_from_civil(year, month, 1) * DAY_US
+    if month == 12 then
+      year, month = year + 1, 1
+    else
+      month = month + 1
+    end
+    return start, days_from_civil(year, month, 1) * DAY_US
+  end
+  local start = now - math.fmod(now, length)
+  return start, start + length
+end
+
+-- The stored counts of window `w` (a table: window, one of fixed, week, month, sliding; length,
+-- us) at `now`, from its loaded hash `fields`, set in `w` (a new window starts empty):
+--   every window: start, finish (its bounds, us) and weighted (what it counts now);
+--   fixed, week, month: count (n, when the stored start w is this window's);
+--   sliding: previous and current (p, c, rolled to the window of `now` by its number w),
+--     number (the window's since the epoch), elapsed (us into it), and weighted =
+--     previous x (1 - elapsed / length) + current.
+local function window_state(w, fields, now)
+  if w.window == 'sliding' then
+    local was = tonumber(fields['w'])
+    w.elapsed = math.fmod(now, w.length)
+    w.start = now - w.elapsed
+    w.finish = w.start + w.length
+    w.number = w.start / w.length
+    w.previous, w.current = 0, 0
+    if was == w.number then
+      w.previous, w.current = tonumber(fields['p']) or 0, tonumber(fields['c']) or 0
+    elseif was == w.number - 1 then
+      w.previous = tonumber(fields['c']) or 0
+    end
+    w.weighted = w.previous * (1 - w.elapsed / w.length) + w.current
+  else
+    w.start, w.finish = window_bounds(w.window, w.length, now)
+    w.count = 0
+    if tonumber(fields['w']) == w.start then
+      w.count = tonumber(fields['n']) or 0
+    end
+    w.weighted = w.count
+  end
 end

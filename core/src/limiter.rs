@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use crate::bucket::{Bucket, Verdict};
 use crate::decision::{Decision, Evaluation, Outcome, Quota, Spend, Spent};
 use crate::key;
-use crate::limit::Limit;
+use crate::limit::{Algorithm, Limit};
 use crate::policy::RuleId;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::request::RequestView;
@@ -383,10 +383,30 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
         record.global_remaining = record.global_remaining.saturating_sub(1);
     }
     let micros_per_token = limit.period().micros() / limit.requests();
-    let reset_us = record
-        .global_reset_at_us
-        .saturating_sub(now)
-        .max(micros_per_token);
+    let until_reset = record.global_reset_at_us.saturating_sub(now);
+    // A window's reset is the service's: its end (fixed), or when its count no longer weighs
+    // (sliding); a token's time must not push it past the end of a fixed window.
+    let windowed = limit.algorithm().windowed();
+    let reset_us = if windowed {
+        until_reset
+    } else {
+        until_reset.max(micros_per_token)
+    };
+    let retry_after_us = if allowed {
+        0
+    } else if !windowed || until_reset == 0 {
+        // Denied with the lease spent: a token comes back at the global rate, and the next
+        // lease no sooner than the next sync.
+        micros_per_token
+    } else if limit.algorithm() == Algorithm::FixedWindow && record.global_remaining == 0 {
+        // The fixed window is used up, as far as this proxy knows: nothing before its end.
+        until_reset
+    } else {
+        // Room may come sooner: others' unspent leases return at their next sync, and a
+        // sliding window frees room as its previous window slides out (one request every
+        // `period / requests` when it was full). Never later than the window's reset.
+        micros_per_token.min(until_reset)
+    };
     RuleVerdict {
         allowed,
         quota: Quota {
@@ -398,9 +418,7 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
             },
             reset_us,
         },
-        // Denied with the lease spent: a token comes back at the global rate, and the next
-        // lease no sooner than the next sync.
-        retry_after_us: if allowed { 0 } else { micros_per_token },
+        retry_after_us,
         spend: Spend::Lease,
         delay_us: 0,
     }

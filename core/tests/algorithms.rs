@@ -311,20 +311,6 @@ fn configuration_names_the_field_of_every_algorithm_mistake() {
         ),
         (
             rule(
-                r#"[{"requests": 5, "per": "minute", "algorithm": "fixed_window"}]"#,
-                r#", "consistency": "cached""#,
-            ),
-            "rules[0].consistency",
-        ),
-        (
-            rule(
-                r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_window"}]"#,
-                r#", "consistency": "cached""#,
-            ),
-            "rules[0].consistency",
-        ),
-        (
-            rule(
                 r#"[{"requests": 900000, "per": "second", "algorithm": "fixed_window"}]"#,
                 r#", "consistency": "local""#,
             ),
@@ -335,8 +321,21 @@ fn configuration_names_the_field_of_every_algorithm_mistake() {
         let error = sluice_core::parse(json.as_bytes()).unwrap_err();
         assert_eq!(error.field, field, "{json}: {error}");
     }
-    // What is fine: gcra everywhere; windows locally, strict, and as a cached rule's fallback.
+    // What is fine: gcra everywhere; windows locally, strict, cached, and as a cached rule's
+    // fallback.
     for ok in [
+        rule(
+            r#"[{"requests": 5, "per": "minute", "algorithm": "fixed_window"}]"#,
+            r#", "consistency": "cached""#,
+        ),
+        rule(
+            r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_window"}]"#,
+            r#", "consistency": "cached""#,
+        ),
+        rule(
+            r#"[{"requests": 10000, "per": "month", "algorithm": "fixed_window"}]"#,
+            r#", "consistency": "cached", "fallback": {"policy": "fail_open", "limits": [{"requests": 20, "per": "minute"}]}"#,
+        ),
         rule(
             r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_window"}]"#,
             r#", "consistency": "strict""#,
@@ -539,14 +538,7 @@ fn the_exchange_holds_a_shaped_request_and_gives_its_slot_back_if_it_never_leave
         "limits": [{"requests": 10, "per": "second", "algorithm": "leaky_bucket", "queue": 5}]}]}"#;
     let limiter = sluice_core::Limiter::new(sluice_core::parse(json.as_bytes()).unwrap());
     let mut store = MemoryStore::default();
-    let at = |now_us| Moment {
-        now_us,
-        service_up: true,
-        bypass: false,
-        jitter: 1.0,
-        draw: 0.5,
-        fleet: None,
-    };
+    let at = Moment::at;
     let start = |store: &mut MemoryStore| {
         let mut request = PlainRequest::get("/x");
         Exchange::start(&limiter, &mut request, None, at(MIDNIGHT), store)

@@ -50,7 +50,7 @@ pub fn add_limits(invocation: &mut ScriptInvocation<'_>, entry_key: &str, limits
     }
 }
 
-/// Adds an entry's windows to a script call as `window.lua` reads them: per limit, its key in
+/// Adds an entry's windows to a script call as `window.lua` and `sync_window.lua` read them: per limit, its key in
 /// KEYS and `requests, period_ms, window` in ARGV, the window being how it is aligned and
 /// counted: `fixed` (to the epoch), `week`, `month` (to the calendar) or `sliding`.
 pub fn add_windows(invocation: &mut ScriptInvocation<'_>, entry_key: &str, limits: &[LimitSpec]) {

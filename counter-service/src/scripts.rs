@@ -2,7 +2,8 @@
 //! loads the script on `NOSCRIPT`, so a restarted or new Redis node is served too).
 //!
 //! `check.lua` and `sync.lua` share their clock, hash load, lease scan, refill and expiry through
-//! `lua/prelude.lua` (`fleet.lua` its clock and hash load, `window.lua` its clock and expiry): each script the service runs is the
+//! `lua/prelude.lua` (`fleet.lua` its clock and hash load; `window.lua` and `sync_window.lua` its
+//! clock, hash load, lease scan, windows and expiry): each script the service runs is the
 //! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
 //! reload sends that same text, on one Redis and on every node of a cluster alike.
 
@@ -18,12 +19,21 @@ pub const CHECK_BODY_LUA: &str = include_str!("../../lua/check.lua");
 pub const FLEET_BODY_LUA: &str = include_str!("../../lua/fleet.lua");
 /// `lua/window.lua` alone, without the prelude (it does not run so).
 pub const WINDOW_BODY_LUA: &str = include_str!("../../lua/window.lua");
+/// `lua/sync_window.lua` alone, without the prelude (it does not run so).
+pub const SYNC_WINDOW_BODY_LUA: &str = include_str!("../../lua/sync_window.lua");
 
 /// The script of one proxy's batch, one call per hash slot: the prelude, then `lua/sync.lua`.
 pub const SYNC_LUA: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     "\n",
     include_str!("../../lua/sync.lua")
+);
+/// The script of the window entries (`fixed_window`, `sliding_window`) of one proxy's batch, one
+/// call per hash slot: the prelude, then `lua/sync_window.lua`.
+pub const SYNC_WINDOW_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/sync_window.lua")
 );
 /// The script of one strict decision: the prelude, then `lua/check.lua`.
 pub const CHECK_LUA: &str = concat!(
@@ -51,6 +61,7 @@ pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
 /// The scripts the service runs, hashed once.
 pub struct Scripts {
     pub sync: Script,
+    pub sync_window: Script,
     pub check: Script,
     pub fleet: Script,
     pub window: Script,
@@ -60,6 +71,7 @@ impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
             sync: Script::new(SYNC_LUA),
+            sync_window: Script::new(SYNC_WINDOW_LUA),
             check: Script::new(CHECK_LUA),
             fleet: Script::new(FLEET_LUA),
             window: Script::new(WINDOW_LUA),
@@ -78,8 +90,9 @@ mod tests {
     use super::*;
 
     /// The scripts that run after the prelude, without it.
-    const BODIES: [(&str, &str); 4] = [
+    const BODIES: [(&str, &str); 5] = [
         ("sync.lua", SYNC_BODY_LUA),
+        ("sync_window.lua", SYNC_WINDOW_BODY_LUA),
         ("check.lua", CHECK_BODY_LUA),
         ("fleet.lua", FLEET_BODY_LUA),
         ("window.lua", WINDOW_BODY_LUA),
@@ -146,6 +159,11 @@ mod tests {
                 "ms_to_full",
                 "expire_key",
                 "whole_remaining",
+                "DAY_US",
+                "days_from_civil",
+                "civil_from_days",
+                "window_bounds",
+                "window_state",
             ]
         );
         // the prelude only defines: each script reads its own KEYS and ARGV
@@ -159,6 +177,10 @@ mod tests {
         assert_eq!(CHECK_LUA, format!("{PRELUDE_LUA}\n{CHECK_BODY_LUA}"));
         assert_eq!(FLEET_LUA, format!("{PRELUDE_LUA}\n{FLEET_BODY_LUA}"));
         assert_eq!(WINDOW_LUA, format!("{PRELUDE_LUA}\n{WINDOW_BODY_LUA}"));
+        assert_eq!(
+            SYNC_WINDOW_LUA,
+            format!("{PRELUDE_LUA}\n{SYNC_WINDOW_BODY_LUA}")
+        );
         let scripts = Scripts::new();
         assert_eq!(scripts.sync.get_hash(), Script::new(SYNC_LUA).get_hash());
         assert_eq!(scripts.check.get_hash(), Script::new(CHECK_LUA).get_hash());
@@ -166,6 +188,10 @@ mod tests {
         assert_eq!(
             scripts.window.get_hash(),
             Script::new(WINDOW_LUA).get_hash()
+        );
+        assert_eq!(
+            scripts.sync_window.get_hash(),
+            Script::new(SYNC_WINDOW_LUA).get_hash()
         );
         assert_ne!(
             scripts.check.get_hash(),

@@ -1,6 +1,7 @@
-//! `POST /v1/sync`: a proxy's batch. Every entry's spend is debited from the global buckets and
-//! the entry is answered with a lease (`lua/sync.lua`), one script call per Redis Cluster hash
-//! slot, the calls of one batch in parallel. An entry out of bounds is refused alone. A batch that
+//! `POST /v1/sync`: a proxy's batch. Every entry's spend is debited from the global buckets
+//! (`lua/sync.lua`) or counted in the global windows (`lua/sync_window.lua`, for `fixed_window`
+//! and `sliding_window`) and the entry is answered with a lease, one script call per Redis
+//! Cluster hash slot and script, the calls of one batch in parallel. An entry out of bounds is refused alone. A batch that
 //! carries the proxy's load is also answered the fleet's load level ([`fleet`]).
 
 use std::collections::HashMap;
@@ -138,15 +139,34 @@ pub async fn apply_as(
         .reported_denials
         .inc_by(accepted.iter().map(|r| r.denied).sum());
 
-    let keys: Vec<&str> = accepted.iter().map(|r| r.entry.key.as_str()).collect();
-    let groups = calls(&keys, state.backend.is_cluster());
-    metrics.script_called("sync", groups.len() as u64);
-    let replies = try_join_all(groups.iter().map(|group| {
+    // Token buckets and windows go to their own scripts: one call per slot for each.
+    let cluster = state.backend.is_cluster();
+    let mut groups: Vec<(bool, Vec<usize>)> = Vec::new();
+    for windowed in [false, true] {
+        let members: Vec<usize> = (0..accepted.len())
+            .filter(|&j| accepted[j].windowed() == windowed)
+            .collect();
+        let keys: Vec<&str> = members
+            .iter()
+            .map(|&j| accepted[j].entry.key.as_str())
+            .collect();
+        let calls = calls(&keys, cluster);
+        let script = if windowed { "sync_window" } else { "sync" };
+        if !windowed || !calls.is_empty() {
+            metrics.script_called(script, calls.len() as u64);
+        }
+        groups.extend(
+            calls
+                .into_iter()
+                .map(|group| (windowed, group.into_iter().map(|k| members[k]).collect())),
+        );
+    }
+    let replies = try_join_all(groups.iter().map(|(windowed, group)| {
         let reports: Vec<&Report> = group.iter().filter_map(|&j| accepted.get(j)).collect();
-        call.run(state, reports)
+        call.run(state, *windowed, reports)
     }))
     .await?;
-    for (group, reply) in groups.iter().zip(replies) {
+    for ((_, group), reply) in groups.iter().zip(replies) {
         for (&j, grant) in group.iter().zip(reply) {
             if let Some(report) = accepted.get(j) {
                 grants[report.index] = grant;
@@ -172,6 +192,13 @@ struct Report<'a> {
     entry: &'a SyncEntry,
     spent: u64,
     denied: u64,
+}
+
+impl Report<'_> {
+    /// Whether the entry's limits are windows (they share one algorithm, see `validate`).
+    fn windowed(&self) -> bool {
+        self.entry.limits.iter().any(|l| l.algorithm.windowed())
+    }
 }
 
 /// The script calls of a batch, as lists of indexes into `keys` (the entry keys): on a cluster,
@@ -212,12 +239,19 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
+    /// One call of `sync.lua` (token buckets) or `sync_window.lua` (`windowed`).
     async fn run(
         &self,
         state: &AppState,
+        windowed: bool,
         reports: Vec<&Report<'_>>,
     ) -> Result<Vec<Grant>, BackendError> {
-        let mut invocation = state.scripts.sync.prepare_invoke();
+        let (script, name) = if windowed {
+            (&state.scripts.sync_window, "sync_window")
+        } else {
+            (&state.scripts.sync, "sync")
+        };
+        let mut invocation = script.prepare_invoke();
         invocation
             .arg(self.now_override_us)
             .arg(self.proxy)
@@ -231,12 +265,16 @@ impl Call<'_> {
                 .arg(entry.limits.len())
                 .arg(report.spent)
                 .arg(report.denied);
-            keys::add_limits(&mut invocation, &entry.key, &entry.limits);
+            if windowed {
+                keys::add_windows(&mut invocation, &entry.key, &entry.limits);
+            } else {
+                keys::add_limits(&mut invocation, &entry.key, &entry.limits);
+            }
         }
-        let reply: Vec<i64> = state.backend.invoke("sync", &invocation).await?;
+        let reply: Vec<i64> = state.backend.invoke(name, &invocation).await?;
         if reply.len() != 4 * reports.len() {
             return Err(BackendError::Reply(format!(
-                "sync.lua answered {} numbers for {} entries",
+                "{name}.lua answered {} numbers for {} entries",
                 reply.len(),
                 reports.len()
             )));

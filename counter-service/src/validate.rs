@@ -69,21 +69,6 @@ pub fn sync_entry(index: usize, entry: &SyncEntry, settings: &Settings) -> Resul
     let at = format!("entries[{index}]");
     name(&format!("{at}.key"), &entry.key, settings.max_key_bytes)?;
     limits(&format!("{at}.limits"), &entry.limits)?;
-    // Leases are token buckets: a window is decided by /v1/check alone (strict rules).
-    if let Some((j, limit)) = entry
-        .limits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| l.algorithm.windowed())
-    {
-        return Err(AppError::invalid(
-            format!("{at}.limits[{j}].algorithm"),
-            format!(
-                "{} is decided by /v1/check (strict) only; a sync leases token buckets",
-                limit.algorithm.name()
-            ),
-        ));
-    }
     for (field, value) in [("spent", entry.spent), ("denied", entry.denied)] {
         if value > MAX_COUNT {
             return Err(AppError::invalid(
@@ -413,7 +398,7 @@ mod tests {
     }
 
     #[test]
-    fn windows_are_bounded_as_in_core_and_checked_only() {
+    fn windows_are_bounded_as_in_core_and_leased_too() {
         use sluice_protocol::Calendar;
         let settings = settings();
         let check = |limits: Vec<LimitSpec>| {
@@ -482,16 +467,24 @@ mod tests {
             check(vec![TEN, daily]),
             "limits[1].algorithm: the limits of one key share one algorithm (token_bucket here)"
         );
-        // a sync leases token buckets: a window there is refused, that entry alone
-        let request = SyncRequest {
+        // a sync leases windows too (sync_window.lua), within the same bounds
+        let mut request = SyncRequest {
             proxy: "p".into(),
             interval_ms: 100,
-            entries: vec![entry("a", vec![TEN]), entry("b", vec![sliding])],
+            entries: vec![entry("a", vec![TEN]), entry("b", vec![sliding, sliding])],
             load: None,
         };
+        assert_eq!(message(&request), "");
+        request.entries[1] = entry(
+            "b",
+            vec![LimitSpec {
+                burst: 6,
+                ..sliding
+            }],
+        );
         assert_eq!(
             message(&request),
-            "entries[1].limits[0].algorithm: sliding_window is decided by /v1/check (strict) only; a sync leases token buckets"
+            "entries[1].limits[0].burst: sliding_window has no burst: it must equal requests"
         );
     }
 }

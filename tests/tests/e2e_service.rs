@@ -1,6 +1,6 @@
 //! sluice with its counter service, all real parts on loopback: Envoy (the pinned wheel, V8), the filter's
 //! `.wasm`, `sluice-counter-service` and `redis-server`. Two proxies share one cached limit within the README's
-//! bound; the edge never errs or waits when the service is killed or Redis restarts under it, and syncs come
+//! bound, and one cached fixed window within its bound (its 429s wait no longer than the window's end); the edge never errs or waits when the service is killed or Redis restarts under it, and syncs come
 //! back after; a wrong token is refused loudly while fallbacks answer; strict rules are exact and fail closed
 //! without a hang; strict windows are exact across proxies (a daily fixed window waits for 00:00 UTC, a
 //! sliding one does not double at a boundary). Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`,
@@ -653,6 +653,115 @@ fn a_strict_sliding_window_does_not_double_at_a_second_boundary() {
             0,
             "proxy {i}: {:?}",
             envoy.sluice_stats()
+        );
+    }
+}
+
+/// Milliseconds from now until the next full hour (UTC).
+fn ms_to_hour_end() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    3_600_000 - now % 3_600_000
+}
+
+#[test]
+fn two_proxies_share_one_cached_fixed_window_within_the_bound() {
+    let _machine = machine();
+    // Not across a full hour: the window must not turn during the run.
+    if ms_to_hour_end() < 30_000 {
+        std::thread::sleep(Duration::from_millis(ms_to_hour_end() + 1_000));
+    }
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    const REQUESTS: usize = 20;
+    // Each proxy's fallback decides before its first lease (and would if the service were gone):
+    // 5 an hour, a quarter of the window. What it admits outside a lease is the only overshoot
+    // (lua/sync_window.lua): at most 2 × 5 here.
+    const FALLBACK: usize = 5;
+    const PROXIES: usize = 2;
+    let rules = json!([{
+        "name": "hourly",
+        "key": ["const:all"],
+        "consistency": "cached",
+        "limits": [{"requests": REQUESTS, "per": "hour", "algorithm": "fixed_window"}],
+        "fallback": {"policy": "fail_open", "limits": [{"requests": FALLBACK, "per": "hour", "algorithm": "fixed_window"}]},
+    }]);
+    let plugin_config = config(service.token(), 100, rules);
+    let proxies: Vec<Envoy> = (0..PROXIES)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+
+    // Two connections per proxy, 5 ms apart each, for 2 s: far more than 20.
+    let loads: Vec<Load> = proxies
+        .iter()
+        .map(|envoy| Load {
+            max_requests: 2_000,
+            pause: Duration::from_millis(5),
+            ..Load::new(envoy.url("/api/x"), 2, Duration::from_secs(2))
+        })
+        .collect();
+    let runs: Vec<Sustained> = std::thread::scope(|scope| {
+        let threads: Vec<_> = loads
+            .iter()
+            .map(|load| scope.spawn(move || sustain(load)))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (i, run) in runs.iter().enumerate() {
+        assert_edge_unharmed(run, &format!("proxy {i}"));
+    }
+    let admitted: usize = runs.iter().map(|r| r.count(200)).sum();
+    let sent: usize = runs.iter().map(|r| r.samples.len()).sum();
+    let per_proxy: Vec<_> = runs.iter().map(|r| r.statuses()).collect();
+    // At most the window plus what the fallbacks admitted outside a lease; at least the window
+    // less a little (a lease not spent before the run ended).
+    let most = REQUESTS + PROXIES * FALLBACK;
+    let least = REQUESTS - 2;
+    eprintln!("admitted {admitted} of {sent} (bounds {least}..={most}); per proxy: {per_proxy:?}");
+    assert!(
+        (least..=most).contains(&admitted),
+        "admitted {admitted} of {sent} across {PROXIES} proxies; expected {least}..={most}; \
+         statuses per proxy: {per_proxy:?}\nservice log:\n{}",
+        service.log()
+    );
+
+    // A denied request waits no longer than the window's end (rounded up to a second).
+    let client = agent();
+    for envoy in &proxies {
+        let denied = get(&client, &envoy.url("/api/x"), &[]).unwrap();
+        assert_eq!(denied.status, 429, "{denied:?}");
+        let retry: u64 = denied
+            .header("retry-after")
+            .unwrap_or_else(|| panic!("no retry-after: {denied:?}"))
+            .trim()
+            .parse()
+            .unwrap();
+        let to_end = ms_to_hour_end().div_ceil(1_000);
+        eprintln!("retry-after {retry} s, the hour ends in {to_end} s");
+        assert!(
+            (1..=to_end + 1).contains(&retry),
+            "retry-after {retry} s, the window ends in {to_end} s: {denied:?}"
+        );
+        assert!(denied.body.contains("\"rule\":\"hourly\""), "{denied:?}");
+    }
+    for (i, (envoy, run)) in proxies.iter().zip(&runs).enumerate() {
+        let stats = envoy.sluice_stats();
+        assert!(
+            envoy.stat("wasmcustom.sluice.sync.ok") > 0,
+            "proxy {i} never synced; {stats:?}\nservice log:\n{}",
+            service.log()
+        );
+        assert_eq!(
+            envoy.stat("wasmcustom.sluice.sync.refused"),
+            0,
+            "proxy {i}: the service leases windows; {stats:?}"
+        );
+        assert_eq!(
+            envoy.stat("wasmcustom.sluice.rule.hourly.allowed"),
+            run.count(200) as u64,
+            "proxy {i}: the filter's allowed count and the 200s seen must agree; {stats:?}"
         );
     }
 }

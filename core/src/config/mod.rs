@@ -352,21 +352,6 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             "cached and strict need a top-level \"service\" section",
         ));
     }
-    // Strict windows are decided by the counter service (lua/window.lua); cached ones would need
-    // leases of a window's count.
-    if let Some(windowed) = limits.iter().find(|l| l.algorithm().windowed()) {
-        if consistency == Consistency::Cached {
-            return Err(err(
-                format!("{at}.consistency"),
-                format!(
-                    "{} runs in local or strict consistency: cached needs lease semantics for windows, not built yet; use token_bucket or gcra for cached, or a {} fallback",
-                    windowed.algorithm().name(),
-                    windowed.algorithm().name()
-                ),
-            ));
-        }
-    }
-
     let fallback = match raw.fallback {
         None => Fallback::Open(limits.clone()),
         Some(f) => match f.policy.as_str() {
