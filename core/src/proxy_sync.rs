@@ -146,15 +146,18 @@ pub fn claim_round(
     busy_us: u64,
     breaker_threshold: u32,
 ) -> Option<SyncState> {
-    update_state(store, |state| {
+    // Most ticks find the round not due: they read and write nothing back.
+    store::update(store, STATE_KEY, |bytes| {
+        let mut state = SyncState::decode(bytes);
         let due = now_us >= state.next_at_us && now_us >= state.busy_until_us;
         if !due || !state.breaker.may_call(breaker_threshold, now_us) {
-            return None;
+            return (None, false);
         }
         state.next_at_us = now_us + state.effective_interval_ms(configured_interval_ms) * 1_000;
         state.busy_until_us = now_us + busy_us;
         state.rounds += 1;
-        Some(*state)
+        *bytes = state.encode();
+        (Some(state), true)
     })
     .ok()
     .flatten()
