@@ -13,35 +13,18 @@ library only, everything it starts is stopped when it ends.
 """
 
 import argparse
-import ctypes
 import json
 import os
-import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
+import urllib.error
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def die_with_parent():
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+sys.dont_write_bytecode = True  # no __pycache__ in bench/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import NO_PROXY, Envoy  # noqa: E402
+from stack import ROOT  # noqa: E402
 
 
 def get(url, timeout=10.0):
@@ -51,38 +34,6 @@ def get(url, timeout=10.0):
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
-
-
-def start_envoy(args, plugin, workdir):
-    listen, admin, upstream = free_ports(3)
-    with open(os.path.join(ROOT, "envoy", "sluice.yaml.tmpl")) as f:
-        text = f.read()
-    values = {"LISTEN_PORT": listen, "ADMIN_PORT": admin, "UPSTREAM_PORT": upstream, "WASM": args.wasm,
-              "PLUGIN_CONFIG": json.dumps(plugin).replace("'", "''")}
-    for key, value in values.items():
-        text = text.replace("{{%s}}" % key, str(value))
-    if re.search(r"\{\{[A-Z_]+\}\}", text):
-        sys.exit("bench-shaping: a placeholder of sluice.yaml.tmpl has no value")
-    config = os.path.join(workdir, "envoy.yaml")
-    with open(config, "w") as f:
-        f.write(text)
-    log = open(os.path.join(workdir, "envoy.log"), "w")
-    proc = subprocess.Popen([args.envoy, "-c", config, "--concurrency", "2", "--disable-hot-restart",
-                             "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=die_with_parent)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"bench-shaping: Envoy exited; see {workdir}/envoy.log")
-        try:
-            with NO_PROXY.open(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
-                if r.read() == b"LIVE\n":
-                    return proc, listen
-        except OSError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit("bench-shaping: Envoy not ready within 30 s")
 
 
 def percentile(values, p):
@@ -105,7 +56,9 @@ def main():
         {"name": "shape", "match": {"path_prefix": "/shaped/"}, "key": ["const:all"],
          "limits": [{"requests": args.rate, "per": "second", "algorithm": "leaky_bucket",
                      "queue": args.burst, "max_delay_ms": 60000}]}]}
-    proc, port = start_envoy(args, plugin, workdir)
+    envoy = Envoy(args.envoy, args.wasm, "sluice.yaml.tmpl",
+                  {"PLUGIN_CONFIG": json.dumps(plugin, separators=(",", ":"))}, 2, workdir, "shaping")
+    port = envoy.listen
     try:
         base = []
         for _ in range(50):
@@ -149,11 +102,7 @@ def main():
             print(f"| {name} | {len(values)} | {percentile(a, 50):.2f} ms | {percentile(a, 90):.2f} ms | "
                   f"{percentile(a, 99):.2f} ms | {max(a):.2f} ms | {statistics.mean(values):+.2f} ms |")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        envoy.stop()
 
 
 if __name__ == "__main__":

@@ -115,6 +115,23 @@ local function whole_remaining(remaining)
   return remaining
 end
 
+-- A proxy's demand on an entry (per second: spent + denied) and what it wants for 1.25
+-- intervals: over the time since its last sync (an early one too), or one interval for the
+-- first. Demand rises at once and falls slowly: a proxy whose traffic jumps is not starved while
+-- an average catches up, and one whose traffic stops releases its lease over a few syncs.
+local function proxy_demand(last_sync, previous, now, interval_us, interval_ms, spent, denied)
+  local since = interval_us
+  if last_sync ~= nil then
+    since = math.max(now - last_sync, 1000)
+  end
+  local rate = (spent + denied) * 1000000 / since
+  local demand = rate
+  if last_sync ~= nil and previous ~= nil then
+    demand = math.max(rate, 0.5 * previous + 0.5 * rate)
+  end
+  return demand, math.ceil(demand * interval_ms / 1000 * 1.25) + 1
+end
+
 local DAY_US = 86400000000
 
 -- Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm), for dates from

@@ -15,7 +15,8 @@
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p: g:p (outstanding
 -- grant), x:p (its expiry, us), d:p (demand, tokens/s), s:p (last sync, us).
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_hash, leases, stored_bucket, refill_bucket, ms_to_full, expire_key and whole_remaining.
+-- load_hash, leases, stored_bucket, refill_bucket, ms_to_full, expire_key, whole_remaining and
+-- proxy_demand.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
@@ -83,21 +84,8 @@ for _ = 1, count do
   end
 
   -- 2. the proxy's demand on this entry (tokens/s) and what it wants for 1.25 intervals
-  local last_sync = tonumber(demand_fields[s_field])
-  local previous = tonumber(demand_fields[d_field])
-  -- over the time since its last sync (an early one too), or one interval for the first
-  local since = interval_us
-  if last_sync ~= nil then
-    since = math.max(now - last_sync, 1000)
-  end
-  local rate = (spent + denied) * 1000000 / since
-  -- Demand rises at once and falls slowly: a proxy whose traffic jumps is not starved while an
-  -- average catches up, and one whose traffic stops releases its lease over a few syncs.
-  local demand = rate
-  if last_sync ~= nil and previous ~= nil then
-    demand = math.max(rate, 0.5 * previous + 0.5 * rate)
-  end
-  local want = math.ceil(demand * interval_ms / 1000 * 1.25) + 1
+  local demand, want = proxy_demand(tonumber(demand_fields[s_field]),
+    tonumber(demand_fields[d_field]), now, interval_us, interval_ms, spent, denied)
   -- A proxy that had to deny also gets what the refill would otherwise lose to the burst cap
   -- before the next sync: tokens nobody holds are worth nothing once the bucket is full.
   if denied > 0 then

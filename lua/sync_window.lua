@@ -62,7 +62,7 @@
 -- after the window ends (sliding: after the next window, which still weighs its count); every
 -- lease ends before.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_hash, leases, window_state (the windows and their counts) and expire_key.
+-- load_hash, leases, window_state (the windows and their counts), proxy_demand and expire_key.
 
 local now = clock(ARGV[1])
 local proxy = ARGV[2]
@@ -149,20 +149,9 @@ for _ = 1, count do
   end
 
   -- 2. the proxy's demand on this entry (requests/s) and what it wants for 1.25 intervals, as
-  -- in sync.lua: over the time since its last sync, or one interval for the first; it rises at
-  -- once and falls at most by half per sync.
-  local last_sync = tonumber(demand_fields[s_field])
-  local previous = tonumber(demand_fields[d_field])
-  local since = interval_us
-  if last_sync ~= nil then
-    since = math.max(now - last_sync, 1000)
-  end
-  local rate = (spent + denied) * 1000000 / since
-  local demand = rate
-  if last_sync ~= nil and previous ~= nil then
-    demand = math.max(rate, 0.5 * previous + 0.5 * rate)
-  end
-  local want = math.ceil(demand * interval_ms / 1000 * 1.25) + 1
+  -- in sync.lua.
+  local demand, want = proxy_demand(tonumber(demand_fields[s_field]),
+    tonumber(demand_fields[d_field]), now, interval_us, interval_ms, spent, denied)
 
   -- 3. the grant: what the proxy wants, or its demand-share of what is left if that is more,
   -- never more than any window has left once the others' leases are set aside; and for no

@@ -557,11 +557,6 @@ impl Exchange {
         }
     }
 
-    /// It left after its delay.
-    pub fn delay_over(&mut self) {
-        self.delay_until = None;
-    }
-
     /// The bulkhead seat this request waits for, if it waits.
     pub fn waiting(&self) -> Option<Seat> {
         self.queued.map(|(seat, _, _)| seat)

@@ -159,6 +159,7 @@ mod tests {
                 "ms_to_full",
                 "expire_key",
                 "whole_remaining",
+                "proxy_demand",
                 "DAY_US",
                 "days_from_civil",
                 "civil_from_days",

@@ -39,8 +39,8 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// A uniform draw in [0, 1): the time and a per-VM counter, hashed.
-pub fn draw() -> f64 {
+/// A uniform draw in [0, 1): the time the caller read and a per-VM counter, hashed.
+pub fn draw(now_us: u64) -> f64 {
     thread_local! {
         static COUNT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     }
@@ -49,7 +49,7 @@ pub fn draw() -> f64 {
         c.get()
     });
     let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&now_us().to_le_bytes());
+    bytes[..8].copy_from_slice(&now_us.to_le_bytes());
     bytes[8..].copy_from_slice(&n.to_le_bytes());
     let h = sluice_core::table::fnv1a(&bytes);
     // fnv1a mixes the high bits poorly: fold them in.

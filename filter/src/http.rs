@@ -105,7 +105,7 @@ impl Request {
             service_up: self.shared.service_up.get(),
             bypass: self.shared.bypass.get(),
             jitter: host::jitter(now_us),
-            draw: host::draw(),
+            draw: host::draw(now_us),
             fleet: self.shared.shedder.as_ref().and_then(|s| s.fleet.get()),
         }
     }
@@ -234,7 +234,7 @@ impl Request {
                     seat,
                     level,
                     ShedReason::QueueFull,
-                    host::draw(),
+                    host::draw(host::now_us()),
                 ));
                 Action::Pause
             }
@@ -308,10 +308,13 @@ impl HttpContext for Request {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         self.resolve_wait();
-        let status = host::response_header(":status")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        self.exchange.responded(status, host::now_us());
+        // Only a request that holds a bulkhead slot becomes a latency sample.
+        if self.exchange.holds_slot() {
+            let status = host::response_header(":status")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            self.exchange.responded(status, host::now_us());
+        }
         for (header, value) in self.exchange.response_headers(&self.shared.limiter) {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(&value));
         }

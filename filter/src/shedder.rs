@@ -191,7 +191,13 @@ impl Shedder {
         let now = host::now_us();
         let gauges = {
             let mut samples = self.samples.borrow_mut();
-            shed::tick(shedding, &mut samples, now, host::draw(), &mut SharedData)
+            shed::tick(
+                shedding,
+                &mut samples,
+                now,
+                host::draw(now),
+                &mut SharedData,
+            )
         };
         for ((id, gauge), m) in gauges.iter().enumerate().zip(&self.metrics) {
             let limit = limit_of(shedding, id, gauge);
@@ -236,7 +242,7 @@ impl Shedder {
                 w.seat,
                 level(shedding, &gauge, fleet),
                 reason,
-                host::draw(),
+                host::draw(now),
             );
             if hostcalls::set_effective_context(w.id).is_ok() {
                 respond(&reply);

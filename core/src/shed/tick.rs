@@ -44,10 +44,6 @@ impl Samples {
             self.shed += 1.0;
         }
     }
-
-    pub fn is_empty(&self) -> bool {
-        *self == Samples::default()
-    }
 }
 
 /// Folds `samples` (one per bulkhead, emptied when folded) into the shared windows and ends
