@@ -41,6 +41,9 @@ def sluice_config(requests_per_second, algorithm=None):
         if algorithm.endswith("_window"):
             # A window holds fewer requests than half its microseconds, and has no burst.
             limit = {"requests": min(requests_per_second, 400_000), "per": "second", "algorithm": algorithm}
+        if algorithm == "sliding_log":
+            # One timestamp per request: at most 1,000 (and 64 MiB a rule: 8,192 keys of 1,000).
+            limit = {"requests": min(requests_per_second, 1_000), "per": "second", "algorithm": algorithm}
     rule = {
         "name": "bench",
         "match": {"path_prefix": "/api/"},
@@ -79,6 +82,10 @@ for short, algorithm in ALGORITHMS.items():
         (f"sluice-deny-{short}", "sluice", "sluice.yaml.tmpl",
          {"PLUGIN_CONFIG": sluice_config(DENY_LIMIT, algorithm)}, "sluice"),
     ]
+# A sliding log cannot be open (it keeps a timestamp per request, at most 1,000): its deny path, a log
+# of 100 timestamps per key (every request reads its set of 8 records, 7 KB).
+VARIANTS.append(("sluice-deny-log", "sluice", "sluice.yaml.tmpl",
+                 {"PLUGIN_CONFIG": sluice_config(DENY_LIMIT, "sliding_log")}, "sluice"))
 COUNTERS = {
     "native": (
         "http_local_rate_limiter.http_local_rate_limit.ok",

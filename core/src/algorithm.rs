@@ -10,6 +10,10 @@
 //! | `fixed_window` | requests counted in the window | the window's start |
 //! | `sliding_window` | requests counted in the current window | previous window's count << 32, current window's number |
 //! | `leaky_bucket` | the next free slot's time (µs, fractional) | unused |
+//! | `sliding_log` | unused | the ring's head; the ring follows the buckets ([`crate::log`]) |
+//!
+//! A sliding log is decided with its ring, through [`LimitState`]; a bucket alone admits
+//! nothing of it.
 //!
 //! Windowed ghosts: a record evicted with `remaining` requests left in a window that ends at
 //! `end` leaves the time `end - 1 - remaining` (inside the window, since a window holds fewer
@@ -18,7 +22,76 @@
 
 use crate::bucket::{Bucket, Verdict};
 use crate::limit::{Algorithm, Limit};
+use crate::log::{self, Log};
 use crate::window;
+
+/// One limit's state in a record: its bucket, and its ring if it is a sliding log (else empty).
+pub struct LimitState<'a> {
+    pub bucket: &'a mut Bucket,
+    pub ring: &'a mut [u64],
+}
+
+impl LimitState<'_> {
+    fn log(&mut self) -> Option<Log<'_>> {
+        if self.ring.is_empty() {
+            return None;
+        }
+        Some(Log {
+            head: &mut self.bucket.stamp_us,
+            ring: self.ring,
+        })
+    }
+
+    /// Would `cost` be admitted at `now_us`? Changes nothing.
+    pub fn check(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
+        match self.log() {
+            Some(mut log) => log.step(limit, now_us, cost, false),
+            None => self.bucket.check(limit, now_us, cost).0,
+        }
+    }
+
+    /// Admits `cost` if it may be, spending it.
+    pub fn admit(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
+        if let Some(mut log) = self.log() {
+            return log.step(limit, now_us, cost, true);
+        }
+        let (verdict, next) = self.bucket.admit(limit, now_us, cost);
+        *self.bucket = next;
+        verdict
+    }
+
+    /// See [`Bucket::give_back`].
+    pub fn give_back(&mut self, limit: &Limit, cost: u64) {
+        match self.log() {
+            Some(mut log) => log.give_back(cost),
+            None => *self.bucket = self.bucket.give_back(limit, cost),
+        }
+    }
+
+    /// See [`Bucket::spend`].
+    pub fn spend(&mut self, limit: &Limit, now_us: u64, cost: u64) {
+        match self.log() {
+            Some(mut log) => log.spend(limit, now_us, cost),
+            None => *self.bucket = self.bucket.spend(limit, now_us, cost),
+        }
+    }
+
+    /// See [`Bucket::ghost_us`].
+    pub fn ghost_us(&mut self, limit: &Limit, now_us: u64) -> u64 {
+        match self.log() {
+            Some(log) => log.ghost_us(now_us),
+            None => self.bucket.ghost_us(limit, now_us),
+        }
+    }
+
+    /// See [`Bucket::returning`].
+    pub fn returning(&mut self, limit: &Limit, now_us: u64, ghost_us: u64) {
+        match self.log() {
+            Some(mut log) => log.returning(ghost_us),
+            None => *self.bucket = Bucket::returning(limit, now_us, ghost_us),
+        }
+    }
+}
 
 impl Bucket {
     /// The state of a key seen for the first time: everything available.
@@ -34,6 +107,7 @@ impl Bucket {
                 stamp_us: window::start_us(limit.period(), now_us),
             },
             Algorithm::SlidingWindow => Sliding::at(limit, now_us).pack(),
+            Algorithm::SlidingLog => log::fresh(),
         }
     }
 
@@ -45,6 +119,7 @@ impl Bucket {
             Algorithm::LeakyBucket => leaky(self, limit, now_us, cost, false),
             Algorithm::FixedWindow => fixed(self, limit, now_us, cost, false),
             Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, false),
+            Algorithm::SlidingLog => (without_ring(limit), self),
         }
     }
 
@@ -56,6 +131,7 @@ impl Bucket {
             Algorithm::LeakyBucket => leaky(self, limit, now_us, cost, true),
             Algorithm::FixedWindow => fixed(self, limit, now_us, cost, true),
             Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, true),
+            Algorithm::SlidingLog => (without_ring(limit), self),
         }
     }
 
@@ -76,6 +152,7 @@ impl Bucket {
                 s.current = (s.current - cost as f64).max(0.0);
                 s.pack()
             }
+            Algorithm::SlidingLog => self,
         }
     }
 
@@ -109,6 +186,7 @@ impl Bucket {
                 s.current = (s.current + cost_f).min(limit.requests() as f64);
                 s.pack()
             }
+            Algorithm::SlidingLog => self,
         }
     }
 
@@ -129,6 +207,7 @@ impl Bucket {
                 }
                 window::end_us(limit.period(), now_us) - 1 - verdict.remaining
             }
+            Algorithm::SlidingLog => now_us,
         }
     }
 
@@ -168,7 +247,19 @@ impl Bucket {
                     }
                 }
             }
+            Algorithm::SlidingLog => fresh,
         }
+    }
+}
+
+/// A sliding log asked without its ring: nothing is admitted (never happens: records carry it).
+fn without_ring(limit: &Limit) -> Verdict {
+    Verdict {
+        allowed: false,
+        remaining: 0,
+        retry_after_us: limit.period().micros(),
+        reset_us: 0,
+        delay_us: 0,
     }
 }
 

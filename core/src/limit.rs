@@ -83,6 +83,9 @@ pub enum Algorithm {
     /// Shaping: requests leave at `requests` per `period`; a burst's first `delay` pass at
     /// once, the next `queue` wait for their slot (at most `max_delay_ms`), the rest are refused.
     LeakyBucket,
+    /// Exact: one timestamp per request admitted in the last `period`; admitted while fewer
+    /// than `requests` are.
+    SlidingLog,
 }
 
 /// A leaky bucket's shaping: how many of a burst pass at once, how many wait, for how long.
@@ -95,7 +98,7 @@ pub struct Shaping {
 
 impl Algorithm {
     pub const NAMES: &'static str =
-        "token_bucket, gcra, fixed_window, sliding_window, leaky_bucket";
+        "token_bucket, gcra, fixed_window, sliding_window, sliding_log, leaky_bucket";
 
     pub fn parse(name: &str) -> Option<Algorithm> {
         match name {
@@ -104,6 +107,7 @@ impl Algorithm {
             "fixed_window" => Some(Algorithm::FixedWindow),
             "sliding_window" => Some(Algorithm::SlidingWindow),
             "leaky_bucket" => Some(Algorithm::LeakyBucket),
+            "sliding_log" => Some(Algorithm::SlidingLog),
             _ => None,
         }
     }
@@ -115,6 +119,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::SlidingLog => "sliding_log",
         }
     }
 
@@ -136,7 +141,7 @@ pub struct Limit {
 }
 
 /// Largest accepted `requests` or `burst`: keeps every token count exact in an `f64` and a `u32`.
-pub use sluice_protocol::MAX_TOKENS;
+pub use sluice_protocol::{MAX_LOG, MAX_TOKENS};
 
 impl Limit {
     /// One request a second: a placeholder where a limit is needed and none is configured.
@@ -208,6 +213,38 @@ impl Limit {
         })
     }
 
+    /// A sliding log of `requests` timestamps per key: at most [`MAX_LOG`] (each takes 8
+    /// bytes of every key's record).
+    pub fn logged(requests: u64, period: Period) -> Result<Limit, &'static str> {
+        if requests == 0 {
+            return Err("must be at least 1");
+        }
+        if requests > MAX_LOG {
+            return Err("a sliding_log keeps one timestamp per request: at most 1000 requests (use sliding_window for more)");
+        }
+        if period.calendar() {
+            return Err(
+                "week and month are calendar windows: use them with the fixed_window algorithm",
+            );
+        }
+        Ok(Limit {
+            requests,
+            period,
+            burst: requests,
+            algorithm: Algorithm::SlidingLog,
+            shaping: Shaping::default(),
+        })
+    }
+
+    /// Timestamps a key's record keeps for this limit (a sliding log's), else 0.
+    pub fn log_len(&self) -> usize {
+        if self.algorithm == Algorithm::SlidingLog {
+            self.requests as usize
+        } else {
+            0
+        }
+    }
+
     /// A leaky bucket: `requests` per `period` leave, `shaping` says how a burst waits.
     pub fn leaky(requests: u64, period: Period, shaping: Shaping) -> Result<Limit, &'static str> {
         let base = Limit::new(requests, period, None)?;
@@ -264,6 +301,7 @@ impl From<&Limit> for sluice_protocol::LimitSpec {
         let algorithm = match limit.algorithm {
             Algorithm::FixedWindow => AlgorithmSpec::FixedWindow,
             Algorithm::SlidingWindow => AlgorithmSpec::SlidingWindow,
+            Algorithm::SlidingLog => AlgorithmSpec::SlidingLog,
             // token_bucket and gcra; algorithms of one proxy only never reach the service.
             _ => AlgorithmSpec::TokenBucket,
         };

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::bucket::{Bucket, Verdict};
+use crate::bucket::Verdict;
 use crate::decision::{Decision, Evaluation, Outcome, Quota, Spend, Spent};
 use crate::key;
 use crate::limit::{Algorithm, Limit};
@@ -139,6 +139,7 @@ impl Limiter {
                 let limits = bucket_limits(rule);
                 let step = store::update(store, &table.set_key(fingerprint), |set| {
                     let found = table.find(set, fingerprint);
+                    let seen_us = found.as_ref().map(|r| r.seen_us);
                     let mut record = match found {
                         Some(record) => record,
                         None => table.find_or_fresh(set, fingerprint, limits, now),
@@ -151,7 +152,7 @@ impl Limiter {
                     // second.
                     let unchanged = !verdict.allowed
                         && rule.consistency == Consistency::Local
-                        && found.is_some_and(|r| now.saturating_sub(r.seen_us) < RECENCY_US);
+                        && seen_us.is_some_and(|seen| now.saturating_sub(seen) < RECENCY_US);
                     if unchanged {
                         return ((verdict, false), false);
                     }
@@ -295,8 +296,8 @@ impl Limiter {
                     record.global_remaining = record.global_remaining.saturating_add(1);
                 }
                 Spend::Buckets => {
-                    for (bucket, limit) in record.buckets.iter_mut().zip(bucket_limits(rule)) {
-                        *bucket = bucket.give_back(limit, 1);
+                    for (limit, mut state) in record.states(bucket_limits(rule)) {
+                        state.give_back(limit, 1);
                     }
                 }
             }
@@ -327,17 +328,17 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
         if verdict.allowed {
             // The fallback buckets follow what this proxy spends, so a lapse of the lease
             // falls back to what is left locally, not to a fresh burst.
-            for (bucket, limit) in record.buckets.iter_mut().zip(bucket_limits(rule)) {
-                *bucket = bucket.spend(limit, now, 1);
+            for (limit, mut state) in record.states(bucket_limits(rule)) {
+                state.spend(limit, now, 1);
             }
         }
         verdict
     } else {
         match (&rule.consistency, &rule.fallback) {
-            (Consistency::Local, _) => spend_buckets(&rule.limits, &mut record.buckets, now),
+            (Consistency::Local, _) => spend_buckets(&rule.limits, record, now),
             (_, Fallback::Open(limits)) => {
                 // The headers still advertise the rule's limit, not the fallback's.
-                let mut verdict = spend_buckets(limits, &mut record.buckets, now);
+                let mut verdict = spend_buckets(limits, record, now);
                 verdict.quota.limit = first_limit(rule);
                 verdict
             }
@@ -425,19 +426,17 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
 }
 
 /// All limits must have the token; then each spends it.
-fn spend_buckets(limits: &[Limit], buckets: &mut [Bucket], now: u64) -> RuleVerdict {
+fn spend_buckets(limits: &[Limit], record: &mut Record, now: u64) -> RuleVerdict {
     let mut verdicts: [Option<Verdict>; table::MAX_LIMITS] = [None; table::MAX_LIMITS];
     let mut allowed = true;
-    for (i, (limit, bucket)) in limits.iter().zip(buckets.iter()).enumerate() {
-        let (verdict, _) = bucket.check(limit, now, 1);
+    for (i, (limit, mut state)) in record.states(limits).enumerate() {
+        let verdict = state.check(limit, now, 1);
         allowed &= verdict.allowed;
         verdicts[i] = Some(verdict);
     }
     if allowed {
-        for (i, (limit, bucket)) in limits.iter().zip(buckets.iter_mut()).enumerate() {
-            let (verdict, next) = bucket.admit(limit, now, 1);
-            *bucket = next;
-            verdicts[i] = Some(verdict);
+        for (i, (limit, mut state)) in record.states(limits).enumerate() {
+            verdicts[i] = Some(state.admit(limit, now, 1));
         }
     }
     // The most restrictive limit speaks: when denying, the one that makes the client wait

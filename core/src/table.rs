@@ -16,6 +16,7 @@
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
+use crate::algorithm::LimitState;
 use crate::bucket::Bucket;
 use crate::limit::Limit;
 
@@ -33,18 +34,19 @@ pub use sluice_protocol::MAX_LIMITS;
 const HEADER: usize = 48;
 const PER_LIMIT: usize = 16;
 
-/// Bytes of one record for a rule with `limits` limits.
-pub const fn record_len(limits: usize) -> usize {
-    HEADER + PER_LIMIT * limits
+/// Bytes of one record for a rule with `limits` limits whose sliding logs keep `log` timestamps.
+pub const fn record_len(limits: usize, log: usize) -> usize {
+    HEADER + PER_LIMIT * limits + 8 * log
 }
 
-/// Bytes of a full set for a rule with `limits` limits: its ghosts and its records.
-pub const fn set_len(limits: usize) -> usize {
-    GHOST_AREA + WAYS * record_len(limits)
+/// Bytes of a full set for a rule with `limits` limits (and `log` timestamps): its ghosts and
+/// its records.
+pub const fn set_len(limits: usize, log: usize) -> usize {
+    GHOST_AREA + WAYS * record_len(limits, log)
 }
 
 /// One key's state on one proxy.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     /// Hash of the key; 0 marks a free way.
     pub fingerprint: u64,
@@ -65,6 +67,9 @@ pub struct Record {
     pub global_reset_at_us: u64,
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.
     pub buckets: [Bucket; MAX_LIMITS],
+    /// The rings of its sliding logs, one after the other in limit order (empty for other
+    /// algorithms): [`crate::log`].
+    pub logs: Vec<u64>,
 }
 
 impl Record {
@@ -77,6 +82,7 @@ impl Record {
         for (bucket, limit) in buckets.iter_mut().zip(limits) {
             *bucket = Bucket::fresh(limit, now_us);
         }
+        let log: usize = limits.iter().map(Limit::log_len).sum();
         Record {
             fingerprint,
             seen_us: now_us,
@@ -87,7 +93,25 @@ impl Record {
             global_remaining: 0,
             global_reset_at_us: 0,
             buckets,
+            logs: vec![0; log],
         }
+    }
+
+    /// Each limit's state: its bucket and, for a sliding log, its ring.
+    pub fn states<'a>(
+        &'a mut self,
+        limits: &'a [Limit],
+    ) -> impl Iterator<Item = (&'a Limit, LimitState<'a>)> + 'a {
+        let mut rest: &'a mut [u64] = &mut self.logs;
+        self.buckets
+            .iter_mut()
+            .zip(limits)
+            .map(move |(bucket, limit)| {
+                let len = limit.log_len().min(rest.len());
+                let (ring, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                rest = tail;
+                (limit, LimitState { bucket, ring })
+            })
     }
 
     /// Whether it holds counts the counter service has not seen yet.
@@ -98,10 +122,19 @@ impl Record {
     /// The ghost to leave when evicted: when every local bucket is full again (`now_us` if
     /// they are), or a windowed limit's encoding of what it has left ([`crate::algorithm`]).
     pub fn full_at_us(&self, limits: &[Limit], now_us: u64) -> u64 {
-        self.buckets
-            .iter()
-            .zip(limits)
-            .map(|(bucket, limit)| bucket.ghost_us(limit, now_us))
+        if self.logs.is_empty() {
+            return self
+                .buckets
+                .iter()
+                .zip(limits)
+                .map(|(bucket, limit)| bucket.ghost_us(limit, now_us))
+                .max()
+                .unwrap_or(now_us);
+        }
+        let mut record = self.clone();
+        record
+            .states(limits)
+            .map(|(limit, mut state)| state.ghost_us(limit, now_us))
             .max()
             .unwrap_or(now_us)
     }
@@ -112,13 +145,13 @@ impl Record {
     /// ones); windowed limits get back at most what they had left.
     pub fn returning(fingerprint: u64, limits: &[Limit], now_us: u64, full_at_us: u64) -> Record {
         let mut record = Record::fresh(fingerprint, limits, now_us);
-        for (bucket, limit) in record.buckets.iter_mut().zip(limits) {
-            *bucket = Bucket::returning(limit, now_us, full_at_us);
+        for (limit, mut state) in record.states(limits) {
+            state.returning(limit, now_us, full_at_us);
         }
         record
     }
 
-    fn read(bytes: &[u8], limits: usize) -> Record {
+    fn read(bytes: &[u8], limits: usize, log: usize) -> Record {
         let u64_at = |at: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&bytes[at..at + 8]);
@@ -150,10 +183,13 @@ impl Record {
             global_remaining: u32_at(36),
             global_reset_at_us: u64_at(40),
             buckets,
+            logs: (0..log)
+                .map(|i| u64_at(HEADER + limits * PER_LIMIT + 8 * i))
+                .collect(),
         }
     }
 
-    fn write(&self, bytes: &mut [u8], limits: usize) {
+    fn write(&self, bytes: &mut [u8], limits: usize, log: usize) {
         bytes[0..8].copy_from_slice(&self.fingerprint.to_le_bytes());
         bytes[8..16].copy_from_slice(&self.seen_us.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.lease_until_us.to_le_bytes());
@@ -166,6 +202,10 @@ impl Record {
             let at = HEADER + i * PER_LIMIT;
             bytes[at..at + 8].copy_from_slice(&bucket.tokens.to_bits().to_le_bytes());
             bytes[at + 8..at + 16].copy_from_slice(&bucket.stamp_us.to_le_bytes());
+        }
+        let logs = HEADER + limits * PER_LIMIT;
+        for (i, t) in self.logs.iter().take(log).enumerate() {
+            bytes[logs + 8 * i..logs + 8 * i + 8].copy_from_slice(&t.to_le_bytes());
         }
     }
 }
@@ -201,6 +241,8 @@ pub struct Table {
     prefix: String,
     sets: u32,
     limits: usize,
+    /// Timestamps of its sliding logs per record.
+    log: usize,
     hasher: KeyHasher,
 }
 
@@ -222,6 +264,7 @@ impl Table {
             prefix: format!("sluice/{rule}/{:08x}/", fnv1a(&shape) as u32),
             sets: (max_keys / WAYS as u32).max(1),
             limits: limits.len(),
+            log: limits.iter().map(Limit::log_len).sum(),
             hasher,
         }
     }
@@ -247,13 +290,13 @@ impl Table {
     }
 
     fn record_len(&self) -> usize {
-        record_len(self.limits)
+        record_len(self.limits, self.log)
     }
 
     /// Reads the record of `fingerprint`, if the set holds it.
     pub fn find(&self, set: &[u8], fingerprint: u64) -> Option<Record> {
         self.position(set, fingerprint)
-            .map(|at| Record::read(&set[at..at + self.record_len()], self.limits))
+            .map(|at| Record::read(&set[at..at + self.record_len()], self.limits, self.log))
     }
 
     /// The byte offsets of the set's records.
@@ -326,7 +369,7 @@ impl Table {
             set.resize(GHOST_AREA, 0);
         }
         if let Some(at) = self.position(set, record.fingerprint) {
-            record.write(&mut set[at..at + len], self.limits);
+            record.write(&mut set[at..at + len], self.limits, self.log);
             return None;
         }
         // A key that comes back takes its ghost's place.
@@ -334,19 +377,19 @@ impl Table {
         if set.len() < GHOST_AREA + WAYS * len {
             let at = set.len();
             set.resize(at + len, 0);
-            record.write(&mut set[at..at + len], self.limits);
+            record.write(&mut set[at..at + len], self.limits, self.log);
             return None;
         }
         let victim_at = self
             .ways(set)
             .min_by_key(|&at| {
-                let r = Record::read(&set[at..at + len], self.limits);
+                let r = Record::read(&set[at..at + len], self.limits, self.log);
                 let costly = r.full_at_us(limits, now_us) > now_us;
                 (r.unsynced(), costly, r.seen_us)
             })
             .unwrap_or(GHOST_AREA);
-        let victim = Record::read(&set[victim_at..victim_at + len], self.limits);
-        record.write(&mut set[victim_at..victim_at + len], self.limits);
+        let victim = Record::read(&set[victim_at..victim_at + len], self.limits, self.log);
+        record.write(&mut set[victim_at..victim_at + len], self.limits, self.log);
         let full_at = victim.full_at_us(limits, now_us);
         if full_at > now_us {
             self.bury(set, victim.fingerprint, full_at);
@@ -387,7 +430,7 @@ impl Table {
     pub fn records<'a>(&'a self, set: &'a [u8]) -> impl Iterator<Item = Record> + 'a {
         let len = self.record_len();
         self.ways(set)
-            .map(move |at| Record::read(&set[at..at + len], self.limits))
+            .map(move |at| Record::read(&set[at..at + len], self.limits, self.log))
     }
 }
 
@@ -427,7 +470,7 @@ mod tests {
         record.lease_until_us = 11;
         record.buckets[1].tokens = 2.5;
         assert_eq!(table.store(&mut set, &record, &limits(), 7), None);
-        assert_eq!(set.len(), GHOST_AREA + record_len(2));
+        assert_eq!(set.len(), GHOST_AREA + record_len(2, 0));
         assert_eq!(table.find(&set, 42), Some(record));
         assert_eq!(table.find(&set, 43), None);
     }
@@ -442,7 +485,7 @@ mod tests {
         }
         assert_eq!(
             set.len(),
-            GHOST_AREA + WAYS * record_len(2),
+            GHOST_AREA + WAYS * record_len(2, 0),
             "full, no bigger"
         );
         let evicted = table.store(
@@ -452,7 +495,7 @@ mod tests {
             1_000,
         );
         assert_eq!(evicted.map(|r| r.fingerprint), Some(1), "the oldest goes");
-        assert_eq!(set.len(), GHOST_AREA + WAYS * record_len(2));
+        assert_eq!(set.len(), GHOST_AREA + WAYS * record_len(2, 0));
         assert!(table.find(&set, 99).is_some());
     }
 

@@ -236,6 +236,85 @@ fn a_fixed_window_admits_twice_its_limit_across_a_boundary_and_a_sliding_window_
     assert_eq!(sliding.iter().filter(|&&a| a).count(), 10, "{sliding:?}");
     let bucket = run(&Limit::new(10, Period::Minute, None).unwrap(), &times);
     assert_eq!(bucket.iter().filter(|&&a| a).count(), 10);
+    let log = through_limiter(
+        r#"{"requests": 10, "per": "minute", "algorithm": "sliding_log"}"#,
+        &times,
+    );
+    assert_eq!(
+        log.iter().filter(|&&a| a).count(),
+        10,
+        "none of the second burst: {log:?}"
+    );
+    assert!(log[..10].iter().all(|&a| a));
+}
+
+/// Runs `times` through the limiter (key table, records, rings) for one key and a rule of
+/// `limits` (JSON, comma separated); returns what it admitted.
+fn through_limiter(limits: &str, times: &[u64]) -> Vec<bool> {
+    let json = format!(
+        r#"{{"max_keys": 64, "rules": [{{"name": "r", "key": ["client_ip"], "limits": [{limits}]}}]}}"#
+    );
+    let limiter = sluice_core::Limiter::new(sluice_core::parse(json.as_bytes()).unwrap());
+    let mut store = MemoryStore::default();
+    times
+        .iter()
+        .map(|&t| {
+            let mut request = PlainRequest::get("/x").from_ip("192.0.2.1");
+            let conditions = sluice_core::Conditions {
+                now_us: t,
+                service_up: true,
+            };
+            let evaluation = limiter.decide(&mut request, conditions, &mut store);
+            matches!(evaluation.decision, sluice_core::Decision::Allow { .. })
+        })
+        .collect()
+}
+
+/// The sliding log by its definition: admitted while fewer than `requests` admitted requests
+/// arrived in the last `period` (a request at `a` counts while `t < a + period`), for every
+/// `(requests, period)`.
+fn log_reference(limits: &[(u64, u64)], times: &[u64]) -> Vec<bool> {
+    let mut admitted: Vec<u64> = Vec::new();
+    times
+        .iter()
+        .map(|&t| {
+            let ok = limits.iter().all(|&(requests, period_us)| {
+                (admitted.iter().filter(|&&a| t < a + period_us).count() as u64) < requests
+            });
+            if ok {
+                admitted.push(t);
+            }
+            ok
+        })
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn the_sliding_log_admits_exactly_what_its_definition_allows(
+        requests in 1u64..12,
+        gaps in proptest::collection::vec(0u64..400_000, 1..300),
+    ) {
+        let times = arrivals(MIDNIGHT, &gaps);
+        let limit = format!(r#"{{"requests": {requests}, "per": "second", "algorithm": "sliding_log"}}"#);
+        prop_assert_eq!(through_limiter(&limit, &times), log_reference(&[(requests, S)], &times));
+    }
+
+    #[test]
+    fn a_rule_of_two_sliding_logs_admits_what_both_allow(
+        per_second in 1u64..6,
+        per_minute in 5u64..40,
+        gaps in proptest::collection::vec(0u64..900_000, 1..300),
+    ) {
+        let times = arrivals(MIDNIGHT, &gaps);
+        let limits = format!(
+            r#"{{"requests": {per_second}, "per": "second", "algorithm": "sliding_log"}}, {{"requests": {per_minute}, "per": "minute", "algorithm": "sliding_log"}}"#
+        );
+        prop_assert_eq!(
+            through_limiter(&limits, &times),
+            log_reference(&[(per_second, S), (per_minute, 60 * S)], &times)
+        );
+    }
 }
 
 #[test]
@@ -289,11 +368,41 @@ fn configuration_names_the_field_of_every_algorithm_mistake() {
             "rules[0].limits[0].per",
         ),
         (
+            // Cached is the default with a service: a log is never leased.
             rule(
                 r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_log"}]"#,
                 "",
             ),
-            "rules[0].limits[0].algorithm",
+            "rules[0].consistency",
+        ),
+        (
+            rule(
+                r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_log", "burst": 9}]"#,
+                r#", "consistency": "strict""#,
+            ),
+            "rules[0].limits[0].burst",
+        ),
+        (
+            rule(
+                r#"[{"requests": 1001, "per": "hour", "algorithm": "sliding_log"}]"#,
+                r#", "consistency": "strict""#,
+            ),
+            "rules[0].limits[0].requests",
+        ),
+        (
+            rule(
+                r#"[{"requests": 5, "per": "week", "algorithm": "sliding_log"}]"#,
+                r#", "consistency": "local""#,
+            ),
+            "rules[0].limits[0].per",
+        ),
+        (
+            // 1000 timestamps for each of the default 65,536 keys: 500 MiB.
+            rule(
+                r#"[{"requests": 1000, "per": "hour", "algorithm": "sliding_log"}]"#,
+                r#", "consistency": "local""#,
+            ),
+            "rules[0].limits",
         ),
         (
             rule(
@@ -355,6 +464,18 @@ fn configuration_names_the_field_of_every_algorithm_mistake() {
         rule(
             r#"[{"requests": 5, "per": "minute"}]"#,
             r#", "consistency": "cached", "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute", "algorithm": "sliding_window"}]}"#,
+        ),
+        rule(
+            r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_log"}, {"requests": 20, "per": "hour", "algorithm": "sliding_log"}]"#,
+            r#", "consistency": "local""#,
+        ),
+        rule(
+            r#"[{"requests": 5, "per": "minute", "algorithm": "sliding_log"}]"#,
+            r#", "consistency": "strict""#,
+        ),
+        rule(
+            r#"[{"requests": 5, "per": "minute"}]"#,
+            r#", "consistency": "cached", "fallback": {"policy": "fail_open", "limits": [{"requests": 2, "per": "minute", "algorithm": "sliding_log"}]}"#,
         ),
     ] {
         assert!(sluice_core::parse(ok.as_bytes()).is_ok(), "{ok}");

@@ -219,7 +219,7 @@ fn a_flood_of_unique_keys_stays_within_max_keys() {
             &mut store,
         );
     }
-    let set = sluice_core::table::set_len(1);
+    let set = sluice_core::table::set_len(1, 0);
     let sets = 1024 / sluice_core::table::WAYS;
     assert!(store.len() <= sets, "{} sets", store.len());
     let payload: usize = store.bytes();

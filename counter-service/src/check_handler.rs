@@ -1,11 +1,11 @@
 //! `POST /v1/check`: one strict decision for one key, for rules that choose exactness over
 //! latency: `lua/check.lua` for token buckets (the proxies' outstanding leases are set aside
-//! first), `lua/window.lua` for windows (`fixed_window`, `sliding_window`; the limits of one
-//! check share one algorithm, see `validate`).
+//! first), `lua/window.lua` for windows (`fixed_window`, `sliding_window`), `lua/sliding_log.lua`
+//! for sliding logs (the limits of one check share one algorithm, see `validate`).
 
 use axum::extract::State;
 use axum::Json;
-use sluice_protocol::{CheckRequest, CheckResponse};
+use sluice_protocol::{AlgorithmSpec, CheckRequest, CheckResponse};
 
 use crate::backend::BackendError;
 use crate::body::JsonBody;
@@ -32,21 +32,26 @@ pub async fn decide(
     request: &CheckRequest,
     now_override_us: u64,
 ) -> Result<CheckResponse, BackendError> {
-    let windowed = request.limits.iter().any(|l| l.algorithm.windowed());
-    let script = if windowed {
-        &state.scripts.window
-    } else {
-        &state.scripts.check
+    // The limits of one check share one algorithm (`validate`).
+    let algorithm = request.limits.first().map(|l| l.algorithm);
+    let script = match algorithm {
+        Some(AlgorithmSpec::SlidingLog) => &state.scripts.sliding_log,
+        Some(a) if a.windowed() => &state.scripts.window,
+        _ => &state.scripts.check,
     };
     let mut invocation = script.prepare_invoke();
     invocation
         .arg(now_override_us)
         .arg(request.cost)
         .arg(request.limits.len());
-    if windowed {
-        keys::add_windows(&mut invocation, &request.key, &request.limits);
-    } else {
-        keys::add_limits(&mut invocation, &request.key, &request.limits);
+    match algorithm {
+        Some(AlgorithmSpec::SlidingLog) => {
+            keys::add_logs(&mut invocation, &request.key, &request.limits)
+        }
+        Some(a) if a.windowed() => {
+            keys::add_windows(&mut invocation, &request.key, &request.limits)
+        }
+        _ => keys::add_limits(&mut invocation, &request.key, &request.limits),
     }
     state.metrics.script_called("check", 1);
     let reply: Vec<i64> = state.backend.invoke("check", &invocation).await?;

@@ -63,6 +63,17 @@ pub fn add_windows(invocation: &mut ScriptInvocation<'_>, entry_key: &str, limit
     }
 }
 
+/// Adds an entry's sliding logs to a script call as `sliding_log.lua` reads them: per limit,
+/// its key in KEYS and `requests, period_ms` in ARGV.
+pub fn add_logs(invocation: &mut ScriptInvocation<'_>, entry_key: &str, limits: &[LimitSpec]) {
+    for limit in limits {
+        invocation
+            .key(limit_key(entry_key, limit))
+            .arg(limit.requests)
+            .arg(limit.period_ms);
+    }
+}
+
 /// How `window.lua` counts a window: `fixed`, `week`, `month` or `sliding`.
 pub fn window_kind(limit: &LimitSpec) -> &'static str {
     match (limit.algorithm, limit.calendar) {

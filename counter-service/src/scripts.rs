@@ -3,7 +3,7 @@
 //!
 //! `check.lua` and `sync.lua` share their clock, hash load, lease scan, refill and expiry through
 //! `lua/prelude.lua` (`fleet.lua` its clock and hash load; `window.lua` and `sync_window.lua` its
-//! clock, hash load, lease scan, windows and expiry): each script the service runs is the
+//! clock, hash load, lease scan, windows and expiry; `sliding_log.lua` its clock): each script the service runs is the
 //! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
 //! reload sends that same text, on one Redis and on every node of a cluster alike.
 
@@ -19,6 +19,8 @@ pub const CHECK_BODY_LUA: &str = include_str!("../../lua/check.lua");
 pub const FLEET_BODY_LUA: &str = include_str!("../../lua/fleet.lua");
 /// `lua/window.lua` alone, without the prelude (it does not run so).
 pub const WINDOW_BODY_LUA: &str = include_str!("../../lua/window.lua");
+/// `lua/sliding_log.lua` alone, without the prelude (it does not run so).
+pub const SLIDING_LOG_BODY_LUA: &str = include_str!("../../lua/sliding_log.lua");
 /// `lua/sync_window.lua` alone, without the prelude (it does not run so).
 pub const SYNC_WINDOW_BODY_LUA: &str = include_str!("../../lua/sync_window.lua");
 
@@ -48,6 +50,12 @@ pub const WINDOW_LUA: &str = concat!(
     "\n",
     include_str!("../../lua/window.lua")
 );
+/// The script of one strict decision on sliding logs: the prelude, then `lua/sliding_log.lua`.
+pub const SLIDING_LOG_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/sliding_log.lua")
+);
 /// The script of one load report and the fleet's level: the prelude, then `lua/fleet.lua`.
 pub const FLEET_LUA: &str = concat!(
     include_str!("../../lua/prelude.lua"),
@@ -65,6 +73,7 @@ pub struct Scripts {
     pub check: Script,
     pub fleet: Script,
     pub window: Script,
+    pub sliding_log: Script,
 }
 
 impl Scripts {
@@ -75,6 +84,7 @@ impl Scripts {
             check: Script::new(CHECK_LUA),
             fleet: Script::new(FLEET_LUA),
             window: Script::new(WINDOW_LUA),
+            sliding_log: Script::new(SLIDING_LOG_LUA),
         }
     }
 }
@@ -90,12 +100,13 @@ mod tests {
     use super::*;
 
     /// The scripts that run after the prelude, without it.
-    const BODIES: [(&str, &str); 5] = [
+    const BODIES: [(&str, &str); 6] = [
         ("sync.lua", SYNC_BODY_LUA),
         ("sync_window.lua", SYNC_WINDOW_BODY_LUA),
         ("check.lua", CHECK_BODY_LUA),
         ("fleet.lua", FLEET_BODY_LUA),
         ("window.lua", WINDOW_BODY_LUA),
+        ("sliding_log.lua", SLIDING_LOG_BODY_LUA),
     ];
 
     /// The names the prelude defines at its top level (`local function f`, `local NAME = …`).

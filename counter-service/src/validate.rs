@@ -5,8 +5,8 @@
 //! entries, the load report); an entry out of bounds is refused alone ([`sync_entry`]). The
 //! counts of an entry are cut to what its limits make possible ([`report_cap`]).
 
-use sluice_protocol::MAX_TOKENS;
 use sluice_protocol::{AlgorithmSpec, CheckRequest, LimitSpec, LoadReport, SyncEntry, SyncRequest};
+use sluice_protocol::{MAX_LOG, MAX_TOKENS};
 
 use crate::error::AppError;
 use crate::settings::Settings;
@@ -69,6 +69,16 @@ pub fn sync_entry(index: usize, entry: &SyncEntry, settings: &Settings) -> Resul
     let at = format!("entries[{index}]");
     name(&format!("{at}.key"), &entry.key, settings.max_key_bytes)?;
     limits(&format!("{at}.limits"), &entry.limits)?;
+    if let Some(j) = entry
+        .limits
+        .iter()
+        .position(|l| l.algorithm == AlgorithmSpec::SlidingLog)
+    {
+        return Err(AppError::invalid(
+            format!("{at}.limits[{j}].algorithm"),
+            "sliding_log is decided request by request (/v1/check), never leased",
+        ));
+    }
     for (field, value) in [("spent", entry.spent), ("denied", entry.denied)] {
         if value > MAX_COUNT {
             return Err(AppError::invalid(
@@ -203,6 +213,12 @@ fn window(at: &str, limit: &LimitSpec) -> Result<(), AppError> {
                 "{} has no burst: it must equal requests",
                 limit.algorithm.name()
             ),
+        ));
+    }
+    if limit.algorithm == AlgorithmSpec::SlidingLog && limit.requests > MAX_LOG {
+        return Err(AppError::invalid(
+            format!("{at}.requests"),
+            format!("a sliding_log keeps one member per request: at most {MAX_LOG}"),
         ));
     }
     // core's bound: a count and its ghost need fewer requests than microseconds.
@@ -466,6 +482,27 @@ mod tests {
         assert_eq!(
             check(vec![TEN, daily]),
             "limits[1].algorithm: the limits of one key share one algorithm (token_bucket here)"
+        );
+        let log = LimitSpec::window(AlgorithmSpec::SlidingLog, 1_000, 3_600_000);
+        assert_eq!(check(vec![log]), "");
+        assert_eq!(
+            check(vec![LimitSpec {
+                requests: 1_001,
+                burst: 1_001,
+                ..log
+            }]),
+            "limits[0].requests: a sliding_log keeps one member per request: at most 1000"
+        );
+        // a log is never leased: a sync refuses the entry alone
+        let logged = SyncRequest {
+            proxy: "p".into(),
+            interval_ms: 100,
+            entries: vec![entry("a", vec![TEN]), entry("b", vec![log])],
+            load: None,
+        };
+        assert_eq!(
+            message(&logged),
+            "entries[1].limits[0].algorithm: sliding_log is decided request by request (/v1/check), never leased"
         );
         // a sync leases windows too (sync_window.lua), within the same bounds
         let mut request = SyncRequest {

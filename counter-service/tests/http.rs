@@ -669,14 +669,35 @@ async fn windows_are_checked_on_keys_of_their_own_and_expire_with_their_window()
         .unwrap();
 
     // An algorithm the service does not know: 400, naming the field.
-    let unknown = json!({"key": "k", "limits": [{"requests": 2, "period_ms": 86400000, "burst": 2, "algorithm": "sliding_log"}]});
+    let unknown = json!({"key": "k", "limits": [{"requests": 2, "period_ms": 86400000, "burst": 2, "algorithm": "fifo"}]});
     let answer = post(&state, "/v1/check", &unknown).await;
     assert_error(&answer, StatusCode::BAD_REQUEST, "malformed_json");
     let message = answer.body["message"].as_str().unwrap();
     assert!(
-        message.starts_with("malformed JSON: limits[0].algorithm: unknown variant `sliding_log`"),
+        message.starts_with("malformed JSON: limits[0].algorithm: unknown variant `fifo`"),
         "{message}"
     );
+    // A sliding log beyond its bound, or in a sync (it is never leased): 400, naming the field.
+    let long = json!({"key": "k", "limits": [{"requests": 1001, "period_ms": 3600000, "burst": 1001, "algorithm": "sliding_log"}]});
+    let answer = post(&state, "/v1/check", &long).await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_eq!(
+        answer.body["message"],
+        "limits[0].requests: a sliding_log keeps one member per request: at most 1000"
+    );
+    // A sliding log is a sorted set of its own, expiring a second after its newest request
+    // stops counting.
+    let login = json!({"key": "k", "limits": [{"requests": 2, "period_ms": 60000, "burst": 2, "algorithm": "sliding_log"}]});
+    let mut allowed = Vec::new();
+    for _ in 0..3 {
+        allowed.push(post(&state, "/v1/check", &login).await.body["allowed"].clone());
+    }
+    assert_eq!(allowed, [json!(true), json!(true), json!(false)]);
+    let log_key = format!("sluice:{{{}}}:k:2/60000/2/sliding_log", keys::hash_tag("k"));
+    let members: u64 = redis::cmd("ZCARD").arg(&log_key).query(&mut con).unwrap();
+    assert_eq!(members, 2, "one member per admitted request");
+    let ttl: i64 = redis::cmd("PTTL").arg(&log_key).query(&mut con).unwrap();
+    assert!((59_000..=61_000).contains(&ttl), "ttl {ttl} ms");
     // Out of a window's bounds: 400, naming the field.
     let bursty = json!({"key": "k", "limits": [{"requests": 2, "period_ms": 86400000, "burst": 5, "algorithm": "fixed_window"}]});
     let answer = post(&state, "/v1/check", &bursty).await;

@@ -7,11 +7,16 @@
 //! traces, each step run through the service's check (`check_handler::decide`, with a fake clock)
 //! and through `Bucket::check` / `Bucket::admit`: the same decisions, remaining, retry-after and
 //! reset.
+//!
+//! The sliding logs (`lua/sliding_log.lua`) decide as `sluice_core`'s (`log.rs`, through a key's
+//! record): many seeded random traces, with arrivals at the very microsecond an admitted
+//! request stops counting, through the service's check and through core.
 
 mod common;
 
 use redis::Script;
 use serde_json::Value;
+use sluice_core::table::Record;
 use sluice_core::{Algorithm, Bucket, Limit, Period, Verdict};
 use sluice_counter_service::scripts::CHECK_LUA;
 use sluice_counter_service::{check_handler, validate, AppState};
@@ -225,33 +230,30 @@ type Answer = (bool, u64, u64, u64);
 /// the one with the fewest left (admitted) or the longest wait (denied).
 struct CoreKey {
     limits: Vec<Limit>,
-    states: Option<Vec<Bucket>>,
+    record: Option<Record>,
 }
 
 impl CoreKey {
     fn new(limits: Vec<Limit>) -> CoreKey {
         CoreKey {
             limits,
-            states: None,
+            record: None,
         }
     }
 
     fn decide(&mut self, now_us: u64, cost: u64) -> Answer {
         let limits = &self.limits;
-        let states = self
-            .states
-            .get_or_insert_with(|| limits.iter().map(|l| Bucket::fresh(l, now_us)).collect());
-        let mut verdicts: Vec<Verdict> = limits
-            .iter()
-            .zip(states.iter())
-            .map(|(limit, state)| state.check(limit, now_us, cost).0)
+        let record = self
+            .record
+            .get_or_insert_with(|| Record::fresh(1, limits, now_us));
+        let mut verdicts: Vec<Verdict> = record
+            .states(limits)
+            .map(|(limit, mut state)| state.check(limit, now_us, cost))
             .collect();
         let allowed = verdicts.iter().all(|v| v.allowed);
         if allowed {
-            for (i, (limit, state)) in limits.iter().zip(states.iter_mut()).enumerate() {
-                let (verdict, next) = state.admit(limit, now_us, cost);
-                *state = next;
-                verdicts[i] = verdict;
+            for (i, (limit, mut state)) in record.states(limits).enumerate() {
+                verdicts[i] = state.admit(limit, now_us, cost);
             }
         }
         let mut chosen: Option<Verdict> = None;
@@ -473,5 +475,81 @@ fn random_window_traces_decide_alike_in_rust_and_in_lua() {
     assert!(
         per_kind.len() == 10,
         "every period of both windows: {per_kind:?}"
+    );
+}
+
+#[test]
+fn random_sliding_log_traces_decide_alike_in_rust_and_in_lua() {
+    let redis = Redis::start().unwrap();
+    let runtime = runtime();
+    let state = runtime.block_on(async { common::state(&redis.url()) });
+    let seed = 0x5eed_0003;
+    let mut rng = Rng(seed);
+    let periods = [Period::Second, Period::Minute, Period::Hour, Period::Day];
+    const TRACES: usize = 600;
+    let (mut steps, mut denied, mut at_expiry) = (0, 0, 0);
+    for trace in 0..TRACES {
+        let count = match rng.below(10) {
+            0..=6 => 1,
+            7 | 8 => 2,
+            _ => 3,
+        };
+        let limits: Vec<Limit> = (0..count)
+            .map(|_| {
+                let period = periods[rng.below(periods.len() as u64) as usize];
+                let requests = match rng.below(8) {
+                    0..=4 => 1 + rng.below(5),
+                    5 | 6 => 1 + rng.below(30),
+                    _ => 1 + rng.below(sluice_core::limit::MAX_LOG),
+                };
+                Limit::logged(requests, period).unwrap()
+            })
+            .collect();
+        let first = limits[0];
+        let length = first.period().micros();
+        let mut now = 1_704_067_200_000_000 + rng.below(7 * 365 * 86_400_000_000);
+        let mut core = CoreKey::new(limits.clone());
+        let mut admitted: Vec<u64> = Vec::new();
+        let key = format!("log:{trace}");
+        for step in 0..(10 + rng.below(60)) {
+            let least = limits.iter().map(Limit::requests).min().unwrap();
+            let cost = match rng.below(10) {
+                0 => 1 + rng.below(3),
+                1 if step > 0 => 1 + rng.below(least + 2),
+                _ => 1,
+            };
+            let answer = core.decide(now, cost);
+            let lua = service_decide(&runtime, &state, &key, &limits, now, cost);
+            assert_eq!(
+                lua, answer,
+                "trace {trace} step {step} (seed {seed:#x}): {limits:?} at {now} cost {cost}: \
+                 Lua {lua:?}, Rust {answer:?}"
+            );
+            steps += 1;
+            denied += usize::from(!answer.0);
+            if answer.0 {
+                admitted.extend(std::iter::repeat_n(now, cost as usize));
+            }
+            // the next arrival: at once, soon, at about the limit's pace, at the microsecond an
+            // admitted request stops counting (or one before), or periods later
+            now = match rng.below(8) {
+                0 => now,
+                1 => now + rng.below(1_000),
+                2 | 3 => now + rng.below(length / first.requests() + 1),
+                4 | 5 if !admitted.is_empty() => {
+                    let some = admitted[rng.below(admitted.len() as u64) as usize];
+                    let expiry = some + length - rng.below(2);
+                    at_expiry += 1;
+                    expiry.max(now)
+                }
+                6 => now + rng.below(length),
+                _ => now + rng.below(3 * length),
+            };
+        }
+    }
+    eprintln!("{TRACES} traces, {steps} steps ({denied} denied, {at_expiry} at an expiry) agree");
+    assert!(
+        steps >= 10 * TRACES && denied >= steps / 10 && at_expiry >= steps / 10,
+        "{steps} steps, {denied} denied, {at_expiry} at an expiry"
     );
 }

@@ -8,6 +8,9 @@
 pub const MAX_LIMITS: usize = 8;
 /// Largest `requests`, `burst` or cost: keeps every token count exact in an `f64` and a `u32`.
 pub const MAX_TOKENS: u64 = 1 << 31;
+/// Most `requests` of a `sliding_log` limit: it keeps one timestamp per request admitted in
+/// its window, per key (8 bytes each in a proxy, one sorted-set member in Redis).
+pub const MAX_LOG: u64 = 1_000;
 /// Longest key the filter sends: a longer one is replaced by a digest.
 pub const MAX_KEY_BYTES: usize = 256;
 
@@ -96,6 +99,9 @@ pub enum AlgorithmSpec {
     TokenBucket,
     FixedWindow,
     SlidingWindow,
+    /// Exact: one timestamp per admitted request; decided per request (`/v1/check`), never
+    /// leased.
+    SlidingLog,
 }
 
 impl AlgorithmSpec {
@@ -113,6 +119,7 @@ impl AlgorithmSpec {
             AlgorithmSpec::TokenBucket => "token_bucket",
             AlgorithmSpec::FixedWindow => "fixed_window",
             AlgorithmSpec::SlidingWindow => "sliding_window",
+            AlgorithmSpec::SlidingLog => "sliding_log",
         }
     }
 }

@@ -657,6 +657,66 @@ fn a_strict_sliding_window_does_not_double_at_a_second_boundary() {
     }
 }
 
+/// A strict sliding log across two proxies: exactly its requests in any minute, whichever
+/// proxy they come through, and the denial waits for the oldest to stop counting.
+#[test]
+fn a_strict_sliding_log_is_exact_across_proxies() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let rules = json!([{
+        "name": "login",
+        "key": ["header:x-user"],
+        "consistency": "strict",
+        "limits": [{"requests": 5, "per": "minute", "algorithm": "sliding_log"}],
+        "fallback": {"policy": "fail_closed"},
+    }]);
+    let plugin_config = config(service.token(), 100, rules);
+    let proxies: Vec<Envoy> = (0..2)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+    let client = agent();
+    let urls: Vec<String> = proxies.iter().map(|e| e.url("/api/x")).collect();
+    let started = std::time::Instant::now();
+    let replies: Vec<_> = (0..10)
+        .map(|i| get(&client, &urls[i % 2], &[("x-user", "alice")]).unwrap())
+        .collect();
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429, 429, 429, 429, 429],
+        "5 a minute for both proxies together; {:?} {:?}\nservice log:\n{}",
+        proxies[0].sluice_stats(),
+        proxies[1].sluice_stats(),
+        service.log()
+    );
+    let denied = &replies[5];
+    let retry: u64 = denied
+        .header("retry-after")
+        .unwrap_or_else(|| panic!("no retry-after: {denied:?}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let since_first = started.elapsed().as_secs();
+    assert!(
+        (59 - since_first.min(59)..=60).contains(&retry),
+        "retry-after {retry} s, the first request came {since_first} s ago: {denied:?}"
+    );
+    assert_eq!(
+        get(&client, &urls[0], &[("x-user", "bob")]).unwrap().status,
+        200,
+        "another key has its own log"
+    );
+    for (i, envoy) in proxies.iter().enumerate() {
+        assert_eq!(
+            envoy.stat("wasmcustom.sluice.check.failed"),
+            0,
+            "proxy {i}: {:?}",
+            envoy.sluice_stats()
+        );
+    }
+}
+
 /// Milliseconds from now until the next full hour (UTC).
 fn ms_to_hour_end() -> u64 {
     let now = std::time::SystemTime::now()

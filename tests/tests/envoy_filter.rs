@@ -327,8 +327,13 @@ fn a_daily_fixed_window_resets_at_midnight_utc_and_says_so() {
 #[test]
 fn a_window_boundary_burst_is_twice_the_limit_for_a_fixed_window_and_not_for_a_sliding_one() {
     // A sliding window lets one request more through per tenth of the window as the first
-    // burst slides out: the second burst takes well under 100 ms, so at most one or two.
-    for (algorithm, most, least) in [("fixed_window", 20, 20), ("sliding_window", 12, 10)] {
+    // burst slides out: the second burst takes well under 100 ms, so at most one or two. A
+    // sliding log admits none of it: the first burst counts until a second after it came.
+    for (algorithm, most, least) in [
+        ("fixed_window", 20, 20),
+        ("sliding_window", 12, 10),
+        ("sliding_log", 10, 10),
+    ] {
         let envoy = start(
             config(
                 json!({"requests": 10, "per": "second", "algorithm": algorithm}),
@@ -355,6 +360,36 @@ fn a_window_boundary_burst_is_twice_the_limit_for_a_fixed_window_and_not_for_a_s
             "{algorithm}: admitted {admitted} of 20 across the boundary"
         );
     }
+}
+
+/// 500 concurrent requests on four workers against 50 a minute in a sliding log: exactly 50,
+/// and the denial's Retry-After is when the oldest of them stops counting.
+#[test]
+fn a_sliding_log_is_exact_across_four_workers_and_says_when_its_oldest_leaves() {
+    let envoy = start(
+        config(
+            json!({"requests": 50, "per": "minute", "algorithm": "sliding_log"}),
+            "enforce",
+        ),
+        4,
+    );
+    let started = std::time::Instant::now();
+    let result = burst(&envoy.url("/api/x"), 500, 16).unwrap();
+    assert_eq!(
+        (result.count(200), result.count(429)),
+        (50, 450),
+        "statuses: {:?}",
+        result.statuses
+    );
+    let denied = get(&agent(), &envoy.url("/api/x"), &[]).unwrap();
+    assert_eq!(denied.status, 429, "{denied:?}");
+    let retry = int_header(&denied, "retry-after");
+    let since_first = started.elapsed().as_secs();
+    assert!(
+        (59 - since_first.min(59)..=60).contains(&retry),
+        "retry-after {retry} s, the first request came {since_first} s ago"
+    );
+    assert_eq!(int_header(&denied, "x-ratelimit-remaining"), 0);
 }
 
 #[test]

@@ -201,7 +201,7 @@ fn a_flood_of_unique_clients_stays_bounded() {
       "limits": [{"requests": 5, "per": "minute"}]}]}"#;
     let proxy = proxy(config, 2);
     let sets = 256 / 8;
-    let set_len = sluice_core::table::set_len(1);
+    let set_len = sluice_core::table::set_len(1, 0);
     for i in 0..5_000u32 {
         let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string();
         send(&proxy, (i % 2) as usize, get("/", &ip));

@@ -17,6 +17,9 @@ use crate::policy::{
 
 /// Default per-rule key capacity of one proxy.
 pub const DEFAULT_MAX_KEYS: u32 = 65_536;
+/// Most memory one rule's sliding logs may take in a proxy (8 bytes per timestamp, `requests`
+/// timestamps per key and limit, `max_keys` keys).
+pub const MAX_LOG_BYTES: u64 = 64 << 20;
 /// Default sync interval with the counter service.
 pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 100;
 
@@ -246,6 +249,21 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
                 ),
             ));
         }
+        let log: usize = crate::limiter::bucket_limits(&rule)
+            .iter()
+            .map(Limit::log_len)
+            .sum();
+        let bytes = max_keys as u64 * 8 * log as u64;
+        if bytes > MAX_LOG_BYTES {
+            return Err(err(
+                format!("rules[{i}].limits"),
+                format!(
+                    "its sliding logs keep {log} timestamps per key: {} MiB for max_keys {max_keys}, more than the {} MiB a rule may take; lower requests or max_keys",
+                    bytes >> 20,
+                    MAX_LOG_BYTES >> 20
+                ),
+            ));
+        }
         rules.push(rule);
     }
 
@@ -385,6 +403,16 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             "leaky_bucket shapes the traffic of one proxy: local consistency only",
         ));
     }
+    // A log is one timestamp per request: it is decided request by request, never leased.
+    let logged = limits
+        .iter()
+        .any(|l| l.algorithm() == Algorithm::SlidingLog);
+    if consistency == Consistency::Cached && logged {
+        return Err(err(
+            format!("{at}.consistency"),
+            "sliding_log is exact, so it is decided per request: set consistency to strict (across proxies) or local; for a cached limit use sliding_window",
+        ));
+    }
     if let Fallback::Open(fallback) = &fallback {
         if consistency != Consistency::Local && shaped(fallback) {
             return Err(err(
@@ -439,13 +467,10 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
     let algorithm = match l.algorithm.as_deref() {
         None => Algorithm::TokenBucket,
         Some(name) => Algorithm::parse(name).ok_or_else(|| {
-            let known = "sliding_log";
-            let problem = if known.split(", ").any(|k| k == name) {
-                format!("{name} is not built yet; one of {} is", Algorithm::NAMES)
-            } else {
-                format!("expected one of {}, got {name:?}", Algorithm::NAMES)
-            };
-            err(format!("{at}.algorithm"), problem)
+            err(
+                format!("{at}.algorithm"),
+                format!("expected one of {}, got {name:?}", Algorithm::NAMES),
+            )
         })?,
     };
     let period = Period::parse(&l.per).ok_or_else(|| {
@@ -494,6 +519,22 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
             max_delay_ms,
         };
         return Limit::leaky(l.requests, period, shaping).map_err(|problem| {
+            let field = if problem.starts_with("week") {
+                "per"
+            } else {
+                "requests"
+            };
+            err(format!("{at}.{field}"), problem)
+        });
+    }
+    if algorithm == Algorithm::SlidingLog {
+        if l.burst.is_some() {
+            return Err(err(
+                format!("{at}.burst"),
+                "sliding_log admits `requests` in any span of `per` and has no burst; burst is for token_bucket and gcra",
+            ));
+        }
+        return Limit::logged(l.requests, period).map_err(|problem| {
             let field = if problem.starts_with("week") {
                 "per"
             } else {
