@@ -76,6 +76,15 @@ impl LimitState<'_> {
         }
     }
 
+    /// Charges `cost` after the fact (a response's reported cost): spent whatever is left,
+    /// into debt for the counting algorithms, so the next requests wait until it is repaid.
+    pub fn charge(&mut self, limit: &Limit, now_us: u64, cost: u64) {
+        match self.log() {
+            Some(mut log) => log.spend(limit, now_us, cost),
+            None => *self.bucket = self.bucket.charge(limit, now_us, cost),
+        }
+    }
+
     /// See [`Bucket::ghost_us`].
     pub fn ghost_us(&mut self, limit: &Limit, now_us: u64) -> u64 {
         match self.log() {
@@ -184,6 +193,38 @@ impl Bucket {
             Algorithm::SlidingWindow => {
                 let mut s = Sliding::unpack(self).rolled(limit, now_us);
                 s.current = (s.current + cost_f).min(limit.requests() as f64);
+                s.pack()
+            }
+            Algorithm::SlidingLog => self,
+        }
+    }
+
+    /// Spends `cost` with no floor: a token bucket goes below empty, a window's count past its
+    /// limit, GCRA's arrival time past its burst.
+    pub fn charge(self, limit: &Limit, now_us: u64, cost: u64) -> Bucket {
+        let cost_f = cost as f64;
+        match limit.algorithm() {
+            Algorithm::TokenBucket => {
+                let mut b = self.refilled(limit, now_us);
+                // Bounded so the arithmetic stays exact: at most a period of refill in debt
+                // per charge, and never below minus 2^31 tokens.
+                b.tokens = (b.tokens - cost_f).max(-(crate::limit::MAX_TOKENS as f64));
+                b
+            }
+            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
+                tokens: self.tokens.max(now_us as f64) + cost_f * interval(limit),
+                ..self
+            },
+            Algorithm::FixedWindow => {
+                let b = fixed_now(self, limit, now_us);
+                Bucket {
+                    tokens: b.tokens + cost_f,
+                    ..b
+                }
+            }
+            Algorithm::SlidingWindow => {
+                let mut s = Sliding::unpack(self).rolled(limit, now_us);
+                s.current += cost_f;
                 s.pack()
             }
             Algorithm::SlidingLog => self,

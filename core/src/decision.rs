@@ -24,6 +24,9 @@ pub enum Decision {
         quota: Quota,
         retry_after_us: u64,
     },
+    /// Refused because rule `rule` cannot decide: it fails closed and the counter service is
+    /// out of reach. Not a rate limit: 503.
+    Unavailable { rule: RuleId, retry_after_us: u64 },
 }
 
 /// What one rule said about one request.
@@ -31,8 +34,11 @@ pub enum Decision {
 pub enum Outcome {
     Allowed,
     Denied,
-    /// A shadow rule would have denied; the request went on.
+    /// A monitor rule (or one ramping up) would have denied; the request went on.
     ShadowDenied,
+    /// A warn rule would have denied; the request went on, and the client and operator are
+    /// told.
+    Warned,
     /// The rule's state could not be updated (contention, host failure): the request went on
     /// uncounted by this rule.
     Unavailable,
@@ -52,6 +58,11 @@ pub struct Evaluation {
     pub lease_exhausted: bool,
     /// Admitted by a shaping limit (leaky bucket) to leave this much later.
     pub delay_us: u64,
+    /// Warn rules that would have denied, with the key.
+    pub warned: Vec<(RuleId, String)>,
+    /// Rules with a `cost_header` that admitted the request, with the key: what the response
+    /// reports is charged to them.
+    pub chargeable: Vec<(RuleId, String)>,
 }
 
 /// How a rule spent a request's tokens, so they can be given back.
@@ -68,4 +79,5 @@ pub struct Spent {
     pub(crate) rule: RuleId,
     pub(crate) fingerprint: u64,
     pub(crate) how: Spend,
+    pub(crate) cost: u64,
 }

@@ -123,6 +123,10 @@ pub enum Effect {
     /// Remove this header from the request to the upstream: one only sluice may set
     /// ([`WOULD_SHED_HEADER`], the degradation header), when sluice does not set it.
     ClearRequestHeader { name: String },
+    /// A warn rule would have denied this key: tell the operator (a rate-limited log line).
+    Warn { rule: RuleId, key: String },
+    /// A response's reported cost was charged to a rule (metrics).
+    Charged { rule: RuleId, cost: u64 },
     /// The stream ended after the upstream answered: a latency and status sample.
     Finished {
         bulkhead: BulkheadId,
@@ -154,7 +158,14 @@ pub struct Exchange {
     answer: Option<(u32, u64)>,
     /// A shaping limit holds it until then.
     delay_until: Option<u64>,
+    /// A warn rule would have denied it: named on the response.
+    warn_rule: Option<RuleId>,
+    /// Rules that charge the cost the response reports, with their keys.
+    chargeable: Vec<(RuleId, String)>,
 }
+
+/// Names the warn rule that would have denied a request (on its response).
+pub const WARN_HEADER: &str = "x-sluice-warn";
 
 impl Exchange {
     /// The request's headers were seen: decide every local and cached rule, and send the
@@ -192,9 +203,15 @@ impl Exchange {
             let step = exchange.admitted_step();
             return (exchange, step, effects);
         }
+        let service_back_us = if moment.service_up {
+            0
+        } else {
+            proxy_sync::read_state(store).breaker.open_until_us
+        };
         let conditions = Conditions {
             now_us: moment.now_us,
             service_up: moment.service_up,
+            service_back_us,
         };
         let evaluation = limiter.decide(request, conditions, store);
         effects.extend(
@@ -212,7 +229,24 @@ impl Exchange {
                 .into_iter()
                 .map(|(rule, key)| Effect::Announce { rule, key }),
         );
+        for (rule, key) in evaluation.warned {
+            exchange.warn_rule.get_or_insert(rule);
+            effects.push(Effect::Warn { rule, key });
+        }
+        exchange.chargeable = evaluation.chargeable;
         match evaluation.decision {
+            Decision::Unavailable {
+                rule,
+                retry_after_us,
+            } => {
+                exchange.answered = true;
+                exchange.give_up_seat(limiter, store);
+                (
+                    exchange,
+                    Step::Respond(unavailable(limiter, rule, retry_after_us)),
+                    effects,
+                )
+            }
             Decision::Deny {
                 rule,
                 quota,
@@ -242,7 +276,7 @@ impl Exchange {
                             request: CheckRequest {
                                 key: key.clone(),
                                 limits: spec.limits.iter().map(LimitSpec::from).collect(),
-                                cost: 1,
+                                cost: spec.cost,
                             },
                         });
                         exchange.checks.push(Some((rule, key)));
@@ -285,8 +319,9 @@ impl Exchange {
                         reset_us: answer.reset_ms.saturating_mul(1_000),
                     },
                     retry_after_us: answer.retry_after_ms.saturating_mul(1_000),
+                    unavailable: false,
                 };
-                self.record(limiter, rule, answer, &mut effects);
+                self.record(limiter, rule, &key, answer, moment.now_us, &mut effects);
             }
             None => {
                 if let Some(service) = limiter.policy().service.as_ref() {
@@ -319,11 +354,64 @@ impl Exchange {
         if let Some(reason) = self.warned.take() {
             headers.push((WOULD_SHED_HEADER, reason.name().to_string()));
         }
+        if let Some(rule) = self.warn_rule.take() {
+            let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
+            headers.push((WARN_HEADER, name.to_string()));
+        }
         if let Some((rule, quota)) = self.quota.take() {
             let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
             headers.extend(render(limiter.policy().headers, name, &quota));
         }
         headers
+    }
+
+    /// The response reported its cost in `header`'s `value`: charge it to the keys of the
+    /// rules that count it (rules with that `cost_header` that admitted the request). A value
+    /// that is not a whole number of tokens is ignored. Returns the effects (announcements of
+    /// keys whose counts the sync has not seen).
+    pub fn response_cost(
+        &mut self,
+        limiter: &Limiter,
+        header: &str,
+        value: &str,
+        now_us: u64,
+        store: &mut dyn Store,
+    ) -> Vec<Effect> {
+        let Ok(cost) = value.trim().parse::<u64>() else {
+            return Vec::new();
+        };
+        let cost = cost.min(crate::limit::MAX_TOKENS);
+        let mut effects = Vec::new();
+        let (charged, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.chargeable)
+            .into_iter()
+            .partition(|(rule, _)| {
+                limiter
+                    .rule(*rule)
+                    .and_then(|r| r.rule.cost_header.as_deref())
+                    == Some(header)
+            });
+        self.chargeable = kept;
+        if cost == 0 {
+            return effects;
+        }
+        for (rule, key) in charged {
+            if limiter.charge(rule, &key, cost, now_us, store) {
+                effects.push(Effect::Announce { rule, key });
+            }
+            effects.push(Effect::Charged { rule, cost });
+        }
+        effects
+    }
+
+    /// The response headers whose values the rules that admitted this request charge.
+    pub fn cost_headers<'a>(&self, limiter: &'a Limiter) -> Vec<&'a str> {
+        let mut names: Vec<&str> = self
+            .chargeable
+            .iter()
+            .filter_map(|(rule, _)| limiter.rule(*rule)?.rule.cost_header.as_deref())
+            .collect();
+        names.dedup();
+        names
     }
 
     /// Strict checks still out.
@@ -351,8 +439,9 @@ impl Exchange {
         store: &mut dyn Store,
         effects: &mut Vec<Effect>,
     ) {
-        match limiter.fallback(rule, key, now_us, store) {
-            Some(answer) => self.record(limiter, rule, answer, effects),
+        let back_us = proxy_sync::read_state(store).breaker.open_until_us;
+        match limiter.fallback(rule, key, now_us, back_us, store) {
+            Some(answer) => self.record(limiter, rule, key, answer, now_us, effects),
             None => effects.push(Effect::Outcome {
                 rule,
                 outcome: Outcome::Unavailable,
@@ -364,19 +453,36 @@ impl Exchange {
         &mut self,
         limiter: &Limiter,
         rule: RuleId,
+        key: &str,
         answer: RuleAnswer,
+        now_us: u64,
         effects: &mut Vec<Effect>,
     ) {
-        let shadow = limiter
-            .rule(rule)
-            .is_some_and(|r| r.rule.mode == Mode::Shadow);
-        let outcome = match (answer.allowed, shadow) {
-            (true, _) => Outcome::Allowed,
-            (false, true) => Outcome::ShadowDenied,
-            (false, false) => Outcome::Denied,
+        let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
+            return;
+        };
+        let outcome = if answer.allowed {
+            Outcome::Allowed
+        } else if answer.unavailable && spec.mode == Mode::Enforce {
+            Outcome::Unavailable
+        } else if crate::limiter::enforced(spec, key, now_us) {
+            Outcome::Denied
+        } else if spec.mode == Mode::Warn {
+            self.warn_rule.get_or_insert(rule);
+            effects.push(Effect::Warn {
+                rule,
+                key: key.to_string(),
+            });
+            Outcome::Warned
+        } else {
+            Outcome::ShadowDenied
         };
         effects.push(Effect::Outcome { rule, outcome });
-        if outcome == Outcome::Denied {
+        if outcome == Outcome::Unavailable {
+            if self.denied.is_none() {
+                self.denied = Some((rule, answer));
+            }
+        } else if outcome == Outcome::Denied {
             if self.denied.is_none() {
                 self.denied = Some((rule, answer));
             }
@@ -394,12 +500,34 @@ impl Exchange {
             Some((rule, answer)) => {
                 limiter.refund(&self.spent, store);
                 self.spent.clear();
+                self.chargeable.clear();
                 self.answered = true;
                 self.give_up_seat(limiter, store);
-                Step::Respond(denial(limiter, rule, &answer.quota, answer.retry_after_us))
+                if answer.unavailable {
+                    Step::Respond(unavailable(limiter, rule, answer.retry_after_us))
+                } else {
+                    Step::Respond(denial(limiter, rule, &answer.quota, answer.retry_after_us))
+                }
             }
             None => self.admitted_step(),
         }
+    }
+}
+
+/// The 503 of a rule that fails closed while the counter service is out of reach: not a rate
+/// limit, and said so.
+fn unavailable(limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
+    let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
+    let retry_after = retry_after_seconds(retry_after_us);
+    Reply {
+        status: 503,
+        headers: vec![
+            ("retry-after", retry_after.to_string()),
+            ("content-type", "application/json".to_string()),
+        ],
+        body: format!(
+            r#"{{"error":"limiter_unavailable","rule":"{name}","reason":"the rate limit service cannot be reached and this rule fails closed","retry_after_seconds":{retry_after}}}"#
+        ),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Building a rule's key from a request.
 
 use std::fmt::Write;
+use std::net::IpAddr;
 
 use sha2::{Digest, Sha256};
 
@@ -8,7 +9,7 @@ use crate::policy::{KeyPart, Rule};
 use crate::request::RequestView;
 
 /// Separates key parts; a control character no header value may hold.
-pub const SEPARATOR: char = '\u{1f}';
+pub const SEPARATOR: char = sluice_protocol::KEY_PART_SEPARATOR;
 /// Starts what sluice writes into a key itself (digests, markers); no header value holds it.
 pub const MARK: char = '\u{1e}';
 /// Longest key sent anywhere: a longer one is replaced by its SHA-256 digest, so no client value
@@ -54,7 +55,22 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
                 one(&mut keys, value);
                 continue;
             }
-            KeyPart::Header(name) => distinct(request.header(name)),
+            KeyPart::First(alternatives) => {
+                // The first alternative the request has, named so that two alternatives'
+                // values never share a bucket (`jwt:sub=alice`, `client_ip=192.0.2.1`).
+                let found = alternatives.iter().find_map(|alt| {
+                    let values = values_of(alt, request);
+                    (!values.is_empty()).then(|| (alt, values))
+                });
+                match found {
+                    Some((alt, values)) => values
+                        .into_iter()
+                        .map(|v| format!("{}={v}", alt.name()))
+                        .collect(),
+                    None => Vec::new(),
+                }
+            }
+            other => values_of(other, request),
         };
         match values.len() {
             0 => return Vec::new(),
@@ -87,6 +103,64 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
     keys.into_iter()
         .map(|key| bounded(&rule.name, key))
         .collect()
+}
+
+/// The values of one (not `First`) part: distinct, empty when the request does not have it.
+pub fn values_of(part: &KeyPart, request: &mut dyn RequestView) -> Vec<String> {
+    match part {
+        KeyPart::ClientIp => request
+            .client_ip()
+            .map(str::to_string)
+            .into_iter()
+            .collect(),
+        KeyPart::ClientIpPrefix { v4, v6 } => request
+            .client_ip()
+            .and_then(|ip| ip.parse::<IpAddr>().ok())
+            .map(|ip| prefix_of(ip, *v4, *v6))
+            .into_iter()
+            .collect(),
+        KeyPart::Path => vec![request.normal_path().to_string()],
+        KeyPart::Method => vec![request.method().to_string()],
+        KeyPart::Const(value) => vec![value.clone()],
+        KeyPart::Header(name) => distinct(request.header(name)),
+        KeyPart::Query(name) => distinct(request.query(name)),
+        KeyPart::Claim(name) => request.claim(name).into_iter().collect(),
+        KeyPart::First(alternatives) => alternatives
+            .iter()
+            .map(|alt| values_of(alt, request))
+            .find(|values| !values.is_empty())
+            .unwrap_or_default(),
+    }
+}
+
+/// The network of `ip` at the part's prefix length, as `network/length`.
+fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> String {
+    let ip = match ip {
+        IpAddr::V6(v6addr) => v6addr
+            .to_ipv4_mapped()
+            .map_or(IpAddr::V6(v6addr), IpAddr::V4),
+        v4addr => v4addr,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let masked = if v4 == 0 {
+                0
+            } else {
+                bits & (u32::MAX << (32 - v4 as u32))
+            };
+            format!("{}/{v4}", std::net::Ipv4Addr::from(masked))
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let masked = if v6 == 0 {
+                0
+            } else {
+                bits & (u128::MAX << (128 - v6 as u32))
+            };
+            format!("{}/{v6}", std::net::Ipv6Addr::from(masked))
+        }
+    }
 }
 
 /// The values a key is built from: distinct, at most [`MAX_VALUES`] (the first ones and the

@@ -8,6 +8,7 @@ use crate::key;
 use crate::limit::{Algorithm, Limit};
 use crate::policy::RuleId;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
+use crate::protocol::KeyAction;
 use crate::request::RequestView;
 use crate::store::{self, Store};
 use crate::table::{self, KeyHasher, Record, Table};
@@ -22,6 +23,8 @@ pub struct Conditions {
     pub now_us: u64,
     /// Whether the counter service is usable (circuit breaker not open).
     pub service_up: bool,
+    /// When the breaker lets a probe through again (0: not open).
+    pub service_back_us: u64,
 }
 
 /// A policy, ready to enforce.
@@ -38,7 +41,12 @@ struct RuleVerdict {
     spend: Spend,
     /// A shaping limit holds the request this long before it leaves.
     delay_us: u64,
+    /// Fail-closed without the service: the limiter could not decide.
+    unavailable: bool,
 }
+
+/// How long a blocked key is told to wait: a block lasts until an operator lifts it.
+pub const BLOCKED_RETRY_US: u64 = 60_000_000;
 
 /// A rule ready to enforce: its identity, its validated value and its key table, always
 /// together (the limiter keeps no table apart from its rule).
@@ -55,6 +63,8 @@ pub struct RuleAnswer {
     pub allowed: bool,
     pub quota: Quota,
     pub retry_after_us: u64,
+    /// Fail-closed without the service: not a rate limit (503).
+    pub unavailable: bool,
 }
 
 impl Limiter {
@@ -124,6 +134,8 @@ impl Limiter {
         let mut denial = None;
         let mut lease_exhausted = false;
         let mut delay_us = 0u64;
+        let mut warned = Vec::new();
+        let mut chargeable = Vec::new();
 
         for Enforced {
             id: index,
@@ -131,10 +143,30 @@ impl Limiter {
             table,
         } in self.rules()
         {
-            if rule.consistency == Consistency::Strict || !rule.matcher.matches(request) {
+            if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
             }
             for key in key::build(rule, request) {
+                match self.policy.key_override(rule, &key) {
+                    Some(KeyAction::Allow) => {
+                        outcomes.push((index, Outcome::Allowed));
+                        continue;
+                    }
+                    Some(KeyAction::Block) => {
+                        outcomes.push((index, Outcome::Denied));
+                        denial = Some(Decision::Deny {
+                            rule: index,
+                            quota: Quota {
+                                limit: first_limit(rule),
+                                remaining: 0,
+                                reset_us: 0,
+                            },
+                            retry_after_us: BLOCKED_RETRY_US,
+                        });
+                        break;
+                    }
+                    None => {}
+                }
                 let fingerprint = table.fingerprint(&key);
                 let limits = bucket_limits(rule);
                 let step = store::update(store, &table.set_key(fingerprint), |set| {
@@ -168,7 +200,7 @@ impl Limiter {
                     continue;
                 };
                 if dirty {
-                    newly_unsynced.push((index, key));
+                    newly_unsynced.push((index, key.clone()));
                 }
                 lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed;
                 if verdict.allowed {
@@ -177,13 +209,30 @@ impl Limiter {
                         rule: index,
                         fingerprint,
                         how: verdict.spend,
+                        cost: rule.cost,
                     });
+                    if rule.cost_header.is_some() {
+                        chargeable.push((index, key.clone()));
+                    }
                     outcomes.push((index, Outcome::Allowed));
                     if tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining) {
                         tightest = Some((index, verdict.quota));
                     }
-                } else if rule.mode == Mode::Shadow {
-                    outcomes.push((index, Outcome::ShadowDenied));
+                } else if verdict.unavailable && rule.mode == Mode::Enforce {
+                    outcomes.push((index, Outcome::Unavailable));
+                    denial = Some(Decision::Unavailable {
+                        rule: index,
+                        retry_after_us: verdict.retry_after_us,
+                    });
+                    break;
+                } else if !enforced(rule, &key, now) {
+                    let outcome = if rule.mode == Mode::Warn {
+                        warned.push((index, key.clone()));
+                        Outcome::Warned
+                    } else {
+                        Outcome::ShadowDenied
+                    };
+                    outcomes.push((index, outcome));
                     tightest = Some((index, verdict.quota));
                 } else {
                     outcomes.push((index, Outcome::Denied));
@@ -204,6 +253,7 @@ impl Limiter {
             Some(deny) => {
                 self.refund(&spent, store);
                 spent.clear();
+                chargeable.clear();
                 deny
             }
             None => Decision::Allow { quota: tightest },
@@ -218,6 +268,8 @@ impl Limiter {
             spent,
             lease_exhausted,
             delay_us,
+            warned,
+            chargeable,
         }
     }
 
@@ -228,7 +280,7 @@ impl Limiter {
             id: index, rule, ..
         } in self.rules()
         {
-            if rule.consistency == Consistency::Strict && rule.matcher.matches(request) {
+            if rule.consistency == Consistency::Strict && rule.applies(request) {
                 keys.extend(
                     key::build(rule, request)
                         .into_iter()
@@ -245,6 +297,7 @@ impl Limiter {
         rule: RuleId,
         key: &str,
         now_us: u64,
+        service_back_us: u64,
         store: &mut dyn Store,
     ) -> Option<RuleAnswer> {
         let Enforced {
@@ -255,6 +308,7 @@ impl Limiter {
         let conditions = Conditions {
             now_us,
             service_up: false,
+            service_back_us,
         };
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
             let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
@@ -271,17 +325,71 @@ impl Limiter {
             allowed: verdict.allowed,
             quota: verdict.quota,
             retry_after_us: verdict.retry_after_us,
+            unavailable: verdict.unavailable,
         })
+    }
+
+    /// Charges `cost` more to a key a request of `rule` was admitted on (the cost its response
+    /// reported): spent whatever is left, so a key can go into debt; the next requests wait for
+    /// it. Cached rules report it to the service with their next sync. Returns whether the key
+    /// got its first unsynced count (to announce it).
+    pub fn charge(
+        &self,
+        rule: RuleId,
+        key: &str,
+        cost: u64,
+        now_us: u64,
+        store: &mut dyn Store,
+    ) -> bool {
+        let Some(Enforced {
+            rule: spec, table, ..
+        }) = self.rule(rule)
+        else {
+            return false;
+        };
+        let fingerprint = table.fingerprint(key);
+        let limits = bucket_limits(spec);
+        store::update(store, &table.set_key(fingerprint), |set| {
+            let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
+            let was_unsynced = record.unsynced();
+            for (limit, mut state) in record.states(limits) {
+                state.charge(limit, now_us, cost);
+            }
+            if spec.consistency != Consistency::Local {
+                record.lease = record
+                    .lease
+                    .saturating_sub(cost.min(u32::MAX as u64) as u32);
+                record.global_remaining = record
+                    .global_remaining
+                    .saturating_sub(cost.min(u32::MAX as u64) as u32);
+                record.spent = record
+                    .spent
+                    .saturating_add(cost.min(u32::MAX as u64) as u32);
+            }
+            record.seen_us = now_us;
+            table.store(set, &record, limits, now_us);
+            let newly = spec.consistency != Consistency::Local && !was_unsynced;
+            (newly, true)
+        })
+        .unwrap_or(false)
     }
 
     /// Gives back the tokens a request spent (it was denied after they were spent).
     pub fn refund(&self, spent: &[Spent], store: &mut dyn Store) {
         for s in spent {
-            self.refund_one(s.rule, s.fingerprint, s.how, store);
+            self.refund_one(s.rule, s.fingerprint, s.how, s.cost, store);
         }
     }
 
-    fn refund_one(&self, index: RuleId, fingerprint: u64, how: Spend, store: &mut dyn Store) {
+    fn refund_one(
+        &self,
+        index: RuleId,
+        fingerprint: u64,
+        how: Spend,
+        cost: u64,
+        store: &mut dyn Store,
+    ) {
+        let cost32 = cost.min(u32::MAX as u64) as u32;
         let Some(Enforced { rule, table, .. }) = self.rule(index) else {
             return;
         };
@@ -292,17 +400,17 @@ impl Limiter {
             };
             match how {
                 Spend::Lease => {
-                    record.lease = record.lease.saturating_add(1);
-                    record.global_remaining = record.global_remaining.saturating_add(1);
+                    record.lease = record.lease.saturating_add(cost32);
+                    record.global_remaining = record.global_remaining.saturating_add(cost32);
                 }
                 Spend::Buckets => {
                     for (limit, mut state) in record.states(bucket_limits(rule)) {
-                        state.give_back(limit, 1);
+                        state.give_back(limit, cost);
                     }
                 }
             }
             if rule.consistency != Consistency::Local {
-                record.spent = record.spent.saturating_sub(1);
+                record.spent = record.spent.saturating_sub(cost32);
             }
             table.store(set, &record, bucket_limits(rule), record.seen_us);
             ((), true)
@@ -323,33 +431,38 @@ pub fn bucket_limits(rule: &Rule) -> &[Limit] {
 fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
     let now = conditions.now_us;
     let synced = rule.consistency != Consistency::Local;
+    let cost = rule.cost;
     let verdict = if synced && conditions.service_up && now < record.lease_until_us {
-        let verdict = spend_lease(rule, record, now);
+        let verdict = spend_lease(rule, record, now, cost);
         if verdict.allowed {
             // The fallback buckets follow what this proxy spends, so a lapse of the lease
             // falls back to what is left locally, not to a fresh burst.
             for (limit, mut state) in record.states(bucket_limits(rule)) {
-                state.spend(limit, now, 1);
+                state.spend(limit, now, cost);
             }
         }
         verdict
     } else {
         match (&rule.consistency, &rule.fallback) {
-            (Consistency::Local, _) => spend_buckets(&rule.limits, record, now),
+            (Consistency::Local, _) => spend_buckets(&rule.limits, record, now, cost),
             (_, Fallback::Open(limits)) => {
                 // The headers still advertise the rule's limit, not the fallback's.
-                let mut verdict = spend_buckets(limits, record, now);
+                let mut verdict = spend_buckets(limits, record, now, cost);
                 verdict.quota.limit = first_limit(rule);
                 verdict
             }
-            (_, Fallback::Closed) => closed(first_limit(rule)),
+            (_, Fallback::Closed) => closed(
+                first_limit(rule),
+                conditions.service_back_us.saturating_sub(now),
+            ),
         }
     };
     if synced {
+        let cost32 = cost.min(u32::MAX as u64) as u32;
         if verdict.allowed {
-            record.spent = record.spent.saturating_add(1);
+            record.spent = record.spent.saturating_add(cost32);
         } else {
-            record.denied = record.denied.saturating_add(1);
+            record.denied = record.denied.saturating_add(cost32);
         }
     }
     verdict
@@ -359,8 +472,9 @@ fn first_limit(rule: &Rule) -> Limit {
     rule.limits.first().copied().unwrap_or(Limit::UNIT)
 }
 
-/// A denial that spends nothing: the fail-closed answer.
-fn closed(limit: Limit) -> RuleVerdict {
+/// A denial that spends nothing: the fail-closed answer, when the limiter cannot decide (503,
+/// not a rate limit): retry when the breaker's cool-down ends (at least a second).
+fn closed(limit: Limit, until_back_us: u64) -> RuleVerdict {
     RuleVerdict {
         allowed: false,
         quota: Quota {
@@ -368,20 +482,38 @@ fn closed(limit: Limit) -> RuleVerdict {
             remaining: 0,
             reset_us: 0,
         },
-        retry_after_us: 1_000_000,
+        retry_after_us: until_back_us.max(1_000_000),
         spend: Spend::Buckets,
         delay_us: 0,
+        unavailable: true,
+    }
+}
+
+/// A would-be denial of `rule` for `key` at `now_us`: denied (enforce, or within the ramp's
+/// share), or admitted (monitor, warn, outside the ramp). The ramp's draw is a hash of the
+/// key and the moment: spread evenly over requests, and the same on every worker.
+pub(crate) fn enforced(rule: &Rule, key: &str, now_us: u64) -> bool {
+    match rule.mode {
+        Mode::Enforce if rule.ramp_percent >= 100 => true,
+        Mode::Enforce => {
+            let mut bytes = Vec::with_capacity(key.len() + 8);
+            bytes.extend_from_slice(key.as_bytes());
+            bytes.extend_from_slice(&now_us.to_le_bytes());
+            crate::protocol::fnv1a(&bytes) % 100 < rule.ramp_percent as u64
+        }
+        Mode::Shadow | Mode::Warn => false,
     }
 }
 
 /// Spends from the lease. The headers speak of the global bucket, as the service last
 /// described it, less what this proxy spent since.
-fn spend_lease(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
+fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVerdict {
     let limit = first_limit(rule);
-    let allowed = record.lease >= 1;
+    let cost32 = cost.min(u32::MAX as u64) as u32;
+    let allowed = record.lease >= cost32;
     if allowed {
-        record.lease -= 1;
-        record.global_remaining = record.global_remaining.saturating_sub(1);
+        record.lease -= cost32;
+        record.global_remaining = record.global_remaining.saturating_sub(cost32);
     }
     let micros_per_token = limit.period().micros() / limit.requests();
     let until_reset = record.global_reset_at_us.saturating_sub(now);
@@ -422,21 +554,22 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64) -> RuleVerdict {
         retry_after_us,
         spend: Spend::Lease,
         delay_us: 0,
+        unavailable: false,
     }
 }
 
 /// All limits must have the token; then each spends it.
-fn spend_buckets(limits: &[Limit], record: &mut Record, now: u64) -> RuleVerdict {
+fn spend_buckets(limits: &[Limit], record: &mut Record, now: u64, cost: u64) -> RuleVerdict {
     let mut verdicts: [Option<Verdict>; table::MAX_LIMITS] = [None; table::MAX_LIMITS];
     let mut allowed = true;
     for (i, (limit, mut state)) in record.states(limits).enumerate() {
-        let verdict = state.check(limit, now, 1);
+        let verdict = state.check(limit, now, cost);
         allowed &= verdict.allowed;
         verdicts[i] = Some(verdict);
     }
     if allowed {
         for (i, (limit, mut state)) in record.states(limits).enumerate() {
-            verdicts[i] = Some(state.admit(limit, now, 1));
+            verdicts[i] = Some(state.admit(limit, now, cost));
         }
     }
     // The most restrictive limit speaks: when denying, the one that makes the client wait
@@ -454,7 +587,7 @@ fn spend_buckets(limits: &[Limit], record: &mut Record, now: u64) -> RuleVerdict
     }
     let Some((limit, verdict)) = chosen else {
         // No limits: only a fail-closed fallback has none, and it never gets here.
-        return closed(Limit::UNIT);
+        return closed(Limit::UNIT, 0);
     };
     let delay_us = if allowed {
         verdicts
@@ -476,5 +609,6 @@ fn spend_buckets(limits: &[Limit], record: &mut Record, now: u64) -> RuleVerdict
         retry_after_us: verdict.retry_after_us,
         spend: Spend::Buckets,
         delay_us,
+        unavailable: false,
     }
 }

@@ -1,8 +1,11 @@
 //! The validated policy: what the operator configured, as values. Built by [`crate::config`].
 
+use std::collections::BTreeMap;
+
 use crate::limit::Limit;
 pub use crate::matcher::Matcher;
 use crate::net::Cidr;
+use crate::protocol::KeyAction;
 
 /// The whole plugin configuration, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +20,12 @@ pub struct Policy {
     pub service: Option<Service>,
     /// Load shedding, when configured.
     pub shedding: Option<crate::shed::Shedding>,
+    /// Keys an operator blocked or allowed through the counter service (live overrides):
+    /// configured rule name, then the key's parts joined by [`crate::key::SEPARATOR`].
+    pub key_overrides: BTreeMap<String, BTreeMap<String, KeyAction>>,
+    /// Where Envoy's `jwt_authn` writes a verified token's payload (its `payload_in_metadata`),
+    /// which `jwt:CLAIM` key parts read.
+    pub jwt_payload_in_metadata: String,
 }
 
 /// Which rate-limit headers go on responses.
@@ -73,7 +82,8 @@ impl RuleId {
     }
 }
 
-/// One rate-limit rule: which requests, keyed how, limited how.
+/// One rate-limit rule: which requests, keyed how, limited how. A rule with tiers is one
+/// `Rule` per tier, named `rule/tier`, each matching the requests of its tier.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     pub name: String,
@@ -81,26 +91,110 @@ pub struct Rule {
     pub key: Vec<KeyPart>,
     pub limits: Vec<Limit>,
     pub mode: Mode,
+    /// In `Enforce`: the share of would-be denials actually denied, in percent (100: all);
+    /// the others are admitted as in `Shadow`.
+    pub ramp_percent: u8,
     pub consistency: Consistency,
     pub fallback: Fallback,
+    /// Tokens one request spends.
+    pub cost: u64,
+    /// A response header whose value (whole tokens) is charged after the response.
+    pub cost_header: Option<String>,
+    /// The tier this rule counts, for a rule with tiers.
+    pub tier: Option<TierOf>,
+}
+
+/// Which tier's requests a rule (one tier of a configured rule) counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierOf {
+    /// The configured rule's name (the tier's rule is `rule/tier`).
+    pub rule: String,
+    /// The tier's name.
+    pub name: String,
+    /// Where a request's tier comes from.
+    pub from: KeyPart,
+    /// The default tier also counts requests without a tier or of a tier not configured:
+    /// those are the others.
+    pub default_for: Option<Vec<String>>,
+}
+
+impl TierOf {
+    /// Whether `request` is of this tier.
+    pub fn holds(&self, request: &mut dyn crate::request::RequestView) -> bool {
+        let values = crate::key::values_of(&self.from, request);
+        let tier = values.first().map(String::as_str);
+        match (&self.default_for, tier) {
+            (_, Some(t)) if t == self.name => true,
+            (Some(others), Some(t)) => !others.iter().any(|o| o == t),
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+}
+
+impl Rule {
+    /// Whether the rule applies to `request`: its matcher and, with tiers, its tier.
+    pub fn applies(&self, request: &mut dyn crate::request::RequestView) -> bool {
+        self.matcher.matches(request) && self.tier.as_ref().is_none_or(|t| t.holds(request))
+    }
 }
 
 /// One part of a rule's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyPart {
     ClientIp,
+    /// The client's network: its address masked to `v4` bits (IPv4) or `v6` bits (IPv6).
+    ClientIpPrefix {
+        v4: u8,
+        v6: u8,
+    },
     /// A request header, by lower-case name. A request without it is not counted by the rule.
     Header(String),
+    /// A query parameter, by name.
+    Query(String),
+    /// A claim of the JWT `jwt_authn` verified (never of an unverified token).
+    Claim(String),
     Path,
     Method,
     Const(String),
+    /// The first of these the request has ("the user, else the client address").
+    First(Vec<KeyPart>),
+}
+
+impl KeyPart {
+    /// As the configuration writes it.
+    pub fn name(&self) -> String {
+        match self {
+            KeyPart::ClientIp => "client_ip".into(),
+            KeyPart::ClientIpPrefix { v4, v6 } => format!("client_ip/{v4}/{v6}"),
+            KeyPart::Header(n) => format!("header:{n}"),
+            KeyPart::Query(n) => format!("query:{n}"),
+            KeyPart::Claim(n) => format!("jwt:{n}"),
+            KeyPart::Path => "path".into(),
+            KeyPart::Method => "method".into(),
+            KeyPart::Const(v) => format!("const:{v}"),
+            KeyPart::First(alts) => alts.iter().map(KeyPart::name).collect::<Vec<_>>().join("|"),
+        }
+    }
+
+    /// Whether it reads the client address.
+    pub fn needs_client_ip(&self) -> bool {
+        match self {
+            KeyPart::ClientIp | KeyPart::ClientIpPrefix { .. } => true,
+            KeyPart::First(alts) => alts.iter().any(KeyPart::needs_client_ip),
+            _ => false,
+        }
+    }
 }
 
 /// Whether a rule denies, or only counts what it would deny.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Enforce,
+    /// `monitor` (or `shadow`): counts and reports what it would deny, admits it.
     Shadow,
+    /// Admits what it would deny, and says so: a header to the client, a log line.
+    Warn,
 }
 
 /// Where a rule's count lives.
@@ -138,6 +232,21 @@ pub struct Service {
 }
 
 impl Policy {
+    /// What a live override says of `key` (as [`crate::key::build`] made it) in `rule`.
+    pub fn key_override(&self, rule: &Rule, key: &str) -> Option<KeyAction> {
+        if self.key_overrides.is_empty() {
+            return None;
+        }
+        let configured = rule
+            .tier
+            .as_ref()
+            .map_or(rule.name.as_str(), |t| t.rule.as_str());
+        let parts = key
+            .strip_prefix(rule.name.as_str())?
+            .strip_prefix(crate::key::SEPARATOR)?;
+        self.key_overrides.get(configured)?.get(parts).copied()
+    }
+
     /// The rule `id` names.
     pub fn rule(&self, id: RuleId) -> Option<&Rule> {
         self.rules.get(id.index())
@@ -154,10 +263,11 @@ impl Policy {
     /// Whether any rule keys on the client address (so the filter must read it).
     pub fn needs_client_ip(&self) -> bool {
         !self.bypass.cidrs.is_empty()
-            || self
-                .rules
-                .iter()
-                .any(|rule| rule.key.contains(&KeyPart::ClientIp))
+            || self.rules.iter().any(|rule| {
+                rule.key.iter().any(KeyPart::needs_client_ip)
+                    || rule.matcher.needs_client_ip()
+                    || rule.tier.as_ref().is_some_and(|t| t.from.needs_client_ip())
+            })
     }
 
     /// Whether any rule talks to the counter service, or shedding reports to it.

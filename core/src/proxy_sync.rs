@@ -413,6 +413,7 @@ mod tests {
         let c = crate::limiter::Conditions {
             now_us: now,
             service_up: true,
+            service_back_us: 0,
         };
         for _ in 0..3 {
             limiter.decide(&mut crate::PlainRequest::get("/"), c, &mut store);

@@ -13,6 +13,21 @@ pub trait RequestView {
     /// Every value of a request header, by lower-case name, in order (empty when absent).
     /// A value that is not UTF-8 comes as [`crate::key::header_value`] makes it.
     fn header(&mut self, name: &str) -> Vec<String>;
+    /// The `:authority` (host and port) as sent.
+    fn host(&mut self) -> Option<&str>;
+    /// Every value of a query parameter, percent-decoded, in order (empty when absent).
+    fn query(&mut self, name: &str) -> Vec<String>;
+    /// A claim of the JWT Envoy's `jwt_authn` filter verified for this request (a string; a
+    /// dotted name walks into objects), `None` when no verified token carries it.
+    fn claim(&mut self, name: &str) -> Option<String>;
+}
+
+/// The values of `name` in a query string (`a=1&b=2`), percent-decoded.
+pub fn query_values(query: &str, name: &str) -> Vec<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .filter(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .collect()
 }
 
 /// A request as plain values, for tests and tools.
@@ -22,6 +37,8 @@ pub struct PlainRequest {
     pub path: String,
     pub client_ip: Option<String>,
     pub headers: Vec<(String, String)>,
+    /// Verified JWT claims (what `jwt_authn` would have written), by name.
+    pub claims: Vec<(String, String)>,
     /// The normalized path, made once when a rule asks.
     pub normal: std::cell::OnceCell<String>,
 }
@@ -42,6 +59,11 @@ impl PlainRequest {
 
     pub fn with_header(mut self, name: &str, value: &str) -> PlainRequest {
         self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+
+    pub fn with_claim(mut self, name: &str, value: &str) -> PlainRequest {
+        self.claims.push((name.into(), value.into()));
         self
     }
 }
@@ -72,5 +94,26 @@ impl RequestView for PlainRequest {
             .filter(|(n, _)| n == name)
             .map(|(_, v)| v.clone())
             .collect()
+    }
+
+    fn host(&mut self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == ":authority" || n == "host")
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn query(&mut self, name: &str) -> Vec<String> {
+        self.path
+            .split_once('?')
+            .map(|(_, q)| query_values(q, name))
+            .unwrap_or_default()
+    }
+
+    fn claim(&mut self, name: &str) -> Option<String> {
+        self.claims
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
     }
 }

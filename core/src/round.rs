@@ -73,6 +73,7 @@ pub fn compose(
             interval_ms,
             entries,
             load,
+            overrides_version: 0,
         },
     })
 }

@@ -263,6 +263,7 @@ fn through_limiter(limits: &str, times: &[u64]) -> Vec<bool> {
             let conditions = sluice_core::Conditions {
                 now_us: t,
                 service_up: true,
+                service_back_us: 0,
             };
             let evaluation = limiter.decide(&mut request, conditions, &mut store);
             matches!(evaluation.decision, sluice_core::Decision::Allow { .. })
@@ -509,6 +510,7 @@ fn the_limiter_counts_every_algorithm_through_the_key_table() {
             let conditions = sluice_core::Conditions {
                 now_us: MIDNIGHT + 5 * S + i,
                 service_up: true,
+                service_back_us: 0,
             };
             let evaluation = limiter.decide(&mut request, conditions, &mut store);
             admitted += matches!(evaluation.decision, sluice_core::Decision::Allow { .. }) as u32;

@@ -23,6 +23,7 @@ fn up(now_us: u64) -> Conditions {
     Conditions {
         now_us,
         service_up: true,
+        service_back_us: 0,
     }
 }
 
@@ -30,6 +31,7 @@ fn down(now_us: u64) -> Conditions {
     Conditions {
         now_us,
         service_up: false,
+        service_back_us: 0,
     }
 }
 

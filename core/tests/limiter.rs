@@ -15,6 +15,7 @@ fn at(now_us: u64) -> Conditions {
     Conditions {
         now_us,
         service_up: true,
+        service_back_us: 0,
     }
 }
 

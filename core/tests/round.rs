@@ -27,6 +27,7 @@ fn spend(limiter: &Limiter, store: &mut MemoryStore, keys: &[String]) -> Pending
         let conditions = sluice_core::limiter::Conditions {
             now_us: T0,
             service_up: true,
+            service_back_us: 0,
         };
         let evaluation = limiter.decide(&mut request, conditions, store);
         assert!(matches!(evaluation.decision, Decision::Allow { .. }));
@@ -99,6 +100,7 @@ fn an_answer_installs_leases_drops_refused_entries_and_closes_the_breaker() {
             overrides: Overrides {
                 bypass: true,
                 load_level: None,
+                live: None,
             },
         },
     };

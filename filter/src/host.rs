@@ -103,6 +103,11 @@ pub fn call_body(body_size: usize) -> Option<Vec<u8>> {
         .flatten()
 }
 
+/// A warning in Envoy's log.
+pub fn log_warn(message: &str) {
+    let _ = hostcalls::log(proxy_wasm::types::LogLevel::Warn, message);
+}
+
 pub fn property(path: Vec<&str>) -> Option<String> {
     hostcalls::get_property(path)
         .ok()
@@ -145,6 +150,11 @@ pub struct HostRequest {
     pub normal: OnceCell<String>,
     pub client_ip: Option<String>,
     pub headers: OnceCell<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// The query string as sent (after `?`), if any.
+    pub query: Option<String>,
+    pub host: OnceCell<Option<String>>,
+    /// Where `jwt_authn` writes the verified payload (`payload_in_metadata`).
+    pub jwt_payload: String,
 }
 
 impl RequestView for HostRequest {
@@ -173,6 +183,32 @@ impl RequestView for HostRequest {
             .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
             .map(|(_, value)| key::header_value(value))
             .collect()
+    }
+
+    fn host(&mut self) -> Option<&str> {
+        self.host
+            .get_or_init(|| request_header(":authority"))
+            .as_deref()
+    }
+
+    fn query(&mut self, name: &str) -> Vec<String> {
+        self.query
+            .as_deref()
+            .map(|q| sluice_core::request::query_values(q, name))
+            .unwrap_or_default()
+    }
+
+    fn claim(&mut self, name: &str) -> Option<String> {
+        // Only what jwt_authn wrote after verifying the token's signature: dynamic metadata,
+        // which no client can set. A claim that is not a string is not read.
+        let mut path = vec![
+            "metadata",
+            "filter_metadata",
+            "envoy.filters.http.jwt_authn",
+            self.jwt_payload.as_str(),
+        ];
+        path.extend(name.split('.'));
+        property(path).filter(|value| !value.is_empty())
     }
 }
 

@@ -68,8 +68,10 @@ impl Request {
     fn read_request(&self) -> HostRequest {
         let policy = self.shared.limiter.policy();
         let mut path = host::request_header(":path").unwrap_or_default();
-        if let Some(query) = path.find('?') {
-            path.truncate(query);
+        let mut query = None;
+        if let Some(at) = path.find('?') {
+            query = Some(path[at + 1..].to_string());
+            path.truncate(at);
         }
         let headers = std::cell::OnceCell::new();
         let client_ip = policy.needs_client_ip().then(|| {
@@ -95,6 +97,9 @@ impl Request {
             normal: Default::default(),
             client_ip,
             headers,
+            query,
+            host: Default::default(),
+            jwt_payload: policy.jwt_payload_in_metadata.clone(),
         }
     }
 
@@ -120,6 +125,11 @@ impl Request {
             match effect {
                 Effect::Outcome { rule, outcome } => shared.metrics.outcome(rule, outcome),
                 Effect::Bypassed => shared.metrics.bypassed(),
+                Effect::Warn { rule, key } => {
+                    let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
+                    shared.warn(name, &key, host::now_us());
+                }
+                Effect::Charged { rule, cost } => shared.metrics.charged(rule, cost),
                 Effect::Announce { rule, key } => {
                     let forgotten = shared.announcer.announce(limiter, rule, key);
                     shared.metrics.sync_dropped(forgotten);
@@ -315,7 +325,21 @@ impl HttpContext for Request {
                 .unwrap_or(0);
             self.exchange.responded(status, host::now_us());
         }
-        for (header, value) in self.exchange.response_headers(&self.shared.limiter) {
+        let shared = Rc::clone(&self.shared);
+        // What the upstream says this request cost, charged to the rules that count it.
+        for name in self.exchange.cost_headers(&shared.limiter) {
+            if let Some(value) = host::response_header(name) {
+                let effects = self.exchange.response_cost(
+                    &shared.limiter,
+                    name,
+                    &value,
+                    host::now_us(),
+                    &mut SharedData,
+                );
+                let _ = self.carry_out(effects);
+            }
+        }
+        for (header, value) in self.exchange.response_headers(&shared.limiter) {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(&value));
         }
         Action::Continue

@@ -15,7 +15,9 @@ struct RuleMetrics {
     allowed: u32,
     denied: u32,
     shadow_denied: u32,
+    warned: u32,
     unavailable: u32,
+    charged: u32,
 }
 
 /// Every metric the filter reports, defined once per VM.
@@ -56,7 +58,9 @@ impl Metrics {
                 allowed: counter(&format!("sluice.rule.{name}.allowed")),
                 denied: counter(&format!("sluice.rule.{name}.denied")),
                 shadow_denied: counter(&format!("sluice.rule.{name}.shadow_denied")),
+                warned: counter(&format!("sluice.rule.{name}.warned")),
                 unavailable: counter(&format!("sluice.rule.{name}.unavailable")),
+                charged: counter(&format!("sluice.rule.{name}.charged_tokens")),
             })
             .collect();
         let mut metrics = Metrics {
@@ -88,8 +92,16 @@ impl Metrics {
             Outcome::Allowed => ids.allowed,
             Outcome::Denied => ids.denied,
             Outcome::ShadowDenied => ids.shadow_denied,
+            Outcome::Warned => ids.warned,
             Outcome::Unavailable => ids.unavailable,
         });
+    }
+
+    /// Tokens a response's reported cost charged to a rule.
+    pub fn charged(&self, rule: RuleId, cost: u64) {
+        if let Some(ids) = self.rules.get(rule.index()) {
+            let _ = hostcalls::increment_metric(ids.charged, cost.min(i64::MAX as u64) as i64);
+        }
     }
 
     pub fn bypassed(&self) {

@@ -107,6 +107,7 @@ impl RootContext for Root {
             hurried: Cell::new(false),
             shedder,
             shaper: Default::default(),
+            warn_log: Cell::new((0, 0)),
         }));
         true
     }

@@ -27,6 +27,44 @@ pub struct Shared {
     pub shedder: Option<Shedder>,
     /// Requests a leaky bucket holds until their slot.
     pub shaper: Shaper,
+    /// When this worker last logged a warn rule's would-be denial, and how many it did not
+    /// log since (one line a second per worker).
+    pub warn_log: Cell<(u64, u64)>,
+}
+
+/// Least time between two warn log lines of one worker.
+const WARN_LOG_EVERY_US: u64 = 1_000_000;
+
+impl Shared {
+    /// Logs that a warn rule would have denied `key`, at most once a second per worker (the
+    /// lines it skips are counted in the next).
+    pub fn warn(&self, rule: &str, key: &str, now_us: u64) {
+        let (last, skipped) = self.warn_log.get();
+        if last != 0 && now_us.saturating_sub(last) < WARN_LOG_EVERY_US {
+            self.warn_log.set((last, skipped + 1));
+            return;
+        }
+        self.warn_log.set((now_us, 0));
+        let shown: String = key
+            .chars()
+            .map(|c| {
+                if c == sluice_core::key::SEPARATOR {
+                    ':'
+                } else {
+                    c
+                }
+            })
+            .filter(|c| !c.is_control())
+            .collect();
+        let more = if skipped > 0 {
+            format!(" ({skipped} more since the last line)")
+        } else {
+            String::new()
+        };
+        crate::host::log_warn(&format!(
+            "sluice: rule {rule} (warn) would deny key {shown:?}{more}"
+        ));
+    }
 }
 
 impl Shared {

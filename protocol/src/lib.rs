@@ -25,6 +25,8 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     hash
 }
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The limit parameters of one key, as the service needs them to keep the global count.
@@ -163,6 +165,14 @@ pub struct SyncRequest {
     /// [`Overrides::load_level`]. Absent from older proxies, and ignored by older services.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadReport>,
+    /// The version of the live overrides the proxy applies (0: none yet). The service answers
+    /// [`Overrides::live`] when its own version differs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overrides_version: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// A proxy's load at the time of its sync, reported when it sheds load.
@@ -234,6 +244,41 @@ pub struct Overrides {
     /// whose [`LoadReport`] is fresh. Answered to a sync that carries a report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_level: Option<f64>,
+    /// The live overrides operators set through the service's admin API, when the proxy's
+    /// [`SyncRequest::overrides_version`] is not the service's: the whole set, replacing the
+    /// proxy's. Absent when the proxy is up to date.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveOverrides>,
+}
+
+/// The whole set of live overrides at one version. A proxy keeps the last set it had while it
+/// cannot reach the service.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveOverrides {
+    /// Changes with every change of the set (an empty set has a version too: it clears).
+    pub version: u64,
+    /// Limits replacing a rule's (`"rule"`) or one of its tiers' (`"rule/tier"`), in the filter
+    /// configuration's own format (`{"requests": 100, "per": "minute"}`), validated by the
+    /// service as the filter validates its configuration.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Vec<serde_json::Value>>,
+    /// Keys blocked or allowed, per rule: rule name, then the key's parts joined by
+    /// [`KEY_PART_SEPARATOR`] (one part: the value itself, e.g. `"203.0.113.7"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, BTreeMap<String, KeyAction>>,
+}
+
+/// Joins the parts of a key in [`LiveOverrides::keys`] (the filter's own separator).
+pub const KEY_PART_SEPARATOR: char = '\u{1f}';
+
+/// What an override does to one key of one rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyAction {
+    /// Every request of the key is denied by the rule (429, reason `blocked`).
+    Block,
+    /// The rule never counts nor denies the key.
+    Allow,
 }
 
 /// `POST /v1/check`: one strict decision for one key.

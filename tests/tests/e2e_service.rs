@@ -494,12 +494,17 @@ fn strict_rules_are_exact_and_fail_closed_without_a_hang() {
     );
 
     service.kill();
-    // A fresh key the service would admit: fail_closed denies it, without waiting beyond the callout timeout.
+    // A fresh key the service would admit: fail_closed refuses it, without waiting beyond the callout timeout,
+    // and says the limiter is unavailable (503), not that the client went over a limit (429).
     for i in 0..3 {
         let (reply, took) = send("bob");
         assert_eq!(
-            reply.status, 429,
+            reply.status, 503,
             "request {i} for a fresh key with the service dead (fail_closed): {reply:?}"
+        );
+        assert!(
+            reply.body.contains("limiter_unavailable") && reply.header("retry-after").is_some(),
+            "{reply:?}"
         );
         assert!(
             took < SLOWEST_ALLOWED,

@@ -9,10 +9,11 @@ use std::fmt;
 use serde::Deserialize;
 
 use crate::limit::{Algorithm, Limit, Period};
+use crate::matcher::{HeaderTest, Template};
 use crate::net::Cidr;
 use crate::policy::{
     Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy, Rule,
-    Service,
+    Service, TierOf,
 };
 
 /// Default per-rule key capacity of one proxy.
@@ -66,6 +67,8 @@ struct RawPolicy {
     service: Option<RawService>,
     #[serde(default)]
     shedding: Option<shedding::RawShedding>,
+    #[serde(default)]
+    jwt_payload_in_metadata: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -93,13 +96,30 @@ struct RawRule {
     #[serde(default, rename = "match")]
     matcher: Option<RawMatch>,
     key: Vec<String>,
-    limits: Vec<RawLimit>,
+    #[serde(default)]
+    limits: Option<Vec<RawLimit>>,
+    #[serde(default)]
+    tiers: Option<RawTiers>,
     #[serde(default)]
     mode: Option<String>,
+    #[serde(default)]
+    ramp_percent: Option<u8>,
     #[serde(default)]
     consistency: Option<String>,
     #[serde(default)]
     fallback: Option<RawFallback>,
+    #[serde(default)]
+    cost: Option<u64>,
+    #[serde(default)]
+    cost_header: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTiers {
+    from: String,
+    default: String,
+    limits: std::collections::BTreeMap<String, Vec<RawLimit>>,
 }
 
 #[derive(Deserialize)]
@@ -108,7 +128,17 @@ pub(crate) struct RawMatch {
     #[serde(default)]
     path_prefix: Option<String>,
     #[serde(default)]
+    paths: Vec<String>,
+    #[serde(default)]
+    path_templates: Vec<String>,
+    #[serde(default)]
     methods: Vec<String>,
+    #[serde(default)]
+    hosts: Vec<String>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    client_cidrs: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -158,6 +188,27 @@ struct RawService {
 }
 
 /// Parses and validates a plugin configuration.
+/// Validates a list of limits in the configuration's format (a live override's), as a rule's
+/// `limits` are: the error names the field under `at` (`limits[0].per`).
+pub fn parse_limits(at: &str, json: &[serde_json::Value]) -> Result<Vec<Limit>, ConfigError> {
+    let raw = json
+        .iter()
+        .enumerate()
+        .map(|(k, value)| {
+            serde_path_to_error::deserialize::<_, RawLimit>(value).map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." {
+                    format!("{at}[{k}]")
+                } else {
+                    format!("{at}[{k}].{path}")
+                };
+                err(field, e.into_inner().to_string())
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    limits(at, &raw)
+}
+
 pub fn parse(json: &[u8]) -> Result<Policy, ConfigError> {
     if json.iter().all(u8::is_ascii_whitespace) {
         return Err(err(
@@ -229,6 +280,15 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
     }
 
     let service = raw.service.map(service).transpose()?;
+    let jwt_payload_in_metadata = raw
+        .jwt_payload_in_metadata
+        .unwrap_or_else(|| "jwt_payload".to_string());
+    if jwt_payload_in_metadata.is_empty() {
+        return Err(err(
+            "jwt_payload_in_metadata",
+            "must name the payload_in_metadata of Envoy's jwt_authn providers",
+        ));
+    }
 
     let shedding = raw.shedding.map(shedding::shedding).transpose()?;
     if raw.rules.is_empty() && shedding.is_none() {
@@ -239,23 +299,28 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
     }
     let mut rules = Vec::with_capacity(raw.rules.len());
     for (i, r) in raw.rules.into_iter().enumerate() {
-        let rule = rule(&format!("rules[{i}]"), r, service.is_some())?;
-        if rules.iter().any(|other: &Rule| other.name == rule.name) {
+        let name = r.name.clone();
+        let configured = |other: &Rule| {
+            other
+                .tier
+                .as_ref()
+                .map_or(other.name.as_str(), |t| t.rule.as_str())
+                == name
+        };
+        if rules.iter().any(configured) {
             return Err(err(
                 format!("rules[{i}].name"),
-                format!(
-                    "{:?} is used by an earlier rule; names must be unique",
-                    rule.name
-                ),
+                format!("{name:?} is used by an earlier rule; names must be unique"),
             ));
         }
-        let log: usize = crate::limiter::bucket_limits(&rule)
-            .iter()
-            .map(Limit::log_len)
-            .sum();
-        let bytes = max_keys as u64 * 8 * log as u64;
-        if bytes > MAX_LOG_BYTES {
-            return Err(err(
+        for rule in rule(&format!("rules[{i}]"), r, service.is_some())? {
+            let log: usize = crate::limiter::bucket_limits(&rule)
+                .iter()
+                .map(Limit::log_len)
+                .sum();
+            let bytes = max_keys as u64 * 8 * log as u64;
+            if bytes > MAX_LOG_BYTES {
+                return Err(err(
                 format!("rules[{i}].limits"),
                 format!(
                     "its sliding logs keep {log} timestamps per key: {} MiB for max_keys {max_keys}, more than the {} MiB a rule may take; lower requests or max_keys",
@@ -263,8 +328,9 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
                     MAX_LOG_BYTES >> 20
                 ),
             ));
+            }
+            rules.push(rule);
         }
-        rules.push(rule);
     }
 
     Ok(Policy {
@@ -275,6 +341,8 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         max_keys,
         service,
         shedding,
+        key_overrides: Default::default(),
+        jwt_payload_in_metadata,
     })
 }
 
@@ -301,13 +369,75 @@ pub(crate) fn matcher(at: &str, raw: Option<RawMatch>) -> Result<Matcher, Config
         }
         methods.push(method.to_ascii_uppercase());
     }
+    for (j, path) in m.paths.iter().enumerate() {
+        if !path.starts_with('/') || path.contains('?') {
+            return Err(err(
+                format!("{at}.paths[{j}]"),
+                format!("must be a path starting with '/', without a query, got {path:?}"),
+            ));
+        }
+    }
+    let templates = m
+        .path_templates
+        .iter()
+        .enumerate()
+        .map(|(j, t)| Template::parse(t).map_err(|p| err(format!("{at}.path_templates[{j}]"), p)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut hosts = Vec::with_capacity(m.hosts.len());
+    for (j, host) in m.hosts.iter().enumerate() {
+        let name = host.strip_prefix("*.").unwrap_or(host);
+        let ok = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.[]:".contains(&b));
+        if !ok {
+            return Err(err(
+                format!("{at}.hosts[{j}]"),
+                format!(
+                    "must be a host name such as api.example.com or *.example.com, got {host:?}"
+                ),
+            ));
+        }
+        hosts.push(host.to_ascii_lowercase());
+    }
+    let mut headers = Vec::with_capacity(m.headers.len());
+    for (name, test) in m.headers {
+        let field = format!("{at}.headers.{name}");
+        if !valid_header_name(&name) {
+            return Err(err(field, "is not a header name"));
+        }
+        let test = match test {
+            serde_json::Value::Bool(true) => HeaderTest::Present,
+            serde_json::Value::Bool(false) => HeaderTest::Absent,
+            serde_json::Value::String(value) => HeaderTest::Equals(value),
+            other => {
+                return Err(err(
+                    field,
+                    format!("expected true (present), false (absent) or a value, got {other}"),
+                ))
+            }
+        };
+        headers.push((name.to_ascii_lowercase(), test));
+    }
+    let client_cidrs = m
+        .client_cidrs
+        .iter()
+        .enumerate()
+        .map(|(j, c)| Cidr::parse(c).map_err(|p| err(format!("{at}.client_cidrs[{j}]"), p)))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Matcher {
         path_prefix: m.path_prefix,
+        paths: m.paths,
+        templates,
         methods,
+        hosts,
+        headers,
+        client_cidrs,
     })
 }
 
-fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError> {
+/// One configured rule: one [`Rule`], or one per tier (`name/tier`).
+fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Vec<Rule>, ConfigError> {
     let name_ok = !raw.name.is_empty()
         && raw.name.len() <= 64
         && raw
@@ -339,17 +469,32 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
         .map(|(j, part)| key_part(part).map_err(|p| err(format!("{at}.key[{j}]"), p)))
         .collect::<Result<Vec<_>, _>>()?;
 
-    let limits = limits(&format!("{at}.limits"), &raw.limits)?;
-
     let mode = match raw.mode.as_deref().unwrap_or("enforce") {
         "enforce" => Mode::Enforce,
-        "shadow" => Mode::Shadow,
+        "monitor" | "shadow" => Mode::Shadow,
+        "warn" => Mode::Warn,
         other => {
             return Err(err(
                 format!("{at}.mode"),
-                format!("expected one of enforce, shadow, got {other:?}"),
+                format!("expected one of monitor, warn, enforce (shadow: monitor), got {other:?}"),
             ))
         }
+    };
+    let ramp_percent = match raw.ramp_percent {
+        None => 100,
+        Some(p) if p > 100 => {
+            return Err(err(
+                format!("{at}.ramp_percent"),
+                format!("must be between 0 and 100, got {p}"),
+            ))
+        }
+        Some(_) if mode != Mode::Enforce => {
+            return Err(err(
+                format!("{at}.ramp_percent"),
+                "ramps an enforce rule (the share of would-be denials it denies); this rule does not enforce",
+            ))
+        }
+        Some(p) => p,
     };
 
     let default_consistency = if have_service { "cached" } else { "local" };
@@ -370,12 +515,152 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             "cached and strict need a top-level \"service\" section",
         ));
     }
-    let fallback = match raw.fallback {
-        None => Fallback::Open(limits.clone()),
+
+    let cost = raw.cost.unwrap_or(1);
+    if cost == 0 || cost > crate::limit::MAX_TOKENS {
+        return Err(err(
+            format!("{at}.cost"),
+            format!("must be between 1 and {}", crate::limit::MAX_TOKENS),
+        ));
+    }
+    let cost_header = match raw.cost_header {
+        None => None,
+        Some(name) if !valid_header_name(&name) => {
+            return Err(err(
+                format!("{at}.cost_header"),
+                format!("must be a header name, got {name:?}"),
+            ))
+        }
+        Some(_) if consistency == Consistency::Strict => {
+            return Err(err(
+                format!("{at}.cost_header"),
+                "a strict rule is decided by the service before the response: charge after the fact in a local or cached rule",
+            ))
+        }
+        Some(name) => Some(name.to_ascii_lowercase()),
+    };
+
+    // Each tier is a rule of its own, named `rule/tier`, counting the requests of its tier.
+    let tiers: Vec<(Option<TierOf>, String, String, &Vec<RawLimit>)> =
+        match (&raw.limits, &raw.tiers) {
+            (Some(limits), None) => vec![(None, raw.name.clone(), format!("{at}.limits"), limits)],
+            (None, Some(t)) => {
+                let from = key_part(&t.from).map_err(|p| err(format!("{at}.tiers.from"), p))?;
+                if t.limits.is_empty() {
+                    return Err(err(
+                        format!("{at}.tiers.limits"),
+                        "must name at least one tier",
+                    ));
+                }
+                if !t.limits.contains_key(&t.default) {
+                    return Err(err(
+                        format!("{at}.tiers.default"),
+                        format!(
+                            "{:?} is not one of the tiers ({})",
+                            t.default,
+                            t.limits.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+                let mut out = Vec::with_capacity(t.limits.len());
+                for (tier, limits) in &t.limits {
+                    let tier_ok = !tier.is_empty()
+                        && tier.len() <= 64
+                        && tier
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+                    if !tier_ok {
+                        return Err(err(
+                            format!("{at}.tiers.limits.{tier}"),
+                            "a tier's name is 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
+                        ));
+                    }
+                    let others = (tier == &t.default).then(|| {
+                        t.limits
+                            .keys()
+                            .filter(|k| *k != tier)
+                            .cloned()
+                            .collect::<Vec<_>>()
+                    });
+                    out.push((
+                        Some(TierOf {
+                            rule: raw.name.clone(),
+                            name: tier.clone(),
+                            from: from.clone(),
+                            default_for: others,
+                        }),
+                        format!("{}/{tier}", raw.name),
+                        format!("{at}.tiers.limits.{tier}"),
+                        limits,
+                    ));
+                }
+                out
+            }
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    format!("{at}.tiers"),
+                    "a rule takes its limits from \"limits\" or from \"tiers\", not both",
+                ))
+            }
+            (None, None) => {
+                return Err(err(
+                    format!("{at}.limits"),
+                    "missing field `limits` (or `tiers`)",
+                ))
+            }
+        };
+
+    let mut rules = Vec::with_capacity(tiers.len());
+    for (tier, name, limits_at, raw_limits) in tiers {
+        let limits = limits(&limits_at, raw_limits)?;
+        let fallback = fallback(at, raw.fallback.as_ref(), &limits)?;
+        checks(at, &limits_at, consistency, &limits, &fallback)?;
+        if let Some(least) = limits.iter().map(Limit::burst).min() {
+            if cost > least {
+                return Err(err(
+                    format!("{at}.cost"),
+                    format!("{cost} is more than {limits_at} ever admits at once ({least}): no request could pass"),
+                ));
+            }
+        }
+        if cost_header.is_some()
+            && limits
+                .iter()
+                .any(|l| l.algorithm() == Algorithm::LeakyBucket)
+        {
+            return Err(err(
+                format!("{at}.cost_header"),
+                "a leaky_bucket sends a request on its schedule before the response: it cannot charge after the fact",
+            ));
+        }
+        rules.push(Rule {
+            name,
+            matcher: matcher.clone(),
+            key: key.clone(),
+            limits,
+            mode,
+            ramp_percent,
+            consistency,
+            fallback,
+            cost,
+            cost_header: cost_header.clone(),
+            tier,
+        });
+    }
+    Ok(rules)
+}
+
+fn fallback(
+    at: &str,
+    raw: Option<&RawFallback>,
+    limits: &[Limit],
+) -> Result<Fallback, ConfigError> {
+    Ok(match raw {
+        None => Fallback::Open(limits.to_vec()),
         Some(f) => match f.policy.as_str() {
             "fail_open" => match &f.limits {
                 Some(l) => Fallback::Open(self::limits(&format!("{at}.fallback.limits"), l)?),
-                None => Fallback::Open(limits.clone()),
+                None => Fallback::Open(limits.to_vec()),
             },
             "fail_closed" => {
                 if f.limits.is_some() {
@@ -393,11 +678,21 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
                 ))
             }
         },
-    };
+    })
+}
 
+/// What a consistency allows of the algorithms.
+fn checks(
+    at: &str,
+    limits_at: &str,
+    consistency: Consistency,
+    limits: &[Limit],
+    fallback: &Fallback,
+) -> Result<(), ConfigError> {
+    let _ = limits_at;
     // A shaper holds requests in one proxy: it has no meaning across proxies.
     let shaped = |l: &[Limit]| l.iter().any(|l| l.algorithm() == Algorithm::LeakyBucket);
-    if consistency != Consistency::Local && shaped(&limits) {
+    if consistency != Consistency::Local && shaped(limits) {
         return Err(err(
             format!("{at}.consistency"),
             "leaky_bucket shapes the traffic of one proxy: local consistency only",
@@ -413,7 +708,7 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             "sliding_log is exact, so it is decided per request: set consistency to strict (across proxies) or local; for a cached limit use sliding_window",
         ));
     }
-    if let Fallback::Open(fallback) = &fallback {
+    if let Fallback::Open(fallback) = fallback {
         if consistency != Consistency::Local && shaped(fallback) {
             return Err(err(
                 format!("{at}.fallback.limits"),
@@ -421,16 +716,7 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Rule, ConfigError>
             ));
         }
     }
-
-    Ok(Rule {
-        name: raw.name,
-        matcher,
-        key,
-        limits,
-        mode,
-        consistency,
-        fallback,
-    })
+    Ok(())
 }
 
 fn limits(at: &str, raw: &[RawLimit]) -> Result<Vec<Limit>, ConfigError> {
@@ -578,7 +864,63 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
     })
 }
 
+fn valid_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+}
+
 fn key_part(part: &str) -> Result<KeyPart, String> {
+    if part.contains('|') {
+        let alternatives = part
+            .split('|')
+            .map(|alt| match key_part(alt.trim())? {
+                KeyPart::First(_) => Err(format!("{part:?}: alternatives do not nest")),
+                one => Ok(one),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if alternatives.len() < 2 {
+            return Err(format!(
+                "{part:?}: name two or more parts, such as jwt:sub|client_ip"
+            ));
+        }
+        return Ok(KeyPart::First(alternatives));
+    }
+    if let Some(lengths) = part.strip_prefix("client_ip/") {
+        let numbers: Vec<Option<u8>> = lengths.split('/').map(|n| n.parse().ok()).collect();
+        let bad = || {
+            format!(
+                "{part:?}: expected client_ip/<IPv4 bits> (IPv6 at /64), client_ip/<IPv6 bits> (over 32) or client_ip/<IPv4 bits>/<IPv6 bits>"
+            )
+        };
+        let (v4, v6) = match numbers[..] {
+            [Some(n)] if (1..=32).contains(&n) => (n, 64),
+            [Some(n)] if (33..=128).contains(&n) => (32, n),
+            [Some(a), Some(b)] if (1..=32).contains(&a) && (1..=128).contains(&b) => (a, b),
+            _ => return Err(bad()),
+        };
+        return Ok(KeyPart::ClientIpPrefix { v4, v6 });
+    }
+    if let Some(name) = part.strip_prefix("query:") {
+        if name.is_empty() {
+            return Err(format!("{part:?} does not name a query parameter"));
+        }
+        return Ok(KeyPart::Query(name.to_string()));
+    }
+    if let Some(name) = part.strip_prefix("jwt:") {
+        let ok = !name.is_empty()
+            && name.split('.').all(|s| !s.is_empty())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b));
+        if !ok {
+            return Err(format!(
+                "{part:?} does not name a claim (jwt:sub, jwt:org, jwt:plan.tier)"
+            ));
+        }
+        return Ok(KeyPart::Claim(name.to_string()));
+    }
     match part {
         "client_ip" => Ok(KeyPart::ClientIp),
         "path" => Ok(KeyPart::Path),
@@ -597,7 +939,7 @@ fn key_part(part: &str) -> Result<KeyPart, String> {
                 Ok(KeyPart::Const(value.to_string()))
             } else {
                 Err(format!(
-                    "expected client_ip, path, method, header:NAME or const:VALUE, got {part:?}"
+                    "expected client_ip, client_ip/BITS, path, method, header:NAME, query:NAME, jwt:CLAIM, const:VALUE or alternatives a|b, got {part:?}"
                 ))
             }
         }
