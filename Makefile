@@ -27,7 +27,7 @@ export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 export SLUICE_STACK := $(CURDIR)/$(STACK)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps build build-filter build-service build-stack check test test-only lint run bench bench-accuracy bench-service bench-latency bench-overload bench-shaping clean-run
+.PHONY: help deps rust-deps apt-deps build build-filter build-service build-stack check test test-only lint run bench bench-accuracy bench-service bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
@@ -92,13 +92,14 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
 	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
 
-bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs sluice, then accuracy, service, latency, overload and shaping (~17 min)
+bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs sluice, then accuracy, service, latency, overload, shaping and algorithms (~20 min)
 	$(VENV)/bin/python bench/bench.py
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 	$(VENV)/bin/python bench/service.py
 	$(VENV)/bin/python bench/latency.py
 	$(VENV)/bin/python bench/overload.py
 	$(VENV)/bin/python bench/shaping.py
+	$(VENV)/bin/python bench/algorithms.py
 
 bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
@@ -114,6 +115,9 @@ bench-overload: deps build-filter ## open-loop overload, 0.5x to 3x capacity: no
 
 bench-shaping: deps build-filter ## the leaky bucket in Envoy: when requests of a burst leave vs the ideal schedule
 	$(VENV)/bin/python bench/shaping.py
+
+bench-algorithms: deps build build-stack ## every algorithm in Envoy vs a reference of its definition: local on 4 workers, cached on 3 proxies (~3 min)
+	$(VENV)/bin/python bench/algorithms.py
 
 clean-run: ## stop whatever a demo or benchmark left running (by the pid files in .run/)
 	@scripts/stop-pids.sh $(RUN_DIR)

@@ -478,11 +478,7 @@ impl Exchange {
             Outcome::ShadowDenied
         };
         effects.push(Effect::Outcome { rule, outcome });
-        if outcome == Outcome::Unavailable {
-            if self.denied.is_none() {
-                self.denied = Some((rule, answer));
-            }
-        } else if outcome == Outcome::Denied {
+        if matches!(outcome, Outcome::Unavailable | Outcome::Denied) {
             if self.denied.is_none() {
                 self.denied = Some((rule, answer));
             }

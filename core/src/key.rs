@@ -1,7 +1,6 @@
 //! Building a rule's key from a request.
 
 use std::fmt::Write;
-use std::net::IpAddr;
 
 use sha2::{Digest, Sha256};
 
@@ -12,11 +11,11 @@ use crate::request::RequestView;
 pub const SEPARATOR: char = sluice_protocol::KEY_PART_SEPARATOR;
 /// Starts what sluice writes into a key itself (digests, markers); no header value holds it.
 pub const MARK: char = '\u{1e}';
+/// Distinct values of one repeated header a key is built from (the first ones and the last).
+pub use crate::policy::MAX_VALUES;
 /// Longest key sent anywhere: a longer one is replaced by its SHA-256 digest, so no client value
 /// can make a key the counter service refuses, or fill memory with long keys.
 pub use sluice_protocol::MAX_KEY_BYTES;
-/// Distinct values of one repeated header a key is built from (the first ones and the last).
-pub const MAX_VALUES: usize = 4;
 /// Most keys one rule builds for one request (repeated headers multiply them).
 pub const MAX_KEYS: usize = 8;
 
@@ -59,8 +58,8 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
                 // The first alternative the request has, named so that two alternatives'
                 // values never share a bucket (`jwt:sub=alice`, `client_ip=192.0.2.1`).
                 let found = alternatives.iter().find_map(|alt| {
-                    let values = values_of(alt, request);
-                    (!values.is_empty()).then(|| (alt, values))
+                    let values = alt.values(request);
+                    (!values.is_empty()).then_some((alt, values))
                 });
                 match found {
                     Some((alt, values)) => values
@@ -70,7 +69,7 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
                     None => Vec::new(),
                 }
             }
-            other => values_of(other, request),
+            other => other.values(request),
         };
         match values.len() {
             0 => return Vec::new(),
@@ -103,85 +102,6 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
     keys.into_iter()
         .map(|key| bounded(&rule.name, key))
         .collect()
-}
-
-/// The values of one (not `First`) part: distinct, empty when the request does not have it.
-pub fn values_of(part: &KeyPart, request: &mut dyn RequestView) -> Vec<String> {
-    match part {
-        KeyPart::ClientIp => request
-            .client_ip()
-            .map(str::to_string)
-            .into_iter()
-            .collect(),
-        KeyPart::ClientIpPrefix { v4, v6 } => request
-            .client_ip()
-            .and_then(|ip| ip.parse::<IpAddr>().ok())
-            .map(|ip| prefix_of(ip, *v4, *v6))
-            .into_iter()
-            .collect(),
-        KeyPart::Path => vec![request.normal_path().to_string()],
-        KeyPart::Method => vec![request.method().to_string()],
-        KeyPart::Const(value) => vec![value.clone()],
-        KeyPart::Header(name) => distinct(request.header(name)),
-        KeyPart::Query(name) => distinct(request.query(name)),
-        KeyPart::Claim(name) => request.claim(name).into_iter().collect(),
-        KeyPart::First(alternatives) => alternatives
-            .iter()
-            .map(|alt| values_of(alt, request))
-            .find(|values| !values.is_empty())
-            .unwrap_or_default(),
-    }
-}
-
-/// The network of `ip` at the part's prefix length, as `network/length`.
-fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> String {
-    let ip = match ip {
-        IpAddr::V6(v6addr) => v6addr
-            .to_ipv4_mapped()
-            .map_or(IpAddr::V6(v6addr), IpAddr::V4),
-        v4addr => v4addr,
-    };
-    match ip {
-        IpAddr::V4(a) => {
-            let bits = u32::from(a);
-            let masked = if v4 == 0 {
-                0
-            } else {
-                bits & (u32::MAX << (32 - v4 as u32))
-            };
-            format!("{}/{v4}", std::net::Ipv4Addr::from(masked))
-        }
-        IpAddr::V6(a) => {
-            let bits = u128::from(a);
-            let masked = if v6 == 0 {
-                0
-            } else {
-                bits & (u128::MAX << (128 - v6 as u32))
-            };
-            format!("{}/{v6}", std::net::Ipv6Addr::from(masked))
-        }
-    }
-}
-
-/// The values a key is built from: distinct, at most [`MAX_VALUES`] (the first ones and the
-/// last: the value an upstream reads is one of those).
-fn distinct(values: Vec<String>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(values.len().min(MAX_VALUES));
-    let last = values.last().cloned();
-    for value in values {
-        if !out.contains(&value) {
-            out.push(value);
-        }
-    }
-    if out.len() > MAX_VALUES {
-        out.truncate(MAX_VALUES - 1);
-        if let Some(last) = last {
-            if !out.contains(&last) {
-                out.push(last);
-            }
-        }
-    }
-    out
 }
 
 /// `key`, or when longer than [`MAX_KEY_BYTES`], the rule's name and the key's SHA-256.

@@ -13,6 +13,7 @@ pub mod limiter;
 pub mod log;
 pub mod matcher;
 pub mod net;
+pub mod overrides;
 pub mod path;
 pub mod pending;
 pub mod policy;

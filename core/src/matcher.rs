@@ -69,7 +69,7 @@ impl Template {
         for segment in &self.segments {
             match (segment, parts.next()) {
                 (_, None) => return false,
-                (None, Some(part)) if part.is_empty() => return false,
+                (None, Some("")) => return false,
                 (None, Some(_)) => {}
                 (Some(literal), Some(part)) if literal != part => return false,
                 _ => {}

@@ -1,6 +1,7 @@
 //! The validated policy: what the operator configured, as values. Built by [`crate::config`].
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use crate::limit::Limit;
 pub use crate::matcher::Matcher;
@@ -121,7 +122,7 @@ pub struct TierOf {
 impl TierOf {
     /// Whether `request` is of this tier.
     pub fn holds(&self, request: &mut dyn crate::request::RequestView) -> bool {
-        let values = crate::key::values_of(&self.from, request);
+        let values = self.from.values(request);
         let tier = values.first().map(String::as_str);
         match (&self.default_for, tier) {
             (_, Some(t)) if t == self.name => true,
@@ -243,7 +244,7 @@ impl Policy {
             .map_or(rule.name.as_str(), |t| t.rule.as_str());
         let parts = key
             .strip_prefix(rule.name.as_str())?
-            .strip_prefix(crate::key::SEPARATOR)?;
+            .strip_prefix(crate::protocol::KEY_PART_SEPARATOR)?;
         self.key_overrides.get(configured)?.get(parts).copied()
     }
 
@@ -270,12 +271,97 @@ impl Policy {
             })
     }
 
-    /// Whether any rule talks to the counter service, or shedding reports to it.
+    /// Whether the proxy syncs with the counter service: whenever one is configured, for its
+    /// shared counts, its fleet level, its emergency bypass and live overrides (which apply to
+    /// local rules too).
     pub fn needs_service(&self) -> bool {
-        self.shedding.as_ref().is_some_and(|s| s.fleet) && self.service.is_some()
-            || self
-                .rules
-                .iter()
-                .any(|rule| rule.consistency != Consistency::Local)
+        self.service.is_some()
     }
+}
+
+use crate::request::RequestView;
+
+/// The values of one (not `First`) part: distinct, empty when the request does not have it.
+impl KeyPart {
+    pub fn values(&self, request: &mut dyn RequestView) -> Vec<String> {
+        match self {
+            KeyPart::ClientIp => request
+                .client_ip()
+                .map(str::to_string)
+                .into_iter()
+                .collect(),
+            KeyPart::ClientIpPrefix { v4, v6 } => request
+                .client_ip()
+                .and_then(|ip| ip.parse::<IpAddr>().ok())
+                .map(|ip| prefix_of(ip, *v4, *v6))
+                .into_iter()
+                .collect(),
+            KeyPart::Path => vec![request.normal_path().to_string()],
+            KeyPart::Method => vec![request.method().to_string()],
+            KeyPart::Const(value) => vec![value.clone()],
+            KeyPart::Header(name) => distinct(request.header(name)),
+            KeyPart::Query(name) => distinct(request.query(name)),
+            KeyPart::Claim(name) => request.claim(name).into_iter().collect(),
+            KeyPart::First(alternatives) => alternatives
+                .iter()
+                .map(|alt| alt.values(request))
+                .find(|values| !values.is_empty())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The network of `ip` at the part's prefix length, as `network/length`.
+fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> String {
+    let ip = match ip {
+        IpAddr::V6(v6addr) => v6addr
+            .to_ipv4_mapped()
+            .map_or(IpAddr::V6(v6addr), IpAddr::V4),
+        v4addr => v4addr,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let masked = if v4 == 0 {
+                0
+            } else {
+                bits & (u32::MAX << (32 - v4 as u32))
+            };
+            format!("{}/{v4}", std::net::Ipv4Addr::from(masked))
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let masked = if v6 == 0 {
+                0
+            } else {
+                bits & (u128::MAX << (128 - v6 as u32))
+            };
+            format!("{}/{v6}", std::net::Ipv6Addr::from(masked))
+        }
+    }
+}
+
+/// The values a key is built from: distinct, at most [`MAX_VALUES`] (the first ones and the
+/// last: the value an upstream reads is one of those).
+/// Distinct values of one repeated header or query parameter a key is built from (the first
+/// ones and the last).
+pub const MAX_VALUES: usize = 4;
+
+pub(crate) fn distinct(values: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(values.len().min(MAX_VALUES));
+    let last = values.last().cloned();
+    for value in values {
+        if !out.contains(&value) {
+            out.push(value);
+        }
+    }
+    if out.len() > MAX_VALUES {
+        out.truncate(MAX_VALUES - 1);
+        if let Some(last) = last {
+            if !out.contains(&last) {
+                out.push(last);
+            }
+        }
+    }
+    out
 }

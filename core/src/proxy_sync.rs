@@ -30,6 +30,8 @@ pub struct SyncState {
     pub rounds: u64,
     /// The fleet level from the service's last answer.
     pub fleet: Fleet,
+    /// The version of the live overrides kept in [`crate::overrides::OVERRIDES_KEY`].
+    pub overrides_version: u64,
 }
 
 /// The fleet load level the counter service last answered, and when.
@@ -58,7 +60,7 @@ impl Fleet {
 }
 
 impl SyncState {
-    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8;
+    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8 + 8;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(Self::LEN);
@@ -71,6 +73,7 @@ impl SyncState {
         b.push(self.bypass as u8);
         b.extend_from_slice(&self.fleet.level_milli.to_le_bytes());
         b.extend_from_slice(&self.fleet.at_us.to_le_bytes());
+        b.extend_from_slice(&self.overrides_version.to_le_bytes());
         b
     }
 
@@ -102,6 +105,7 @@ impl SyncState {
                 level_milli: u32::from_le_bytes(level),
                 at_us: u64_at(49),
             },
+            overrides_version: u64_at(57),
         }
     }
 
@@ -335,6 +339,7 @@ mod tests {
             bypass: true,
             rounds: 6,
             fleet: Fleet::heard(Some(0.42), 7),
+            overrides_version: 8,
         };
         assert_eq!(SyncState::decode(&s.encode()), s);
         assert_eq!(s.fleet.level(8, 10), Some(0.42));

@@ -66,14 +66,16 @@ pub fn compose(
             rules.push(rule);
         }
     }
-    (!entries.is_empty() || load.is_some()).then(|| Batch {
+    // A round goes out every interval, keys or not: its answer carries the fleet's level, the
+    // emergency bypass and the live overrides.
+    Some(Batch {
         rules,
         request: SyncRequest {
             proxy: proxy.to_string(),
             interval_ms,
             entries,
             load,
-            overrides_version: 0,
+            overrides_version: proxy_sync::read_state(store).overrides_version,
         },
     })
 }
@@ -102,12 +104,22 @@ pub fn settle(
         let _ = proxy_sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
     }
     let hints = &response.hints;
+    if let Some(live) = &hints.overrides.live {
+        // The set first, then its version: a worker that sees the version finds the set.
+        let _ = crate::store::update(store, crate::overrides::OVERRIDES_KEY, |bytes| {
+            *bytes = crate::overrides::encode(live);
+            ((), true)
+        });
+    }
     let _ = proxy_sync::update_state(store, |s| {
         s.breaker.succeeded();
         s.busy_until_us = 0;
         s.interval_ms = hints.next_sync_ms;
         s.bypass = hints.overrides.bypass;
         s.fleet = proxy_sync::Fleet::heard(hints.overrides.load_level, now_us);
+        if let Some(live) = &hints.overrides.live {
+            s.overrides_version = live.version;
+        }
     });
     Ok(settled)
 }

@@ -1,5 +1,6 @@
 //! The router: `/v1` behind the token, shed past the concurrency limit, bounded in time and body
-//! size; the operator endpoints beside it, always answering.
+//! size; the admin API (`/admin/v1`) behind an admin token, bounded likewise; the operator
+//! endpoints beside them, always answering.
 
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -7,13 +8,13 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{BoxError, Router};
 use tower::ServiceBuilder;
 
 use crate::error::{AppError, ErrorReport};
 use crate::state::AppState;
-use crate::{auth, check_handler, probes, sync_handler};
+use crate::{admin, auth, check_handler, probes, sync_handler};
 
 /// The whole service as a `Router`, testable without a socket (`tower::ServiceExt::oneshot`).
 pub fn app(state: AppState) -> Router {
@@ -33,12 +34,40 @@ pub fn app(state: AppState) -> Router {
                 .timeout(settings.request_timeout()),
         )
         .layer(DefaultBodyLimit::max(settings.max_body_bytes));
+    let admin = Router::new()
+        .route("/admin/v1/overrides", get(admin::get_overrides))
+        .route(
+            "/admin/v1/overrides/bypass",
+            put(admin::put_bypass).delete(admin::delete_bypass),
+        )
+        .route(
+            "/admin/v1/overrides/limits/{*target}",
+            put(admin::put_limits).delete(admin::delete_limits),
+        )
+        .route(
+            "/admin/v1/overrides/keys/{*rule}",
+            put(admin::put_key).delete(admin::delete_key),
+        )
+        .route("/admin/v1/audit", get(admin::audit))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_admin,
+        ))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(overloaded))
+                .load_shed()
+                .concurrency_limit(admin::MAX_CONCURRENCY)
+                .timeout(settings.request_timeout()),
+        )
+        .layer(DefaultBodyLimit::max(admin::body_limit(&settings)));
     let operators = Router::new()
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics));
     Router::new()
         .merge(v1)
+        .merge(admin)
         .merge(operators)
         .fallback(probes::not_found)
         .layer(middleware::from_fn_with_state(state.clone(), report_errors))

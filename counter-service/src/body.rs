@@ -21,17 +21,44 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = AppError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, AppError> {
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    AppError::PayloadTooLarge(state.settings.max_body_bytes)
-                } else {
-                    AppError::MalformedJson(rejection.body_text())
-                }
-            })?;
+        let bytes = bytes(request, state).await?;
         parse(&bytes).map(JsonBody)
     }
+}
+
+/// A JSON body that may be absent (empty, or only whitespace): `None` then.
+pub struct OptionalJsonBody<T>(pub Option<T>);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for OptionalJsonBody<T> {
+    type Rejection = AppError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, AppError> {
+        let bytes = bytes(request, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJsonBody(None));
+        }
+        parse(&bytes).map(|value| OptionalJsonBody(Some(value)))
+    }
+}
+
+/// The body's bytes, within the route's body limit (the admin API's is smaller than
+/// `--max-body-bytes`: [`crate::settings::ADMIN_MAX_BODY_BYTES`]).
+async fn bytes(request: Request, state: &AppState) -> Result<Bytes, AppError> {
+    let admin = request.uri().path().starts_with("/admin/");
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                let limit = if admin {
+                    state.settings.admin_body_limit()
+                } else {
+                    state.settings.max_body_bytes
+                };
+                AppError::PayloadTooLarge(limit)
+            } else {
+                AppError::MalformedJson(rejection.body_text())
+            }
+        })
 }
 
 /// Parses JSON; the error names the path of the bad value (`entries[3].spent: ...`).

@@ -1,4 +1,5 @@
-//! Who may call `/v1`: one shared token, or one credential per proxy (`--tokens-file`).
+//! Who may call `/v1`: one shared token, or one credential per proxy (`--tokens-file`); and
+//! who may call the admin API (`--admin-tokens-file`, read as a tokens file).
 //!
 //! The scheme is matched case-insensitively (`Bearer`, `bearer`); the token must then follow
 //! after exactly one space and is compared byte for byte, in constant time: no padding, no
@@ -72,6 +73,17 @@ impl Credentials {
             return Err("no credential in the file".into());
         }
         Ok(Credentials::PerProxy(credentials))
+    }
+
+    /// The tokens it holds (none for [`Credentials::Open`]).
+    pub fn tokens(&self) -> Vec<&[u8]> {
+        match self {
+            Credentials::Open => Vec::new(),
+            Credentials::Shared(token) => vec![token.as_slice()],
+            Credentials::PerProxy(credentials) => {
+                credentials.iter().map(|(_, t)| t.as_slice()).collect()
+            }
+        }
     }
 
     /// Who the `Authorization` header value authenticates, or `None` if it does not.

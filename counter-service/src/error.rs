@@ -39,6 +39,12 @@ pub enum AppError {
     /// No such route.
     #[error("no such endpoint")]
     NotFound,
+    /// The admin API was not enabled (no `--admin-tokens-file`).
+    #[error("the admin API is disabled: start the service with --admin-tokens-file")]
+    AdminDisabled,
+    /// The override to delete is not set (what it names).
+    #[error("no {0} is set")]
+    NoOverride(String),
     /// The route exists, not for this method (the method); `Allow` lists the right ones.
     #[error("method {0} not allowed on this endpoint (see the Allow header)")]
     MethodNotAllowed(String),
@@ -73,7 +79,8 @@ impl AppError {
             AppError::Timeout => "timeout",
             AppError::Unavailable(_) => "redis_unavailable",
             AppError::Internal(_) => "internal",
-            AppError::NotFound => "not_found",
+            AppError::NotFound | AppError::NoOverride(_) => "not_found",
+            AppError::AdminDisabled => "admin_disabled",
             AppError::MethodNotAllowed(_) => "method_not_allowed",
             AppError::Status(status) if status.is_server_error() => "internal",
             AppError::Status(_) => "bad_request",
@@ -89,7 +96,9 @@ impl AppError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            AppError::NotFound => StatusCode::NOT_FOUND,
+            AppError::NotFound | AppError::AdminDisabled | AppError::NoOverride(_) => {
+                StatusCode::NOT_FOUND
+            }
             AppError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             AppError::Status(status) => *status,
         }

@@ -1,9 +1,11 @@
 //! sluice's counter service: keeps the global truth of every limit in Redis and answers the
-//! proxies' batched syncs (`POST /v1/sync`) with quota leases and the fleet's load level, and strict
-//! checks (`POST /v1/check`).
+//! proxies' batched syncs (`POST /v1/sync`) with quota leases, the fleet's load level and the live
+//! overrides operators set through the admin API (`/admin/v1`), and strict checks
+//! (`POST /v1/check`).
 //!
 //! Stateless: any number of replicas can share one Redis or Redis Cluster.
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod backend;
@@ -15,6 +17,8 @@ pub mod error;
 pub mod fleet;
 pub mod keys;
 pub mod metrics;
+pub mod override_cache;
+pub mod overrides;
 pub mod probes;
 pub mod scripts;
 pub mod server;

@@ -23,6 +23,7 @@ async fn main() -> ExitCode {
     }
     let bind = settings.bind;
     let cluster = settings.is_cluster();
+    let admin_api = settings.admin_tokens_file.is_some();
     let state = match AppState::new(settings) {
         Ok(state) => state,
         Err(error) => {
@@ -40,7 +41,7 @@ async fn main() -> ExitCode {
     let address = listener.local_addr().unwrap_or(bind);
     // One line on stdout that tools can wait for (the port is the real one with `--bind …:0`).
     println!("sluice-counter-service listening on {address}");
-    tracing::info!(%address, cluster, "listening");
+    tracing::info!(%address, cluster, admin_api, "listening");
 
     let served = server::serve(listener, state, shutdown()).await;
     match served {

@@ -53,6 +53,15 @@ pub struct Metrics {
     /// Load reports, by outcome: `recorded`, `full` (the fleet hash was full: not recorded,
     /// answered all the same), `error` (Redis failed: no level answered).
     load_reports: Family<Labels, Counter>,
+    /// Changes made through the admin API, by action (`set_limits`, `delete_key`, …).
+    admin_changes: Family<Labels, Counter>,
+    /// Overrides removed because their ttl ran out.
+    pub overrides_expired: Counter,
+    /// Sync answers that carried the whole set of live overrides (the proxy's version was not
+    /// the current one).
+    pub overrides_sent: Counter,
+    /// The version of the live overrides this replica last read or wrote.
+    pub overrides_version: Gauge,
     /// Redis latency, moving average, for backpressure.
     pub redis_latency: Ewma,
 }
@@ -84,6 +93,10 @@ impl Metrics {
             fleet_load_level: Gauge::default(),
             fleet_proxies: Gauge::default(),
             load_reports: Family::default(),
+            admin_changes: Family::default(),
+            overrides_expired: Counter::default(),
+            overrides_sent: Counter::default(),
+            overrides_version: Gauge::default(),
             redis_latency: Ewma::new(0.2),
             registry: Registry::default(),
         };
@@ -165,6 +178,26 @@ impl Metrics {
             "Load reports, by outcome",
             metrics.load_reports.clone(),
         );
+        registry.register(
+            "admin_changes",
+            "Changes made through the admin API, by action",
+            metrics.admin_changes.clone(),
+        );
+        registry.register(
+            "overrides_expired",
+            "Live overrides removed because their ttl ran out",
+            metrics.overrides_expired.clone(),
+        );
+        registry.register(
+            "overrides_sent",
+            "Sync answers that carried the whole set of live overrides",
+            metrics.overrides_sent.clone(),
+        );
+        registry.register(
+            "overrides_version",
+            "The version of the live overrides this replica last read or wrote",
+            metrics.overrides_version.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -196,6 +229,13 @@ impl Metrics {
     pub fn load_reported(&self, outcome: &'static str) {
         self.load_reports
             .get_or_create(&vec![("outcome", outcome)])
+            .inc();
+    }
+
+    /// A change made through the admin API (`set_limits`, `delete_key`, …).
+    pub fn admin_changed(&self, action: &'static str) {
+        self.admin_changes
+            .get_or_create(&vec![("action", action)])
             .inc();
     }
 

@@ -3,7 +3,7 @@
 //!
 //! `check.lua` and `sync.lua` share their clock, hash load, lease scan, refill and expiry through
 //! `lua/prelude.lua` (`fleet.lua` its clock and hash load; `window.lua` and `sync_window.lua` its
-//! clock, hash load, lease scan, windows and expiry; `sliding_log.lua` its clock): each script the service runs is the
+//! clock, hash load, lease scan, windows and expiry; `sliding_log.lua` and `overrides.lua` its clock): each script the service runs is the
 //! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
 //! reload sends that same text, on one Redis and on every node of a cluster alike.
 
@@ -23,6 +23,8 @@ pub const WINDOW_BODY_LUA: &str = include_str!("../../lua/window.lua");
 pub const SLIDING_LOG_BODY_LUA: &str = include_str!("../../lua/sliding_log.lua");
 /// `lua/sync_window.lua` alone, without the prelude (it does not run so).
 pub const SYNC_WINDOW_BODY_LUA: &str = include_str!("../../lua/sync_window.lua");
+/// `lua/overrides.lua` alone, without the prelude (it does not run so).
+pub const OVERRIDES_BODY_LUA: &str = include_str!("../../lua/overrides.lua");
 
 /// The script of one proxy's batch, one call per hash slot: the prelude, then `lua/sync.lua`.
 pub const SYNC_LUA: &str = concat!(
@@ -62,6 +64,12 @@ pub const FLEET_LUA: &str = concat!(
     "\n",
     include_str!("../../lua/fleet.lua")
 );
+/// The script of the live overrides (read, set, delete): the prelude, then `lua/overrides.lua`.
+pub const OVERRIDES_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/overrides.lua")
+);
 /// `lua/token_bucket.lua`: the per-request baseline for benchmarks (not used by the service; it
 /// stands alone, without the prelude, as `redis-benchmark` loads it).
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
@@ -74,6 +82,7 @@ pub struct Scripts {
     pub fleet: Script,
     pub window: Script,
     pub sliding_log: Script,
+    pub overrides: Script,
 }
 
 impl Scripts {
@@ -85,6 +94,7 @@ impl Scripts {
             fleet: Script::new(FLEET_LUA),
             window: Script::new(WINDOW_LUA),
             sliding_log: Script::new(SLIDING_LOG_LUA),
+            overrides: Script::new(OVERRIDES_LUA),
         }
     }
 }
@@ -100,13 +110,14 @@ mod tests {
     use super::*;
 
     /// The scripts that run after the prelude, without it.
-    const BODIES: [(&str, &str); 6] = [
+    const BODIES: [(&str, &str); 7] = [
         ("sync.lua", SYNC_BODY_LUA),
         ("sync_window.lua", SYNC_WINDOW_BODY_LUA),
         ("check.lua", CHECK_BODY_LUA),
         ("fleet.lua", FLEET_BODY_LUA),
         ("window.lua", WINDOW_BODY_LUA),
         ("sliding_log.lua", SLIDING_LOG_BODY_LUA),
+        ("overrides.lua", OVERRIDES_BODY_LUA),
     ];
 
     /// The names the prelude defines at its top level (`local function f`, `local NAME = …`).
@@ -193,6 +204,10 @@ mod tests {
             SYNC_WINDOW_LUA,
             format!("{PRELUDE_LUA}\n{SYNC_WINDOW_BODY_LUA}")
         );
+        assert_eq!(
+            OVERRIDES_LUA,
+            format!("{PRELUDE_LUA}\n{OVERRIDES_BODY_LUA}")
+        );
         let scripts = Scripts::new();
         assert_eq!(scripts.sync.get_hash(), Script::new(SYNC_LUA).get_hash());
         assert_eq!(scripts.check.get_hash(), Script::new(CHECK_LUA).get_hash());
@@ -204,6 +219,10 @@ mod tests {
         assert_eq!(
             scripts.sync_window.get_hash(),
             Script::new(SYNC_WINDOW_LUA).get_hash()
+        );
+        assert_eq!(
+            scripts.overrides.get_hash(),
+            Script::new(OVERRIDES_LUA).get_hash()
         );
         assert_ne!(
             scripts.check.get_hash(),

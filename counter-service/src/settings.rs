@@ -48,6 +48,13 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_TOKENS_FILE", value_name = "PATH")]
     pub tokens_file: Option<PathBuf>,
 
+    /// File of the admin API's credentials (`/admin/v1`: live overrides, audit log), one
+    /// `name token` a line (`#` starts a comment), like --tokens-file; the name is who the audit
+    /// log records. Separate from the proxies' tokens: an admin token is refused on `/v1`, a
+    /// proxy token on `/admin/v1`. Without it the admin API is disabled (it answers 404).
+    #[arg(long, env = "SLUICE_ADMIN_TOKENS_FILE", value_name = "PATH")]
+    pub admin_tokens_file: Option<PathBuf>,
+
     /// Accept requests without a token (local experiments only).
     #[arg(long, env = "SLUICE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -105,7 +112,15 @@ pub const MAX_SYNC_INTERVAL_MS: u64 = 3_600_000;
 /// Most `--grant-ttl-intervals`.
 pub const MAX_GRANT_TTL_INTERVALS: u64 = 100;
 
+/// Largest admin API body (`--max-body-bytes` bounds it too).
+pub const ADMIN_MAX_BODY_BYTES: usize = 64 << 10;
+
 impl Settings {
+    /// The admin API's body limit: the smaller of [`ADMIN_MAX_BODY_BYTES`] and `--max-body-bytes`.
+    pub fn admin_body_limit(&self) -> usize {
+        self.max_body_bytes.min(ADMIN_MAX_BODY_BYTES)
+    }
+
     /// The settings, or the reason (naming the flag) they cannot run a service.
     pub fn validate(&self) -> Result<(), String> {
         let sources = [
@@ -218,6 +233,18 @@ impl Settings {
         }
         Ok(Credentials::Open)
     }
+
+    /// Who may call the admin API: reads `--admin-tokens-file`; `None` without it (the admin API
+    /// is disabled). The reason names the flag when it fails.
+    pub fn admin_credentials(&self) -> Result<Option<Credentials>, String> {
+        let Some(path) = &self.admin_tokens_file else {
+            return Ok(None);
+        };
+        let text = read("--admin-tokens-file", path)?;
+        Credentials::per_proxy(&text)
+            .map(Some)
+            .map_err(|reason| format!("--admin-tokens-file {}: {reason}", path.display()))
+    }
 }
 
 const NO_TOKEN: &str = "a token is required unless --insecure-no-auth: --token-file \
@@ -304,6 +331,39 @@ mod tests {
             error,
             "--token: the token must be visible ASCII, without spaces"
         );
+    }
+
+    #[test]
+    fn admin_tokens_are_read_from_their_own_file() {
+        assert!(parse(&["--token", "t"])
+            .admin_credentials()
+            .unwrap()
+            .is_none());
+        let error = parse(&["--token", "t", "--admin-tokens-file", "/nonexistent/admins"])
+            .admin_credentials()
+            .unwrap_err();
+        assert!(
+            error.starts_with("--admin-tokens-file /nonexistent/admins: "),
+            "{error}"
+        );
+        let file = std::env::temp_dir().join(format!("sluice-{}-admins", std::process::id()));
+        std::fs::write(&file, "# operators\nalice a-token\nbob\n").unwrap();
+        let settings = parse(&[
+            "--token",
+            "t",
+            "--admin-tokens-file",
+            file.to_str().unwrap(),
+        ]);
+        let error = settings.admin_credentials().unwrap_err();
+        std::fs::write(&file, "alice a-token\n").unwrap();
+        let admins = settings.admin_credentials().unwrap().unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert!(
+            error.ends_with(": line 3: expected `name token`"),
+            "{error}"
+        );
+        let caller = admins.authenticate(Some(b"Bearer a-token")).unwrap();
+        assert_eq!(caller.name.as_deref(), Some("alice"));
     }
 
     #[test]

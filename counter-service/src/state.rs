@@ -1,4 +1,5 @@
-//! What every handler shares: the settings, the credentials, Redis, the scripts, the metrics.
+//! What every handler shares: the settings, the credentials, Redis, the scripts, the metrics,
+//! what this replica remembers of the live overrides.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -6,6 +7,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, BackendError};
 use crate::credentials::Credentials;
 use crate::metrics::Metrics;
+use crate::override_cache;
 use crate::scripts::Scripts;
 use crate::settings::Settings;
 
@@ -13,9 +15,12 @@ use crate::settings::Settings;
 pub struct AppState {
     pub settings: Arc<Settings>,
     pub credentials: Arc<Credentials>,
+    /// Who may call the admin API (`--admin-tokens-file`); `None`: it is disabled.
+    pub admin: Option<Arc<Credentials>>,
     pub backend: Arc<Backend>,
     pub scripts: Arc<Scripts>,
     pub metrics: Arc<Metrics>,
+    pub overrides: Arc<override_cache::Cache>,
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -24,14 +29,31 @@ impl AppState {
     /// Redis (see [`Backend::new`]).
     pub fn new(settings: Settings) -> Result<AppState, StartError> {
         let credentials = settings.credentials().map_err(StartError::Settings)?;
+        let admin = settings.admin_credentials().map_err(StartError::Settings)?;
+        if let Some(admin) = &admin {
+            let shared = admin.tokens().into_iter().any(|token| {
+                let mut header = b"Bearer ".to_vec();
+                header.extend_from_slice(token);
+                !matches!(credentials, Credentials::Open)
+                    && credentials.authenticate(Some(&header)).is_some()
+            });
+            if shared {
+                tracing::warn!(
+                    "an admin token is also a proxy token: whoever holds it can call both \
+                     /v1 and the admin API; give the admins tokens of their own"
+                );
+            }
+        }
         let metrics = Arc::new(Metrics::new());
         let backend = Backend::new(&settings, metrics.clone()).map_err(StartError::Redis)?;
         Ok(AppState {
             settings: Arc::new(settings),
             credentials: Arc::new(credentials),
+            admin: admin.map(Arc::new),
             backend: Arc::new(backend),
             scripts: Arc::new(Scripts::new()),
             metrics,
+            overrides: Arc::default(),
             in_flight: Arc::new(AtomicUsize::new(0)),
         })
     }

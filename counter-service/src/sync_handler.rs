@@ -2,7 +2,9 @@
 //! (`lua/sync.lua`) or counted in the global windows (`lua/sync_window.lua`, for `fixed_window`
 //! and `sliding_window`) and the entry is answered with a lease, one script call per Redis
 //! Cluster hash slot and script, the calls of one batch in parallel. An entry out of bounds is refused alone. A batch that
-//! carries the proxy's load is also answered the fleet's load level ([`fleet`]).
+//! carries the proxy's load is also answered the fleet's load level ([`fleet`]). Every batch is
+//! answered the bypass, and the live overrides when the proxy's version is not the current one
+//! ([`overrides`]).
 
 use std::collections::HashMap;
 
@@ -18,6 +20,7 @@ use crate::credentials::Caller;
 use crate::error::AppError;
 use crate::fleet;
 use crate::keys;
+use crate::overrides;
 use crate::state::AppState;
 use crate::validate;
 
@@ -33,7 +36,13 @@ pub async fn handle(
     validate::sync_batch(&request, &state.settings)?;
     let caller = caller.map(|Extension(caller)| caller).unwrap_or_default();
     let proxy = caller.proxy_id(&request.proxy);
-    let grants = apply_as(&state, &proxy, &request, 0).await?;
+    // The live overrides are read beside the grants (one more script call, concurrent): the
+    // answer reflects every change made before it, on any replica.
+    let (grants, (bypass, live)) = tokio::join!(
+        apply_as(&state, &proxy, &request, 0),
+        overrides::for_sync(&state, request.overrides_version, 0)
+    );
+    let grants = grants?;
 
     let metrics = &state.metrics;
     metrics.syncs.inc();
@@ -66,8 +75,9 @@ pub async fn handle(
         hints: Hints {
             next_sync_ms,
             overrides: Overrides {
+                bypass,
                 load_level,
-                ..Overrides::default()
+                live,
             },
         },
     }))

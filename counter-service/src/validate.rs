@@ -269,6 +269,7 @@ mod tests {
             interval_ms: 100,
             entries: vec![entry("a", vec![TEN]), entry(&"k".repeat(513), vec![TEN])],
             load: None,
+            overrides_version: 0,
         };
         assert_eq!(message(&request), "entries[1].key: longer than 512 bytes");
         request.entries[1] = entry("b", vec![]);
@@ -319,6 +320,7 @@ mod tests {
             interval_ms: 100,
             entries: vec![entry("a", vec![TEN])],
             load: Some(fine),
+            overrides_version: 0,
         };
         assert_eq!(message(&request), "");
         // the bounds themselves are fine: a brief overload, nothing shed or all, an hour
@@ -499,6 +501,7 @@ mod tests {
             interval_ms: 100,
             entries: vec![entry("a", vec![TEN]), entry("b", vec![log])],
             load: None,
+            overrides_version: 0,
         };
         assert_eq!(
             message(&logged),
@@ -510,6 +513,7 @@ mod tests {
             interval_ms: 100,
             entries: vec![entry("a", vec![TEN]), entry("b", vec![sliding, sliding])],
             load: None,
+            overrides_version: 0,
         };
         assert_eq!(message(&request), "");
         request.entries[1] = entry(

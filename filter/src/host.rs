@@ -21,7 +21,7 @@ impl Store for SharedData {
 
     fn set(&mut self, key: &str, value: &[u8], version: u32) -> Result<bool, StoreError> {
         // Version 0 asks to create; proxy-wasm treats cas 0 as "unconditional", which is why
-        // the root context creates every set before the first request (see `Root::prepare`).
+        // the root context creates every set before the first request (see `shared::prepare`).
         let cas = (version != 0).then_some(version);
         match hostcalls::set_shared_data(key, Some(value), cas) {
             Ok(()) => Ok(true),

@@ -20,6 +20,8 @@ use crate::shedder::{respond, WaitEnd};
 
 pub struct Request {
     shared: Rc<Shared>,
+    /// The limiter this request started with (live overrides apply to later requests).
+    limiter: Rc<sluice_core::Limiter>,
     /// The host's id of this request's context.
     id: u32,
     exchange: Exchange,
@@ -30,6 +32,7 @@ pub struct Request {
 impl Request {
     pub fn new(shared: Rc<Shared>, id: u32) -> Request {
         Request {
+            limiter: shared.limiter(),
             shared,
             id,
             exchange: Exchange::default(),
@@ -43,14 +46,14 @@ impl Request {
             return;
         }
         let shared = Rc::clone(&self.shared);
-        let end = match (&shared.shedder, shared.limiter.policy().shedding.as_ref()) {
+        let end = match (&shared.shedder, self.limiter.policy().shedding.as_ref()) {
             (Some(shedder), Some(shedding)) => shedder.wait_end(shedding, self.id),
             _ => None,
         };
         match end {
             Some(WaitEnd::Seated { at_us }) => self.exchange.seated(at_us),
             // Shed while waiting, or its stream ended before a slot came.
-            Some(WaitEnd::Shed) | None => self.exchange.unseated(&shared.limiter, &mut SharedData),
+            Some(WaitEnd::Shed) | None => self.exchange.unseated(&self.limiter, &mut SharedData),
         }
     }
 
@@ -58,15 +61,15 @@ impl Request {
     fn end(&mut self) {
         self.resolve_wait();
         if self.shared.shaper.cancel(self.id) {
-            let shared = Rc::clone(&self.shared);
-            self.exchange.cancel_delay(&shared.limiter, &mut SharedData);
+            let limiter = Rc::clone(&self.limiter);
+            self.exchange.cancel_delay(&limiter, &mut SharedData);
         }
-        let effects = self.exchange.finish(&self.shared.limiter, &mut SharedData);
+        let effects = self.exchange.finish(&self.limiter, &mut SharedData);
         let _ = self.carry_out(effects);
     }
 
     fn read_request(&self) -> HostRequest {
-        let policy = self.shared.limiter.policy();
+        let policy = self.limiter.policy();
         let mut path = host::request_header(":path").unwrap_or_default();
         let mut query = None;
         if let Some(at) = path.find('?') {
@@ -119,7 +122,8 @@ impl Request {
     /// once; the step they lead to, if any, is returned.
     fn carry_out(&mut self, effects: Vec<Effect>) -> Option<Step> {
         let shared = Rc::clone(&self.shared);
-        let limiter = &shared.limiter;
+        let limiter = Rc::clone(&self.limiter);
+        let limiter = &*limiter;
         let mut failed = Vec::new();
         for effect in effects {
             match effect {
@@ -229,7 +233,7 @@ impl Request {
             } => {
                 let shared = Rc::clone(&self.shared);
                 let (Some(shedder), Some(shedding)) =
-                    (&shared.shedder, shared.limiter.policy().shedding.as_ref())
+                    (&shared.shedder, self.limiter.policy().shedding.as_ref())
                 else {
                     return Action::Continue;
                 };
@@ -237,7 +241,7 @@ impl Request {
                     return Action::Pause;
                 }
                 // The queue is full and keeps its waiters.
-                self.exchange.unseated(&shared.limiter, &mut SharedData);
+                self.exchange.unseated(&self.limiter, &mut SharedData);
                 shedder.shed(seat, ShedReason::QueueFull, false);
                 respond(&overloaded(
                     shedding,
@@ -276,11 +280,11 @@ impl Context for Request {
             return;
         };
         let answer = callout::answer::<CheckResponse>(num_headers, body_size).ok();
-        let shared = Rc::clone(&self.shared);
+        let limiter = Rc::clone(&self.limiter);
         let moment = self.moment();
         let (step, effects) =
             self.exchange
-                .answered(&shared.limiter, check, answer, moment, &mut SharedData);
+                .answered(&limiter, check, answer, moment, &mut SharedData);
         let step = self.carry_out(effects).or(step);
         if let Some(step) = step {
             if self.act(step) == Action::Continue {
@@ -296,17 +300,12 @@ impl HttpContext for Request {
     }
 
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let shared = Rc::clone(&self.shared);
+        let limiter = Rc::clone(&self.limiter);
         let mut request = self.read_request();
         let client = request.client_ip.as_deref().and_then(|ip| ip.parse().ok());
         let moment = self.moment();
-        let (exchange, step, effects) = Exchange::start(
-            &shared.limiter,
-            &mut request,
-            client,
-            moment,
-            &mut SharedData,
-        );
+        let (exchange, step, effects) =
+            Exchange::start(&limiter, &mut request, client, moment, &mut SharedData);
         self.exchange = exchange;
         let step = match self.carry_out(effects) {
             // Every check failed to go out: the last one's answer is the step.
@@ -325,12 +324,18 @@ impl HttpContext for Request {
                 .unwrap_or(0);
             self.exchange.responded(status, host::now_us());
         }
-        let shared = Rc::clone(&self.shared);
+        let limiter = Rc::clone(&self.limiter);
         // What the upstream says this request cost, charged to the rules that count it.
-        for name in self.exchange.cost_headers(&shared.limiter) {
+        let names: Vec<String> = self
+            .exchange
+            .cost_headers(&limiter)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        for name in &names {
             if let Some(value) = host::response_header(name) {
                 let effects = self.exchange.response_cost(
-                    &shared.limiter,
+                    &limiter,
                     name,
                     &value,
                     host::now_us(),
@@ -339,7 +344,7 @@ impl HttpContext for Request {
                 let _ = self.carry_out(effects);
             }
         }
-        for (header, value) in self.exchange.response_headers(&shared.limiter) {
+        for (header, value) in self.exchange.response_headers(&limiter) {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(&value));
         }
         Action::Continue

@@ -1,7 +1,6 @@
 //! The root context: parses the configuration once, prepares shared state, runs the sync on
 //! ticks, and makes one HTTP context per request.
 
-use std::cell::Cell;
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 
@@ -57,8 +56,9 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let limiter = Limiter::with_secret(policy, secret());
-        prepare(&limiter);
+        let secret = secret();
+        let limiter = Limiter::with_secret(policy, secret);
+        crate::shared::prepare(&limiter);
         let service = limiter.policy().service.clone();
         let metrics = Metrics::define(
             limiter.rules().map(|r| r.rule.name.as_str()),
@@ -98,17 +98,13 @@ impl RootContext for Root {
             // Held requests leave on ticks: their schedule is as fine as the tick.
             let _ = hostcalls::set_tick_period(SHED_TICK);
         }
-        self.shared = Some(Rc::new(Shared {
+        self.shared = Some(Rc::new(Shared::new(
             limiter,
+            secret,
             metrics,
-            announcer: Announcer::new(self.syncer.queue()),
-            service_up: Cell::new(true),
-            bypass: Cell::new(false),
-            hurried: Cell::new(false),
+            Announcer::new(self.syncer.queue()),
             shedder,
-            shaper: Default::default(),
-            warn_log: Cell::new((0, 0)),
-        }));
+        )));
         true
     }
 
@@ -116,8 +112,9 @@ impl RootContext for Root {
         if let Some(shared) = self.shared.clone() {
             shared.shaper.tick(crate::host::now_us());
             self.syncer.tick(&shared, &self.proxy_id);
+            let limiter = shared.limiter();
             if let (Some(shedder), Some(shedding)) =
-                (&shared.shedder, shared.limiter.policy().shedding.as_ref())
+                (&shared.shedder, limiter.policy().shedding.as_ref())
             {
                 shedder.tick(shedding);
             }
@@ -131,32 +128,6 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
-    }
-}
-
-/// Creates every set of every rule's key table, and every bulkhead's gauge and window, before
-/// the first request.
-///
-/// proxy-wasm's compare-and-swap cannot create a key atomically (cas 0 writes unconditionally),
-/// so two workers creating the same set at once could lose a count. The first VM to configure
-/// (Envoy's main-thread VM, before any worker serves) creates them all; later VMs find them.
-fn prepare(limiter: &Limiter) {
-    let mut store = SharedData;
-    for rule in limiter.rules() {
-        let table = rule.table;
-        if matches!(store.get(&table.set_key_at(0)), Ok(Some(_))) {
-            continue;
-        }
-        for set in 0..table.sets() {
-            let _ = store.set(&table.set_key_at(set), &[], 0);
-        }
-    }
-    let bulkheads = limiter.policy().shedding.iter().flat_map(|s| &s.bulkheads);
-    for key in bulkheads.flat_map(|b| [&b.gauge_key, &b.window_key]) {
-        // A gauge left by an earlier configuration keeps its requests in flight.
-        if !matches!(store.get(key), Ok(Some(_))) {
-            let _ = store.set(key, &[], 0);
-        }
     }
 }
 

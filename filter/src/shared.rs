@@ -1,19 +1,27 @@
 //! What every request of a VM shares: the limiter, metric ids, the announcer, and what the last
 //! tick learned about the counter service.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 use sluice_core::policy::Service;
 use sluice_core::proxy_sync::SyncState;
-use sluice_core::Limiter;
+use sluice_core::{overrides, Limiter, Policy, Store};
 
 use crate::announce::Announcer;
+use crate::host::SharedData;
 use crate::metrics::Metrics;
 use crate::shaper::Shaper;
 use crate::shedder::Shedder;
 
 pub struct Shared {
-    pub limiter: Limiter,
+    /// The limiter new requests use: the configured policy with the live overrides last
+    /// heard. A request keeps the one it started with.
+    limiter: RefCell<Rc<Limiter>>,
+    /// The configured policy, before overrides, and the key tables' secret.
+    base: (Policy, [u64; 2]),
+    /// The version of the live overrides `limiter` was built with.
+    overrides_version: Cell<u64>,
     pub metrics: Metrics,
     /// Announces keys with unsynced counts to the worker that syncs.
     pub announcer: Announcer,
@@ -68,8 +76,71 @@ impl Shared {
 }
 
 impl Shared {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        limiter: Limiter,
+        secret: [u64; 2],
+        metrics: Metrics,
+        announcer: Announcer,
+        shedder: Option<Shedder>,
+    ) -> Shared {
+        let base = (limiter.policy().clone(), secret);
+        Shared {
+            limiter: RefCell::new(Rc::new(limiter)),
+            base,
+            overrides_version: Cell::new(0),
+            metrics,
+            announcer,
+            service_up: Cell::new(true),
+            bypass: Cell::new(false),
+            hurried: Cell::new(false),
+            shedder,
+            shaper: Default::default(),
+            warn_log: Cell::new((0, 0)),
+        }
+    }
+
+    /// The limiter for a new request.
+    pub fn limiter(&self) -> Rc<Limiter> {
+        Rc::clone(&self.limiter.borrow())
+    }
+
+    /// Builds the limiter again when the live overrides in shared data changed (their version
+    /// in the sync state): the configured policy with the overrides applied. What cannot apply
+    /// is logged and left as configured.
+    fn apply_overrides(&self, version: u64) {
+        if version == self.overrides_version.get() {
+            return;
+        }
+        self.overrides_version.set(version);
+        let (policy, secret) = &self.base;
+        let live = match SharedData.get(overrides::OVERRIDES_KEY) {
+            Ok(Some((bytes, _))) => overrides::decode(&bytes),
+            _ => None,
+        };
+        let Some(live) = live else {
+            return;
+        };
+        let (policy, problems) = overrides::apply(policy, &live);
+        for problem in &problems {
+            crate::host::log_warn(&format!("sluice: live override not applied: {problem}"));
+        }
+        let limiter = Limiter::with_secret(policy, *secret);
+        prepare(&limiter);
+        *self.limiter.borrow_mut() = Rc::new(limiter);
+        let _ = proxy_wasm::hostcalls::log(
+            proxy_wasm::types::LogLevel::Info,
+            &format!(
+                "sluice: live overrides version {version} applied ({} limit(s), {} key rule(s))",
+                live.limits.len(),
+                live.keys.len()
+            ),
+        );
+    }
+
     /// Publishes the proxy-wide sync state to this worker's requests.
     pub fn publish(&self, state: &SyncState, service: &Service, now_us: u64) {
+        self.apply_overrides(state.overrides_version);
         let breaker = state.breaker.state(service.breaker_failures, now_us);
         self.service_up
             .set(state.breaker.service_up(service.breaker_failures, now_us));
@@ -81,6 +152,32 @@ impl Shared {
             let interval_ms = state.effective_interval_ms(service.sync_interval_ms);
             let fresh_us = (interval_ms * 3_000).max(1_000_000);
             shedder.fleet.set(state.fleet.level(now_us, fresh_us));
+        }
+    }
+}
+
+/// Creates every set of every rule's key table, and every bulkhead's gauge and window, before
+/// the first request.
+///
+/// proxy-wasm's compare-and-swap cannot create a key atomically (cas 0 writes unconditionally),
+/// so two workers creating the same set at once could lose a count. The first VM to configure
+/// (Envoy's main-thread VM, before any worker serves) creates them all; later VMs find them.
+pub fn prepare(limiter: &Limiter) {
+    let mut store = SharedData;
+    for rule in limiter.rules() {
+        let table = rule.table;
+        if matches!(store.get(&table.set_key_at(0)), Ok(Some(_))) {
+            continue;
+        }
+        for set in 0..table.sets() {
+            let _ = store.set(&table.set_key_at(set), &[], 0);
+        }
+    }
+    let bulkheads = limiter.policy().shedding.iter().flat_map(|s| &s.bulkheads);
+    for key in bulkheads.flat_map(|b| [&b.gauge_key, &b.window_key]) {
+        // A gauge left by an earlier configuration keeps its requests in flight.
+        if !matches!(store.get(key), Ok(Some(_))) {
+            let _ = store.set(key, &[], 0);
         }
     }
 }

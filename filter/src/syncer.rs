@@ -41,7 +41,8 @@ impl Syncer {
     }
 
     pub fn tick(&mut self, shared: &Shared, proxy_id: &str) {
-        let Some(service) = shared.limiter.policy().service.as_ref() else {
+        let limiter = shared.limiter();
+        let Some(service) = limiter.policy().service.as_ref() else {
             return;
         };
         let now = host::now_us();
@@ -63,12 +64,12 @@ impl Syncer {
             return;
         };
         let interval_ms = claimed.effective_interval_ms(service.sync_interval_ms);
-        let limiter = &shared.limiter;
-        let (mut waiting, forgotten) = shared.announcer.gather(limiter);
+        let limiter = shared.limiter();
+        let (mut waiting, forgotten) = shared.announcer.gather(&limiter);
         shared.metrics.sync_dropped(forgotten);
-        let batch = round::compose(limiter, &mut waiting, proxy_id, interval_ms, &mut store);
+        let batch = round::compose(&limiter, &mut waiting, proxy_id, interval_ms, &mut store);
         shared.announcer.flush(claimed.rounds);
-        shared.announcer.keep(limiter, waiting);
+        shared.announcer.keep(&limiter, waiting);
         let Some(batch) = batch else {
             let _ = proxy_sync::update_state(&mut store, |s| s.busy_until_us = 0);
             return;
@@ -94,7 +95,8 @@ impl Syncer {
         let Some(InFlight { batch, sent_at_us }) = self.in_flight.remove(&token) else {
             return;
         };
-        let Some(service) = shared.limiter.policy().service.as_ref() else {
+        let limiter = shared.limiter();
+        let Some(service) = limiter.policy().service.as_ref() else {
             return;
         };
         let now = host::now_us();
@@ -104,7 +106,7 @@ impl Syncer {
         let mut store = SharedData;
         let settled =
             callout::answer::<SyncResponse>(num_headers, body_size).and_then(|response| {
-                round::settle(&shared.limiter, &batch, &response, now, &mut store)
+                round::settle(&limiter, &batch, &response, now, &mut store)
                     .map_err(|_| Failure::Malformed)
             });
         let settled = match settled {
@@ -140,8 +142,9 @@ impl Syncer {
 fn undo(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
     let mut store = SharedData;
     let jitter = host::jitter(now);
-    for (rule, key) in round::undo(&shared.limiter, batch, service, now, jitter, &mut store) {
-        let forgotten = shared.announcer.announce(&shared.limiter, rule, key);
+    let limiter = shared.limiter();
+    for (rule, key) in round::undo(&limiter, batch, service, now, jitter, &mut store) {
+        let forgotten = shared.announcer.announce(&limiter, rule, key);
         shared.metrics.sync_dropped(forgotten);
     }
     shared.metrics.sync_failed(failure);

@@ -830,3 +830,216 @@ fn two_proxies_share_one_cached_fixed_window_within_the_bound() {
         );
     }
 }
+
+/// Live overrides: one admin call to the counter service changes what two proxies enforce, for a local and a cached
+/// rule alike, within about one sync interval; a blocked key is refused and an allowed one never counted; the
+/// emergency bypass lets everything through; a proxy that loses the service keeps what it had; the overrides live in
+/// Redis, so a restarted service still has them.
+#[test]
+fn live_overrides_reach_every_proxy_within_an_interval_and_outlive_the_service() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let admin_file = dir.path().join("admins");
+    std::fs::write(&admin_file, "oncall s3cret-admin-token\n").unwrap();
+    let mut service = Service::start_with(
+        ServiceOptions::new(redis.url())
+            .arg(format!("--admin-tokens-file={}", admin_file.display())),
+    )
+    .unwrap();
+    const INTERVAL_MS: u64 = 100;
+    let rules = json!([
+        {"name": "local", "match": {"path_prefix": "/local/"}, "key": ["header:x-user"], "consistency": "local",
+         "limits": [{"requests": 100, "per": "minute"}]},
+        {"name": "shared", "match": {"path_prefix": "/shared/"}, "key": ["header:x-user"], "consistency": "cached",
+         "limits": [{"requests": 100, "per": "minute"}]},
+    ]);
+    let plugin_config = config(service.token(), INTERVAL_MS, rules);
+    let proxies: Vec<Envoy> = (0..2)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+    let client = agent();
+    let admin = |method: &str, path: &str, body: Option<&str>| {
+        service
+            .request(method, path, Some("s3cret-admin-token"), body)
+            .unwrap()
+    };
+    // Both proxies sync (their rounds go out with or without keys) before the change.
+    for envoy in &proxies {
+        assert!(eventually(Duration::from_secs(3), || envoy
+            .stat("wasmcustom.sluice.sync.ok")
+            > 0));
+    }
+    // The proxies' token cannot change anything.
+    let refused = service
+        .request(
+            "PUT",
+            "/admin/v1/overrides/limits/local",
+            Some(service.token()),
+            Some(r#"{"limits": []}"#),
+        )
+        .unwrap();
+    assert_eq!(refused.status, 401, "{refused:?}");
+
+    let set = admin(
+        "PUT",
+        "/admin/v1/overrides/limits/local",
+        Some(r#"{"limits": [{"requests": 2, "per": "minute"}], "reason": "test"}"#),
+    );
+    assert_eq!(set.status, 200, "{set:?}");
+    let admin_set = admin(
+        "PUT",
+        "/admin/v1/overrides/limits/shared",
+        Some(r#"{"limits": [{"requests": 3, "per": "minute"}]}"#),
+    );
+    assert_eq!(admin_set.status, 200, "{admin_set:?}");
+    let changed_at = Instant::now();
+    // Within an interval (plus a sync round trip and a 2 ms tick), both proxies enforce the new local limit.
+    let fresh = |i: usize| format!("user-{i}");
+    let mut n = 0;
+    let applied = eventually(Duration::from_secs(3), || {
+        n += 1;
+        proxies.iter().enumerate().all(|(p, envoy)| {
+            let user = fresh(n * 10 + p);
+            let url = envoy.url("/local/x");
+            let statuses: Vec<u16> = (0..3)
+                .map(|_| get(&client, &url, &[("x-user", &user)]).unwrap().status)
+                .collect();
+            statuses == [200, 200, 429]
+        })
+    });
+    let took = changed_at.elapsed();
+    assert!(
+        applied,
+        "the override never applied; service log:\n{}",
+        service.log()
+    );
+    eprintln!("both proxies applied the limit override {took:?} after the admin call");
+    assert!(
+        took < Duration::from_millis(3 * INTERVAL_MS + 500),
+        "took {took:?}"
+    );
+    // The cached rule: 3 a minute across both proxies.
+    let shared: Vec<u16> = (0..8)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(INTERVAL_MS / 2));
+            get(
+                &client,
+                &proxies[i % 2].url("/shared/x"),
+                &[("x-user", "carol")],
+            )
+            .unwrap()
+            .status
+        })
+        .collect();
+    let admitted = shared.iter().filter(|&&s| s == 200).count();
+    assert!(
+        (3..=5).contains(&admitted),
+        "3 a minute across both proxies (plus fallbacks before a lease): {shared:?}"
+    );
+
+    // Block one key and allow another, on every proxy.
+    let block = admin(
+        "PUT",
+        "/admin/v1/overrides/keys/local",
+        Some(r#"{"key": ["mallory"], "action": "block"}"#),
+    );
+    assert_eq!(block.status, 200, "{block:?}");
+    let allow = admin(
+        "PUT",
+        "/admin/v1/overrides/keys/local",
+        Some(r#"{"key": "ops", "action": "allow"}"#),
+    );
+    assert_eq!(allow.status, 200, "{allow:?}");
+    let blocked_everywhere = eventually(Duration::from_secs(3), || {
+        proxies.iter().all(|envoy| {
+            get(&client, &envoy.url("/local/x"), &[("x-user", "mallory")])
+                .unwrap()
+                .status
+                == 429
+                && (0..4).all(|_| {
+                    get(&client, &envoy.url("/local/x"), &[("x-user", "ops")])
+                        .unwrap()
+                        .status
+                        == 200
+                })
+        })
+    });
+    assert!(blocked_everywhere);
+
+    // The emergency bypass: everything goes through, then it is lifted.
+    assert_eq!(
+        admin(
+            "PUT",
+            "/admin/v1/overrides/bypass",
+            Some(r#"{"enabled": true, "reason": "incident"}"#)
+        )
+        .status,
+        200
+    );
+    assert!(eventually(Duration::from_secs(3), || proxies.iter().all(
+        |envoy| {
+            get(&client, &envoy.url("/local/x"), &[("x-user", "mallory")])
+                .unwrap()
+                .status
+                == 200
+        }
+    )));
+    assert_eq!(
+        admin("DELETE", "/admin/v1/overrides/bypass", None).status,
+        200
+    );
+    assert!(eventually(Duration::from_secs(3), || proxies.iter().all(
+        |envoy| {
+            get(&client, &envoy.url("/local/x"), &[("x-user", "mallory")])
+                .unwrap()
+                .status
+                == 429
+        }
+    )));
+
+    // Who changed what is on record.
+    let audit = admin("GET", "/admin/v1/audit?limit=10", None);
+    assert!(
+        audit.body.contains("\"who\":\"oncall\"") && audit.body.contains("limits"),
+        "{audit:?}"
+    );
+
+    // The service goes away: the proxies keep the overrides they had.
+    service.kill();
+    std::thread::sleep(Duration::from_millis(5 * INTERVAL_MS));
+    for (p, envoy) in proxies.iter().enumerate() {
+        let reply = get(&client, &envoy.url("/local/x"), &[("x-user", "mallory")]).unwrap();
+        assert_eq!(
+            reply.status, 429,
+            "still blocked without the service: {reply:?}"
+        );
+        let user = format!("after-{p}");
+        let statuses: Vec<u16> = (0..3)
+            .map(|_| {
+                get(&client, &envoy.url("/local/x"), &[("x-user", &user)])
+                    .unwrap()
+                    .status
+            })
+            .collect();
+        assert_eq!(
+            statuses,
+            [200, 200, 429],
+            "still 2 a minute without the service"
+        );
+    }
+    // A restarted service has them: they live in Redis.
+    service.restart().unwrap();
+    let listed = service
+        .request(
+            "GET",
+            "/admin/v1/overrides",
+            Some("s3cret-admin-token"),
+            None,
+        )
+        .unwrap();
+    assert!(
+        listed.body.contains("mallory") && listed.body.contains("\"requests\":2"),
+        "{listed:?}"
+    );
+}

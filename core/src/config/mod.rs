@@ -50,105 +50,190 @@ pub(crate) fn err(field: impl Into<String>, problem: impl Into<String>) -> Confi
     }
 }
 
+/// The filter's configuration (the JSON of its plugin `configuration`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(title = "sluice filter configuration", rename = "Policy")
+)]
 struct RawPolicy {
+    /// Rate-limit headers on responses: none, legacy (X-RateLimit-*), draft (RateLimit-Policy and RateLimit; the default) or both.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["none", "legacy", "draft", "both", null])))]
     headers: Option<String>,
+    /// Requests that skip every rule: exact paths, client networks, or all of them.
     #[serde(default)]
     bypass: Option<RawBypass>,
+    /// How the client address is found: the downstream peer, or an X-Forwarded-For entry.
     #[serde(default)]
     client_ip: Option<RawClientIp>,
+    /// The rate-limit rules: every rule that applies to a request must admit it. At least one, or a shedding section.
     #[serde(default)]
     rules: Vec<RawRule>,
+    /// Keys each rule remembers per proxy before forgetting the least recently used (8 to 1048576; default 65536).
     #[serde(default)]
     max_keys: Option<u32>,
+    /// The counter service (an Envoy cluster) that cached and strict rules share their counts through.
     #[serde(default)]
     service: Option<RawService>,
+    /// Load shedding: bulkheads that bound the requests in flight.
     #[serde(default)]
     shedding: Option<shedding::RawShedding>,
+    /// The payload_in_metadata of Envoy's jwt_authn providers, where jwt:CLAIM key parts read verified claims (default jwt_payload).
     #[serde(default)]
     jwt_payload_in_metadata: Option<String>,
 }
 
+/// Requests that skip every rule.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Bypass")
+)]
 struct RawBypass {
+    /// Exact paths (the query ignored) that skip every rule, such as /healthz.
     #[serde(default)]
     paths: Vec<String>,
+    /// Client addresses or CIDR blocks never limited, such as 10.0.0.0/8.
     #[serde(default)]
     cidrs: Vec<String>,
+    /// The emergency switch: when true, nothing is limited.
     #[serde(default)]
     all: bool,
 }
 
+/// How the client address is found.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "ClientIp")
+)]
 struct RawClientIp {
+    /// 0: the downstream peer (Envoy's source.address); N: the N-th X-Forwarded-For entry from the right (at most 32).
     #[serde(default)]
     trusted_hops: u32,
 }
 
+/// One rate-limit rule: which requests, keyed how, limited how.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Rule")
+)]
 struct RawRule {
+    /// Unique; 1 to 64 of a-z A-Z 0-9 - _ . (a tier's rule is named rule/tier). Names metrics and headers.
     name: String,
+    /// Which requests the rule applies to: every part set must match (none: every request).
     #[serde(default, rename = "match")]
     matcher: Option<RawMatch>,
+    /// What is counted together: client_ip, client_ip/BITS, path, method, header:NAME, query:NAME, jwt:CLAIM, const:VALUE, or first-present alternatives such as jwt:sub|client_ip.
     key: Vec<String>,
+    /// One to eight limits, all enforced, of one algorithm. A rule has limits or tiers.
     #[serde(default)]
     limits: Option<Vec<RawLimit>>,
+    /// Limits per tier, the tier read from the request. A rule has limits or tiers.
     #[serde(default)]
     tiers: Option<RawTiers>,
+    /// enforce (the default); monitor (or shadow): count what would be denied, admit it; warn: admit it and say so.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["enforce", "monitor", "shadow", "warn", null])))]
     mode: Option<String>,
+    /// In enforce mode, the share of would-be denials actually denied, in percent (0 to 100; default 100).
     #[serde(default)]
     ramp_percent: Option<u8>,
+    /// Where the count lives: local (this proxy), cached (shared through the counter service, decided from a lease) or strict (one service check per request). Default local, or cached with a service.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["local", "cached", "strict", null])))]
     consistency: Option<String>,
+    /// What a cached or strict rule does without the counter service (default: fail_open with the rule's own limits).
     #[serde(default)]
     fallback: Option<RawFallback>,
+    /// Tokens one request spends (default 1).
     #[serde(default)]
     cost: Option<u64>,
+    /// A response header whose value (whole tokens) is charged after the response.
     #[serde(default)]
     cost_header: Option<String>,
 }
 
+/// A rule's limits per tier: each tier is a rule of its own, named rule/tier.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Tiers")
+)]
 struct RawTiers {
+    /// The key part a request's tier is read from, such as jwt:plan or header:x-plan.
     from: String,
+    /// The tier of requests without a tier or with one not configured: a name in limits.
     default: String,
+    /// Each tier's limits, by tier name.
     limits: std::collections::BTreeMap<String, Vec<RawLimit>>,
 }
 
+/// Which requests a rule or a bulkhead applies to: every part set must match.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Match")
+)]
 pub(crate) struct RawMatch {
+    /// Paths starting with this, such as /api/ (the path as sent or normalized).
     #[serde(default)]
     path_prefix: Option<String>,
+    /// Exact paths, without a query.
     #[serde(default)]
     paths: Vec<String>,
+    /// Path templates such as /users/{id}/export: a {name} placeholder stands for one segment.
     #[serde(default)]
     path_templates: Vec<String>,
+    /// HTTP methods, such as GET.
     #[serde(default)]
     methods: Vec<String>,
+    /// Host names (the :authority without its port); *.example.com matches any subdomain.
     #[serde(default)]
     hosts: Vec<String>,
+    /// Request headers by name: true (present), false (absent), or a value one of them equals.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("additionalProperties" = {"type": ["boolean", "string"]})))]
     headers: std::collections::BTreeMap<String, serde_json::Value>,
+    /// Client addresses or CIDR blocks.
     #[serde(default)]
     client_cidrs: Vec<String>,
 }
 
+/// A limit: how many requests per period, counted how.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Limit")
+)]
 struct RawLimit {
+    /// How many requests per period (leaky_bucket: how many leave per period).
     requests: u64,
+    /// The period: second, minute, hour, day; week and month with fixed_window only.
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["second", "minute", "hour", "day", "week", "month"])))]
     per: String,
+    /// Token bucket and GCRA: how many may come at once (default requests).
     #[serde(default)]
     burst: Option<u64>,
+    /// How the limit counts (default token_bucket).
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log", "leaky_bucket", null])))]
     algorithm: Option<String>,
     /// Leaky bucket: requests of a burst that pass at once.
     #[serde(default)]
@@ -161,30 +246,60 @@ struct RawLimit {
     max_delay_ms: Option<u32>,
 }
 
+/// What a cached or strict rule does without the counter service.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Fallback")
+)]
 struct RawFallback {
+    /// fail_open: decide locally; fail_closed: deny (503).
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["fail_open", "fail_closed"])))]
     policy: String,
+    /// fail_open: the local limits (default: the rule's own).
     #[serde(default)]
     limits: Option<Vec<RawLimit>>,
 }
 
+/// The counter service, as an Envoy cluster.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Service")
+)]
 struct RawService {
+    /// The Envoy cluster of the counter service.
     cluster: String,
+    /// The :authority of the callouts (default: the cluster name).
     #[serde(default)]
     authority: Option<String>,
+    /// The bearer token the service expects.
     #[serde(default)]
     token: Option<String>,
+    /// Timeout of every callout, sync and strict check (1 to 60000; default 200).
     #[serde(default)]
     timeout_ms: Option<u64>,
+    /// How often each proxy syncs (10 to 60000; default 100).
     #[serde(default)]
     sync_interval_ms: Option<u64>,
+    /// Consecutive failed callouts that open the circuit breaker (default 3).
     #[serde(default)]
     breaker_failures: Option<u32>,
+    /// How long the breaker stays open before one probe (10 to 3600000; default 2000).
     #[serde(default)]
     breaker_cooldown_ms: Option<u64>,
+}
+
+/// The JSON Schema (draft-07) of the configuration, generated from the types it is read into.
+#[cfg(feature = "schema")]
+pub fn schema() -> schemars::Schema {
+    schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<RawPolicy>()
 }
 
 /// Parses and validates a plugin configuration.
@@ -679,6 +794,16 @@ fn fallback(
             }
         },
     })
+}
+
+/// Whether `limits` may replace rule `name`'s (a live override): what its consistency allows.
+pub fn allowed(
+    name: &str,
+    consistency: Consistency,
+    limits: &[Limit],
+    fallback: &Fallback,
+) -> Result<(), ConfigError> {
+    checks(name, name, consistency, limits, fallback)
 }
 
 /// What a consistency allows of the algorithms.

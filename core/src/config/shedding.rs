@@ -10,108 +10,196 @@ use crate::shed::policy::{
     Shedding, SuccessRate,
 };
 
+/// Load shedding: bulkheads that bound the requests in flight, shed by class and load.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Shedding")
+)]
 pub(crate) struct RawShedding {
+    /// enforce (the default); monitor: shed nothing, count what would be shed; warn: as monitor, and say so in headers.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["monitor", "warn", "enforce", null])))]
     mode: Option<String>,
+    /// The request header naming the class (only a trusted filter may set it); none: every request is of default_class.
     #[serde(default)]
     class_header: Option<String>,
+    /// The class of requests without a (known) class (default basic).
     #[serde(default)]
     default_class: Option<String>,
     /// Name → threshold; `null` never sheds. Merged over the defaults.
     #[serde(default)]
     classes: BTreeMap<String, Option<f64>>,
+    /// Classes by route for requests the class header does not name; the first match wins.
     #[serde(default)]
     class_routes: Vec<RawClassRoute>,
+    /// Exact paths never shed nor counted (default /healthz, /readyz, /livez).
     #[serde(default)]
     never_shed_paths: Option<Vec<String>>,
+    /// The utilizations at which the degradation level becomes elevated, high, critical (default 0.7, 0.85, 0.95).
     #[serde(default)]
     levels: Option<RawLevels>,
+    /// The request header that tells the upstream the load level (default x-sluice-load-level; "" sends none).
     #[serde(default)]
     degradation_header: Option<String>,
+    /// Whether the fleet level from the counter service counts (default true; needs service).
     #[serde(default)]
     fleet: Option<bool>,
+    /// The base of Retry-After on a 503, in seconds (1 to 3600; default 1).
     #[serde(default)]
     retry_after_s: Option<u64>,
+    /// The bulkheads: a request belongs to the first whose match it matches. At least one, at most 64.
     bulkheads: Vec<RawBulkhead>,
 }
 
+/// A class for the requests of a route.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "ClassRoute")
+)]
 struct RawClassRoute {
+    /// The route's requests.
     #[serde(rename = "match")]
     matcher: RawMatch,
+    /// Their class: a name in classes.
     class: String,
 }
 
+/// Utilizations (in flight / limit, 0.01 to 1) at which the degradation level rises, in order.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Levels")
+)]
 struct RawLevels {
+    /// The utilization at which the level becomes elevated.
     elevated: f64,
+    /// The utilization at which the level becomes high (expensive routes are shed first).
     high: f64,
+    /// The utilization at which the level becomes critical.
     critical: f64,
 }
 
+/// A bulkhead: at most so many requests of its match in flight.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Bulkhead")
+)]
 struct RawBulkhead {
+    /// Unique; 1 to 64 of a-z A-Z 0-9 - _ . Names the metrics.
     name: String,
+    /// Which requests the bulkhead governs (none: every request).
     #[serde(default, rename = "match")]
     matcher: Option<RawMatch>,
+    /// The limit of requests in flight: static or adaptive.
     limit: RawLimit,
+    /// Requests that wait for a slot instead of an immediate 503 (none: 503 at once).
     #[serde(default)]
     queue: Option<RawQueue>,
+    /// The deadline, in milliseconds, of requests that carry none of their own.
     #[serde(default)]
     timeout_ms: Option<u64>,
+    /// Rejection by the recent success rate, as Envoy's admission_control.
     #[serde(default)]
     success_rate: Option<RawSuccessRate>,
+    /// Matchers of the routes shed from level high on, before any class is.
     #[serde(default)]
     expensive: Vec<RawMatch>,
 }
 
+/// A bulkhead's limit of requests in flight.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "BulkheadLimit")
+)]
 enum RawLimit {
+    /// At most this many requests in flight (1 to 1000000).
     Static(u32),
+    /// A limit that follows the upstream's latency.
     Adaptive(RawAdaptive),
 }
 
+/// An adaptive limit: it follows the upstream's latency between min and max.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "AdaptiveLimit")
+)]
 struct RawAdaptive {
+    /// The lowest limit.
     min: u32,
+    /// The highest limit.
     max: u32,
+    /// The limit at start (default 20, within min and max).
     #[serde(default)]
     initial: Option<u32>,
+    /// How far above its no-load latency the upstream may answer before the limit shrinks, as a factor (1.05 to 10; default 1.5).
     #[serde(default)]
     tolerance: Option<f64>,
+    /// How often the limit moves toward the measured latency, in milliseconds (10 to 60000; default 100).
     #[serde(default)]
     window_ms: Option<u64>,
+    /// How often the no-load latency is measured again by holding the limit at min, in milliseconds (0: never; default 30000).
     #[serde(default)]
     probe_interval_ms: Option<u64>,
 }
 
+/// Requests that wait for a slot instead of an immediate 503.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Queue")
+)]
 struct RawQueue {
+    /// How many requests per worker may wait (1 to 10000).
     size: u32,
+    /// The longest a request waits, in milliseconds (1 to 60000).
     max_wait_ms: u64,
+    /// Which request a full queue refuses: oldest (pushes out its oldest waiter; the default) or newest (refuses the arrival).
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["oldest", "newest", null])))]
     drop: Option<String>,
 }
 
+/// Rejection by the recent success rate (status below 500), as Envoy's admission_control.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "SuccessRate")
+)]
 struct RawSuccessRate {
+    /// The success rate below which requests are rejected (0.01 to 1; default 0.95).
     #[serde(default)]
     threshold: Option<f64>,
+    /// How steeply rejection grows (0.1 to 10; default 1).
     #[serde(default)]
     aggression: Option<f64>,
+    /// Requests in the window below which nothing is rejected (default 20).
     #[serde(default)]
     min_requests: Option<u32>,
+    /// The window successes fade over, in milliseconds (100 to 600000; default 10000).
     #[serde(default)]
     window_ms: Option<u64>,
+    /// The highest rejection probability, so the upstream is still probed (0 to 1; default 0.95).
     #[serde(default)]
     max_rejection: Option<f64>,
 }

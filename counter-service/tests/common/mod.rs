@@ -132,6 +132,7 @@ pub fn batch(proxy: &str, interval_ms: u64, entries: Vec<SyncEntry>) -> SyncRequ
         interval_ms,
         entries,
         load: None,
+        overrides_version: 0,
     }
 }
 

@@ -12,15 +12,29 @@ pub(crate) fn send(
     token: Option<&str>,
     body: Option<&str>,
 ) -> Result<Reply> {
-    let response = match body {
-        Some(body) => {
+    let response = match (method, body) {
+        ("PUT", Some(body)) => {
+            let mut request = agent.put(url).header("content-type", "application/json");
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            request.send(body)
+        }
+        ("DELETE", _) => {
+            let mut request = agent.delete(url);
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            request.call()
+        }
+        (_, Some(body)) => {
             let mut request = agent.post(url).header("content-type", "application/json");
             if let Some(token) = token {
                 request = request.header("authorization", format!("Bearer {token}"));
             }
             request.send(body)
         }
-        None => {
+        (_, None) => {
             let mut request = agent.get(url);
             if let Some(token) = token {
                 request = request.header("authorization", format!("Bearer {token}"));

@@ -138,6 +138,24 @@ impl Service {
         )
     }
 
+    /// `method path` (GET, POST, PUT, DELETE) with `body` and the given token (or none): the
+    /// admin API.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> Result<Reply> {
+        send(
+            &self.agent,
+            method,
+            &format!("{}{path}", self.url()),
+            token,
+            body,
+        )
+    }
+
     /// Whether the process is running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))

@@ -1,0 +1,678 @@
+//! The `sluice` binary as a user runs it: its output, its messages and its exit status.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+/// Runs `sluice args…`, `stdin` on its standard input.
+fn sluice(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the sluice binary runs");
+    // A command that does not read its input may have exited already.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The done-when of the tooling: `sluice check` says what the filter says, for every fixture.
+#[test]
+fn check_gives_the_filters_message_for_every_config_error_fixture() {
+    let dir = repo().join("core/tests/config");
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    entries.sort();
+    assert!(
+        entries.len() >= 25,
+        "only {} fixtures in {}",
+        entries.len(),
+        dir.display()
+    );
+    for path in &entries {
+        let expected = std::fs::read_to_string(path.with_extension("err")).unwrap();
+        let expected = expected.trim_end_matches('\n');
+        // The filter logs `parse`'s error.
+        let filter = sluice_core::parse(&std::fs::read(path).unwrap())
+            .expect_err("a fixture is a bad configuration")
+            .to_string();
+        assert_eq!(
+            filter,
+            expected,
+            "the filter's message for {}",
+            path.display()
+        );
+
+        let output = sluice(&["check", path.to_str().unwrap()], b"");
+        assert_eq!(output.status.code(), Some(1), "{}", path.display());
+        assert_eq!(
+            stderr(&output),
+            format!("{expected}\n"),
+            "{}",
+            path.display()
+        );
+        assert_eq!(stdout(&output), "", "{}", path.display());
+    }
+}
+
+#[test]
+fn check_reads_standard_input_and_says_the_same() {
+    let path = repo().join("core/tests/config/bad_period.json");
+    let expected = std::fs::read_to_string(path.with_extension("err")).unwrap();
+    let output = sluice(&["check", "-"], &std::fs::read(&path).unwrap());
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(stderr(&output).trim_end(), expected.trim_end());
+
+    let output = sluice(&["check", "-"], b"  \n");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr(&output),
+        "the configuration is empty; expected a JSON object with \"rules\"\n"
+    );
+}
+
+/// The example of core's `the_documented_example_is_accepted`.
+const DOCUMENTED: &str = r#"{
+  "headers": "draft",
+  "bypass": {"paths": ["/healthz"]},
+  "client_ip": {"trusted_hops": 0},
+  "rules": [
+    {"name": "per-ip", "match": {"path_prefix": "/api/", "methods": ["GET", "POST"]},
+     "key": ["client_ip"],
+     "limits": [{"requests": 100, "per": "minute", "burst": 20}],
+     "mode": "enforce"}
+  ]
+}"#;
+
+/// The top-level example of the configuration's documentation: a counter service.
+const WITH_SERVICE: &str = r#"{
+  "headers": "draft",
+  "bypass": {"paths": ["/healthz"], "cidrs": ["10.0.0.0/8"]},
+  "client_ip": {"trusted_hops": 0},
+  "max_keys": 65536,
+  "service": {"cluster": "sluice_service", "token": "change-me", "sync_interval_ms": 100},
+  "rules": [
+    {"name": "per-ip", "match": {"path_prefix": "/api/", "methods": ["GET", "POST"]},
+     "key": ["client_ip"],
+     "limits": [{"requests": 100, "per": "minute", "burst": 20}],
+     "mode": "enforce",
+     "consistency": "local"},
+    {"name": "per-key", "key": ["header:x-api-key"],
+     "limits": [{"requests": 1000, "per": "minute"}, {"requests": 100000, "per": "day"}],
+     "consistency": "cached",
+     "fallback": {"policy": "fail_open", "limits": [{"requests": 250, "per": "minute"}]}}
+  ]
+}"#;
+
+/// Tiers from a claim, a first-present key, a path template on a host, a header match, a
+/// leaky bucket, a monitored sliding log.
+const TIERS: &str = r#"{
+  "bypass": {"paths": ["/healthz"], "cidrs": ["10.0.0.0/8"]},
+  "client_ip": {"trusted_hops": 1},
+  "rules": [
+    {"name": "per-ip", "match": {"path_prefix": "/api/"}, "key": ["client_ip"],
+     "limits": [{"requests": 100, "per": "minute", "burst": 20}]},
+    {"name": "export",
+     "match": {"path_templates": ["/users/{id}/export"], "methods": ["GET"], "hosts": ["api.example.com"]},
+     "key": ["jwt:sub|client_ip"],
+     "tiers": {"from": "jwt:plan", "default": "free",
+               "limits": {"free": [{"requests": 10, "per": "day", "algorithm": "fixed_window"}],
+                          "pro": [{"requests": 1000, "per": "day", "algorithm": "fixed_window"}]}},
+     "cost": 2},
+    {"name": "uploads", "match": {"paths": ["/upload"], "headers": {"x-api-key": true}},
+     "key": ["header:x-api-key"],
+     "limits": [{"requests": 50, "per": "second", "algorithm": "leaky_bucket", "delay": 5, "queue": 20, "max_delay_ms": 500}]},
+    {"name": "login", "match": {"paths": ["/login"], "methods": ["POST"]}, "key": ["client_ip/24"],
+     "limits": [{"requests": 5, "per": "minute", "algorithm": "sliding_log"}], "mode": "monitor"}
+  ]
+}"#;
+
+const SHEDDING_ONLY: &str = r#"{"shedding": {"bulkheads": [
+  {"name": "api", "match": {"path_prefix": "/api/"}, "limit": {"static": 32}}]}}"#;
+
+#[test]
+fn check_accepts_valid_configurations_with_a_summary() {
+    let cases = [
+        (DOCUMENTED, "valid: 1 rule; no counter service\n"),
+        (
+            WITH_SERVICE,
+            "valid: 2 rules; counter service: cluster sluice_service\n",
+        ),
+        (
+            TIERS,
+            "valid: 4 rules (tiers of export: free, pro; 5 rules as enforced); no counter service\n",
+        ),
+        (
+            SHEDDING_ONLY,
+            "valid: 0 rules; no counter service; shedding: 1 bulkhead\n",
+        ),
+    ];
+    for (config, summary) in cases {
+        sluice_core::parse(config.as_bytes()).expect("the filter accepts it");
+        let output = sluice(&["check", "-"], config.as_bytes());
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert_eq!(stdout(&output), summary);
+        assert_eq!(stderr(&output), "");
+    }
+}
+
+#[test]
+fn a_file_that_cannot_be_read_is_named() {
+    let output = sluice(&["check", "no/such/config.json"], b"");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).starts_with("sluice: cannot read no/such/config.json: "),
+        "{}",
+        stderr(&output)
+    );
+    let output = sluice(&["docs", "no/such/config.json"], b"");
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn bad_flags_are_usage_errors() {
+    for args in [
+        &["explain", "-", "--path", "users"][..],
+        &["explain", "-", "--path", "/", "--client-ip", "alice"],
+        &["explain", "-", "--path", "/", "--header", "no-colon"],
+        &["explain", "-", "--path", "/", "--claim", "=x"],
+        &["explain", "-", "--path", "/", "--method", "GET /"],
+        &["explain", "-"],
+        &["check"],
+        &["frobnicate"],
+    ] {
+        let output = sluice(args, DOCUMENTED.as_bytes());
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&output).contains("error"), "{args:?}");
+    }
+}
+
+#[test]
+fn explain_shows_the_tier_the_key_and_the_template() {
+    let output = sluice(
+        &[
+            "explain",
+            "-",
+            "--method",
+            "get",
+            "--path",
+            "/users/42/export",
+            "--host",
+            "api.example.com",
+            "--header",
+            "x-user: alice",
+            "--client-ip",
+            "203.0.113.7",
+            "--claim",
+            "sub=alice",
+            "--claim",
+            "plan=pro",
+        ],
+        TIERS.as_bytes(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("request:  GET /users/42/export\n"), "{text}");
+    assert!(text.contains("bypassed: no\n"), "{text}");
+    assert!(
+        text.contains("1. per-ip: does not apply: path /users/42/export is not under /api/\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "2. export/free: does not apply: tier free is the default, but jwt:plan is \"pro\", a tier of its own\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("3. export/pro: applies\n"), "{text}");
+    assert!(
+        text.contains("   match:       path_templates /users/{id}/export; methods GET; hosts api.example.com\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("   tier:        pro of export (request: jwt:plan is \"pro\")\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("   key:         export/pro:jwt:sub=alice\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("   limits:      1000 per day, fixed_window\n"),
+        "{text}"
+    );
+    assert!(text.contains("   cost:        2\n"), "{text}");
+    assert!(
+        text.contains("applies: export/pro (1 of 5 rules)\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn explain_without_the_claim_falls_back_to_the_address_and_the_default_tier() {
+    let output = sluice(
+        &[
+            "explain",
+            "-",
+            "--path",
+            "/users/42/export",
+            "--host",
+            "API.example.com:8443",
+            "--client-ip",
+            "203.0.113.7:40000",
+            "--json",
+        ],
+        TIERS.as_bytes(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let json: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(json["bypassed"], false);
+    assert_eq!(json["request"]["client_ip"], "203.0.113.7");
+    let rules = json["rules"].as_array().unwrap();
+    let names: Vec<&str> = rules.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["per-ip", "export/free", "export/pro", "uploads", "login"]
+    );
+    let free = &rules[1];
+    assert_eq!(free["applies"], true);
+    assert_eq!(free["rule"], "export");
+    assert_eq!(free["tier"]["name"], "free");
+    assert_eq!(free["tier"]["default"], true);
+    assert_eq!(free["tier"]["value"], Value::Null);
+    assert_eq!(free["keys"][0], "export/free:client_ip=203.0.113.7");
+    assert_eq!(free["limits"][0]["requests"], 10);
+    assert_eq!(free["limits"][0]["per"], "day");
+    assert_eq!(free["limits"][0]["algorithm"], "fixed_window");
+    assert_eq!(free["cost"], 2);
+    assert_eq!(free["consistency"], "local");
+    assert_eq!(free["mode"], "enforce");
+    let pro = &rules[2];
+    assert_eq!(pro["applies"], false);
+    assert_eq!(
+        pro["reason"],
+        "tier pro, but the request has no jwt:plan (the default tier, free, counts it)"
+    );
+}
+
+#[test]
+fn explain_names_a_missing_key_part_and_a_failed_match() {
+    let output = sluice(
+        &["explain", "-", "--method", "PUT", "--path", "/upload"],
+        TIERS.as_bytes(),
+    );
+    let text = stdout(&output);
+    assert!(
+        text.contains("uploads: does not apply: header x-api-key is absent\n"),
+        "{text}"
+    );
+
+    let output = sluice(&["explain", "-", "--path", "/login"], TIERS.as_bytes());
+    let text = stdout(&output);
+    assert!(
+        text.contains("login: does not apply: method GET is not one of POST\n"),
+        "{text}"
+    );
+
+    // Matched on the normalized path; counted by nothing without a client address.
+    let output = sluice(
+        &["explain", "-", "--path", "//api/../api/x?q=1"],
+        TIERS.as_bytes(),
+    );
+    let text = stdout(&output);
+    assert!(
+        text.contains("request:  GET //api/../api/x?q=1 (normalized: /api/x)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "   key:         none: the request has no client_ip: the rule does not count it\n"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn explain_reads_the_client_address_as_the_filter_and_reports_bypasses() {
+    // trusted_hops 1: the last X-Forwarded-For entry, across repeated headers.
+    let output = sluice(
+        &[
+            "explain",
+            "-",
+            "--path",
+            "/api/x",
+            "--client-ip",
+            "192.0.2.1",
+            "-H",
+            "X-Forwarded-For: 198.51.100.9",
+            "-H",
+            "x-forwarded-for: 203.0.113.50",
+            "--json",
+        ],
+        TIERS.as_bytes(),
+    );
+    let json: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(json["request"]["client_ip"], "203.0.113.50");
+    assert_eq!(json["rules"][0]["keys"][0], "per-ip:203.0.113.50");
+
+    let output = sluice(
+        &[
+            "explain",
+            "-",
+            "--path",
+            "/api/x",
+            "-H",
+            "x-forwarded-for: 10.1.2.3",
+        ],
+        TIERS.as_bytes(),
+    );
+    let text = stdout(&output);
+    assert!(
+        text.contains("bypassed: yes, client address 10.1.2.3 is in bypass.cidrs (10.0.0.0/8)"),
+        "{text}"
+    );
+
+    let output = sluice(
+        &["explain", "-", "--path", "/healthz?full=1"],
+        TIERS.as_bytes(),
+    );
+    assert!(
+        stdout(&output).contains("bypassed: yes, path /healthz is in bypass.paths"),
+        "{}",
+        stdout(&output)
+    );
+}
+
+#[test]
+fn explain_of_a_shedding_only_configuration_has_no_rules() {
+    let output = sluice(
+        &["explain", "-", "--path", "/api/x"],
+        SHEDDING_ONLY.as_bytes(),
+    );
+    assert_eq!(output.status.code(), Some(0));
+    assert!(stdout(&output).contains("no rate-limit rules"));
+}
+
+#[test]
+fn explain_and_docs_refuse_an_invalid_configuration_with_the_filters_message() {
+    let path = repo().join("core/tests/config/bad_template.json");
+    let expected = std::fs::read_to_string(path.with_extension("err")).unwrap();
+    for args in [
+        &["explain", path.to_str().unwrap(), "--path", "/"][..],
+        &["docs", path.to_str().unwrap()],
+    ] {
+        let output = sluice(args, b"");
+        assert_eq!(output.status.code(), Some(1));
+        assert_eq!(stderr(&output).trim_end(), expected.trim_end());
+        assert_eq!(stdout(&output), "");
+    }
+}
+
+#[test]
+fn docs_tabulates_the_limits_per_endpoint_and_tier() {
+    let output = sluice(&["docs", "-"], TIERS.as_bytes());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    let rows = [
+        "| endpoint | methods | keyed by | tier | limits | cost | mode | rule |",
+        "| `/api/*` | any | client IP | — | 100 per minute, bursts of up to 20 | 1 | enforced | `per-ip` |",
+        "| `/users/{id}/export` on `api.example.com` | GET | token claim `sub`, else client IP | `free` (default) | 10 per day, resets daily at 00:00 UTC | 2 | enforced | `export/free` |",
+        "| `/users/{id}/export` on `api.example.com` | GET | token claim `sub`, else client IP | `pro` | 1,000 per day, resets daily at 00:00 UTC | 2 | enforced | `export/pro` |",
+        "| `/upload`, with header `x-api-key` | any | header `x-api-key` | — | 50 per second, paced (up to 6 at once; 20 more wait up to 500 ms) | 1 | enforced | `uploads` |",
+        "| `/login` | POST | client network (IPv4 /24, IPv6 /64) | — | 5 in any minute | 1 | not enforced (monitored) | `login` |",
+        "The tier of `export` is the request's token claim `plan`; requests without one, or of a tier not listed, count as `free`.",
+        "Never limited: `/healthz`.",
+    ];
+    for row in rows {
+        assert!(
+            text.lines().any(|line| line == row),
+            "missing {row:?} in\n{text}"
+        );
+    }
+    assert!(text.starts_with("## Rate limits\n"));
+    assert!(text.contains("`RateLimit-Policy` and `RateLimit`"));
+
+    let output = sluice(&["docs", "-"], WITH_SERVICE.as_bytes());
+    let text = stdout(&output);
+    assert!(
+        text.lines().any(|line| line
+            == "| every path | any | header `x-api-key` | — | 1,000 per minute; 100,000 per day | 1 | enforced | `per-key` |"),
+        "{text}"
+    );
+
+    let output = sluice(&["docs", "-"], SHEDDING_ONLY.as_bytes());
+    assert_eq!(
+        stdout(&output),
+        "## Rate limits\n\nNo rate limits are configured.\n"
+    );
+}
+
+const REGENERATE: &str = "cargo run -p sluice-cli -- schema > schema/sluice.schema.json";
+
+#[test]
+fn the_committed_schema_is_what_the_code_generates() {
+    let path = repo().join("schema/sluice.schema.json");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let output = sluice(&["schema"], b"");
+    assert_eq!(output.status.code(), Some(0));
+    assert!(
+        stdout(&output) == committed,
+        "schema/sluice.schema.json differs from the schema the configuration's types make: \
+         regenerate it with `{REGENERATE}`"
+    );
+}
+
+fn schema() -> Value {
+    let output = sluice(&["schema"], b"");
+    serde_json::from_str(&stdout(&output)).unwrap()
+}
+
+fn property_names(object: &Value) -> Vec<&str> {
+    let mut names: Vec<&str> = object["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
+    let schema = schema();
+    assert_eq!(schema["$schema"], "http://json-schema.org/draft-07/schema#");
+    assert_eq!(schema["type"], "object");
+    assert_eq!(schema["additionalProperties"], false);
+    assert_eq!(
+        property_names(&schema),
+        [
+            "bypass",
+            "client_ip",
+            "headers",
+            "jwt_payload_in_metadata",
+            "max_keys",
+            "rules",
+            "service",
+            "shedding"
+        ]
+    );
+    assert_eq!(
+        schema["properties"]["rules"]["items"]["$ref"],
+        "#/definitions/Rule"
+    );
+
+    let rule = &schema["definitions"]["Rule"];
+    assert_eq!(rule["additionalProperties"], false);
+    assert_eq!(
+        property_names(rule),
+        [
+            "consistency",
+            "cost",
+            "cost_header",
+            "fallback",
+            "key",
+            "limits",
+            "match",
+            "mode",
+            "name",
+            "ramp_percent",
+            "tiers"
+        ]
+    );
+    assert_eq!(rule["required"], serde_json::json!(["name", "key"]));
+    let limit = &schema["definitions"]["Limit"];
+    assert_eq!(limit["required"], serde_json::json!(["requests", "per"]));
+    assert_eq!(
+        schema["definitions"]["Match"]["properties"]["methods"]["default"],
+        serde_json::json!([])
+    );
+}
+
+#[test]
+fn every_field_of_the_schema_is_described() {
+    let schema = schema();
+    let mut objects = vec![("(top level)".to_string(), &schema)];
+    for (name, definition) in schema["definitions"].as_object().unwrap() {
+        objects.push((name.clone(), definition));
+        for variant in definition["oneOf"].as_array().into_iter().flatten() {
+            objects.push((name.clone(), variant));
+        }
+    }
+    for (name, object) in objects {
+        let described = object.get("description").is_some();
+        assert!(described, "{name} has no description");
+        let Some(properties) = object.get("properties").and_then(Value::as_object) else {
+            continue;
+        };
+        for (field, property) in properties {
+            let described = property.get("description").is_some() || name == "BulkheadLimit";
+            assert!(described, "{name}.{field} has no description");
+        }
+    }
+}
+
+/// The values the schema offers an editor are values the filter accepts.
+#[test]
+fn every_value_the_schema_lists_is_accepted_by_the_filter() {
+    let schema = schema();
+    let values = |pointer: &str| -> Vec<String> {
+        schema
+            .pointer(pointer)
+            .and_then(|p| p["enum"].as_array())
+            .unwrap_or_else(|| panic!("{pointer} lists no values"))
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    let accepts = |config: String| {
+        if let Err(e) = sluice_core::parse(config.as_bytes()) {
+            panic!("{config}: {e}");
+        }
+    };
+    let service = r#""service": {"cluster": "c"}"#;
+    for headers in values("/properties/headers") {
+        accepts(format!(
+            r#"{{"headers": "{headers}", "rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
+        ));
+    }
+    for mode in values("/definitions/Rule/properties/mode") {
+        accepts(format!(
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "mode": "{mode}", "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
+        ));
+    }
+    for consistency in values("/definitions/Rule/properties/consistency") {
+        accepts(format!(
+            r#"{{{service}, "rules": [{{"name": "a", "key": ["const:all"], "consistency": "{consistency}", "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
+        ));
+    }
+    for policy in values("/definitions/Fallback/properties/policy") {
+        accepts(format!(
+            r#"{{{service}, "rules": [{{"name": "a", "key": ["const:all"], "fallback": {{"policy": "{policy}"}}, "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
+        ));
+    }
+    let algorithms = values("/definitions/Limit/properties/algorithm");
+    assert_eq!(algorithms.len(), 6);
+    for algorithm in &algorithms {
+        accepts(format!(
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": "minute", "algorithm": "{algorithm}"}}]}}]}}"#
+        ));
+    }
+    for per in values("/definitions/Limit/properties/per") {
+        accepts(format!(
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": "{per}", "algorithm": "fixed_window"}}]}}]}}"#
+        ));
+    }
+    for mode in values("/definitions/Shedding/properties/mode") {
+        accepts(format!(
+            r#"{{"shedding": {{"mode": "{mode}", "bulkheads": [{{"name": "b", "limit": {{"static": 4}}}}]}}}}"#
+        ));
+    }
+    for drop in values("/definitions/Queue/properties/drop") {
+        accepts(format!(
+            r#"{{"shedding": {{"bulkheads": [{{"name": "b", "limit": {{"static": 4}}, "queue": {{"size": 4, "max_wait_ms": 10, "drop": "{drop}"}}}}]}}}}"#
+        ));
+    }
+}
+
+/// Whatever the input, an answer and an exit status, never a panic.
+#[test]
+fn odd_inputs_get_an_answer_not_a_panic() {
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let inputs: [&[u8]; 6] = [
+        b"\xff\xfe\x00garbage",
+        b"null",
+        b"{\"rules\": 7}",
+        deep.as_bytes(),
+        b"{\"rules\": [{\"name\": \"a\", \"key\": [\"const:all\"], \"limits\": [{\"requests\": 18446744073709551615, \"per\": \"second\"}]}]}",
+        b"{\"rules\": [{\"name\": \"a\", \"key\": [\"const:all\"], \"limits\": [{\"requests\": 1e400, \"per\": \"second\"}]}]}",
+    ];
+    for input in inputs {
+        for args in [
+            &["check", "-"][..],
+            &["docs", "-"],
+            &["explain", "-", "--path", "/"],
+        ] {
+            let output = sluice(args, input);
+            assert_eq!(output.status.code(), Some(1), "{args:?}");
+            let message = stderr(&output);
+            assert!(!message.contains("panicked"), "{message}");
+            let expected = sluice_core::parse(input).unwrap_err().to_string();
+            assert_eq!(message, format!("{expected}\n"));
+        }
+    }
+    // Odd requests against a valid configuration.
+    for path in ["/%ff%00/..%2f..", "/users//export", "/?a=%zz&a", "/\u{1f}x"] {
+        let output = sluice(
+            &[
+                "explain",
+                "-",
+                "--path",
+                path,
+                "-H",
+                &format!("x-api-key: {path}"),
+            ],
+            TIERS.as_bytes(),
+        );
+        assert_eq!(output.status.code(), Some(0), "{path}: {}", stderr(&output));
+    }
+}

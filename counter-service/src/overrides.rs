@@ -1,0 +1,613 @@
+//! Live overrides: what operators change through the admin API ([`crate::admin`]) without a
+//! redeploy (an emergency bypass, limits replacing a rule's or a tier's, keys blocked or
+//! allowed), kept in Redis by `lua/overrides.lua` and answered to every proxy's sync.
+//!
+//! **Storage.** Every key is under the hash tag `{overrides}` (one slot of a Redis Cluster, so
+//! one script call changes the whole set atomically): the version ([`VERSION_KEY`]), the bypass
+//! ([`BYPASS_KEY`]), the limits and the keys as proxies need them ([`LIMITS_KEY`],
+//! [`KEYS_KEY`]), who set each entry, when and why ([`META_KEY`]), when the entries set with a
+//! ttl expire ([`EXPIRY_KEY`]), and the audit log ([`AUDIT_KEY`], the latest [`AUDIT_CAP`]
+//! changes). The limit keys are `sluice:{<16 hex digits>}:…`, so none can name these.
+//!
+//! **Versioning.** Every change increments the version in the same script call as the change
+//! (a reader never sees a new set with an old version). The first version is the Redis clock in
+//! milliseconds, plus one: a Redis that lost its data never hands out again a version a proxy
+//! already holds.
+//!
+//! **Expiry.** Every call of the script, reads included, first removes the entries whose ttl
+//! ran out, incrementing the version and recording each in the audit log (by `(ttl)`): an
+//! expired entry is never answered, and the next sync of every proxy sees the set without it.
+//! The clock is Redis `TIME`, so every replica agrees on it.
+//!
+//! **The sync path.** Each sync runs the script once, beside (concurrently with) its grants:
+//! it answers the current version and bypass, and the whole set only when the version is
+//! neither the proxy's nor the one this replica holds in memory ([`crate::override_cache::Cache`]). So a proxy's
+//! sync answer always reflects every change made before it, on any replica, at the cost of
+//! one small script call; the set travels from Redis once per replica and version. When the
+//! call fails, the sync is answered its grants, no set (the proxy keeps its own) and the last
+//! bypass this replica read.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use redis::ScriptInvocation;
+use serde_json::{json, Map, Value};
+use sluice_protocol::{KeyAction, LiveOverrides, KEY_PART_SEPARATOR};
+
+use crate::backend::BackendError;
+use crate::state::AppState;
+
+/// The version of the set (a string; absent: 0).
+pub const VERSION_KEY: &str = "sluice:{overrides}:version";
+/// The bypass: `"1"` on, `"0"` off (absent: not set).
+pub const BYPASS_KEY: &str = "sluice:{overrides}:bypass";
+/// A hash: target (`rule` or `rule/tier`) -> the limits' JSON array, as the operator gave it.
+pub const LIMITS_KEY: &str = "sluice:{overrides}:limits";
+/// A hash: rule, U+001F, the key's parts joined by U+001F -> `block` or `allow`.
+pub const KEYS_KEY: &str = "sluice:{overrides}:keys";
+/// A hash: entry -> `set_at_ms expires_at_ms {"who":…,"reason":…}`.
+pub const META_KEY: &str = "sluice:{overrides}:meta";
+/// A sorted set: entry -> expires_at_ms, of the entries set with a ttl.
+pub const EXPIRY_KEY: &str = "sluice:{overrides}:expiry";
+/// A list of JSON entries, newest first: the audit log.
+pub const AUDIT_KEY: &str = "sluice:{overrides}:audit";
+/// Every key of the live overrides, in the order `lua/overrides.lua` takes them.
+pub const KEYS: [&str; 7] = [
+    VERSION_KEY,
+    BYPASS_KEY,
+    LIMITS_KEY,
+    KEYS_KEY,
+    META_KEY,
+    EXPIRY_KEY,
+    AUDIT_KEY,
+];
+
+/// Most keys overridden at once (over every rule).
+pub const MAX_KEY_OVERRIDES: u64 = 10_000;
+/// Most limit overrides at once.
+pub const MAX_LIMIT_OVERRIDES: u64 = 1_000;
+/// Most entries the audit log keeps.
+pub const AUDIT_CAP: u64 = 1_000;
+/// Who the audit log says removed an entry whose ttl ran out (no credential name has
+/// parentheses).
+pub const EXPIRED_BY: &str = "(ttl)";
+
+/// Why an entry was set, and for how long.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Note {
+    /// The entry is removed this many seconds after it is set; `None`: kept until deleted.
+    pub ttl_s: Option<u64>,
+    pub reason: Option<String>,
+}
+
+/// One change of the set (already validated: see [`crate::admin`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Every proxy admits everything while `enabled`.
+    SetBypass {
+        enabled: bool,
+        note: Note,
+    },
+    ClearBypass,
+    /// `limits` (in the filter configuration's format) replace the limits of `target`.
+    SetLimits {
+        target: String,
+        limits: Vec<Value>,
+        note: Note,
+    },
+    DeleteLimits {
+        target: String,
+    },
+    /// The key of `rule` made of `key` (its parts, in order) is blocked or allowed.
+    SetKey {
+        rule: String,
+        key: Vec<String>,
+        action: KeyAction,
+        note: Note,
+    },
+    DeleteKey {
+        rule: String,
+        key: Vec<String>,
+    },
+}
+
+impl Change {
+    /// The action, as the audit log says it and as the metrics label it.
+    pub fn action(&self) -> (&'static str, &'static str) {
+        match self {
+            Change::SetBypass { .. } => ("set bypass", "set_bypass"),
+            Change::ClearBypass => ("clear bypass", "clear_bypass"),
+            Change::SetLimits { .. } => ("set limits", "set_limits"),
+            Change::DeleteLimits { .. } => ("delete limits", "delete_limits"),
+            Change::SetKey { .. } => ("set key", "set_key"),
+            Change::DeleteKey { .. } => ("delete key", "delete_key"),
+        }
+    }
+
+    /// What the audit log says it changed: `bypass`, the limits' target, or the key's rule.
+    pub fn target(&self) -> &str {
+        match self {
+            Change::SetBypass { .. } | Change::ClearBypass => "bypass",
+            Change::SetLimits { target, .. } | Change::DeleteLimits { target } => target,
+            Change::SetKey { rule, .. } | Change::DeleteKey { rule, .. } => rule,
+        }
+    }
+
+    /// The kind of entry, as `lua/overrides.lua` names it, and its field in the kind's hash.
+    fn entry(&self) -> (&'static str, String) {
+        match self {
+            Change::SetBypass { .. } | Change::ClearBypass => ("bypass", String::new()),
+            Change::SetLimits { target, .. } | Change::DeleteLimits { target } => {
+                ("limits", target.clone())
+            }
+            Change::SetKey { rule, key, .. } | Change::DeleteKey { rule, key } => {
+                ("keys", key_field(rule, key))
+            }
+        }
+    }
+
+    fn note(&self) -> Option<&Note> {
+        match self {
+            Change::SetBypass { note, .. }
+            | Change::SetLimits { note, .. }
+            | Change::SetKey { note, .. } => Some(note),
+            _ => None,
+        }
+    }
+
+    /// The value the audit log records.
+    fn audit_value(&self) -> Value {
+        let mut value = match self {
+            Change::SetBypass { enabled, .. } => json!({"enabled": enabled}),
+            Change::SetLimits { limits, .. } => json!({"limits": limits}),
+            Change::SetKey { key, action, .. } => json!({"key": key, "action": action}),
+            Change::DeleteKey { key, .. } => json!({"key": key}),
+            Change::ClearBypass | Change::DeleteLimits { .. } => Value::Null,
+        };
+        if let (Some(note), Value::Object(map)) = (self.note(), &mut value) {
+            map.insert("ttl_s".into(), json!(note.ttl_s));
+            map.insert("reason".into(), json!(note.reason));
+        }
+        value
+    }
+}
+
+/// The field of a key override in [`KEYS_KEY`]: the rule, then each part, joined by U+001F.
+pub fn key_field(rule: &str, key: &[String]) -> String {
+    let mut field = rule.to_owned();
+    for part in key {
+        field.push(KEY_PART_SEPARATOR);
+        field.push_str(part);
+    }
+    field
+}
+
+/// What a change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The version after the call (unchanged when nothing was done).
+    pub version: u64,
+    /// Whether it was done: a set is refused when its kind holds its most entries
+    /// ([`MAX_KEY_OVERRIDES`], [`MAX_LIMIT_OVERRIDES`]); a delete finds no such entry.
+    pub done: bool,
+    /// When a set was done, on the Redis clock, in ms since the epoch.
+    pub set_at_ms: u64,
+    pub expires_at_ms: Option<u64>,
+}
+
+/// Applies one change for `who` (the admin credential's name): one `lua/overrides.lua` call,
+/// which also removes the expired entries. Logged and counted when done. `now_override_us` is 0
+/// in service (Redis `TIME` is the clock); tests pass a fake time.
+pub async fn write(
+    state: &AppState,
+    who: &str,
+    change: &Change,
+    now_override_us: u64,
+) -> Result<Written, BackendError> {
+    let (action, label) = change.action();
+    let (kind, field) = change.entry();
+    let audit = json!({
+        "who": who,
+        "action": action,
+        "target": change.target(),
+        "value": change.audit_value(),
+    })
+    .to_string();
+    // the script puts at_ms and the version in front
+    let audit = audit.strip_prefix('{').unwrap_or(&audit);
+    let mut invocation = invocation(state, now_override_us);
+    let written = match change {
+        Change::ClearBypass | Change::DeleteLimits { .. } | Change::DeleteKey { .. } => {
+            invocation.arg("delete").arg(kind).arg(&field).arg(audit);
+            let (version, expired, done): (String, Vec<String>, i64) =
+                state.backend.invoke("overrides", &invocation).await?;
+            noted_expired(state, &expired);
+            Written {
+                version: parse_version(&version)?,
+                done: done == 1,
+                set_at_ms: 0,
+                expires_at_ms: None,
+            }
+        }
+        Change::SetBypass { .. } | Change::SetLimits { .. } | Change::SetKey { .. } => {
+            let (value, max_entries) = match change {
+                Change::SetBypass { enabled, .. } => (if *enabled { "1" } else { "0" }.into(), 0),
+                Change::SetLimits { limits, .. } => {
+                    (Value::from(limits.clone()).to_string(), MAX_LIMIT_OVERRIDES)
+                }
+                Change::SetKey { action, .. } => (action_name(*action).into(), MAX_KEY_OVERRIDES),
+                _ => (String::new(), 0),
+            };
+            let note = change.note().cloned().unwrap_or_default();
+            let meta = json!({"who": who, "reason": note.reason}).to_string();
+            let ttl_ms = note.ttl_s.map_or(0, |s| s.saturating_mul(1_000));
+            invocation
+                .arg("set")
+                .arg(kind)
+                .arg(&field)
+                .arg(value)
+                .arg(ttl_ms)
+                .arg(meta)
+                .arg(max_entries)
+                .arg(audit);
+            let (version, expired, done, set_at_ms, expires_at_ms): (
+                String,
+                Vec<String>,
+                i64,
+                i64,
+                i64,
+            ) = state.backend.invoke("overrides", &invocation).await?;
+            noted_expired(state, &expired);
+            Written {
+                version: parse_version(&version)?,
+                done: done == 1,
+                set_at_ms: u64::try_from(set_at_ms).unwrap_or(0),
+                expires_at_ms: u64::try_from(expires_at_ms).ok().filter(|&at| at > 0),
+            }
+        }
+    };
+    state.metrics.overrides_version.set(gauge(written.version));
+    if written.done {
+        state.metrics.admin_changed(label);
+        tracing::info!(
+            who,
+            action,
+            target = change.target(),
+            version = written.version,
+            "override changed"
+        );
+    }
+    Ok(written)
+}
+
+fn action_name(action: KeyAction) -> &'static str {
+    match action {
+        KeyAction::Block => "block",
+        KeyAction::Allow => "allow",
+    }
+}
+
+fn parse_action(name: &str) -> Option<KeyAction> {
+    match name {
+        "block" => Some(KeyAction::Block),
+        "allow" => Some(KeyAction::Allow),
+        _ => None,
+    }
+}
+
+/// A call of `lua/overrides.lua` with its keys and first arguments.
+fn invocation(state: &AppState, now_override_us: u64) -> ScriptInvocation<'_> {
+    let mut invocation = state.scripts.overrides.prepare_invoke();
+    for key in KEYS {
+        invocation.key(key);
+    }
+    invocation.arg(now_override_us).arg(AUDIT_CAP);
+    state.metrics.script_called("overrides", 1);
+    invocation
+}
+
+fn parse_version(text: &str) -> Result<u64, BackendError> {
+    text.parse()
+        .map_err(|_| BackendError::Reply(format!("overrides.lua answered the version {text:?}")))
+}
+
+fn gauge(version: u64) -> i64 {
+    i64::try_from(version).unwrap_or(i64::MAX)
+}
+
+/// Logs and counts the entries a call found expired and removed.
+fn noted_expired(state: &AppState, expired: &[String]) {
+    if expired.is_empty() {
+        return;
+    }
+    state.metrics.overrides_expired.inc_by(expired.len() as u64);
+    for entry in expired {
+        let (kind, target) = entry.split_once('\u{1f}').unwrap_or((entry, ""));
+        let target = target.split('\u{1f}').next().unwrap_or_default();
+        let action = match kind {
+            "keys" => "expire key",
+            "limits" => "expire limits",
+            _ => "expire bypass",
+        };
+        tracing::info!(who = EXPIRED_BY, action, target, "override expired");
+    }
+}
+
+/// The set as one read found it.
+struct Read {
+    version: u64,
+    /// The bypass value: `"1"`, `"0"`, or `""` when not set.
+    bypass: String,
+    /// The set, when the script answered it.
+    set: Option<Stored>,
+}
+
+impl Read {
+    fn bypass(&self) -> bool {
+        self.bypass == "1"
+    }
+}
+
+/// The stored set: flat hashes, field then value.
+struct Stored {
+    limits: Vec<String>,
+    keys: Vec<String>,
+    meta: Vec<String>,
+}
+
+/// Reads the version and the bypass, and the whole set unless the version is `cached` or
+/// `proxy` (`None`: any version). `with_meta` also reads who set each entry.
+async fn read(
+    state: &AppState,
+    cached: Option<u64>,
+    proxy: Option<u64>,
+    with_meta: bool,
+    now_override_us: u64,
+) -> Result<Read, BackendError> {
+    let mut invocation = invocation(state, now_override_us);
+    let version = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+    invocation
+        .arg("read")
+        .arg(version(cached))
+        .arg(version(proxy))
+        .arg(if with_meta { "1" } else { "0" });
+    type Reply = (
+        String,
+        Vec<String>,
+        String,
+        i64,
+        Vec<String>,
+        Vec<String>,
+        Vec<String>,
+    );
+    let (version, expired, bypass, fresh, limits, keys, meta): Reply =
+        state.backend.invoke("overrides", &invocation).await?;
+    noted_expired(state, &expired);
+    let read = Read {
+        version: parse_version(&version)?,
+        bypass,
+        set: (fresh == 1).then_some(Stored { limits, keys, meta }),
+    };
+    state.metrics.overrides_version.set(gauge(read.version));
+    state.overrides.set_bypass(read.bypass());
+    Ok(read)
+}
+
+/// The pairs of a flat HGETALL reply.
+fn pairs(flat: &[String]) -> impl Iterator<Item = (&str, &str)> {
+    flat.chunks_exact(2).map(|pair| (&*pair[0], &*pair[1]))
+}
+
+/// The set as proxies take it. A stored value that does not parse is left out (and logged).
+fn live(version: u64, stored: &Stored) -> LiveOverrides {
+    let mut live = LiveOverrides {
+        version,
+        ..LiveOverrides::default()
+    };
+    for (target, json) in pairs(&stored.limits) {
+        match serde_json::from_str::<Vec<Value>>(json) {
+            Ok(limits) => {
+                live.limits.insert(target.to_owned(), limits);
+            }
+            Err(error) => tracing::warn!(target, "stored limits override left out: {error}"),
+        }
+    }
+    for (field, action) in pairs(&stored.keys) {
+        match (field.split_once(KEY_PART_SEPARATOR), parse_action(action)) {
+            (Some((rule, key)), Some(action)) => {
+                live.keys
+                    .entry(rule.to_owned())
+                    .or_default()
+                    .insert(key.to_owned(), action);
+            }
+            _ => tracing::warn!(field, action, "stored key override left out"),
+        }
+    }
+    live
+}
+
+/// What a sync is answered: the current bypass, and the whole set when `proxy_version` is not
+/// the current version. When Redis fails, the last bypass this replica read and no set (logged:
+/// the proxy keeps the set it has). `now_override_us` is 0 in service; tests pass a fake time.
+pub async fn for_sync(
+    state: &AppState,
+    proxy_version: u64,
+    now_override_us: u64,
+) -> (bool, Option<LiveOverrides>) {
+    let cached = state.overrides.current();
+    let read = read(
+        state,
+        cached.as_ref().map(|set| set.version),
+        Some(proxy_version),
+        false,
+        now_override_us,
+    )
+    .await;
+    let read = match read {
+        Ok(read) => read,
+        Err(error) => {
+            tracing::warn!("live overrides not answered: {error}");
+            return (state.overrides.last_bypass(), None);
+        }
+    };
+    if read.version == proxy_version {
+        return (read.bypass(), None);
+    }
+    let set = match (&read.set, cached) {
+        (Some(stored), _) => {
+            let set = Arc::new(live(read.version, stored));
+            state.overrides.store(set.clone());
+            set
+        }
+        (None, Some(cached)) if cached.version == read.version => cached,
+        // (the script answers the set unless the version is the cached one)
+        (None, _) => return (read.bypass(), None),
+    };
+    state.metrics.overrides_sent.inc();
+    (read.bypass(), Some(LiveOverrides::clone(&set)))
+}
+
+/// The whole set as the admin API shows it (`GET /admin/v1/overrides`): the version, the
+/// bypass, the limits by target and the keys by rule, each with who set it, when, why and
+/// when it expires.
+pub async fn view(state: &AppState, now_override_us: u64) -> Result<Value, BackendError> {
+    let read = read(state, None, None, true, now_override_us).await?;
+    let empty = Stored {
+        limits: Vec::new(),
+        keys: Vec::new(),
+        meta: Vec::new(),
+    };
+    let stored = read.set.as_ref().unwrap_or(&empty);
+    state.overrides.store(Arc::new(live(read.version, stored)));
+    let meta: HashMap<&str, &str> = pairs(&stored.meta).collect();
+    let record = |entry: &str, fields: Value| record(fields, meta.get(entry).copied());
+
+    let bypass = match read.bypass.as_str() {
+        "" => Value::Null,
+        value => record("bypass", json!({"enabled": value == "1"})),
+    };
+    let mut limits = Map::new();
+    for (target, json) in pairs(&stored.limits) {
+        let parsed: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+        let entry = format!("limits\u{1f}{target}");
+        limits.insert(target.to_owned(), record(&entry, json!({"limits": parsed})));
+    }
+    let mut keys: BTreeMap<&str, Map<String, Value>> = BTreeMap::new();
+    for (field, action) in pairs(&stored.keys) {
+        let Some((rule, key)) = field.split_once(KEY_PART_SEPARATOR) else {
+            continue;
+        };
+        let parts: Vec<&str> = key.split(KEY_PART_SEPARATOR).collect();
+        let entry = format!("keys\u{1f}{field}");
+        keys.entry(rule).or_default().insert(
+            key.to_owned(),
+            record(&entry, json!({"key": parts, "action": action})),
+        );
+    }
+    Ok(json!({
+        "version": read.version,
+        "bypass": bypass,
+        "limits": limits,
+        "keys": keys,
+    }))
+}
+
+/// One entry as the admin API shows it: its own fields, then who set it, why, when, and when it
+/// expires (from its meta value, `set_at_ms expires_at_ms json`).
+pub fn record(fields: Value, meta: Option<&str>) -> Value {
+    let mut record = match fields {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    };
+    let mut parts = meta.unwrap_or_default().splitn(3, ' ');
+    let set_at_ms: Option<u64> = parts.next().and_then(|ms| ms.parse().ok());
+    let expires_at_ms: Option<u64> = parts
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .filter(|&ms| ms > 0);
+    let note: Value = parts
+        .next()
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+    record.insert("who".into(), note.get("who").cloned().unwrap_or_default());
+    record.insert(
+        "reason".into(),
+        note.get("reason").cloned().unwrap_or_default(),
+    );
+    record.insert("set_at_ms".into(), json!(set_at_ms));
+    record.insert("expires_at_ms".into(), json!(expires_at_ms));
+    Value::Object(record)
+}
+
+/// The latest `limit` entries of the audit log, newest first.
+pub async fn audit(state: &AppState, limit: u64) -> Result<Vec<Value>, BackendError> {
+    let stop = i64::try_from(limit).unwrap_or(i64::MAX).saturating_sub(1);
+    let mut command = redis::cmd("LRANGE");
+    command.arg(AUDIT_KEY).arg(0).arg(stop);
+    let entries: Vec<String> = state.backend.query("audit", &command).await?;
+    Ok(entries
+        .iter()
+        .map(|entry| serde_json::from_str(entry).unwrap_or_else(|_| Value::String(entry.clone())))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_field_joins_the_rule_and_the_parts() {
+        let key = vec!["alice".to_owned(), "GET".to_owned()];
+        assert_eq!(key_field("api", &key), "api\u{1f}alice\u{1f}GET");
+        assert_eq!(key_field("api/gold", &key[..1]), "api/gold\u{1f}alice");
+    }
+
+    #[test]
+    fn every_key_shares_the_hash_tag() {
+        for key in KEYS {
+            assert!(key.starts_with("sluice:{overrides}:"), "{key}");
+        }
+    }
+
+    #[test]
+    fn a_record_carries_who_when_and_why() {
+        let meta = r#"1700000000000 1700000600000 {"who":"alice","reason":"incident 42"}"#;
+        assert_eq!(
+            record(json!({"enabled": true}), Some(meta)),
+            json!({"enabled": true, "who": "alice", "reason": "incident 42",
+                   "set_at_ms": 1_700_000_000_000u64, "expires_at_ms": 1_700_000_600_000u64})
+        );
+        let meta = r#"1700000000000 0 {"who":"bob","reason":null}"#;
+        assert_eq!(
+            record(json!({"action": "block"}), Some(meta)),
+            json!({"action": "block", "who": "bob", "reason": null,
+                   "set_at_ms": 1_700_000_000_000u64, "expires_at_ms": null})
+        );
+    }
+
+    #[test]
+    fn the_audit_value_says_what_was_set() {
+        let change = Change::SetKey {
+            rule: "api".into(),
+            key: vec!["alice".into()],
+            action: KeyAction::Block,
+            note: Note {
+                ttl_s: Some(60),
+                reason: None,
+            },
+        };
+        assert_eq!(change.action(), ("set key", "set_key"));
+        assert_eq!(change.target(), "api");
+        assert_eq!(
+            change.audit_value(),
+            json!({"key": ["alice"], "action": "block", "ttl_s": 60, "reason": null})
+        );
+        assert_eq!(
+            Change::DeleteLimits {
+                target: "api/gold".into()
+            }
+            .audit_value(),
+            Value::Null
+        );
+    }
+}

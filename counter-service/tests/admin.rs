@@ -1,0 +1,1290 @@
+//! Live overrides through the admin API, on a real Redis: admin credentials apart from the
+//! proxies'; every malformed request refused naming its field; each kind set, read, deleted and
+//! audited; every sync answered the bypass, and the whole set when its version is not the
+//! current one, on any replica; expiry; a restart; a Redis failure; the caps; a Redis Cluster;
+//! and once through the built binary.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use common::{call, get, post, Answer, TOKEN};
+use serde_json::{json, Value};
+use sluice_counter_service::overrides::{
+    self, Change, Note, AUDIT_KEY, KEYS, KEYS_KEY, LIMITS_KEY, MAX_KEY_OVERRIDES,
+    MAX_LIMIT_OVERRIDES, VERSION_KEY,
+};
+use sluice_counter_service::AppState;
+use sluice_protocol::KeyAction;
+use sluice_tests::redis::{Redis, RedisCluster, Reply};
+use sluice_tests::service::{Service, ServiceOptions};
+
+const ALICE: &str = "alice-admin-token";
+const BOB: &str = "bob-admin-token";
+const ADMINS: &str = "# operators\nalice alice-admin-token\nbob bob-admin-token\n";
+/// A fake Redis clock (µs) for the expiry tests.
+const T0_US: u64 = 1_700_000_000_000_000;
+const T0_MS: u64 = T0_US / 1_000;
+
+/// A file of admin credentials, removed on drop.
+struct AdminsFile(std::path::PathBuf);
+
+impl AdminsFile {
+    fn new() -> AdminsFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "sluice-{}-{}-admins",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, ADMINS).unwrap();
+        AdminsFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for AdminsFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A service state on this Redis (or cluster) with the admin API enabled.
+fn admin_state(redis_url: &str) -> AppState {
+    let file = AdminsFile::new();
+    let settings = common::settings(redis_url, &["--admin-tokens-file", file.path()]);
+    AppState::new(settings).unwrap()
+}
+
+async fn admin(state: &AppState, method: &str, path: &str, body: Option<Value>) -> Answer {
+    admin_as(state, ALICE, method, path, body).await
+}
+
+async fn admin_as(
+    state: &AppState,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Answer {
+    let body = body.map_or_else(Body::empty, |json| Body::from(json.to_string()));
+    call(state, method, path, Some(token), body).await
+}
+
+/// `PUT` that must succeed: its answer.
+async fn put(state: &AppState, path: &str, body: Value) -> Value {
+    let answer = admin(state, "PUT", path, Some(body)).await;
+    assert_eq!(answer.status, StatusCode::OK, "PUT {path}: {answer:?}");
+    answer.body
+}
+
+fn version(answer: &Value) -> u64 {
+    answer["version"].as_u64().unwrap()
+}
+
+/// A sync of one entry, from a proxy that holds `overrides_version`.
+async fn sync(state: &AppState, overrides_version: u64) -> Answer {
+    let body = json!({
+        "proxy": "p1",
+        "interval_ms": 100,
+        "entries": [{"key": "k", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": 0, "denied": 0}],
+        "overrides_version": overrides_version,
+    });
+    let answer = post(state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["grants"][0]["ttl_ms"], 300, "{answer:?}");
+    answer
+}
+
+fn hinted(answer: &Answer) -> &Value {
+    &answer.body["hints"]["overrides"]
+}
+
+fn assert_error(answer: &Answer, status: StatusCode, error: &str, message: &str) {
+    assert_eq!(answer.status, status, "{answer:?}");
+    assert_eq!(answer.body["error"], error, "{answer:?}");
+    let text = answer.body["message"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with(message),
+        "{text:?} should start with {message:?}"
+    );
+}
+
+async fn metrics(state: &AppState) -> String {
+    get(state, "/metrics")
+        .await
+        .body
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The stored audit log, newest first.
+fn audit_log(redis: &Redis) -> Vec<Value> {
+    let Reply::Array(entries) = redis.query(&["LRANGE", AUDIT_KEY, "0", "-1"]).unwrap() else {
+        panic!("the audit log is not a list")
+    };
+    entries
+        .iter()
+        .map(|entry| serde_json::from_str(entry.text().unwrap()).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn only_admin_tokens_open_the_admin_api_and_only_proxy_tokens_v1() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let empty = json!({"version": 0, "bypass": null, "limits": {}, "keys": {}});
+    for token in [ALICE, BOB] {
+        let answer = admin_as(&state, token, "GET", "/admin/v1/overrides", None).await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(answer.body, empty);
+    }
+    // a proxy token, no token, a wrong one: 401 on every admin route
+    let body = json!({"enabled": true});
+    for token in [Some(TOKEN), None, Some("alice-admin-tokeN")] {
+        for (method, path) in [
+            ("GET", "/admin/v1/overrides"),
+            ("PUT", "/admin/v1/overrides/bypass"),
+            ("DELETE", "/admin/v1/overrides/keys/api?key=a"),
+            ("GET", "/admin/v1/audit"),
+        ] {
+            let answer = call(&state, method, path, token, Body::from(body.to_string())).await;
+            assert_error(
+                &answer,
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or invalid bearer token",
+            );
+            assert_eq!(answer.headers["www-authenticate"], "Bearer");
+        }
+    }
+    // an admin token on /v1: 401
+    let sync_body = json!({"proxy": "p1", "interval_ms": 100, "entries": []});
+    let answer = call(
+        &state,
+        "POST",
+        "/v1/sync",
+        Some(ALICE),
+        Body::from(sync_body.to_string()),
+    )
+    .await;
+    assert_error(&answer, StatusCode::UNAUTHORIZED, "unauthorized", "missing");
+    assert_eq!(
+        post(&state, "/v1/sync", &sync_body).await.status,
+        StatusCode::OK
+    );
+    // nothing was changed
+    assert_eq!(redis.text(&["EXISTS", VERSION_KEY]).unwrap(), "0");
+
+    // without --admin-tokens-file: 404 admin_disabled, whatever the token
+    let disabled = common::state(&redis.url());
+    for token in [ALICE, TOKEN] {
+        let answer = admin_as(&disabled, token, "GET", "/admin/v1/overrides", None).await;
+        assert_error(
+            &answer,
+            StatusCode::NOT_FOUND,
+            "admin_disabled",
+            "the admin API is disabled: start the service with --admin-tokens-file",
+        );
+        let answer = admin_as(
+            &disabled,
+            token,
+            "PUT",
+            "/admin/v1/overrides/bypass",
+            Some(body.clone()),
+        )
+        .await;
+        assert_error(&answer, StatusCode::NOT_FOUND, "admin_disabled", "");
+    }
+    // an unknown admin path is the usual 404; a known one with the wrong method a 405
+    let answer = admin(&state, "GET", "/admin/v1/nothing", None).await;
+    assert_error(
+        &answer,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint",
+    );
+    let answer = admin(&state, "POST", "/admin/v1/overrides", None).await;
+    assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED, "{answer:?}");
+    assert_eq!(answer.body["error"], "method_not_allowed", "{answer:?}");
+}
+
+#[tokio::test]
+async fn malformed_requests_are_400_naming_the_field() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let refused = |method: &'static str, path: &'static str, body: Option<Value>| {
+        let state = state.clone();
+        async move { admin(&state, method, path, body).await }
+    };
+    let limits = "/admin/v1/overrides/limits/api";
+    let keys = "/admin/v1/overrides/keys/api";
+
+    // limits: the filter's own validation, and its own message
+    let fortnight = json!({"requests": 100, "per": "fortnight"});
+    let expected = sluice_core::config::parse_limits("limits", std::slice::from_ref(&fortnight))
+        .unwrap_err()
+        .to_string();
+    assert!(expected.starts_with("limits[0].per: "), "{expected}");
+    let answer = refused("PUT", limits, Some(json!({"limits": [fortnight]}))).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        &expected,
+    );
+    assert_eq!(answer.body["message"], expected);
+    let extra = json!({"requests": 100, "per": "minute", "brust": 5});
+    let expected = sluice_core::config::parse_limits(
+        "limits",
+        &[json!({"requests": 1, "per": "second"}), extra.clone()],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(expected.starts_with("limits[1]"), "{expected}");
+    assert!(expected.contains("brust"), "{expected}");
+    let body = json!({"limits": [{"requests": 1, "per": "second"}, extra]});
+    let answer = refused("PUT", limits, Some(body)).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        &expected,
+    );
+    let answer = refused("PUT", limits, Some(json!({"limits": []}))).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "limits: must hold at least one limit",
+    );
+    let answer = refused("PUT", limits, Some(json!({"limits": {"requests": 1}}))).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: limits: invalid type",
+    );
+    // an unknown field of the body
+    let body = json!({"limits": [{"requests": 1, "per": "second"}], "ttl": 60});
+    let answer = refused("PUT", limits, Some(body)).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: ttl: unknown field `ttl`, expected one of `limits`, `ttl_s`, `reason`",
+    );
+    // a target that is not a rule or rule/tier
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/limits/api/gold/extra",
+        Some(json!({"limits": [{"requests": 1, "per": "second"}]})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "target: must be a rule's name, or rule/tier",
+    );
+
+    // keys
+    let answer = refused("PUT", keys, Some(json!({"key": "alice", "action": "ban"}))).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: action: unknown variant `ban`, expected `block` or `allow`",
+    );
+    let answer = refused("PUT", keys, Some(json!({"key": "alice"}))).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: missing field `action`",
+    );
+    let cases = [
+        (json!([]), "key: must hold at least one part"),
+        (json!(""), "key: must not be empty"),
+        (json!(["alice", ""]), "key[1]: must not be empty"),
+        (json!(["alice", 7]), "key[1]: must be a string"),
+        (
+            json!({"user": "alice"}),
+            "key: must be the key's parts in order",
+        ),
+        (json!("a\u{1f}b"), "key: must not hold U+001F"),
+        (json!("k".repeat(600)), "key: longer than 512 bytes"),
+    ];
+    for (key, message) in cases {
+        let answer = refused("PUT", keys, Some(json!({"key": key, "action": "block"}))).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request", message);
+    }
+    let long_rule = format!("/admin/v1/overrides/keys/{}", "r".repeat(65));
+    let answer = call(
+        &state,
+        "PUT",
+        &long_rule,
+        Some(ALICE),
+        Body::from(json!({"key": "a", "action": "block"}).to_string()),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "rule: must be a rule's name",
+    );
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/keys/a%20b",
+        Some(json!({"key": "a", "action": "block"})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "rule: must be a rule's name",
+    );
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/keys/api/gold",
+        Some(json!({"key": "a", "action": "block"})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "rule: must be a rule's name, without a tier",
+    );
+    let answer = refused("DELETE", keys, None).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key: missing",
+    );
+    let answer = refused(
+        "DELETE",
+        "/admin/v1/overrides/keys/api?key=a",
+        Some(json!({"key": "a"})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key: give the key in the body or as ?key=, not both",
+    );
+    let answer = refused("DELETE", "/admin/v1/overrides/keys/api?user=a", None).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "query: user: unknown field `user`, expected `key`",
+    );
+
+    // bypass, ttl, reason
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/bypass",
+        Some(json!({"ttl_s": 60})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: missing field `enabled`",
+    );
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/bypass",
+        Some(json!({"enabled": "yes"})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: enabled: invalid type",
+    );
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/bypass",
+        Some(json!({"enabled": true, "ttl_s": 0})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "ttl_s: must be between 1 and 31622400",
+    );
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/bypass",
+        Some(json!({"enabled": true, "ttl_s": -5})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: ttl_s: invalid value",
+    );
+    let answer = refused(
+        "PUT",
+        "/admin/v1/overrides/bypass",
+        Some(json!({"enabled": true, "reason": "x".repeat(513)})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "reason: longer than 512 bytes",
+    );
+    let answer = call(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/bypass",
+        Some(ALICE),
+        Body::from("{\"enabled\":"),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        "malformed JSON: ",
+    );
+    // bodies are bounded (64 KiB)
+    let big = json!({"enabled": true, "reason": "x".repeat(70_000)});
+    let answer = refused("PUT", "/admin/v1/overrides/bypass", Some(big)).await;
+    assert_error(
+        &answer,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        "request body larger than 65536 bytes",
+    );
+
+    // the audit log's limit
+    for path in [
+        "/admin/v1/audit?limit=0",
+        "/admin/v1/audit?limit=1001",
+        "/admin/v1/audit?limit=x",
+    ] {
+        let answer = admin(&state, "GET", path, None).await;
+        assert_error(
+            &answer,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "limit: must be an integer between 1 and 1000",
+        );
+    }
+
+    // deleting what is not set: 404
+    let answer = refused("DELETE", "/admin/v1/overrides/bypass", None).await;
+    assert_error(
+        &answer,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no bypass override is set",
+    );
+    let answer = refused("DELETE", "/admin/v1/overrides/keys/api?key=alice", None).await;
+    assert_error(
+        &answer,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no key override for [\"alice\"] in rule \"api\" is set",
+    );
+
+    // nothing was stored, nothing audited
+    let answer = admin(&state, "GET", "/admin/v1/audit", None).await;
+    assert_eq!(answer.body, json!({"entries": []}), "{answer:?}");
+    assert_eq!(redis.text(&["DBSIZE"]).unwrap(), "0");
+}
+
+#[tokio::test]
+async fn each_kind_is_set_read_deleted_and_audited() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+
+    let bypass = put(
+        &state,
+        "/admin/v1/overrides/bypass",
+        json!({"enabled": true, "reason": "incident 42"}),
+    )
+    .await;
+    let v1 = version(&bypass);
+    assert!(
+        v1 > 1_600_000_000_000,
+        "the first version is the clock in ms, plus one: {v1}"
+    );
+    let set_at = bypass["set_at_ms"].as_u64().unwrap();
+    assert_eq!(v1, set_at + 1, "{bypass}");
+    assert_eq!(
+        bypass,
+        json!({"version": v1, "enabled": true, "who": "alice", "reason": "incident 42",
+               "set_at_ms": set_at, "expires_at_ms": null})
+    );
+
+    let limits = json!([{"requests": 100, "per": "minute"}]);
+    let gold = admin_as(
+        &state,
+        BOB,
+        "PUT",
+        "/admin/v1/overrides/limits/api/gold",
+        Some(json!({"limits": limits, "ttl_s": 600})),
+    )
+    .await;
+    assert_eq!(gold.status, StatusCode::OK, "{gold:?}");
+    let gold = gold.body;
+    assert_eq!(version(&gold), v1 + 1);
+    let gold_at = gold["set_at_ms"].as_u64().unwrap();
+    assert_eq!(
+        gold,
+        json!({"version": v1 + 1, "target": "api/gold", "limits": limits, "who": "bob",
+               "reason": null, "set_at_ms": gold_at, "expires_at_ms": gold_at + 600_000})
+    );
+
+    let blocked = put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": ["alice", "GET"], "action": "block"}),
+    )
+    .await;
+    assert_eq!(version(&blocked), v1 + 2);
+    assert_eq!(blocked["rule"], "api");
+    assert_eq!(blocked["key"], json!(["alice", "GET"]));
+    let allowed = put(
+        &state,
+        "/admin/v1/overrides/keys/login",
+        json!({"key": "203.0.113.7", "action": "allow", "reason": "partner"}),
+    )
+    .await;
+    assert_eq!(version(&allowed), v1 + 3);
+    assert_eq!(
+        allowed["key"],
+        json!(["203.0.113.7"]),
+        "a string is a one-part key"
+    );
+
+    let view = admin(&state, "GET", "/admin/v1/overrides", None).await;
+    assert_eq!(view.status, StatusCode::OK, "{view:?}");
+    let at = |answer: &Value| answer["set_at_ms"].clone();
+    assert_eq!(
+        view.body,
+        json!({
+            "version": v1 + 3,
+            "bypass": {"enabled": true, "who": "alice", "reason": "incident 42",
+                       "set_at_ms": set_at, "expires_at_ms": null},
+            "limits": {"api/gold": {"limits": limits, "who": "bob", "reason": null,
+                                    "set_at_ms": gold_at, "expires_at_ms": gold_at + 600_000}},
+            "keys": {
+                "api": {"alice\u{1f}GET": {"key": ["alice", "GET"], "action": "block", "who": "alice",
+                                          "reason": null, "set_at_ms": at(&blocked), "expires_at_ms": null}},
+                "login": {"203.0.113.7": {"key": ["203.0.113.7"], "action": "allow", "who": "alice",
+                                         "reason": "partner", "set_at_ms": at(&allowed), "expires_at_ms": null}},
+            },
+        })
+    );
+
+    // a PUT replaces: the key is now allowed, still one entry
+    let replaced = put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": ["alice", "GET"], "action": "allow"}),
+    )
+    .await;
+    assert_eq!(version(&replaced), v1 + 4);
+    assert_eq!(redis.text(&["HLEN", KEYS_KEY]).unwrap(), "2");
+
+    // every key is under the one hash tag
+    let Reply::Array(stored) = redis.query(&["KEYS", "*"]).unwrap() else {
+        panic!()
+    };
+    for key in &stored {
+        let key = key.text().unwrap();
+        assert!(KEYS.contains(&key), "{key}");
+    }
+
+    // deletes: ?key= for a one-part key, the body for any
+    let answer = admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/keys/login?key=203.0.113.7",
+        None,
+    )
+    .await;
+    assert_eq!(answer.body, json!({"version": v1 + 5}), "{answer:?}");
+    let answer = admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/keys/api",
+        Some(json!({"key": ["alice", "GET"]})),
+    )
+    .await;
+    assert_eq!(answer.body, json!({"version": v1 + 6}), "{answer:?}");
+    let answer = admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/limits/api/gold",
+        None,
+    )
+    .await;
+    assert_eq!(answer.body, json!({"version": v1 + 7}), "{answer:?}");
+    let answer = admin_as(&state, BOB, "DELETE", "/admin/v1/overrides/bypass", None).await;
+    assert_eq!(answer.body, json!({"version": v1 + 8}), "{answer:?}");
+    let answer = admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/limits/api/gold",
+        None,
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no limits override for \"api/gold\" is set",
+    );
+    let view = admin(&state, "GET", "/admin/v1/overrides", None).await;
+    assert_eq!(
+        view.body,
+        json!({"version": v1 + 8, "bypass": null, "limits": {}, "keys": {}})
+    );
+    // only the version and the audit log are left
+    assert_eq!(redis.text(&["DBSIZE"]).unwrap(), "2");
+
+    // the audit log: newest first, who, what, on what, with which value
+    let answer = admin(&state, "GET", "/admin/v1/audit?limit=3", None).await;
+    let entries = answer.body["entries"].as_array().unwrap();
+    let summary: Vec<(&str, &str, &str, u64)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["who"].as_str().unwrap(),
+                e["action"].as_str().unwrap(),
+                e["target"].as_str().unwrap(),
+                e["version"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("bob", "clear bypass", "bypass", v1 + 8),
+            ("alice", "delete limits", "api/gold", v1 + 7),
+            ("alice", "delete key", "api", v1 + 6),
+        ]
+    );
+    assert_eq!(entries[2]["value"], json!({"key": ["alice", "GET"]}));
+    assert!(entries[0]["at_ms"].as_u64().unwrap() >= set_at);
+    let all = admin(&state, "GET", "/admin/v1/audit", None).await.body;
+    let all = all["entries"].as_array().unwrap();
+    assert_eq!(all.len(), 9);
+    assert_eq!(all, &audit_log(&redis)[..]);
+    assert_eq!(
+        all[8],
+        json!({"at_ms": set_at, "version": v1, "who": "alice", "action": "set bypass", "target": "bypass",
+               "value": {"enabled": true, "ttl_s": null, "reason": "incident 42"}})
+    );
+    assert_eq!(
+        all[7]["value"],
+        json!({"limits": limits, "ttl_s": 600, "reason": null})
+    );
+    assert_eq!(all[7]["who"], "bob");
+    assert_eq!(
+        all[4]["value"],
+        json!({"key": ["alice", "GET"], "action": "allow", "ttl_s": null, "reason": null})
+    );
+
+    let text = metrics(&state).await;
+    for line in [
+        "sluice_admin_changes_total{action=\"set_key\"} 3".to_owned(),
+        "sluice_admin_changes_total{action=\"delete_key\"} 2".to_owned(),
+        "sluice_admin_changes_total{action=\"set_limits\"} 1".to_owned(),
+        "sluice_admin_changes_total{action=\"clear_bypass\"} 1".to_owned(),
+        format!("sluice_overrides_version {}", v1 + 8),
+    ] {
+        assert!(text.contains(&line), "{line}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn a_sync_carries_the_bypass_and_the_set_when_its_version_differs() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    // nothing set: a new proxy (version 0) gets no set
+    let answer = sync(&state, 0).await;
+    assert_eq!(
+        answer.body["hints"],
+        json!({"next_sync_ms": 100, "overrides": {"bypass": false}})
+    );
+    // a proxy with a version the service does not have (Redis lost its data) gets the empty set
+    let answer = sync(&state, 41).await;
+    assert_eq!(
+        hinted(&answer),
+        &json!({"bypass": false, "live": {"version": 0}})
+    );
+
+    put(
+        &state,
+        "/admin/v1/overrides/bypass",
+        json!({"enabled": true}),
+    )
+    .await;
+    put(
+        &state,
+        "/admin/v1/overrides/limits/api",
+        json!({"limits": [{"requests": 5, "per": "second", "burst": 10}]}),
+    )
+    .await;
+    put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": ["alice", "GET"], "action": "block"}),
+    )
+    .await;
+    let v = version(
+        &put(
+            &state,
+            "/admin/v1/overrides/keys/login",
+            json!({"key": "10.0.0.1", "action": "allow"}),
+        )
+        .await,
+    );
+    let live = json!({
+        "version": v,
+        "limits": {"api": [{"requests": 5, "per": "second", "burst": 10}]},
+        "keys": {"api": {"alice\u{1f}GET": "block"}, "login": {"10.0.0.1": "allow"}},
+    });
+    for proxy_version in [0, v - 1, v + 1] {
+        let answer = sync(&state, proxy_version).await;
+        assert_eq!(
+            hinted(&answer),
+            &json!({"bypass": true, "live": live}),
+            "{proxy_version}"
+        );
+    }
+    // up to date: the bypass, no set
+    let answer = sync(&state, v).await;
+    assert_eq!(hinted(&answer), &json!({"bypass": true}));
+
+    // a second replica on the same Redis: a change made on either is in the next answer of both,
+    // whatever each remembers
+    let other = admin_state(&redis.url());
+    let answer = sync(&other, 0).await;
+    assert_eq!(hinted(&answer)["live"], live);
+    let changed = admin(
+        &other,
+        "DELETE",
+        "/admin/v1/overrides/keys/login?key=10.0.0.1",
+        None,
+    )
+    .await;
+    assert_eq!(changed.body, json!({"version": v + 1}), "{changed:?}");
+    let answer = sync(&state, v).await;
+    assert_eq!(
+        hinted(&answer),
+        &json!({"bypass": true, "live": {
+            "version": v + 1,
+            "limits": {"api": [{"requests": 5, "per": "second", "burst": 10}]},
+            "keys": {"api": {"alice\u{1f}GET": "block"}},
+        }})
+    );
+    let off = put(
+        &other,
+        "/admin/v1/overrides/bypass",
+        json!({"enabled": false}),
+    )
+    .await;
+    assert_eq!(version(&off), v + 2);
+    let answer = sync(&state, v + 1).await;
+    assert_eq!(hinted(&answer)["bypass"], false);
+    assert_eq!(hinted(&answer)["live"]["version"], v + 2);
+    let answer = sync(&state, v + 2).await;
+    assert_eq!(hinted(&answer), &json!({"bypass": false}));
+
+    let text = metrics(&state).await;
+    assert!(text.contains("sluice_overrides_sent_total 6"), "{text}");
+    assert!(
+        text.contains("sluice_script_calls_total{script=\"overrides\"}"),
+        "{text}"
+    );
+}
+
+fn key_change(key: &str, ttl_s: Option<u64>) -> Change {
+    Change::SetKey {
+        rule: "api".into(),
+        key: vec![key.into()],
+        action: KeyAction::Block,
+        note: Note {
+            ttl_s,
+            reason: None,
+        },
+    }
+}
+
+/// With the tests' clock: an entry is answered until its ttl runs out, and from then on never;
+/// its expiry changes the version, so every proxy's next sync drops it.
+#[tokio::test]
+async fn an_expiry_changes_what_the_next_sync_sees() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let at = |ms: u64| T0_US + ms * 1_000;
+    let write = |change: Change, ms: u64| {
+        let state = state.clone();
+        async move {
+            overrides::write(&state, "alice", &change, at(ms))
+                .await
+                .unwrap()
+        }
+    };
+    let bypass = Change::SetBypass {
+        enabled: true,
+        note: Note {
+            ttl_s: Some(3),
+            reason: Some("drill".into()),
+        },
+    };
+    let first = write(bypass, 0).await;
+    assert_eq!(first.version, T0_MS + 1);
+    assert_eq!(first.expires_at_ms, Some(T0_MS + 3_000));
+    write(key_change("short", Some(2)), 0).await;
+    let v = write(key_change("kept", None), 0).await.version;
+
+    let sync_at = |version: u64, ms: u64| {
+        let state = state.clone();
+        async move { overrides::for_sync(&state, version, at(ms)).await }
+    };
+    let keys = |live: &sluice_protocol::LiveOverrides| -> Vec<String> {
+        live.keys["api"].keys().cloned().collect()
+    };
+    let (on, live) = sync_at(0, 1_999).await;
+    let live = live.unwrap();
+    assert!(on);
+    assert_eq!(
+        (live.version, keys(&live)),
+        (v, vec!["kept".into(), "short".into()])
+    );
+    let (on, live) = sync_at(v, 1_999).await;
+    assert!(on && live.is_none());
+
+    // 2 s: the key expires; a proxy at v gets the set without it
+    let (on, live) = sync_at(v, 2_000).await;
+    let live = live.unwrap();
+    assert!(on);
+    assert_eq!((live.version, keys(&live)), (v + 1, vec!["kept".into()]));
+    let (on, live) = sync_at(v + 1, 2_500).await;
+    assert!(on && live.is_none(), "no more change");
+    // 3 s: the bypass expires
+    let (on, live) = sync_at(v + 1, 3_000).await;
+    assert!(!on);
+    assert_eq!(live.unwrap().version, v + 2);
+
+    let view = overrides::view(&state, at(3_000)).await.unwrap();
+    assert_eq!(view["version"], v + 2);
+    assert_eq!(view["bypass"], Value::Null);
+    assert_eq!(view["keys"]["api"].as_object().unwrap().len(), 1);
+    let log = audit_log(&redis);
+    assert_eq!(
+        log[0],
+        json!({"at_ms": T0_MS + 3_000, "version": v + 2, "who": "(ttl)", "action": "expire bypass",
+               "target": "bypass", "value": null})
+    );
+    assert_eq!(
+        log[1],
+        json!({"at_ms": T0_MS + 2_000, "version": v + 1, "who": "(ttl)", "action": "expire key",
+               "target": "api", "value": {"key": ["short"]}})
+    );
+    assert_eq!(log.len(), 5);
+    assert_eq!(redis.text(&["ZCARD", overrides::EXPIRY_KEY]).unwrap(), "0");
+    let text = metrics(&state).await;
+    assert!(text.contains("sluice_overrides_expired_total 2"), "{text}");
+}
+
+/// The same on the real clock, through the HTTP API: a 1 s ttl is gone from the sync answers
+/// within a few seconds (polled, bounded).
+#[tokio::test]
+async fn a_short_ttl_expires_on_the_real_clock() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let set = put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": "brief", "action": "block", "ttl_s": 1}),
+    )
+    .await;
+    let v = version(&set);
+    assert_eq!(
+        set["expires_at_ms"],
+        set["set_at_ms"].as_u64().unwrap() + 1_000
+    );
+    let answer = sync(&state, 0).await;
+    assert_eq!(
+        hinted(&answer)["live"]["keys"],
+        json!({"api": {"brief": "block"}})
+    );
+    let started = Instant::now();
+    loop {
+        let answer = sync(&state, v).await;
+        if let Some(live) = hinted(&answer).get("live") {
+            assert_eq!(live, &json!({"version": v + 1}), "{answer:?}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let view = admin(&state, "GET", "/admin/v1/overrides", None).await;
+    assert_eq!(view.body["keys"], json!({}));
+}
+
+#[tokio::test]
+async fn overrides_survive_a_service_restart() {
+    let redis = Redis::start().unwrap();
+    let first = admin_state(&redis.url());
+    put(
+        &first,
+        "/admin/v1/overrides/bypass",
+        json!({"enabled": true, "ttl_s": 3600}),
+    )
+    .await;
+    let v = version(
+        &put(
+            &first,
+            "/admin/v1/overrides/keys/api",
+            json!({"key": "mallory", "action": "block"}),
+        )
+        .await,
+    );
+    let before = admin(&first, "GET", "/admin/v1/overrides", None).await.body;
+    drop(first);
+
+    let second = admin_state(&redis.url());
+    let after = admin(&second, "GET", "/admin/v1/overrides", None)
+        .await
+        .body;
+    assert_eq!(after, before);
+    let answer = sync(&second, 0).await;
+    assert_eq!(
+        hinted(&answer),
+        &json!({"bypass": true, "live": {"version": v, "keys": {"api": {"mallory": "block"}}}})
+    );
+    let answer = sync(&second, v).await;
+    assert_eq!(hinted(&answer), &json!({"bypass": true}));
+}
+
+/// When Redis fails for the overrides (here the version key holds a hash, so the script errors),
+/// the sync is answered its grants, no set (the proxy keeps its own), and the last bypass read.
+#[tokio::test]
+async fn a_failed_overrides_read_keeps_the_grants_and_the_last_bypass() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let v = version(
+        &put(
+            &state,
+            "/admin/v1/overrides/bypass",
+            json!({"enabled": true}),
+        )
+        .await,
+    );
+    let answer = sync(&state, 0).await;
+    assert_eq!(hinted(&answer)["bypass"], true);
+
+    redis.query(&["DEL", VERSION_KEY]).unwrap();
+    redis
+        .query(&["HSET", VERSION_KEY, "not", "a string"])
+        .unwrap();
+    for proxy_version in [0, v] {
+        let answer = sync(&state, proxy_version).await;
+        assert_eq!(hinted(&answer), &json!({"bypass": true}), "{answer:?}");
+    }
+    // a replica that never read the set answers no bypass
+    let fresh = admin_state(&redis.url());
+    let answer = sync(&fresh, 0).await;
+    assert_eq!(hinted(&answer), &json!({"bypass": false}));
+    // the admin API says Redis failed
+    let answer = admin(&state, "GET", "/admin/v1/overrides", None).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+    let text = metrics(&state).await;
+    assert!(
+        text.contains("sluice_redis_seconds_count{op=\"overrides\",outcome=\"error\"} 3"),
+        "{text}"
+    );
+
+    redis.query(&["DEL", VERSION_KEY]).unwrap();
+    redis.query(&["SET", VERSION_KEY, &v.to_string()]).unwrap();
+    let answer = sync(&state, 0).await;
+    assert_eq!(
+        hinted(&answer),
+        &json!({"bypass": true, "live": {"version": v}})
+    );
+}
+
+/// At most MAX_KEY_OVERRIDES keys and MAX_LIMIT_OVERRIDES limits: a new entry past them is
+/// refused naming the bound; an entry already set is still replaced, and a delete makes room.
+#[tokio::test]
+async fn the_set_is_bounded() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let fill = |hash: &str, count: u64, field: &dyn Fn(u64) -> String, value: &str| {
+        let fields: Vec<String> = (0..count).map(field).collect();
+        let mut command = vec!["HSET", hash];
+        for field in &fields {
+            command.push(field);
+            command.push(value);
+        }
+        redis.query(&command).unwrap();
+    };
+    fill(
+        KEYS_KEY,
+        MAX_KEY_OVERRIDES - 1,
+        &|i| format!("api\u{1f}user-{i}"),
+        "block",
+    );
+    fill(
+        LIMITS_KEY,
+        MAX_LIMIT_OVERRIDES - 1,
+        &|i| format!("rule-{i}"),
+        r#"[{"requests":1,"per":"second"}]"#,
+    );
+
+    let key = |name: &str| json!({"key": name, "action": "block"});
+    put(&state, "/admin/v1/overrides/keys/api", key("last")).await;
+    let answer = admin(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/keys/other",
+        Some(key("one-more")),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key: at most 10000 key overrides are kept: delete one first",
+    );
+    put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": "user-7", "action": "allow"}),
+    )
+    .await;
+    admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/keys/api?key=user-8",
+        None,
+    )
+    .await;
+    put(&state, "/admin/v1/overrides/keys/other", key("one-more")).await;
+    assert_eq!(
+        redis.text(&["HLEN", KEYS_KEY]).unwrap(),
+        MAX_KEY_OVERRIDES.to_string()
+    );
+
+    let limits = json!({"limits": [{"requests": 1, "per": "second"}]});
+    put(&state, "/admin/v1/overrides/limits/last", limits.clone()).await;
+    let answer = admin(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/limits/one-more",
+        Some(limits.clone()),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "target: at most 1000 limit overrides are kept: delete one first",
+    );
+    put(&state, "/admin/v1/overrides/limits/rule-3", limits).await;
+
+    // the whole set still travels in one answer
+    let answer = sync(&state, 0).await;
+    let live = &hinted(&answer)["live"];
+    assert_eq!(live["keys"]["api"].as_object().unwrap().len(), 9_999);
+    assert_eq!(live["limits"].as_object().unwrap().len(), 1_000);
+}
+
+/// On a Redis Cluster every overrides key lives on one node (one hash tag), so one script call
+/// changes and reads the set; a sync whose entries span the slots is answered it.
+#[tokio::test]
+async fn live_overrides_on_a_cluster() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let state = admin_state(&cluster.url_list());
+    assert!(state.backend.is_cluster());
+    put(
+        &state,
+        "/admin/v1/overrides/bypass",
+        json!({"enabled": true, "ttl_s": 600}),
+    )
+    .await;
+    put(
+        &state,
+        "/admin/v1/overrides/limits/api/gold",
+        json!({"limits": [{"requests": 100, "per": "minute"}]}),
+    )
+    .await;
+    let v = version(
+        &put(
+            &state,
+            "/admin/v1/overrides/keys/api",
+            json!({"key": ["alice", "GET"], "action": "block"}),
+        )
+        .await,
+    );
+
+    let entries: Vec<Value> = (0..20)
+        .map(|i| json!({"key": format!("user:{i}"), "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": 0, "denied": 0}))
+        .collect();
+    let body =
+        json!({"proxy": "p1", "interval_ms": 100, "entries": entries, "overrides_version": 0});
+    let answer = post(&state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["grants"].as_array().unwrap().len(), 20);
+    assert_eq!(
+        hinted(&answer),
+        &json!({"bypass": true, "live": {
+            "version": v,
+            "limits": {"api/gold": [{"requests": 100, "per": "minute"}]},
+            "keys": {"api": {"alice\u{1f}GET": "block"}},
+        }})
+    );
+
+    let slot = cluster.slot(VERSION_KEY).unwrap();
+    for key in KEYS {
+        assert_eq!(cluster.slot(key).unwrap(), slot, "{key}");
+    }
+    let holding: Vec<usize> = cluster
+        .nodes()
+        .iter()
+        .map(
+            |node| match node.query(&["KEYS", "sluice:{overrides}:*"]).unwrap() {
+                Reply::Array(keys) => keys.len(),
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    assert_eq!(holding.iter().filter(|&&n| n > 0).count(), 1, "{holding:?}");
+    assert_eq!(
+        holding.iter().sum::<usize>(),
+        7,
+        "every key of the set: {holding:?}"
+    );
+
+    let answer = admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/keys/api",
+        Some(json!({"key": ["alice", "GET"]})),
+    )
+    .await;
+    assert_eq!(answer.body, json!({"version": v + 1}));
+    let answer = admin(&state, "GET", "/admin/v1/audit?limit=1", None).await;
+    assert_eq!(answer.body["entries"][0]["action"], "delete key");
+}
+
+/// The text without its terminal colors (`ESC [ … m`).
+fn without_colors(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// One HTTP/1.1 request on a new connection (`Connection: close`): the status and the body.
+fn http(address: SocketAddr, method: &str, path: &str, token: &str, body: &str) -> (u16, Value) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: sluice\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().unwrap();
+    let (_, body) = text.split_once("\r\n\r\n").unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// The real binary: `--admin-tokens-file`, a PUT over TCP, the sync answer, the audit line in
+/// its log, and the set again after a restart.
+#[test]
+fn the_binary_serves_the_admin_api() {
+    let redis = Redis::start().unwrap();
+    let file = AdminsFile::new();
+    let options = ServiceOptions::new(redis.url())
+        .arg("--admin-tokens-file")
+        .arg(file.path());
+    let mut service = Service::start_with(options).unwrap();
+    let address = service.address().unwrap();
+    let body = json!({"key": ["mallory"], "action": "block", "reason": "abuse"}).to_string();
+    let (status, set) = http(address, "PUT", "/admin/v1/overrides/keys/api", ALICE, &body);
+    assert_eq!(status, 200, "{set} {}", service.log());
+    let v = version(&set);
+    let (status, _) = http(
+        address,
+        "PUT",
+        "/admin/v1/overrides/keys/api",
+        service.token(),
+        &body,
+    );
+    assert_eq!(status, 401);
+
+    let sync = json!({"proxy": "p1", "interval_ms": 100, "entries": []}).to_string();
+    let reply = service.post("/v1/sync", &sync).unwrap();
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.json().unwrap()["hints"]["overrides"],
+        json!({"bypass": false, "live": {"version": v, "keys": {"api": {"mallory": "block"}}}})
+    );
+    let reply = service
+        .post_with_token("/v1/sync", &sync, Some(ALICE))
+        .unwrap();
+    assert_eq!(reply.status, 401);
+    let log = without_colors(&service.log());
+    assert!(
+        log.lines().any(|line| line.contains("override changed")
+            && line.contains("who=\"alice\"")
+            && line.contains("action=\"set key\"")
+            && line.contains("target=\"api\"")),
+        "{log}"
+    );
+
+    service.restart().unwrap();
+    let (status, view) = http(address, "GET", "/admin/v1/overrides", BOB, "");
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["version"], v);
+    assert_eq!(view["keys"]["api"]["mallory"]["reason"], "abuse");
+    let status = service.terminate(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{status:?}");
+}
