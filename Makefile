@@ -13,6 +13,8 @@ WASM_TARGET := wasm32-wasip1
 VENV := .venv
 ENVOY := $(VENV)/bin/envoy
 WASM := target/$(WASM_TARGET)/release/sluice_filter.wasm
+# The floor for bench.py: the cheapest Wasm filter giving sluice's answers (host/guests/floor).
+FLOOR_WASM := target/$(WASM_TARGET)/release/sluice_floor.wasm
 SERVICE := target/release/sluice-counter-service
 # The developer stack (Redis, the counter service, N Envoys), built on the test fixtures: `make run` and the
 # service and latency benchmarks start everything through it.
@@ -22,6 +24,7 @@ APT_TOOLS := redis-server wrk
 
 # What the end-to-end tests, the demo and the benchmark use (absolute, so any working directory works).
 export SLUICE_WASM := $(CURDIR)/$(WASM)
+export SLUICE_FLOOR_WASM := $(CURDIR)/$(FLOOR_WASM)
 export SLUICE_ENVOY := $(CURDIR)/$(ENVOY)
 export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 export SLUICE_STACK := $(CURDIR)/$(STACK)
@@ -52,10 +55,10 @@ $(ENVOY): requirements.txt
 apt-deps:
 	@scripts/apt-install.sh $(APT_TOOLS)
 
-build: build-filter build-service ## the filter (.wasm) and the counter service, release
+build: build-filter build-service ## the filter (.wasm), the bench's floor filter and the counter service, release
 
 build-filter: rust-deps
-	$(CARGO) build --release --target $(WASM_TARGET) -p sluice-filter
+	$(CARGO) build --release --target $(WASM_TARGET) -p sluice-filter -p sluice-floor
 
 build-service:
 	$(CARGO) build --release -p sluice-counter-service
@@ -66,7 +69,7 @@ build-stack:
 check: rust-deps ## quick: rustfmt, clippy (host and wasm32), and the tests that need nothing but Rust
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
-	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
+	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
 	$(CARGO) test --workspace
 
 test: deps build test-only lint ## everything CI checks: tests (with real Envoy), clippy, rustfmt
@@ -83,7 +86,7 @@ test-only: ## the tests alone (after `make deps build`), every suite with its re
 lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
-	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -- -D warnings
+	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
 
 # How many Envoys `make run` starts (PROXIES=2: a second one on :10100, admin :9911, sharing the limits).
 PROXIES ?= 1
@@ -92,7 +95,7 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
 	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
 
-bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs sluice, then accuracy, service, latency, overload, shaping and algorithms (~20 min)
+bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, latency, overload, shaping and algorithms (~20 min)
 	$(VENV)/bin/python bench/bench.py
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 	$(VENV)/bin/python bench/service.py

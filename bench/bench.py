@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """sluice vs Envoy's native local_ratelimit vs no limiter: the same wrk load against the same Envoy, in one run.
 
+Also the floor (host/guests/floor, `sluice_floor.wasm`): the cheapest Wasm filter that gives sluice's answers,
+nothing on the open path and sluice's 429 (same headers, same body) on the deny path, in the same Envoy config
+as sluice. sluice / floor is what sluice's work costs beyond being a Wasm filter at all.
+
 Usage (from the repository root, after `make deps build`; `make bench` does both):
     .venv/bin/python bench/bench.py [--rounds 3] [--duration 10] [--connections 32] [--threads 2]
-                                    [--concurrency 2]
+                                    [--concurrency 2] [--only floor-deny,sluice-deny,native-deny]
 
 Each round starts a fresh Envoy per variant (in a rotating order, so no variant always runs first), warms it
 up for 2 s, then runs `wrk -t<threads> -c<connections> -d<duration>s --latency` against its edge listener on
@@ -69,10 +73,15 @@ VARIANTS = [
     # name, limiter, template, placeholders, admitted/denied counters
     ("none", "none", "no-limiter.yaml.tmpl", {}, None),
     ("native-open", "native", "native-local-ratelimit.yaml.tmpl", native_bucket(OPEN_LIMIT), "native"),
+    ("floor-open", "floor", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": "open"}, None),
     ("sluice-open", "sluice", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": sluice_config(OPEN_LIMIT)}, "sluice"),
     ("native-deny", "native", "native-local-ratelimit.yaml.tmpl", native_bucket(DENY_LIMIT), "native"),
+    ("floor-deny", "floor", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": "deny"}, None),
     ("sluice-deny", "sluice", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": sluice_config(DENY_LIMIT)}, "sluice"),
 ]
+# The floor's configuration is a plain string: "open" (Continue, nothing else) or "deny" (sluice's 429 for the
+# rule above on every /api/ path, with the legacy headers whatever --sluice-headers says); the limiter "floor" runs
+# --floor-wasm instead of --wasm.
 # The other algorithms on the same paths (--only picks them; `make bench` runs them all).
 ALGORITHMS = {"gcra": "gcra", "fixed": "fixed_window", "sliding": "sliding_window"}
 for short, algorithm in ALGORITHMS.items():
@@ -237,7 +246,8 @@ def main():
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
         for name, limiter, template, values, counters in order:
             tag = f"r{r + 1}-{name}"
-            envoy = Envoy(ARGS.envoy, ARGS.wasm, template, values, ARGS.concurrency, workdir, tag)
+            wasm = ARGS.floor_wasm if limiter == "floor" else ARGS.wasm
+            envoy = Envoy(ARGS.envoy, wasm, template, values, ARGS.concurrency, workdir, tag)
             try:
                 url = f"http://127.0.0.1:{envoy.listen}/api/bench"
                 wrk(url, ARGS.threads, ARGS.connections, 2)  # warm-up
@@ -278,7 +288,7 @@ def table(runs, info):
         m = med[name]  # VARIANTS is already cut down by --only
         path = "open" if "-open" in name else "deny" if "-deny" in name else None
         open_limit = 400_000 if name.endswith(("-fixed", "-sliding")) else OPEN_LIMIT
-        limit = "-" if path is None else f"{open_limit if path == 'open' else DENY_LIMIT}/s"
+        limit = "-" if path is None or limiter == "floor" else f"{open_limit if path == 'open' else DENY_LIMIT}/s"
         ratio = "-"
         native_name = f"native-{path}"
         if limiter == "sluice" and native_name in med:
@@ -294,6 +304,7 @@ def table(runs, info):
             f"| {name} | {limit} | {m['rps']:.0f} | {m['p50_ms']:.3f} | {m['p99_ms']:.3f} | "
             f"{m['denied_share']:.1%} | {vs_none} | {ratio} | {vs_bucket} |"
         )
+    lines += floor_table(med)
     lines += [
         "",
         "Each run (admitted and denied from the limiter's own counters over the measured run, warm-up excluded):",
@@ -309,6 +320,30 @@ def table(runs, info):
     return "\n".join(lines)
 
 
+def floor_table(med):
+    """sluice / floor and sluice / native per path, for the paths with a floor variant measured."""
+    paths = [p for p in ("open", "deny") if f"floor-{p}" in med]
+    if not paths:
+        return []
+
+    def ratio(a, b):
+        if a not in med or b not in med:
+            return "-"
+        return f"{med[a]['rps'] / med[b]['rps']:.2f} (p99 {med[a]['p99_ms'] / med[b]['p99_ms']:.2f})"
+
+    lines = [
+        "",
+        "The floor (a Wasm filter that does nothing on the open path and answers sluice's 429 on the deny path):",
+        "",
+        "| path | sluice / floor | sluice / native | floor / native |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for p in paths:
+        sluice, floor, native = f"sluice-{p}", f"floor-{p}", f"native-{p}"
+        lines.append(f"| {p} | {ratio(sluice, floor)} | {ratio(sluice, native)} | {ratio(floor, native)} |")
+    return lines
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -319,6 +354,9 @@ if __name__ == "__main__":
     parser.add_argument("--envoy", default=os.environ.get("SLUICE_ENVOY", os.path.join(ROOT, ".venv/bin/envoy")))
     parser.add_argument("--wasm", default=os.environ.get(
         "SLUICE_WASM", os.path.join(ROOT, "target/wasm32-wasip1/release/sluice_filter.wasm")))
+    parser.add_argument("--floor-wasm", default=os.environ.get(
+        "SLUICE_FLOOR_WASM", os.path.join(ROOT, "target/wasm32-wasip1/release/sluice_floor.wasm")),
+        help="the floor filter, for floor-open and floor-deny (built by make build)")
     parser.add_argument("--sluice-headers", default="legacy", choices=["none", "legacy", "draft", "both"],
                         help="sluice's header style (default legacy, like the native filter's X-RateLimit-*)")
     parser.add_argument("--only", help="comma-separated variants to run (default: all)")

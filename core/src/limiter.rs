@@ -527,9 +527,14 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
     };
     let retry_after_us = if allowed {
         0
+    } else if !windowed && record.global_remaining == 0 && until_reset > 0 {
+        // The global bucket is empty as far as the service last said (in debt, perhaps):
+        // it holds `cost` tokens again when it is `burst - cost` short of full.
+        let short_of_full = limit.burst().saturating_sub(cost) * micros_per_token;
+        until_reset.saturating_sub(short_of_full).max(micros_per_token)
     } else if !windowed || until_reset == 0 {
-        // Denied with the lease spent: a token comes back at the global rate, and the next
-        // lease no sooner than the next sync.
+        // Denied with the lease spent while the global bucket has tokens: others' unspent
+        // leases come back at their next sync, and a token at the global rate.
         micros_per_token
     } else if limit.algorithm() == Algorithm::FixedWindow && record.global_remaining == 0 {
         // The fixed window is used up, as far as this proxy knows: nothing before its end.

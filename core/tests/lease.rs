@@ -156,3 +156,40 @@ fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
     apply_lease(&closed, RuleId::new(0), KEY, &grant(2), T0, &mut store).unwrap();
     assert_eq!(admitted(&closed, &mut store, 3, up(T0 + MS)), 2);
 }
+
+#[test]
+fn a_spent_lease_on_an_empty_global_bucket_says_when_the_bucket_holds_a_token_again() {
+    let limiter = limiter("");
+    let mut store = MemoryStore::default();
+    // 100 a second (a token every 10 ms): the service says the bucket is empty and 1.5 s from
+    // full, so 50 tokens in debt; one token is back in 1.5 s - 99 × 10 ms = 510 ms.
+    let in_debt = Grant {
+        tokens: 2,
+        ttl_ms: 300,
+        remaining: 0,
+        reset_ms: 1_500,
+        refused: None,
+    };
+    apply_lease(&limiter, RuleId::new(0), KEY, &in_debt, T0, &mut store).unwrap();
+    assert_eq!(admitted(&limiter, &mut store, 2, up(T0 + MS)), 2);
+    let denied = limiter.decide(&mut PlainRequest::get("/"), up(T0 + MS), &mut store);
+    let Decision::Deny { retry_after_us, .. } = denied.decision else {
+        panic!("{denied:?}")
+    };
+    assert_eq!(retry_after_us, 510 * MS - MS, "from the global state, not one token's 10 ms");
+    // With tokens left globally (others' unspent leases), a token's time: the next sync may
+    // bring a lease.
+    let mut store = MemoryStore::default();
+    let plenty = Grant {
+        remaining: 40,
+        reset_ms: 600,
+        ..in_debt
+    };
+    apply_lease(&limiter, RuleId::new(0), KEY, &plenty, T0, &mut store).unwrap();
+    assert_eq!(admitted(&limiter, &mut store, 2, up(T0 + MS)), 2);
+    let denied = limiter.decide(&mut PlainRequest::get("/"), up(T0 + MS), &mut store);
+    let Decision::Deny { retry_after_us, .. } = denied.decision else {
+        panic!("{denied:?}")
+    };
+    assert_eq!(retry_after_us, 10 * MS);
+}
