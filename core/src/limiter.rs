@@ -32,6 +32,58 @@ pub struct Conditions {
 pub struct Limiter {
     policy: Policy,
     tables: Vec<Table>,
+    /// Per rule: whether a denial may be remembered ([`Notes`]).
+    notable: Vec<bool>,
+    /// This worker's memory of recent denials.
+    notes: std::cell::RefCell<Notes>,
+}
+
+/// A worker's memory of recent local denials: until when a key of a rule stays denied. Nothing
+/// but the refill can give such a key tokens back (the rule is local, and no refund, lease or
+/// shaper can reach it: see [`notable`]), so a repeated request before then is denied with the
+/// same answer without reading the shared key table, one host call and a set's copy fewer. A
+/// note lasts at most [`RECENCY_US`], so a hot denied key still refreshes its record's recency.
+#[derive(Debug, Clone, Default)]
+pub struct Notes {
+    denied: std::collections::HashMap<(usize, u64), Note>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Note {
+    /// Until when the note may answer: the retry time, or sooner (see [`RECENCY_US`]).
+    until_us: u64,
+    retry_at_us: u64,
+    reset_at_us: u64,
+    limit: Limit,
+}
+
+/// Most notes a worker keeps; past it they are all forgotten at once.
+const MAX_NOTES: usize = 4_096;
+
+/// Whether a denial by `policy.rules[index]` may be remembered: a local, enforced rule whose
+/// tokens only the refill brings back: no shaping limit (a cancelled delay gives back), no
+/// later rule and no strict rule (their denials refund what it spent), no queue (a request
+/// shed while it waits is refunded), no cost charged after the fact.
+fn notable(policy: &Policy, index: usize) -> bool {
+    let Some(rule) = policy.rules.get(index) else {
+        return false;
+    };
+    let last = index + 1 == policy.rules.len();
+    let strict = policy
+        .rules
+        .iter()
+        .any(|r| r.consistency == Consistency::Strict);
+    rule.consistency == Consistency::Local
+        && rule.mode == Mode::Enforce
+        && rule.ramp_percent >= 100
+        && rule.cost_header.is_none()
+        && last
+        && !strict
+        && policy.shedding.is_none()
+        && !rule
+            .limits
+            .iter()
+            .any(|l| l.algorithm() == Algorithm::LeakyBucket)
 }
 
 struct RuleVerdict {
@@ -83,7 +135,15 @@ impl Limiter {
             .iter()
             .map(|rule| Table::new(&rule.name, bucket_limits(rule), policy.max_keys, hasher))
             .collect();
-        Limiter { policy, tables }
+        let notable = (0..policy.rules.len())
+            .map(|i| notable(&policy, i))
+            .collect();
+        Limiter {
+            policy,
+            tables,
+            notable,
+            notes: Default::default(),
+        }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -168,6 +228,18 @@ impl Limiter {
                     None => {}
                 }
                 let fingerprint = table.fingerprint(&key);
+                let notable = self.notable.get(index.index()).copied().unwrap_or(false);
+                if notable {
+                    if let Some((quota, retry_after_us)) = self.noted(index, fingerprint, now) {
+                        outcomes.push((index, Outcome::Denied));
+                        denial = Some(Decision::Deny {
+                            rule: index,
+                            quota,
+                            retry_after_us,
+                        });
+                        break;
+                    }
+                }
                 let limits = bucket_limits(rule);
                 let step = store::update(store, &table.set_key(fingerprint), |set| {
                     let found = table.find(set, fingerprint);
@@ -236,6 +308,9 @@ impl Limiter {
                     tightest = Some((index, verdict.quota));
                 } else {
                     outcomes.push((index, Outcome::Denied));
+                    if notable {
+                        self.note(index, fingerprint, now, &verdict);
+                    }
                     denial = Some(Decision::Deny {
                         rule: index,
                         quota: verdict.quota,
@@ -271,6 +346,43 @@ impl Limiter {
             warned,
             chargeable,
         }
+    }
+
+    /// A remembered denial of `fingerprint` by `rule`, still in force at `now`: its answer then.
+    fn noted(&self, rule: RuleId, fingerprint: u64, now: u64) -> Option<(Quota, u64)> {
+        let mut notes = self.notes.borrow_mut();
+        let key = (rule.index(), fingerprint);
+        let note = *notes.denied.get(&key)?;
+        if now >= note.until_us || now < note.until_us.saturating_sub(RECENCY_US) {
+            notes.denied.remove(&key);
+            return None;
+        }
+        let quota = Quota {
+            limit: note.limit,
+            remaining: 0,
+            reset_us: note.reset_at_us.saturating_sub(now),
+        };
+        Some((quota, note.retry_at_us.saturating_sub(now)))
+    }
+
+    /// Remembers a denial until a request could be admitted (at most [`RECENCY_US`]).
+    fn note(&self, rule: RuleId, fingerprint: u64, now: u64, verdict: &RuleVerdict) {
+        if verdict.retry_after_us == 0 || verdict.unavailable {
+            return;
+        }
+        let mut notes = self.notes.borrow_mut();
+        if notes.denied.len() >= MAX_NOTES {
+            notes.denied.clear();
+        }
+        notes.denied.insert(
+            (rule.index(), fingerprint),
+            Note {
+                until_us: now + verdict.retry_after_us.min(RECENCY_US),
+                retry_at_us: now + verdict.retry_after_us,
+                reset_at_us: now + verdict.quota.reset_us,
+                limit: verdict.quota.limit,
+            },
+        );
     }
 
     /// The strict rules that match this request, with their keys: each needs one check.
@@ -531,7 +643,9 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
         // The global bucket is empty as far as the service last said (in debt, perhaps):
         // it holds `cost` tokens again when it is `burst - cost` short of full.
         let short_of_full = limit.burst().saturating_sub(cost) * micros_per_token;
-        until_reset.saturating_sub(short_of_full).max(micros_per_token)
+        until_reset
+            .saturating_sub(short_of_full)
+            .max(micros_per_token)
     } else if !windowed || until_reset == 0 {
         // Denied with the lease spent while the global bucket has tokens: others' unspent
         // leases come back at their next sync, and a token at the global rate.

@@ -176,7 +176,11 @@ fn a_spent_lease_on_an_empty_global_bucket_says_when_the_bucket_holds_a_token_ag
     let Decision::Deny { retry_after_us, .. } = denied.decision else {
         panic!("{denied:?}")
     };
-    assert_eq!(retry_after_us, 510 * MS - MS, "from the global state, not one token's 10 ms");
+    assert_eq!(
+        retry_after_us,
+        510 * MS - MS,
+        "from the global state, not one token's 10 ms"
+    );
     // With tokens left globally (others' unspent leases), a token's time: the next sync may
     // bring a lease.
     let mut store = MemoryStore::default();

@@ -241,3 +241,66 @@ fn a_flood_of_unique_keys_stays_within_max_keys() {
     }
     assert_eq!(admitted, 10);
 }
+
+/// A worker remembers a local denial until a request could be admitted: the same decisions
+/// and answers as reading the key table every time, with fewer reads.
+#[test]
+fn remembered_denials_answer_exactly_as_the_table_would() {
+    for limit in [
+        r#"{"requests": 5, "per": "second", "burst": 3}"#,
+        r#"{"requests": 4, "per": "second", "algorithm": "gcra"}"#,
+        r#"{"requests": 3, "per": "second", "algorithm": "fixed_window"}"#,
+        r#"{"requests": 3, "per": "second", "algorithm": "sliding_window"}"#,
+        r#"{"requests": 3, "per": "second", "algorithm": "sliding_log"}"#,
+        r#"{"requests": 30, "per": "minute", "burst": 4}"#,
+        r#"{"requests": 20, "per": "minute", "algorithm": "fixed_window"}"#,
+    ] {
+        let json = format!(
+            r#"{{"rules": [{{"name": "r", "key": ["header:x-user"], "limits": [{limit}]}}]}}"#
+        );
+        let policy = sluice_core::parse(json.as_bytes()).unwrap();
+        let remembering = sluice_core::Limiter::new(policy.clone());
+        let mut store = sluice_core::MemoryStore::default();
+        let mut reference_store = sluice_core::MemoryStore::default();
+        let mut now = 1_795_996_800_000_000u64;
+        let mut seed = 0x5eed_u64;
+        for _ in 0..3_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            now += (seed >> 33) % 120_000;
+            let user = ["a", "b"][(seed >> 20) as usize % 2];
+            let conditions = sluice_core::Conditions {
+                now_us: now,
+                service_up: true,
+                service_back_us: 0,
+            };
+            let mut request = PlainRequest::get("/").with_header("x-user", user);
+            let got = remembering.decide(&mut request, conditions, &mut store);
+            // The reference reads the table every time: a fresh limiter remembers nothing.
+            let fresh = sluice_core::Limiter::new(policy.clone());
+            let mut request = PlainRequest::get("/").with_header("x-user", user);
+            let want = fresh.decide(&mut request, conditions, &mut reference_store);
+            // The same decision, and the same answer to the microsecond's rounding.
+            match (&got.decision, &want.decision) {
+                (
+                    sluice_core::Decision::Deny {
+                        quota: a,
+                        retry_after_us: ra,
+                        ..
+                    },
+                    sluice_core::Decision::Deny {
+                        quota: b,
+                        retry_after_us: rb,
+                        ..
+                    },
+                ) => {
+                    assert!(ra.abs_diff(*rb) <= 1, "{limit} at {now}: {ra} vs {rb}");
+                    assert!(a.reset_us.abs_diff(b.reset_us) <= 1, "{limit} at {now}");
+                    assert_eq!((a.limit, a.remaining), (b.limit, b.remaining));
+                }
+                (g, w) => assert_eq!(g, w, "{limit} at {now}"),
+            }
+        }
+    }
+}
