@@ -90,6 +90,8 @@ struct Outcome {
     admitted: u64,
     syncs: u64,
     per_phase: Vec<(u64, u64)>,
+    /// Every arrival: (microseconds from the start, exact admitted, fleet admitted).
+    series: Vec<(u64, bool, bool)>,
 }
 
 /// A callout forwarded to the service, and its answer.
@@ -167,6 +169,7 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
     let (mut exact, mut admitted) = (0u64, 0u64);
     let mut per_phase = vec![(0u64, 0u64); PHASES.len()];
     let mut next_worker = [0usize; PROXIES];
+    let mut series = Vec::with_capacity(arrivals.len());
 
     let pump = |proxies: &[Proxy], forwarded: &mut HashSet<(usize, u32)>| -> Result<()> {
         clock.set(SystemTime::now());
@@ -215,7 +218,9 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
             .request(RequestSpec::get("/").from("192.0.2.1:1000"))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let state = exchange.state().map_err(|e| anyhow::anyhow!("{e}"))?;
-        if let ExchangeState::Continued { .. } = state {
+        let continued = matches!(state, ExchangeState::Continued { .. });
+        series.push((*at_us, verdict.allowed, continued));
+        if continued {
             admitted += 1;
             per_phase[phase].1 += 1;
             let _ = exchange.respond(200, &[]);
@@ -247,8 +252,12 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         admitted,
         syncs,
         per_phase,
+        series,
     })
 }
+
+/// Where every run's arrivals go, for `bench/plot_accuracy.py`: `interval_ms,at_us,exact,fleet`.
+const SERIES_CSV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/accuracy-series.csv");
 
 type Job = (usize, u32, String, Vec<u8>);
 type JobRx = std::sync::Arc<std::sync::Mutex<mpsc::Receiver<Job>>>;
@@ -290,6 +299,7 @@ fn main() -> Result<()> {
     println!();
     println!("| sync interval | requests | exact admits | sluice admits | error | overshoot | wrongly denied | syncs ok |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut csv = String::from("interval_ms,at_us,exact,fleet\n");
     for interval in &intervals {
         // A fresh key per run: the same arrivals, a cold start each time.
         redis.query(&["FLUSHALL"])?;
@@ -307,6 +317,14 @@ fn main() -> Result<()> {
             o.syncs
         );
         eprintln!("  per phase (exact, sluice): {:?}", o.per_phase);
+        for (at_us, exact, fleet) in &o.series {
+            csv.push_str(&format!(
+                "{},{at_us},{},{}\n",
+                o.interval_ms, *exact as u8, *fleet as u8
+            ));
+        }
     }
+    std::fs::write(SERIES_CSV, csv)?;
+    eprintln!("  arrivals of every run in {SERIES_CSV}");
     Ok(())
 }
