@@ -106,13 +106,13 @@ def plot(runs, svg_path):
     for i, (ms, pts) in enumerate(drift.items()):
         out.append(f'<path d="{path(pts, x2, y2)}" fill="none" stroke="{COLORS[i % len(COLORS)]}" stroke-width="1.6"/>')
     items = [("offered", "#94a3b8", ""), ("exact", "#16a34a", "5 3")]
-    items += [(f"fleet, sync every {ms} ms", COLORS[i % len(COLORS)], "") for i, ms in enumerate(fleets)]
+    items += [(f"fleet, sync {ms} ms", COLORS[i % len(COLORS)], "") for i, ms in enumerate(fleets)]
     lx = left
     for name, color, dash in items:
         out.append(f'<line x1="{lx}" x2="{lx + 18}" y1="{height - 16}" y2="{height - 16}" stroke="{color}" stroke-width="2.4"'
                    + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
         out.append(f'<text x="{lx + 23}" y="{height - 12}" class="l">{name}</text>')
-        lx += 30 + 7 * len(name)
+        lx += 34 + 6.3 * len(name)
     out.append("</svg>")
     with open(svg_path, "w") as f:
         f.write("\n".join(out) + "\n")

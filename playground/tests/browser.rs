@@ -140,7 +140,7 @@ async fn browser(driver: &Driver) -> Client {
     let options = json!({
         "binary": binary,
         "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1440,1640", "--hide-scrollbars", "--force-device-scale-factor=1"],
+                 "--window-size=1440,1820", "--hide-scrollbars", "--force-device-scale-factor=1"],
     });
     let mut caps = serde_json::Map::new();
     caps.insert("goog:chromeOptions".into(), options);
@@ -315,6 +315,7 @@ async fn the_page_decides_as_core_does() {
         .click()
         .await
         .expect("pick it");
+    type_into(&client, "rate", "3").await;
     type_into(&client, "clients", "3").await;
     type_into(&client, "duration", "90").await;
     let before = runs(&client).await;

@@ -449,6 +449,7 @@ async function main() {
   $("config-a").value = pretty(PRESETS["Token bucket: 60 a minute, burst 10"]);
   $("config-b").value = pretty(PRESETS[PRESET_B]);
   $("pattern").value = "bursts";
+  $("rate").value = "0.8";
   if (location.hash.length > 3) {
     try {
       const s = await decodeScenario(location.hash.slice(1));
@@ -482,6 +483,13 @@ async function main() {
     const i = r.requests.findIndex((q, j) => j >= from && q.decision !== "admitted");
     if (i >= 0) selectIndex(i);
   });
+  // Charts are drawn at their box's width: again when it changes.
+  let width = window.innerWidth;
+  window.addEventListener("resize", debounce(() => {
+    if (Math.abs(window.innerWidth - width) < 8) return;
+    width = window.innerWidth;
+    renderAll();
+  }, 150));
   document.addEventListener("keydown", (e) => {
     if (/^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement?.tagName || "")) return;
     if (e.key === "ArrowLeft") selectIndex((view.selected ?? 1) - 1);

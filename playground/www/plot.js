@@ -1,6 +1,9 @@
 // Plain SVG charts: lines over time buckets, and points per request. No library.
 
-const W = 640, H = 190, L = 46, R = 12, T = 10, B = 26;
+// The width follows the chart's box (one SVG unit a pixel, so text keeps its size).
+let W = 640;
+const H = 190, L = 46, R = 12, T = 10, B = 26;
+const fit = (box) => { W = Math.max(320, Math.round(box.clientWidth || 640)); };
 const NS = "http://www.w3.org/2000/svg";
 
 function niceStep(span, count) {
@@ -54,18 +57,19 @@ function legend(items) {
 
 // Wires hover (a rule and a tooltip from `describe(t)`) and click (`pick(t)`) on the chart.
 function interact(box, f, describe, pick) {
+  const width = W;
   const svg = box.querySelector("svg");
   const tip = box.querySelector(".tip");
   const rule = svg.querySelector(".hover");
   const tAt = (ev) => {
     const r = svg.getBoundingClientRect();
-    const px = ((ev.clientX - r.left) / r.width) * W;
-    return Math.max(0, ((px - L) / (W - L - R)) * f.xTop);
+    const px = ((ev.clientX - r.left) / r.width) * width;
+    return Math.max(0, ((px - L) / (width - L - R)) * f.xTop);
   };
   svg.addEventListener("mousemove", (ev) => {
     const t = tAt(ev);
     const px = f.x(t);
-    if (px > W - R) return;
+    if (px > width - R) return;
     rule.setAttribute("x1", px);
     rule.setAttribute("x2", px);
     rule.style.display = "";
@@ -73,7 +77,7 @@ function interact(box, f, describe, pick) {
     if (text) {
       const r = svg.getBoundingClientRect();
       tip.textContent = text;
-      tip.style.left = `${(px / W) * r.width}px`;
+      tip.style.left = `${(px / width) * r.width}px`;
       tip.style.top = `${(T / H) * r.height + 8}px`;
       tip.hidden = false;
     }
@@ -92,6 +96,7 @@ function shell(f, body, marker) {
 
 // Counts per bucket: `series` [{label, color, values, dash}], bucket i covering [i·dx, (i+1)·dx).
 export function lineChart(box, { dx, xMax, series, yLabel, marker, describe, pick }) {
+  fit(box);
   const yMax = Math.max(1, ...series.flatMap((s) => s.values));
   const f = frame(xMax, yMax, yLabel);
   let body = "";
@@ -112,6 +117,7 @@ export function lineChart(box, { dx, xMax, series, yLabel, marker, describe, pic
 // Values per request: `groups` [{label, color, points: [[t, v], ...], step}], drawn as a step
 // line (a limit's state) or as dots (Retry-After).
 export function pointChart(box, { xMax, groups, yLabel, marker, describe, pick, controls }) {
+  fit(box);
   const yMax = Math.max(1, ...groups.flatMap((g) => g.points.map((p) => p[1])));
   const f = frame(xMax, yMax, yLabel);
   let body = "";
