@@ -18,5 +18,7 @@ sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(sudo)
 export DEBIAN_FRONTEND=noninteractive
 echo "installing ${missing[*]} with apt-get"
-"${sudo[@]}" apt-get install -y -q "${missing[@]}" ||
-  { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q "${missing[@]}"; }
+# Without recommended packages: of the packages installed here only Chromium has any (printing, a desktop's
+# daemons, Mesa drivers), and a headless browser needs none of them.
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+  { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"; }
