@@ -40,7 +40,7 @@ export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 export SLUICE_STACK := $(CURDIR)/$(STACK)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint run bench bench-accuracy bench-service bench-latency bench-overload bench-shaping bench-algorithms clean-run
+.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint run bench bench-accuracy bench-service bench-redis bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
@@ -121,11 +121,12 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
 	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
 
-bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, latency, overload, shaping and algorithms (~20 min)
+bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping and algorithms (~20 min)
 	$(VENV)/bin/python bench/bench.py
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 	$(PYTHON) bench/plot_accuracy.py
 	$(VENV)/bin/python bench/service.py
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-tests --features wasm,redis --example redis_cost
 	$(VENV)/bin/python bench/latency.py
 	$(VENV)/bin/python bench/overload.py
 	$(VENV)/bin/python bench/shaping.py
@@ -137,6 +138,9 @@ bench-accuracy: deps build ## four proxies sharing one limit vs one exact token 
 
 bench-service: deps build-service build-stack ## counter service key updates/s vs one Redis round trip per request
 	$(VENV)/bin/python bench/service.py
+
+bench-redis: deps build ## Redis CPU per admitted request, cached vs strict, Zipf and uniform keys, four proxies (~1 min)
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-tests --features wasm,redis --example redis_cost
 
 bench-latency: deps build build-stack ## request latency in Envoy: no limiter vs sluice local, cached, strict
 	$(VENV)/bin/python bench/latency.py

@@ -1,5 +1,5 @@
 -- check.lua: one strict decision for one entry: spends `cost` tokens from every limit if every
--- limit has them, after setting aside the unexpired grants (leases) of the proxies.
+-- limit has them, after setting aside the unexpired grants (the cached proxies' quota) of the proxies.
 --
 -- KEYS: the entry's limit keys, in limit order:
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>
@@ -11,7 +11,7 @@
 --   reset_ms: until every bucket is full again.
 --
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_hash, leases, stored_bucket, refill_bucket, ms_to_full, expire_key and whole_remaining.
+-- load_leases, stored_bucket, refill_bucket, ms_to_full, expire_key and whole_remaining.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs (Bucket::take) so both agree
 -- bit for bit (see counter-service/tests/vectors.rs).
 
@@ -26,10 +26,9 @@ for i = 1, n do
   local requests = tonumber(ARGV[1 + 3 * i])
   local period_ms = tonumber(ARGV[2 + 3 * i])
   local burst = tonumber(ARGV[3 + 3 * i])
-  local flat, fields = load_hash(key)
   -- leases of the proxies that are still running, and what they likely spent and have not
   -- reported yet (as in sync.lua)
-  local reserved, unreported, _, lease_end = leases(key, flat, fields, now, nil, nil)
+  local fields, _, reserved, unreported, _, lease_end = load_leases(key, now, nil, nil)
   -- refill; a new key starts full. The burst caps the tokens without the proxies' unreported
   -- spend, as in sync.lua.
   local tokens, ts = stored_bucket(fields, burst, now)

@@ -35,7 +35,9 @@ local function load_hash(key)
 end
 
 -- The unexpired leases on one key (a loaded hash) of every proxy but `except` (nil: of every
--- proxy), at `now` (us). Returns:
+-- proxy), at `now` (us), kept in four fields per proxy q: g:q (its grant), x:q (the grant's
+-- expiry, us), d:q (its demand, tokens/s), s:q (its last sync, us), as sync_window.lua writes
+-- them and sync.lua did before (a proxy with a p:q field, see load_leases, is left to it). Returns:
 --   reserved: the sum of their grants (g:q);
 --   unreported: an estimate of what they spent from them since their last sync (s:q) and have
 --     not reported yet: their demand (d:q, tokens/s) over that time, at most the grant;
@@ -53,7 +55,7 @@ local function leases(key, flat, fields, now, except, stale_before)
     if string.sub(field, 1, 2) == 'x:' then
       local q = string.sub(field, 3)
       local expiry = tonumber(flat[i + 1]) or 0
-      if q ~= except then
+      if q ~= except and fields['p:' .. q] == nil then
         if expiry > now then
           local g = tonumber(fields['g:' .. q]) or 0
           reserved = reserved + g
@@ -71,6 +73,85 @@ local function leases(key, flat, fields, now, except, stale_before)
     end
   end
   return reserved, unreported, demand, lease_end
+end
+
+-- A token bucket's lease of proxy q is one field, p:q = "g x d s": its grant, the grant's expiry
+-- (us), its demand (tokens/s) and its last sync (us), written by sync.lua, in digits tonumber
+-- reads back exactly. (Older versions of sync.lua wrote the four as fields of their own, which
+-- `leases` reads.)
+local function lease_text(grant, expiry, demand, last_sync)
+  -- %d is cheaper than %.17g and writes the same digits for whole numbers below 2^53
+  if grant >= 0 and grant < 2^53 and expiry >= 0 and expiry < 2^53 and last_sync >= 0
+    and last_sync < 2^53 and grant == math.floor(grant) and expiry == math.floor(expiry)
+    and last_sync == math.floor(last_sync) then
+    return string.format('%d %d %.17g %d', grant, expiry, demand, last_sync)
+  end
+  return string.format('%.17g %.17g %.17g %.17g', grant, expiry, demand, last_sync)
+end
+
+-- The numbers of a p:q field: grant, expiry, demand, last sync (nil for a malformed one).
+local function lease_numbers(text)
+  local g, x, d, s = string.match(text, '^(%S+) (%S+) (%S+) (%S+)$')
+  return tonumber(g), tonumber(x), tonumber(d), tonumber(s)
+end
+
+-- The hash of a token bucket's key and its leases, in one pass: `leases` for p:q fields, and for
+-- fields of the older layout too (a key written before, or by an older replica). Returns:
+--   fields: the hash as a table of field -> value;
+--   mine: the p:q field of `except` (the proxy syncing), nil if it has none;
+--   reserved, unreported, demand, lease_end: as `leases` returns them, over every proxy but
+--     `except`; the fields of a proxy whose lease expired at or before `stale_before` (if given)
+--     are deleted;
+--   older: whether the hash holds a lease in the older layout.
+local function load_leases(key, now, except, stale_before)
+  local flat = redis.call('HGETALL', key)
+  local fields = {}
+  local reserved, unreported, demand, lease_end = 0, 0, 0, now
+  local mine = nil
+  local older = false
+  local except_p = nil
+  if except ~= nil then
+    except_p = 'p:' .. except
+  end
+  for i = 1, #flat, 2 do
+    local field = flat[i]
+    local value = flat[i + 1]
+    fields[field] = value
+    -- 'p:' (112, 58) and 'x:' (120, 58), by bytes: no substring of the other fields is made
+    local b1, b2 = string.byte(field, 1, 2)
+    if b2 == 58 and b1 == 112 then
+      if field == except_p then
+        mine = value
+      else
+        local g, expiry, d, s = lease_numbers(value)
+        expiry = expiry or 0
+        if expiry > now then
+          g = g or 0
+          d = d or 0
+          s = s or now
+          reserved = reserved + g
+          unreported = unreported + math.min(g, d * (now - s) / 1000000)
+          demand = demand + d
+          if expiry > lease_end then
+            lease_end = expiry
+          end
+        elseif stale_before ~= nil and expiry <= stale_before then
+          local q = string.sub(field, 3)
+          redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
+        end
+      end
+    elseif b2 == 58 and b1 == 120 then
+      older = true
+    end
+  end
+  if older then
+    local r, u, d, e = leases(key, flat, fields, now, except, stale_before)
+    reserved, unreported, demand = reserved + r, unreported + u, demand + d
+    if e > lease_end then
+      lease_end = e
+    end
+  end
+  return fields, mine, reserved, unreported, demand, lease_end, older
 end
 
 -- The stored bucket of a loaded hash (tokens, ts), or, for a new key, a full one (`burst`)

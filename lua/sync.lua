@@ -12,11 +12,13 @@
 --       cover: the lease lifetime plus an outage allowance).
 -- Returns: a flat array of integers, four per entry in order: grant, ttl_ms, remaining, reset_ms.
 --
--- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p: g:p (outstanding
--- grant), x:p (its expiry, us), d:p (demand, tokens/s), s:p (last sync, us).
+-- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field p:p,
+-- "g x d s": its outstanding grant, the grant's expiry (us), its demand (tokens/s) and its last
+-- sync (us). A key written by an older version holds them in four fields, g:p, x:p, d:p, s:p:
+-- they are read the same, and a proxy's own are replaced by its p:p at its next sync.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_hash, leases, stored_bucket, refill_bucket, ms_to_full, expire_key, whole_remaining and
--- proxy_demand.
+-- load_leases, lease_text, lease_numbers, stored_bucket, refill_bucket, ms_to_full, expire_key,
+-- whole_remaining and proxy_demand.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
@@ -35,8 +37,11 @@ local interval_us = interval_ms * 1000
 local grant_ttl_us = grant_ttl_ms * 1000
 local stale_before = now - grant_ttl_us
 
+local p_field = 'p:' .. proxy
+-- the proxy's fields in the older layout
 local g_field = 'g:' .. proxy
 local x_field = 'x:' .. proxy
+local w_field = 'w:' .. proxy
 local d_field = 'd:' .. proxy
 local s_field = 's:' .. proxy
 
@@ -50,7 +55,7 @@ for _ = 1, count do
   arg = arg + 3
 
   local limits = {}
-  local demand_fields = nil
+  local last_sync, previous = nil, nil
   for i = 1, n do
     local key = KEYS[key_index]
     key_index = key_index + 1
@@ -61,13 +66,18 @@ for _ = 1, count do
     -- the most one report can debit from this limit, and so the deepest its debt may go
     local most = burst + requests * report_window_ms / period_ms
     local debit = math.min(spent, most)
-    local flat, fields = load_hash(key)
-    if i == 1 then
-      demand_fields = fields
-    end
     -- the unexpired leases of the other proxies, and an estimate of what they spent from them
     -- since their last sync; the fields of proxies silent for a grant TTL are dropped
-    local others, unreported, others_demand = leases(key, flat, fields, now, proxy, stale_before)
+    local fields, mine, others, unreported, others_demand, _, older =
+      load_leases(key, now, proxy, stale_before)
+    if i == 1 then
+      if mine ~= nil then
+        local _, _, d, s = lease_numbers(mine)
+        last_sync, previous = s, d
+      else
+        last_sync, previous = tonumber(fields[s_field]), tonumber(fields[d_field])
+      end
+    end
     -- 1. refill (a new key starts full), then debit what the proxy spent since its last sync.
     -- The stored tokens still hold what proxies spent and have not reported yet (this proxy's
     -- `spent`, the others' estimate): the burst caps the tokens without them, so a refill is
@@ -79,13 +89,13 @@ for _ = 1, count do
     tokens = math.max(math.min(tokens - debit, burst + unreported), -most)
     limits[i] = {
       key = key, requests = requests, period_ms = period_ms, burst = burst,
-      tokens = tokens, ts = ts, others = others, others_demand = others_demand,
+      tokens = tokens, ts = ts, others = others, others_demand = others_demand, older = older,
     }
   end
 
   -- 2. the proxy's demand on this entry (tokens/s) and what it wants for 1.25 intervals
-  local demand, want = proxy_demand(tonumber(demand_fields[s_field]),
-    tonumber(demand_fields[d_field]), now, interval_us, interval_ms, spent, denied)
+  local demand, want = proxy_demand(last_sync, previous, now, interval_us, interval_ms, spent,
+    denied)
   -- A proxy that had to deny also gets what the refill would otherwise lose to the burst cap
   -- before the next sync: tokens nobody holds are worth nothing once the bucket is full.
   if denied > 0 then
@@ -131,10 +141,13 @@ for _ = 1, count do
   -- 4. write back; an idle key vanishes once it would be full again and every lease expired
   local remaining = nil
   local reset_ms = 0
+  local lease = lease_text(grant, now + grant_ttl_us, demand, now)
   for i = 1, n do
     local l = limits[i]
-    redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts,
-      g_field, grant, x_field, now + grant_ttl_us, d_field, demand, s_field, now)
+    redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease)
+    if l.older then
+      redis.call('HDEL', l.key, g_field, x_field, w_field, d_field, s_field)
+    end
     local full_ms = ms_to_full(l.tokens, l.requests, l.period_ms, l.burst)
     expire_key(l.key, full_ms, grant_ttl_ms)
     if remaining == nil or l.tokens < remaining then

@@ -1,7 +1,7 @@
 //! The Lua scripts of `lua/`, compiled in and run by SHA (`redis::Script` sends `EVALSHA` and
 //! loads the script on `NOSCRIPT`, so a restarted or new Redis node is served too).
 //!
-//! `check.lua` and `sync.lua` share their clock, hash load, lease scan, refill and expiry through
+//! `check.lua` and `sync.lua` share their clock, hash and lease load, refill and expiry through
 //! `lua/prelude.lua` (`fleet.lua` its clock and hash load; `window.lua` and `sync_window.lua` its
 //! clock, hash load, lease scan, windows and expiry; `sliding_log.lua` and `overrides.lua` its clock): each script the service runs is the
 //! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
@@ -176,6 +176,9 @@ mod tests {
                 "clock",
                 "load_hash",
                 "leases",
+                "lease_text",
+                "lease_numbers",
+                "load_leases",
                 "stored_bucket",
                 "refill_bucket",
                 "ms_to_full",

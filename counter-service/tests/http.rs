@@ -225,11 +225,9 @@ async fn reported_counts_are_bounded_by_the_limit() {
         (1..=64_000).contains(&ttl),
         "the refill from the floor (62.3 s), the lease and a second: {ttl} ms"
     );
-    let demand: f64 = redis
-        .text(&["HGET", &key, "d:p1"])
-        .unwrap()
-        .parse()
-        .unwrap();
+    // the proxy's lease: "grant expiry demand last-sync"
+    let lease = redis.text(&["HGET", &key, "p:p1"]).unwrap();
+    let demand: f64 = lease.split(' ').nth(2).unwrap().parse().unwrap();
     assert!(
         demand <= 1_226_000.0,
         "(613 + 613) over at least 1 ms: {demand}"
@@ -436,12 +434,14 @@ async fn per_proxy_tokens_keep_each_holder_to_its_own_proxies() {
     let b_tokens = b.body["grants"][0]["tokens"].as_u64().unwrap();
     assert!(b_tokens <= 1, "a holds the bucket: {b:?}");
     let key = keys::limit_key("k", &LimitSpec::token_bucket(10, 1_000, 10));
-    assert_eq!(redis.text(&["HGET", &key, "g:edge-a/p1"]).unwrap(), "11");
-    assert_eq!(
-        redis.text(&["HGET", &key, "g:edge-b/p1"]).unwrap(),
-        b_tokens.to_string()
-    );
-    assert_eq!(redis.query(&["HGET", &key, "g:p1"]).unwrap().text(), None);
+    // each proxy's lease is one field, "grant expiry demand last-sync"
+    let grant = |field: &str| {
+        let lease = redis.text(&["HGET", &key, field]).unwrap();
+        lease.split(' ').next().unwrap().to_string()
+    };
+    assert_eq!(grant("p:edge-a/p1"), "11");
+    assert_eq!(grant("p:edge-b/p1"), b_tokens.to_string());
+    assert_eq!(redis.query(&["HGET", &key, "p:p1"]).unwrap().text(), None);
     let nobody = sync("tok-c").await;
     assert_error(&nobody, StatusCode::UNAUTHORIZED, "unauthorized");
 }
