@@ -246,7 +246,7 @@ def main():
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
         for name, limiter, template, values, counters in order:
             tag = f"r{r + 1}-{name}"
-            wasm = ARGS.floor_wasm if limiter == "floor" else ARGS.wasm
+            wasm = {"floor": ARGS.floor_wasm, "baseline": ARGS.baseline_wasm}.get(limiter, ARGS.wasm)
             envoy = Envoy(ARGS.envoy, wasm, template, values, ARGS.concurrency, workdir, tag)
             try:
                 url = f"http://127.0.0.1:{envoy.listen}/api/bench"
@@ -291,7 +291,7 @@ def table(runs, info):
         limit = "-" if path is None or limiter == "floor" else f"{open_limit if path == 'open' else DENY_LIMIT}/s"
         ratio = "-"
         native_name = f"native-{path}"
-        if limiter == "sluice" and native_name in med:
+        if limiter in ("sluice", "baseline") and native_name in med:
             native = med[native_name]
             ratio = f"{m['rps'] / native['rps']:.2f} (p99 {m['p99_ms'] / native['p99_ms']:.2f})"
         vs_bucket = "-"
@@ -341,6 +341,10 @@ def floor_table(med):
     for p in paths:
         sluice, floor, native = f"sluice-{p}", f"floor-{p}", f"native-{p}"
         lines.append(f"| {p} | {ratio(sluice, floor)} | {ratio(sluice, native)} | {ratio(floor, native)} |")
+    for p in paths:
+        if f"baseline-{p}" in med:
+            lines.append(f"| {p}, baseline build | {ratio(f'baseline-{p}', f'floor-{p}')} | "
+                         f"{ratio(f'baseline-{p}', f'native-{p}')} | - |")
     return lines
 
 
@@ -360,7 +364,14 @@ if __name__ == "__main__":
     parser.add_argument("--sluice-headers", default="legacy", choices=["none", "legacy", "draft", "both"],
                         help="sluice's header style (default legacy, like the native filter's X-RateLimit-*)")
     parser.add_argument("--only", help="comma-separated variants to run (default: all)")
+    parser.add_argument("--baseline-wasm",
+                        help="another build of sluice (an earlier commit's), run as baseline-open and baseline-deny "
+                             "in the same rounds: a change's before and after side by side")
     ARGS = parser.parse_args()
+    if ARGS.baseline_wasm:
+        VARIANTS += [(name.replace("sluice-", "baseline-"), "baseline", template, values, counters)
+                     for name, limiter, template, values, counters in VARIANTS
+                     if name in ("sluice-open", "sluice-deny")]
     if ARGS.only:
         keep = set(ARGS.only.split(","))
         VARIANTS = [v for v in VARIANTS if v[0] in keep]

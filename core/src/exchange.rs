@@ -20,7 +20,7 @@
 //! rules spent. Nothing here reads a clock or does I/O.
 
 use crate::decision::{Decision, Outcome, Quota, Spent};
-use crate::headers::{denial_body, render, retry_after_seconds};
+use crate::headers::{denial_body, each_header, render_into, retry_after_seconds};
 use crate::limit::Limit;
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
@@ -347,22 +347,33 @@ impl Exchange {
 
     /// The response's headers were seen: the rate-limit headers to add to it.
     pub fn response_headers(&mut self, limiter: &Limiter) -> Vec<(&'static str, String)> {
-        if self.answered {
-            return Vec::new();
-        }
         let mut headers = Vec::new();
+        self.each_response_header(limiter, &mut |name, value| {
+            headers.push((name, value.to_string()))
+        });
+        headers
+    }
+
+    /// [`response_headers`](Self::response_headers), one at a time, without collecting them.
+    pub fn each_response_header(
+        &mut self,
+        limiter: &Limiter,
+        header: &mut dyn FnMut(&'static str, &str),
+    ) {
+        if self.answered {
+            return;
+        }
         if let Some(reason) = self.warned.take() {
-            headers.push((WOULD_SHED_HEADER, reason.name().to_string()));
+            header(WOULD_SHED_HEADER, reason.name());
         }
         if let Some(rule) = self.warn_rule.take() {
             let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-            headers.push((WARN_HEADER, name.to_string()));
+            header(WARN_HEADER, name);
         }
         if let Some((rule, quota)) = self.quota.take() {
             let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-            headers.extend(render(limiter.policy().headers, name, &quota));
+            each_header(limiter.policy().headers, name, &quota, header);
         }
-        headers
     }
 
     /// The response reported its cost in `header`'s `value`: charge it to the keys of the
@@ -532,11 +543,13 @@ fn denial(limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -
     let policy = limiter.policy();
     let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
     let retry_after = retry_after_seconds(retry_after_us);
-    let mut headers = vec![
-        ("retry-after", retry_after.to_string()),
-        ("content-type", "application/json".to_string()),
-    ];
-    headers.extend(render(policy.headers, name, quota));
+    let mut headers = Vec::with_capacity(7);
+    headers.push((
+        "retry-after",
+        itoa::Buffer::new().format(retry_after).to_string(),
+    ));
+    headers.push(("content-type", "application/json".to_string()));
+    render_into(&mut headers, policy.headers, name, quota);
     Reply {
         status: 429,
         headers,

@@ -16,37 +16,92 @@ pub fn retry_after_seconds(micros: u64) -> u64 {
 /// The rate-limit headers for `quota` in `style`.
 pub fn render(style: HeaderStyle, rule: &str, quota: &Quota) -> Vec<(&'static str, String)> {
     let mut headers = Vec::with_capacity(5);
+    render_into(&mut headers, style, rule, quota);
+    headers
+}
+
+/// [`render`], appended to `headers`.
+pub fn render_into(
+    headers: &mut Vec<(&'static str, String)>,
+    style: HeaderStyle,
+    rule: &str,
+    quota: &Quota,
+) {
+    each_header(style, rule, quota, &mut |name, value| {
+        headers.push((name, value.to_string()))
+    });
+}
+
+/// [`render`], one header at a time: what the filter uses on every admitted request, with no
+/// allocation for the legacy headers (numbers are written on the stack).
+pub fn each_header(
+    style: HeaderStyle,
+    rule: &str,
+    quota: &Quota,
+    header: &mut dyn FnMut(&'static str, &str),
+) {
     let reset = ceil_seconds(quota.reset_us);
+    let requests = quota.limit.requests();
+    let remaining = quota.remaining;
     if style.legacy() {
-        headers.push(("x-ratelimit-limit", quota.limit.requests().to_string()));
-        headers.push(("x-ratelimit-remaining", quota.remaining.to_string()));
-        headers.push(("x-ratelimit-reset", reset.to_string()));
+        header("x-ratelimit-limit", itoa::Buffer::new().format(requests));
+        header(
+            "x-ratelimit-remaining",
+            itoa::Buffer::new().format(remaining),
+        );
+        header("x-ratelimit-reset", itoa::Buffer::new().format(reset));
     }
     if style.draft() {
-        headers.push((
-            "ratelimit-policy",
-            format!(
-                "\"{rule}\";q={};w={}",
-                quota.limit.requests(),
-                quota.limit.period().seconds()
-            ),
-        ));
-        headers.push((
-            "ratelimit",
-            format!("\"{rule}\";r={};t={reset}", quota.remaining),
-        ));
+        fn quoted(value: &mut String, rule: &str, parts: [(&str, u64); 2]) {
+            value.clear();
+            value.push('"');
+            value.push_str(rule);
+            value.push('"');
+            for (name, n) in parts {
+                value.push(';');
+                value.push_str(name);
+                value.push('=');
+                value.push_str(itoa::Buffer::new().format(n));
+            }
+        }
+        let mut value = String::with_capacity(rule.len() + 32);
+        let window = quota.limit.period().seconds();
+        quoted(&mut value, rule, [("q", requests), ("w", window)]);
+        header("ratelimit-policy", &value);
+        quoted(&mut value, rule, [("r", remaining), ("t", reset)]);
+        header("ratelimit", &value);
     }
-    headers
 }
 
 /// The JSON body of a 429. Rule names are validated to `[A-Za-z0-9._-]`, so nothing in it
 /// needs escaping.
 pub fn denial_body(rule: &str, quota: &Quota, retry_after: u64) -> String {
-    format!(
-        "{{\"error\":\"rate_limited\",\"rule\":\"{rule}\",\"message\":\"rate limit exceeded: {} requests per {} for rule {rule}; retry in {retry_after} s\",\"retryAfter\":{retry_after}}}",
-        quota.limit.requests(),
-        quota.limit.period(),
-    )
+    // Written piece by piece: it is sent on every denial, and the formatting machinery costs
+    // more than the rest of the decision.
+    let mut requests = itoa::Buffer::new();
+    let requests = requests.format(quota.limit.requests());
+    let mut retry = itoa::Buffer::new();
+    let retry = retry.format(retry_after);
+    let period = quota.limit.period().name();
+    let mut body = String::with_capacity(160 + 2 * rule.len());
+    for piece in [
+        "{\"error\":\"rate_limited\",\"rule\":\"",
+        rule,
+        "\",\"message\":\"rate limit exceeded: ",
+        requests,
+        " requests per ",
+        period,
+        " for rule ",
+        rule,
+        "; retry in ",
+        retry,
+        " s\",\"retryAfter\":",
+        retry,
+        "}",
+    ] {
+        body.push_str(piece);
+    }
+    body
 }
 
 #[cfg(test)]
@@ -102,5 +157,9 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("100 requests per minute"));
+        assert_eq!(
+            denial_body("per-ip", &quota(), 4),
+            r#"{"error":"rate_limited","rule":"per-ip","message":"rate limit exceeded: 100 requests per minute for rule per-ip; retry in 4 s","retryAfter":4}"#
+        );
     }
 }

@@ -53,16 +53,23 @@ impl Period {
     }
 }
 
-impl fmt::Display for Period {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Period {
+    /// The period's name, as configured.
+    pub fn name(self) -> &'static str {
+        match self {
             Period::Second => "second",
             Period::Minute => "minute",
             Period::Hour => "hour",
             Period::Day => "day",
             Period::Week => "week",
             Period::Month => "month",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Period {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -45,7 +45,34 @@ pub struct Limiter {
 /// note lasts at most [`RECENCY_US`], so a hot denied key still refreshes its record's recency.
 #[derive(Debug, Clone, Default)]
 pub struct Notes {
-    denied: std::collections::HashMap<(usize, u64), Note>,
+    denied: std::collections::HashMap<(usize, u64), Note, BuildFingerprintHasher>,
+}
+
+/// The notes' hasher: their keys are a rule's index and a fingerprint, already a keyed hash of
+/// the key (see [`crate::table::KeyHasher`]), so mixing the two words is enough.
+type BuildFingerprintHasher = std::hash::BuildHasherDefault<FingerprintHasher>;
+
+#[derive(Default)]
+struct FingerprintHasher(u64);
+
+impl std::hash::Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(29) ^ word).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -63,6 +63,13 @@ fn mask_eq(a: u128, b: u128, prefix: u8, bits: u32) -> bool {
 /// The address part of a peer address as the proxy reports it (`1.2.3.4:5678`, `[::1]:80`, or a
 /// bare address).
 pub fn strip_port(peer: &str) -> &str {
+    // The common case, what Envoy writes for IPv4, `a.b.c.d:port`, read without a full parse.
+    if let Some(colon) = peer.bytes().position(|b| b == b':') {
+        let (ip, port) = (&peer[..colon], &peer[colon + 1..]);
+        if port.parse::<u16>().is_ok() && ip.parse::<std::net::Ipv4Addr>().is_ok() {
+            return ip;
+        }
+    }
     if let Ok(sock) = peer.parse::<SocketAddr>() {
         // Borrow the address text back out of the original string.
         let ip_len = match sock {
@@ -118,6 +125,17 @@ mod tests {
         assert_eq!(strip_port("127.0.0.1:5000"), "127.0.0.1");
         assert_eq!(strip_port("[::1]:5000"), "::1");
         assert_eq!(strip_port("10.0.0.1"), "10.0.0.1");
+        // What is not an address and a port stays whole, as a full parse would leave it.
+        for peer in [
+            "1.2.3.4:99999",
+            "01.2.3.4:80",
+            "1.2.3:80",
+            "1.2.3.4:",
+            "1.2.3.4:8a",
+            "x:80",
+        ] {
+            assert_eq!(strip_port(peer), peer);
+        }
     }
 
     #[test]

@@ -286,7 +286,12 @@ impl Table {
 
     /// The store key of set number `set`.
     pub fn set_key_at(&self, set: u32) -> String {
-        format!("{}{set}", self.prefix)
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(set);
+        let mut key = String::with_capacity(self.prefix.len() + digits.len());
+        key.push_str(&self.prefix);
+        key.push_str(digits);
+        key
     }
 
     fn record_len(&self) -> usize {

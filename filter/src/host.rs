@@ -68,7 +68,13 @@ pub fn request_header(name: &str) -> Option<String> {
     hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
         .ok()
         .flatten()
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .map(text)
+}
+
+/// Bytes as text: taken over when UTF-8 (the common case, no copy), else made lossy.
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes)
+        .unwrap_or_else(|invalid| String::from_utf8_lossy(invalid.as_bytes()).into_owned())
 }
 
 /// A response header of the request's own response.
@@ -76,7 +82,7 @@ pub fn response_header(name: &str) -> Option<String> {
     hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
         .ok()
         .flatten()
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .map(text)
 }
 
 /// The `:status` of a callout's answer, or `None` when the call failed without one.

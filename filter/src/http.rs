@@ -326,13 +326,7 @@ impl HttpContext for Request {
         }
         let limiter = Rc::clone(&self.limiter);
         // What the upstream says this request cost, charged to the rules that count it.
-        let names: Vec<String> = self
-            .exchange
-            .cost_headers(&limiter)
-            .into_iter()
-            .map(str::to_string)
-            .collect();
-        for name in &names {
+        for name in self.exchange.cost_headers(&limiter) {
             if let Some(value) = host::response_header(name) {
                 let effects = self.exchange.response_cost(
                     &limiter,
@@ -344,9 +338,10 @@ impl HttpContext for Request {
                 let _ = self.carry_out(effects);
             }
         }
-        for (header, value) in self.exchange.response_headers(&limiter) {
-            let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(&value));
-        }
+        self.exchange
+            .each_response_header(&limiter, &mut |header, value| {
+                let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(value));
+            });
         Action::Continue
     }
 }

@@ -12,6 +12,9 @@ pub struct FilterModule {
     pub(crate) engine: Engine,
     pub(crate) module: Module,
     path: PathBuf,
+    /// Whether VMs count the wasm instructions they run (wasmtime's fuel, about one unit per
+    /// instruction): see [`Proxy::instructions`](crate::Proxy::instructions).
+    pub(crate) metered: bool,
 }
 
 impl std::fmt::Debug for FilterModule {
@@ -25,23 +28,34 @@ impl std::fmt::Debug for FilterModule {
 impl FilterModule {
     /// Reads and compiles the wasm file at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<FilterModule, HostError> {
+        Self::load_with(path, false)
+    }
+
+    /// Like [`load`](Self::load), and every VM counts the instructions it runs: repeatable
+    /// per-request costs, at some speed.
+    pub fn load_metered(path: impl AsRef<Path>) -> Result<FilterModule, HostError> {
+        Self::load_with(path, true)
+    }
+
+    fn load_with(path: impl AsRef<Path>, metered: bool) -> Result<FilterModule, HostError> {
         let path = path.as_ref().to_path_buf();
         let load_error = |message: String| HostError::Load {
             path: path.clone(),
             message,
         };
         let bytes = std::fs::read(&path).map_err(|e| load_error(e.to_string()))?;
-        let (engine, module) = compile(&bytes).map_err(load_error)?;
+        let (engine, module) = compile(&bytes, metered).map_err(load_error)?;
         Ok(FilterModule {
             engine,
             module,
             path,
+            metered,
         })
     }
 
     /// Compiles a wasm binary held in memory.
     pub fn from_bytes(bytes: &[u8]) -> Result<FilterModule, HostError> {
-        let (engine, module) = compile(bytes).map_err(|message| HostError::Load {
+        let (engine, module) = compile(bytes, false).map_err(|message| HostError::Load {
             path: PathBuf::new(),
             message,
         })?;
@@ -49,6 +63,7 @@ impl FilterModule {
             engine,
             module,
             path: PathBuf::new(),
+            metered: false,
         })
     }
 
@@ -58,8 +73,9 @@ impl FilterModule {
     }
 }
 
-fn compile(bytes: &[u8]) -> Result<(Engine, Module), String> {
-    let config = Config::new();
+fn compile(bytes: &[u8], metered: bool) -> Result<(Engine, Module), String> {
+    let mut config = Config::new();
+    config.consume_fuel(metered);
     let engine = Engine::new(&config).map_err(|e| format!("{e:?}"))?;
     let module = Module::new(&engine, bytes).map_err(|e| format!("{e:?}"))?;
     Ok((engine, module))

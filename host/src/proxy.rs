@@ -455,10 +455,22 @@ impl Proxy {
         self.host_calls().values().sum()
     }
 
+    /// Resets the host-call counts and the instruction meter.
     pub fn reset_host_calls(&self) {
         for vm in self.lock().vms.iter_mut() {
             vm.state_mut().host_calls.clear();
+            vm.reset_instructions();
         }
+    }
+
+    /// Wasm instructions run by every worker since the last [`reset_host_calls`]
+    /// (wasmtime's fuel: about one per instruction; 0 unless the module was loaded with
+    /// [`FilterModule::load_metered`]). The same build and the same requests give the same
+    /// count on any machine.
+    ///
+    /// [`reset_host_calls`]: Self::reset_host_calls
+    pub fn instructions(&self) -> u64 {
+        self.lock().vms.iter().map(|vm| vm.instructions()).sum()
     }
 
     /// Worker `index`'s VM has not trapped.

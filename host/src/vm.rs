@@ -143,6 +143,9 @@ impl VmState {
     }
 }
 
+/// A metered VM's fuel: more than any test runs.
+const FUEL: u64 = u64::MAX / 2;
+
 /// One worker's VM.
 pub(crate) struct Vm {
     pub store: Store<VmState>,
@@ -154,7 +157,23 @@ pub(crate) struct Vm {
 impl Vm {
     /// A store for a VM about to be instantiated.
     pub(crate) fn store(module: &FilterModule, state: VmState) -> Store<VmState> {
-        Store::new(&module.engine, state)
+        let mut store = Store::new(&module.engine, state);
+        if module.metered {
+            // Never runs out: the fuel is a meter here, not a limit.
+            let _ = store.set_fuel(FUEL);
+        }
+        store
+    }
+
+    /// Instructions run since the meter was last reset (0 when the module is not metered).
+    pub(crate) fn instructions(&self) -> u64 {
+        self.store.get_fuel().map_or(0, |left| FUEL - left)
+    }
+
+    pub(crate) fn reset_instructions(&mut self) {
+        if self.store.get_fuel().is_ok() {
+            let _ = self.store.set_fuel(FUEL);
+        }
     }
 
     pub(crate) fn instantiate(

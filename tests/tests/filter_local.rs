@@ -336,3 +336,33 @@ fn a_leaky_bucket_holds_requests_until_their_slot_and_a_cancelled_one_gives_it_b
     proxy.advance(Duration::from_millis(100)).unwrap();
     assert!(continued(&late) && continued(&sent[3]));
 }
+
+/// The instructions one request costs, counted by the host (deterministic for a build): a
+/// guard against a change that makes the hot path several times dearer. `make bench-hotpath`
+/// prints the figures.
+#[test]
+fn instructions_per_request_stay_bounded() {
+    let metered = FilterModule::load_metered(filter_wasm_path()).unwrap();
+    let proxy = Proxy::new(&metered, ProxyOptions::new(PER_IP)).unwrap();
+    send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    proxy.reset_host_calls();
+    let n = 100;
+    for _ in 0..n {
+        send(&proxy, 0, get("/api/x", "10.0.0.1"));
+    }
+    let per_request = proxy.instructions() / n;
+    eprintln!("wasm instructions per request: {per_request}");
+    assert!(per_request > 1_000, "the meter counts: {per_request}");
+    assert!(
+        per_request < 40_000,
+        "{per_request} instructions per request"
+    );
+    // An unmetered module counts nothing.
+    let plain = proxy_with(module(), PER_IP);
+    send(&plain, 0, get("/api/x", "10.0.0.1"));
+    assert_eq!(plain.instructions(), 0);
+}
+
+fn proxy_with(module: &FilterModule, config: &str) -> Proxy {
+    Proxy::new(module, ProxyOptions::new(config)).unwrap()
+}
