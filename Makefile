@@ -41,7 +41,7 @@ export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 export SLUICE_STACK := $(CURDIR)/$(STACK)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
+.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
 
 help: ## this list
@@ -114,6 +114,15 @@ lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
 	$(CARGO) clippy --target $(PLAYGROUND_TARGET) -p sluice-playground -p sluice-core -- -D warnings
+
+# Property-based fuzzing (proptest; stable Rust has no coverage-guided fuzzing): `make test` runs each property's
+# default cases (core/tests/fuzz.rs, counter-service/tests/fuzz.rs), this many more. A debug build, so that an
+# arithmetic overflow panics (a release build would wrap it silently).
+FUZZ_CASES ?= 100000
+
+fuzz: ## property-based fuzzing, FUZZ_CASES=100000 cases a property: configuration, shared-data records, keys, headers, the service's bodies (~10 min)
+	SLUICE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p sluice-core --test fuzz
+	SLUICE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p sluice-counter-service --test fuzz
 
 # How many Envoys `make run` starts (PROXIES=2: a second one on :10100, admin :9911, sharing the limits).
 PROXIES ?= 1

@@ -237,7 +237,8 @@ impl Bucket {
         match limit.algorithm() {
             Algorithm::TokenBucket => {
                 let missing = limit.burst() as f64 - self.refilled(limit, now_us).tokens;
-                now_us + (missing.max(0.0) * interval(limit)).ceil() as u64
+                // A corrupt record (tokens far below zero, not a number) must not overflow.
+                now_us.saturating_add((missing.max(0.0) * interval(limit)).ceil() as u64)
             }
             Algorithm::Gcra | Algorithm::LeakyBucket => (self.tokens.ceil() as u64).max(now_us),
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {

@@ -404,9 +404,10 @@ impl Limiter {
         notes.denied.insert(
             (rule.index(), fingerprint),
             Note {
-                until_us: now + verdict.retry_after_us.min(RECENCY_US),
-                retry_at_us: now + verdict.retry_after_us,
-                reset_at_us: now + verdict.quota.reset_us,
+                // Saturating: a corrupt record can report any wait.
+                until_us: now.saturating_add(verdict.retry_after_us.min(RECENCY_US)),
+                retry_at_us: now.saturating_add(verdict.retry_after_us),
+                reset_at_us: now.saturating_add(verdict.quota.reset_us),
                 limit: verdict.quota.limit,
             },
         );

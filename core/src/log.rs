@@ -103,7 +103,8 @@ impl Log<'_> {
         let value = expiry.max(self.newest());
         for _ in 0..c.min(self.len()) {
             self.set(0, value);
-            *self.head = (*self.head + 1) % self.len() as u64;
+            // The head is read from shared data: any value, never an overflow.
+            *self.head = (*self.head % self.len() as u64 + 1) % self.len() as u64;
         }
     }
 
@@ -118,7 +119,7 @@ impl Log<'_> {
     pub fn give_back(&mut self, cost: u64) {
         let n = self.len() as u64;
         for _ in 0..cost.min(n) {
-            *self.head = (*self.head + n - 1) % n;
+            *self.head = (*self.head % n + n - 1) % n;
             self.set(0, 0);
         }
     }
@@ -129,7 +130,9 @@ impl Log<'_> {
         if held == 0 {
             return now_us;
         }
-        self.newest().div_ceil(GHOST_STEP) * GHOST_STEP + held as u64
+        // A corrupt newest place (any u64) must not overflow.
+        let newest = self.newest().min(u64::MAX - 2 * GHOST_STEP);
+        newest.div_ceil(GHOST_STEP) * GHOST_STEP + held as u64
     }
 
     /// The log of a key seen again while its ghost stands: its requests count until the

@@ -159,7 +159,8 @@ pub fn claim_round(
         }
         state.next_at_us = now_us + state.effective_interval_ms(configured_interval_ms) * 1_000;
         state.busy_until_us = now_us + busy_us;
-        state.rounds += 1;
+        // A counter read from shared data, possibly corrupt: it wraps, never panics.
+        state.rounds = state.rounds.wrapping_add(1);
         *bytes = state.encode();
         (Some(state), true)
     })

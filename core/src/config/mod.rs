@@ -334,7 +334,12 @@ pub fn parse(json: &[u8]) -> Result<Policy, ConfigError> {
     let mut de = serde_json::Deserializer::from_slice(json);
     let raw: RawPolicy = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let field = if path == "." { String::new() } else { path };
+        // "." is the document itself, "?" a place a syntax error left unknown: no field to name.
+        let field = if path == "." || path == "?" {
+            String::new()
+        } else {
+            path
+        };
         err(field, e.into_inner().to_string())
     })?;
     validate(raw)
