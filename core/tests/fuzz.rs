@@ -183,7 +183,7 @@ fn check_error(bytes: &[u8], error: &ConfigError) -> Result<(), TestCaseError> {
     let known = TOP_LEVEL.contains(&first.as_str())
         || object.as_ref().is_some_and(|o| {
             o.keys()
-                .any(|k| !k.is_empty() && error.field.starts_with(k.as_str()))
+                .any(|k| !k.is_empty() && error.field.starts_with(&escaped(k)))
         })
         // not an object: an array's `[0]...`, or the key where the parser stopped
         || (object.is_none()
@@ -193,6 +193,19 @@ fn check_error(bytes: &[u8], error: &ConfigError) -> Result<(), TestCaseError> {
                     .contains(&first.replace('\\', ""))));
     prop_assert!(known, "{message:?}: the path does not start with a field");
     Ok(())
+}
+
+/// A key as an error message writes it: control characters escaped, one line.
+fn escaped(key: &str) -> String {
+    key.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A well-formed JSON object that the parser refuses must name a field: what was wrong where.
@@ -1168,6 +1181,17 @@ fn a_corrupt_record_with_an_endless_wait_is_denied_without_overflow() {
             "{evaluation:?}"
         );
     }
+}
+
+/// A field name holding a newline (`"cli\nt_ip"`, valid JSON) made a message of two log lines.
+#[test]
+fn an_unknown_field_with_a_newline_is_one_line() {
+    let error = sluice_core::parse(br#"{"cli\nt_ip": 1, "rules": []}"#).unwrap_err();
+    assert!(!error.to_string().contains('\n'), "{error}");
+    assert!(
+        error.to_string().starts_with(r"cli\nt_ip: unknown field"),
+        "{error}"
+    );
 }
 
 /// A syntax error has no field: the message was "?: EOF while parsing…", naming a field "?".

@@ -340,9 +340,26 @@ pub fn parse(json: &[u8]) -> Result<Policy, ConfigError> {
         } else {
             path
         };
-        err(field, e.into_inner().to_string())
+        // A field name may hold any character: the message stays one log line.
+        err(one_line(field), one_line(e.into_inner().to_string()))
     })?;
     validate(raw)
+}
+
+/// `text` with control characters escaped (`\n`), as `{:?}` writes them.
+fn one_line(text: String) -> String {
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
