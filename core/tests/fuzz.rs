@@ -20,6 +20,7 @@ use sluice_core::config::ConfigError;
 use sluice_core::key::MAX_KEY_BYTES;
 use sluice_core::policy::HeaderStyle;
 use sluice_core::proxy_sync::{self, SyncState};
+use sluice_core::round;
 use sluice_core::shed::{self, Gauge, Pressure, Samples};
 use sluice_core::store::{Store, StoreError};
 use sluice_core::table::{KeyHasher, Record, Table};
@@ -795,10 +796,18 @@ impl Store for Recording {
 
 /// Drives the limiter, the exchange, the sync and shedding over the store, as the filter would.
 fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
+    let mut pending = sluice_core::pending::Pending::default();
     for (i, req) in requests().into_iter().enumerate() {
         let now = now + i as u64 * 250_000;
         let mut r = req.clone();
         let evaluation = limiter.decide(&mut r, conditions(now), store);
+        if i % 2 == 0 {
+            // Waits for the round at the end.
+            for (rule, key) in evaluation.newly_unsynced {
+                pending.push(rule, key);
+            }
+            continue;
+        }
         for (rule, key) in &evaluation.newly_unsynced {
             let _ = proxy_sync::snapshot(limiter, *rule, key, store);
             let grant = sluice_core::protocol::Grant {
@@ -836,6 +845,40 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
             let _ = shed::tick(shedding, &mut samples, now, 0.5, store);
             let _ = shed::load_report(shedding, store);
         }
+    }
+    // A round: the batch composed from the records, answered (one entry refused), settled;
+    // and one that fails, undone.
+    let later = now + 2 * SECOND;
+    if let Some(batch) = round::compose(limiter, &mut pending, "p1", 100, store) {
+        let grants = (0..batch.request.entries.len())
+            .map(|i| sluice_core::protocol::Grant {
+                tokens: 3,
+                ttl_ms: 500,
+                remaining: 9,
+                reset_ms: 1_000,
+                refused: (i == 0).then(|| "entries[0].key: too long".to_string()),
+            })
+            .collect();
+        let response = sluice_core::protocol::SyncResponse {
+            grants,
+            hints: Default::default(),
+        };
+        let _ = round::settle(limiter, &batch, &response, later, store);
+    }
+    for req in requests() {
+        let mut r = req;
+        for (rule, key) in limiter
+            .decide(&mut r, conditions(later), store)
+            .newly_unsynced
+        {
+            pending.push(rule, key);
+        }
+    }
+    if let (Some(batch), Some(service)) = (
+        round::compose(limiter, &mut pending, "p1", 100, store),
+        &limiter.policy().service,
+    ) {
+        let _ = round::undo(limiter, &batch, service, later, 0.5, store);
     }
 }
 
