@@ -189,7 +189,7 @@ fn check_error(bytes: &[u8], error: &ConfigError) -> Result<(), TestCaseError> {
         // not an object: an array's `[0]...`, or the key where the parser stopped
         || (object.is_none()
             && (first.is_empty()
-                || String::from_utf8_lossy(bytes)
+                || escaped(&String::from_utf8_lossy(bytes))
                     .replace('\\', "")
                     .contains(&first.replace('\\', ""))));
     prop_assert!(known, "{message:?}: the path does not start with a field");
