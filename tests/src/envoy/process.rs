@@ -277,6 +277,25 @@ impl Envoy {
         }
     }
 
+    /// Envoy's release as (major, minor, patch), from its admin `/server_info` (`"version":
+    /// "<commit>/1.40.0/Clean/RELEASE/BoringSSL"`): for the few expectations that differ between the supported
+    /// releases.
+    pub fn version(&self) -> Result<(u32, u32, u32)> {
+        let reply = get(&agent(), &self.admin_url("/server_info"), &[])?;
+        if reply.status != 200 {
+            bail!("GET /server_info answered {}: {}", reply.status, reply.body);
+        }
+        let info = reply.json()?;
+        let full = info["version"].as_str().unwrap_or_default();
+        full.split('/')
+            .nth(1)
+            .and_then(|release| {
+                let mut parts = release.split('.').map(|p| p.parse::<u32>().ok());
+                Some((parts.next()??, parts.next()??, parts.next()??))
+            })
+            .with_context(|| format!("no release in /server_info's version {full:?}"))
+    }
+
     /// Whether the process is running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
