@@ -117,7 +117,7 @@ async fn overloaded(error: BoxError) -> AppError {
 /// framework answered itself (405 on a known route) gets the JSON body of every other error.
 async fn report_errors(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    let path = crate::error::loggable(request.uri().path());
     let mut response = next.run(request).await;
     let status = response.status();
     if (status.is_client_error() || status.is_server_error())

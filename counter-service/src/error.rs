@@ -143,8 +143,56 @@ impl IntoResponse for AppError {
         }
         response.extensions_mut().insert(ErrorReport {
             kind: self.kind(),
-            detail: self.detail(),
+            detail: loggable(&self.detail()),
         });
         response
+    }
+}
+
+/// Most characters of client-controlled text one log line carries.
+const MAX_LOGGED_CHARS: usize = 512;
+
+/// Text as it may go into a log line: control characters escaped (a client cannot start a
+/// line of its own) and at most [`MAX_LOGGED_CHARS`] characters (nor fill the log).
+pub fn loggable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_LOGGED_CHARS));
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX_LOGGED_CHARS {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_text_is_one_bounded_log_line() {
+        let forged = "bad\nWARN forged line\r\u{1b}[31m";
+        let logged = loggable(forged);
+        assert!(!logged.chars().any(char::is_control), "{logged}");
+        assert!(logged.contains("\\n") && logged.contains("\\u{1b}"), "{logged}");
+
+        let long = "x".repeat(10 * MAX_LOGGED_CHARS);
+        assert_eq!(loggable(&long).chars().count(), MAX_LOGGED_CHARS + 3);
+        assert_eq!(loggable("plain text"), "plain text");
+    }
+
+    #[test]
+    fn an_error_response_reports_its_detail_escaped() {
+        let error = AppError::invalid("entries[0].key", "line\nbreak");
+        let response = error.into_response();
+        let report = response.extensions().get::<ErrorReport>().cloned();
+        let detail = report.map(|r| r.detail).unwrap_or_default();
+        assert!(detail.contains("entries[0].key"), "{detail}");
+        assert!(!detail.contains('\n'), "{detail}");
     }
 }
