@@ -179,7 +179,10 @@ mod tests {
         let forged = "bad\nWARN forged line\r\u{1b}[31m";
         let logged = loggable(forged);
         assert!(!logged.chars().any(char::is_control), "{logged}");
-        assert!(logged.contains("\\n") && logged.contains("\\u{1b}"), "{logged}");
+        assert!(
+            logged.contains("\\n") && logged.contains("\\u{1b}"),
+            "{logged}"
+        );
 
         let long = "x".repeat(10 * MAX_LOGGED_CHARS);
         assert_eq!(loggable(&long).chars().count(), MAX_LOGGED_CHARS + 3);
