@@ -310,12 +310,24 @@ fn interval(limit: &Limit) -> f64 {
     limit.period().micros() as f64 / limit.requests() as f64
 }
 
+/// A theoretical arrival time (or a next slot) is never more than `capacity` ahead of the clock
+/// that set it: further ahead by more than [`crate::bucket::CLOCK_STEP_US`], the clock was
+/// stepped back, and it is taken as `capacity` ahead (no room now, room again at the rate from
+/// now) rather than refusing until the clock is back where it was.
+fn stepped_back(tat: f64, now: f64, capacity: f64) -> f64 {
+    if tat - now > capacity + crate::bucket::CLOCK_STEP_US as f64 {
+        now + capacity
+    } else {
+        tat
+    }
+}
+
 /// GCRA: admitted when the theoretical arrival time after it is within `burst` intervals.
 fn gcra(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
     let t = interval(limit);
     let now = now_us as f64;
     let capacity = limit.burst() as f64 * t;
-    let tat = b.tokens.max(now);
+    let tat = stepped_back(b.tokens, now, capacity).max(now);
     let next = tat + cost as f64 * t;
     let allowed = next - now <= capacity;
     let after = if allowed && spend { next } else { tat };
@@ -342,7 +354,7 @@ fn leaky(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verd
     let now = now_us as f64;
     let shaping = limit.shaping();
     let capacity = limit.burst() as f64 * t;
-    let slot = b.tokens.max(now);
+    let slot = stepped_back(b.tokens, now, capacity).max(now);
     let next = slot + cost as f64 * t;
     let wait = (slot - shaping.delay as f64 * t - now).max(0.0);
     let max_wait = shaping.max_delay_ms as f64 * 1_000.0;
@@ -509,4 +521,34 @@ fn sliding(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Ve
         delay_us: 0,
     };
     (verdict, s.pack())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::Period;
+
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn gcra_after_a_clock_stepped_back_admits_at_its_rate_from_the_new_time() {
+        let limit = Limit::new(10, Period::Second, Some(2)).unwrap().gcra();
+        let t = 1_700_000_000 * S;
+        let mut b = Bucket::fresh(&limit, t);
+        for _ in 0..2 {
+            let (verdict, next) = b.admit(&limit, t, 1);
+            assert!(verdict.allowed);
+            b = next;
+        }
+        assert!(!b.admit(&limit, t, 1).0.allowed, "the burst is spent");
+        assert!(
+            !b.admit(&limit, t - S / 2, 1).0.allowed,
+            "half a second back: as it was"
+        );
+        let back = t - 86_400 * S;
+        let (verdict, b) = b.admit(&limit, back, 1);
+        assert!(!verdict.allowed, "a step back frees nothing");
+        assert_eq!(verdict.retry_after_us, S / 10, "one interval, not a day");
+        assert!(b.admit(&limit, back + S / 10, 1).0.allowed);
+    }
 }

@@ -20,10 +20,15 @@ pub enum BreakerState {
 }
 
 impl Breaker {
+    /// The longest a breaker opens: the longest cool-down (`service.breaker_cooldown_ms`, an
+    /// hour) with the most jitter (1.5). Open further ahead means the clock was stepped back
+    /// since it opened: it is half-open now, not when the clock is back where it was.
+    pub const MAX_OPEN_US: u64 = 3_600_000_000 * 3 / 2;
+
     pub fn state(&self, threshold: u32, now_us: u64) -> BreakerState {
         if self.failures < threshold {
             BreakerState::Closed
-        } else if now_us < self.open_until_us {
+        } else if now_us < self.open_until_us && self.open_until_us - now_us <= Self::MAX_OPEN_US {
             BreakerState::Open
         } else {
             BreakerState::HalfOpen
@@ -78,5 +83,23 @@ mod tests {
         );
         b.succeeded();
         assert!(b.service_up(3, 2_000));
+    }
+
+    #[test]
+    fn a_clock_stepped_back_does_not_keep_it_open() {
+        let mut b = Breaker::default();
+        let day = 86_400_000_000;
+        b.failed(1, 10 * day, 2_000_000, 1.0);
+        assert_eq!(b.state(1, 10 * day + 1_000_000), BreakerState::Open);
+        assert_eq!(
+            b.state(1, 10 * day - 1_000_000),
+            BreakerState::Open,
+            "a second back: still open"
+        );
+        assert_eq!(
+            b.state(1, 9 * day),
+            BreakerState::HalfOpen,
+            "a day back: a probe now, not in a day"
+        );
     }
 }

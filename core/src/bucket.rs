@@ -5,6 +5,10 @@
 
 use crate::limit::Limit;
 
+/// A stamp further ahead of the clock than this means the clock was stepped back (not two
+/// workers reading it microseconds apart): one second.
+pub const CLOCK_STEP_US: u64 = 1_000_000;
+
 /// The state of one bucket: tokens left at `stamp_us`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bucket {
@@ -36,9 +40,18 @@ impl Bucket {
     }
 
     /// The bucket at `now_us`: refilled for the time since `stamp_us`, never above the burst.
-    /// A clock that went backwards refills nothing.
+    /// A clock that went backwards refills nothing: by less than [`CLOCK_STEP_US`] (workers
+    /// reading the clock microseconds apart) the stamp stays, so no time is refilled twice; by
+    /// more (the clock was stepped back) the stamp moves back to `now_us`, tokens kept, so the
+    /// bucket refills again from now instead of refusing until the clock is back where it was.
     pub fn refilled(self, limit: &Limit, now_us: u64) -> Bucket {
         if now_us <= self.stamp_us {
+            if self.stamp_us - now_us > CLOCK_STEP_US {
+                return Bucket {
+                    stamp_us: now_us,
+                    ..self
+                };
+            }
             return self;
         }
         let elapsed = (now_us - self.stamp_us) as f64;
@@ -139,6 +152,24 @@ mod tests {
             stamp_us: 5 * SECOND,
         };
         assert_eq!(bucket.refilled(&limit, 4 * SECOND), bucket);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_refills_from_its_new_time_not_after_catching_up() {
+        let limit = Limit::new(10, Period::Second, Some(10)).unwrap();
+        let empty = Bucket {
+            tokens: 0.0,
+            stamp_us: 1_700_000_000 * SECOND,
+        };
+        // Stepped back a year: the bucket keeps its tokens and refills from the new time.
+        let back = 1_700_000_000 * SECOND - 365 * 86_400 * SECOND;
+        let (verdict, next) = empty.take(&limit, back, 1);
+        assert!(!verdict.allowed, "no token appears from a step back");
+        assert_eq!(next.stamp_us, back);
+        let (verdict, _) = next.take(&limit, back + SECOND / 10, 1);
+        assert!(verdict.allowed, "a tenth of a second later, one token");
+        let (verdict, _) = empty.take(&limit, 1_700_000_000 * SECOND - SECOND / 2, 1);
+        assert!(!verdict.allowed, "half a second back: the stamp stays");
     }
 
     proptest! {

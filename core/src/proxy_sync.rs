@@ -153,11 +153,19 @@ pub fn claim_round(
     // Most ticks find the round not due: they read and write nothing back.
     store::update(store, STATE_KEY, |bytes| {
         let mut state = SyncState::decode(bytes);
-        let due = now_us >= state.next_at_us && now_us >= state.busy_until_us;
+        let interval_us = state.effective_interval_ms(configured_interval_ms) * 1_000;
+        // A next round further ahead than an interval (and a second, for workers that read
+        // the clock a moment apart): the clock was stepped back since it was set; the round is
+        // due now, not when the clock is back where it was.
+        let stepped_back = state.next_at_us
+            > now_us
+                .saturating_add(interval_us)
+                .saturating_add(crate::bucket::CLOCK_STEP_US);
+        let due = (now_us >= state.next_at_us || stepped_back) && now_us >= state.busy_until_us;
         if !due || !state.breaker.may_call(breaker_threshold, now_us) {
             return (None, false);
         }
-        state.next_at_us = now_us + state.effective_interval_ms(configured_interval_ms) * 1_000;
+        state.next_at_us = now_us + interval_us;
         state.busy_until_us = now_us + busy_us;
         // A counter read from shared data, possibly corrupt: it wraps, never panics.
         state.rounds = state.rounds.wrapping_add(1);
@@ -392,6 +400,26 @@ mod tests {
             t + 90_000,
             "asked late: now, not earlier"
         );
+    }
+
+    #[test]
+    fn a_clock_stepped_back_claims_now_not_when_it_is_back() {
+        let mut store = MemoryStore::default();
+        let t = 100_000_000;
+        assert!(claim_round(&mut store, t, 100, 50_000, 1).is_some());
+        update_state(&mut store, |s| s.busy_until_us = 0).unwrap();
+        assert!(
+            claim_round(&mut store, t + 50_000, 100, 50_000, 1).is_none(),
+            "within the interval"
+        );
+        assert!(
+            claim_round(&mut store, t - 600_000, 100, 50_000, 1).is_none(),
+            "back by less than a second: as scheduled"
+        );
+        let back = t - 30_000_000;
+        let claimed = claim_round(&mut store, back, 100, 50_000, 1);
+        assert!(claimed.is_some(), "back 30 s: due now");
+        assert_eq!(read_state(&mut store).next_at_us, back + 100_000);
     }
 
     #[test]

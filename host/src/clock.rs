@@ -72,6 +72,14 @@ impl VirtualClock {
         }
     }
 
+    /// Steps wall time to `to` and leaves monotonic time alone: a wall-clock jump, forward or
+    /// back, as an operator or NTP makes one (timers and callout timeouts run on monotonic
+    /// time, so they do not notice).
+    pub fn jump(&self, to: SystemTime) {
+        self.wall_nanos
+            .store(nanos_since_epoch(to), Ordering::SeqCst);
+    }
+
     /// Moves forward until monotonic time reads `monotonic_nanos` (no-op if already past it).
     pub(crate) fn advance_to_monotonic(&self, monotonic_nanos: u64) {
         let now = self.monotonic_nanos();
@@ -111,5 +119,12 @@ mod tests {
         );
         clock.set(start + Duration::from_secs(10));
         assert_eq!(clock.monotonic(), Duration::from_millis(11_500));
+        clock.jump(start + Duration::from_secs(70));
+        assert_eq!(clock.now(), start + Duration::from_secs(70));
+        assert_eq!(
+            clock.monotonic(),
+            Duration::from_millis(11_500),
+            "a jump moves wall time only"
+        );
     }
 }
