@@ -6,8 +6,6 @@
 //! `cargo run -p sluice-tests --bin accuracy -- [interval_ms ...]` (needs the release filter and
 //! service builds and `redis-server`; `make bench-accuracy` does it all). Prints a markdown table.
 
-use std::collections::HashSet;
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -18,6 +16,10 @@ use sluice_host::{
 };
 use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
+
+#[path = "../tests/support/bridge.rs"]
+mod bridge;
+use bridge::{Bridge, Rng};
 
 const PROXIES: usize = 4;
 const WORKERS: usize = 2;
@@ -38,17 +40,6 @@ const PHASES: [(f64, [f64; PROXIES]); 6] = [
 ];
 
 /// A small deterministic generator (xorshift64*), so every run sees the same arrivals.
-struct Rng(u64);
-
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Poisson arrivals per proxy and phase: (microseconds from the start, proxy).
 fn arrivals(seed: u64) -> Vec<(u64, usize)> {
     let mut rng = Rng(seed);
@@ -94,14 +85,6 @@ struct Outcome {
     series: Vec<(u64, bool, bool)>,
 }
 
-/// A callout forwarded to the service, and its answer.
-struct Answer {
-    proxy: usize,
-    token: u32,
-    status: u16,
-    body: Vec<u8>,
-}
-
 fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) -> Result<Outcome> {
     let clock = VirtualClock::starting_at(SystemTime::now());
     let proxies: Vec<Proxy> = (0..PROXIES)
@@ -117,45 +100,7 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         .collect::<Result<_>>()?;
 
     // Callouts go to the service on a few threads, so a slow answer never stalls arrivals.
-    let (jobs, job_rx) = job_channel();
-    let (answers, answer_rx) = mpsc::channel::<Answer>();
-    let url = service.url();
-    let token = service.token().to_string();
-    let mut pool = Vec::new();
-    for _ in 0..4 {
-        let job_rx = job_rx.clone();
-        let answers = answers.clone();
-        let url = url.clone();
-        let token = token.clone();
-        pool.push(thread::spawn(move || {
-            let agent = ureq::Agent::new_with_config(
-                ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .timeout_global(Some(Duration::from_secs(2)))
-                    .build(),
-            );
-            while let Ok((proxy, call_token, path, body)) = recv(&job_rx) {
-                let reply = agent
-                    .post(&format!("{url}{path}"))
-                    .header("authorization", &format!("Bearer {token}"))
-                    .header("content-type", "application/json")
-                    .send(&body[..]);
-                let (status, body) = match reply {
-                    Ok(mut r) => (
-                        r.status().as_u16(),
-                        r.body_mut().read_to_vec().unwrap_or_default(),
-                    ),
-                    Err(_) => (503, Vec::new()),
-                };
-                let _ = answers.send(Answer {
-                    proxy,
-                    token: call_token,
-                    status,
-                    body,
-                });
-            }
-        }));
-    }
+    let mut bridge = Bridge::new(&service.url(), service.token(), 4, Duration::from_secs(2));
 
     let arrivals = arrivals(seed);
     let limit = Limit::new(RATE, Period::Second, Some(BURST)).map_err(anyhow::Error::msg)?;
@@ -165,40 +110,20 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
             .map_or(0, |d| d.as_micros() as u64)
     };
     let mut exact_bucket: Option<Bucket> = None;
-    let mut forwarded: HashSet<(usize, u32)> = HashSet::new();
     let (mut exact, mut admitted) = (0u64, 0u64);
     let mut per_phase = vec![(0u64, 0u64); PHASES.len()];
     let mut next_worker = [0usize; PROXIES];
     let mut series = Vec::with_capacity(arrivals.len());
 
-    let pump = |proxies: &[Proxy], forwarded: &mut HashSet<(usize, u32)>| -> Result<()> {
-        clock.set(SystemTime::now());
-        for (i, proxy) in proxies.iter().enumerate() {
-            proxy.fire_due().map_err(|e| anyhow::anyhow!("{e}"))?;
-            for call in proxy.pending_calls() {
-                if forwarded.insert((i, call.token)) {
-                    let path = call.header(":path").unwrap_or("/").to_string();
-                    send(&jobs, (i, call.token, path, call.body.clone()));
-                }
-            }
-        }
-        while let Ok(answer) = answer_rx.try_recv() {
-            clock.set(SystemTime::now());
-            let proxy = &proxies[answer.proxy];
-            let _ = proxy.answer_call(answer.token, answer.status as u32, &[], &answer.body);
-            forwarded.remove(&(answer.proxy, answer.token));
-        }
-        Ok(())
-    };
-
+    let set_clock = || clock.set(SystemTime::now());
     for (at_us, proxy) in &arrivals {
         let due = start + Duration::from_micros(*at_us);
         while Instant::now() < due {
-            pump(&proxies, &mut forwarded)?;
+            bridge.pump(&proxies, &set_clock)?;
             let left = due.saturating_duration_since(Instant::now());
             thread::sleep(left.min(Duration::from_micros(500)));
         }
-        pump(&proxies, &mut forwarded)?;
+        bridge.pump(&proxies, &set_clock)?;
         // The exact limiter sees the same arrival at the time the filter saw it (when this
         // loop runs late on a busy machine, both see the same late time).
         let t = epoch_us(clock.now());
@@ -228,10 +153,7 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         let _ = exchange.finish();
         p.forget_finished();
     }
-    drop(jobs);
-    for t in pool {
-        let _ = t.join();
-    }
+    bridge.finish();
     let syncs = proxies
         .iter()
         .map(|p| p.metric("sluice.sync.ok").unwrap_or(0))
@@ -258,23 +180,6 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
 
 /// Where every run's arrivals go, for `bench/plot_accuracy.py`: `interval_ms,at_us,exact,fleet`.
 const SERIES_CSV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/accuracy-series.csv");
-
-type Job = (usize, u32, String, Vec<u8>);
-type JobRx = std::sync::Arc<std::sync::Mutex<mpsc::Receiver<Job>>>;
-
-fn job_channel() -> (mpsc::Sender<Job>, JobRx) {
-    let (tx, rx) = mpsc::channel();
-    (tx, std::sync::Arc::new(std::sync::Mutex::new(rx)))
-}
-
-fn send(tx: &mpsc::Sender<Job>, job: Job) {
-    let _ = tx.send(job);
-}
-
-fn recv(rx: &JobRx) -> Result<Job, mpsc::RecvError> {
-    let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
-    guard.recv()
-}
 
 fn main() -> Result<()> {
     let intervals: Vec<u64> = std::env::args()

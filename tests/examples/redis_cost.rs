@@ -11,8 +11,6 @@
 //! the release filter and service builds and `redis-server`; `make bench-redis` does it all).
 //! Prints markdown tables.
 
-use std::collections::HashSet;
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,6 +21,10 @@ use sluice_host::{
 };
 use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
+
+#[path = "../tests/support/bridge.rs"]
+mod bridge;
+use bridge::{Bridge, Rng};
 
 const WORKERS: usize = 2;
 /// Threads forwarding the proxies' callouts to the service (strict checks wait on them).
@@ -92,17 +94,6 @@ fn options() -> Result<Options> {
 }
 
 /// A small deterministic generator (xorshift64*), so every run sees the same arrivals.
-struct Rng(u64);
-
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Keys {
     Zipf,
@@ -227,22 +218,6 @@ struct Outcome {
     seconds: f64,
 }
 
-/// A callout forwarded to the service, and its answer.
-struct Answer {
-    proxy: usize,
-    token: u32,
-    status: u16,
-    body: Vec<u8>,
-}
-
-type Job = (usize, u32, String, Vec<u8>);
-type JobRx = std::sync::Arc<std::sync::Mutex<mpsc::Receiver<Job>>>;
-
-fn recv(rx: &JobRx) -> Result<Job, mpsc::RecvError> {
-    let guard = rx.lock().unwrap_or_else(|p| p.into_inner());
-    guard.recv()
-}
-
 /// Counts a request that is no longer waiting; false while it waits.
 fn settle(exchange: &Exchange, counts: &mut (u64, u64, u64)) -> Result<bool> {
     match exchange.state().map_err(|e| anyhow::anyhow!("{e}"))? {
@@ -282,65 +257,13 @@ fn run(
         .collect::<Result<_>>()?;
     let key_names: Vec<String> = (0..o.keys).map(|k| format!("key-{k}")).collect();
 
-    let (jobs, job_rx) = mpsc::channel::<Job>();
-    let job_rx: JobRx = std::sync::Arc::new(std::sync::Mutex::new(job_rx));
-    let (answers, answer_rx) = mpsc::channel::<Answer>();
-    let mut pool = Vec::new();
-    for _ in 0..CALLERS {
-        let job_rx = job_rx.clone();
-        let answers = answers.clone();
-        let url = service.url();
-        let token = service.token().to_string();
-        pool.push(thread::spawn(move || {
-            let agent = ureq::Agent::new_with_config(
-                ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .timeout_global(Some(Duration::from_secs(2)))
-                    .build(),
-            );
-            while let Ok((proxy, call_token, path, body)) = recv(&job_rx) {
-                let reply = agent
-                    .post(&format!("{url}{path}"))
-                    .header("authorization", &format!("Bearer {token}"))
-                    .header("content-type", "application/json")
-                    .send(&body[..]);
-                let (status, body) = match reply {
-                    Ok(mut r) => (
-                        r.status().as_u16(),
-                        r.body_mut().read_to_vec().unwrap_or_default(),
-                    ),
-                    Err(_) => (503, Vec::new()),
-                };
-                let _ = answers.send(Answer {
-                    proxy,
-                    token: call_token,
-                    status,
-                    body,
-                });
-            }
-        }));
-    }
-
-    let mut forwarded: HashSet<(usize, u32)> = HashSet::new();
-    let pump = |forwarded: &mut HashSet<(usize, u32)>| -> Result<()> {
-        clock.set(SystemTime::now());
-        for (i, proxy) in proxies.iter().enumerate() {
-            proxy.fire_due().map_err(|e| anyhow::anyhow!("{e}"))?;
-            for call in proxy.pending_calls() {
-                if forwarded.insert((i, call.token)) {
-                    let path = call.header(":path").unwrap_or("/").to_string();
-                    let _ = jobs.send((i, call.token, path, call.body.clone()));
-                }
-            }
-        }
-        while let Ok(answer) = answer_rx.try_recv() {
-            clock.set(SystemTime::now());
-            let proxy = &proxies[answer.proxy];
-            let _ = proxy.answer_call(answer.token, u32::from(answer.status), &[], &answer.body);
-            forwarded.remove(&(answer.proxy, answer.token));
-        }
-        Ok(())
-    };
+    let mut bridge = Bridge::new(
+        &service.url(),
+        service.token(),
+        CALLERS,
+        Duration::from_secs(2),
+    );
+    let set_clock = || clock.set(SystemTime::now());
 
     let entries_before = service_counter(service, "sluice_sync_entries_total");
     let before = redis_stats(redis)?;
@@ -351,11 +274,11 @@ fn run(
     for &(at_us, proxy, rank) in arrivals {
         let due = start + Duration::from_micros(at_us);
         while Instant::now() < due {
-            pump(&mut forwarded)?;
+            bridge.pump(&proxies, &set_clock)?;
             let left = due.saturating_duration_since(Instant::now());
             thread::sleep(left.min(Duration::from_micros(500)));
         }
-        pump(&mut forwarded)?;
+        bridge.pump(&proxies, &set_clock)?;
         let worker = next_worker[proxy];
         next_worker[proxy] = (worker + 1) % WORKERS;
         let p = &proxies[proxy];
@@ -386,7 +309,7 @@ fn run(
     let end = Instant::now();
     let settle_until = end + SETTLE.min(Duration::from_millis(o.interval_ms * 5 + 500));
     while Instant::now() < settle_until {
-        pump(&mut forwarded)?;
+        bridge.pump(&proxies, &set_clock)?;
         let mut still = Vec::with_capacity(waiting.len());
         for e in waiting.drain(..) {
             if !settle(&e, &mut counts)? {
@@ -400,10 +323,7 @@ fn run(
         counts.2 += 1;
         let _ = e.finish();
     }
-    drop(jobs);
-    for t in pool {
-        let _ = t.join();
-    }
+    bridge.finish();
     let after = redis_stats(redis)?;
     let seconds = end.duration_since(start).as_secs_f64();
     let entries_after = service_counter(service, "sluice_sync_entries_total");
