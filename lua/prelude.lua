@@ -67,7 +67,8 @@ local function leases(key, flat, fields, now, except, stale_before)
             lease_end = expiry
           end
         elseif stale_before ~= nil and expiry <= stale_before then
-          redis.call('HDEL', key, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
+          redis.call('HDEL', key, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q,
+            'r:' .. q)
         end
       end
     end
@@ -137,7 +138,8 @@ local function load_leases(key, now, except, stale_before)
           end
         elseif stale_before ~= nil and expiry <= stale_before then
           local q = string.sub(field, 3)
-          redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
+          redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q,
+            'r:' .. q)
         end
       end
     elseif b2 == 58 and b1 == 120 then
@@ -152,6 +154,30 @@ local function load_leases(key, now, except, stale_before)
     end
   end
   return fields, mine, reserved, unreported, demand, lease_end, older
+end
+
+-- Whether a proxy's report labeled with its round (epoch, counter: the two halves of the
+-- entry's `round`, each below 2^32, so exact as Lua numbers) is new on a key whose r:q field is
+-- `stored` ("<epoch> <counter>" of the last report applied there, nil if none): the same epoch
+-- and a higher counter, or another epoch (the proxy started its rounds over). A report without
+-- a label (0 0, from an older proxy) is always new. One that is not new was applied before (a
+-- batch resent after its answer was lost): the scripts then count nothing and answer the grant.
+-- r:q lives and is deleted with the proxy's lease fields (see `leases` and `load_leases`).
+local function round_is_new(stored, epoch, counter)
+  if (epoch == 0 and counter == 0) or stored == nil then
+    return true
+  end
+  local e, c = string.match(stored, '^(%d+) (%d+)$')
+  e, c = tonumber(e), tonumber(c)
+  if e == nil or c == nil or e ~= epoch then
+    return true
+  end
+  return counter > c
+end
+
+-- The r:q text of a round.
+local function round_text(epoch, counter)
+  return string.format('%d %d', epoch, counter)
 end
 
 -- The stored bucket of a loaded hash (tokens, ts), or, for a new key, a full one (`burst`)

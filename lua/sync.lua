@@ -6,18 +6,25 @@
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
 --       interval_ms, grant_ttl_ms, report_window_ms, entry count,
---       then per entry: n_limits, spent, denied, then n_limits x (requests, period_ms, burst).
+--       then per entry: n_limits, spent, denied, epoch, counter (its round: 0 0 when the proxy
+--       sends none), then n_limits x (requests, period_ms, burst).
 --       The service has clamped interval_ms to its bounds and cut spent and denied to what the
 --       entry's limits make possible over report_window_ms (the longest time one report may
 --       cover: the lease lifetime plus an outage allowance).
--- Returns: a flat array of integers, four per entry in order: grant, ttl_ms, remaining, reset_ms.
+-- Returns: a flat array of integers, five per entry in order: grant, ttl_ms, remaining, reset_ms,
+--   and 1 if the entry was a replay of a report already applied (nothing counted), else 0.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field p:p,
 -- "g x d s": its outstanding grant, the grant's expiry (us), its demand (tokens/s) and its last
 -- sync (us). A key written by an older version holds them in four fields, g:p, x:p, d:p, s:p:
--- they are read the same, and a proxy's own are replaced by its p:p at its next sync.
+-- they are read the same, and a proxy's own are replaced by its p:p at its next sync. A proxy
+-- that labels its reports with rounds also has r:p, "<epoch> <counter>", the last round applied
+-- on the key (prelude's round_is_new): a report that is not newer is a replay of one already
+-- applied (its answer was lost), and counts nothing. It is a field of its own, not a fifth
+-- number in p:p, so that a replica still running the previous version of this script reads
+-- p:p as before while replicas are upgraded one by one.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_leases, lease_text, lease_numbers, stored_bucket, refill_bucket, ms_to_full, expire_key,
+-- load_leases, lease_text, lease_numbers, round_is_new, round_text, stored_bucket, refill_bucket, ms_to_full, expire_key,
 -- whole_remaining and proxy_demand.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
@@ -44,6 +51,7 @@ local x_field = 'x:' .. proxy
 local w_field = 'w:' .. proxy
 local d_field = 'd:' .. proxy
 local s_field = 's:' .. proxy
+local r_field = 'r:' .. proxy
 
 local result = {}
 local arg = 7
@@ -52,7 +60,11 @@ for _ = 1, count do
   local n = tonumber(ARGV[arg])
   local spent = tonumber(ARGV[arg + 1])
   local denied = tonumber(ARGV[arg + 2])
-  arg = arg + 3
+  local epoch = tonumber(ARGV[arg + 3])
+  local counter = tonumber(ARGV[arg + 4])
+  arg = arg + 5
+  -- whether this report is new (decided on the entry's first key: all are written together)
+  local new = true
 
   local limits = {}
   local last_sync, previous = nil, nil
@@ -65,12 +77,15 @@ for _ = 1, count do
     arg = arg + 3
     -- the most one report can debit from this limit, and so the deepest its debt may go
     local most = burst + requests * report_window_ms / period_ms
-    local debit = math.min(spent, most)
     -- the unexpired leases of the other proxies, and an estimate of what they spent from them
     -- since their last sync; the fields of proxies silent for a grant TTL are dropped
     local fields, mine, others, unreported, others_demand, _, older =
       load_leases(key, now, proxy, stale_before)
     if i == 1 then
+      new = round_is_new(fields[r_field], epoch, counter)
+      if not new then
+        spent, denied = 0, 0
+      end
       if mine ~= nil then
         local _, _, d, s = lease_numbers(mine)
         last_sync, previous = s, d
@@ -78,6 +93,7 @@ for _ = 1, count do
         last_sync, previous = tonumber(fields[s_field]), tonumber(fields[d_field])
       end
     end
+    local debit = math.min(spent, most)
     -- 1. refill (a new key starts full), then debit what the proxy spent since its last sync.
     -- The stored tokens still hold what proxies spent and have not reported yet (this proxy's
     -- `spent`, the others' estimate): the burst caps the tokens without them, so a refill is
@@ -144,7 +160,12 @@ for _ = 1, count do
   local lease = lease_text(grant, now + grant_ttl_us, demand, now)
   for i = 1, n do
     local l = limits[i]
-    redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease)
+    if new and (epoch ~= 0 or counter ~= 0) then
+      redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease, r_field,
+        round_text(epoch, counter))
+    else
+      redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease)
+    end
     if l.older then
       redis.call('HDEL', l.key, g_field, x_field, w_field, d_field, s_field)
     end
@@ -163,6 +184,11 @@ for _ = 1, count do
   result[#result + 1] = grant_ttl_ms
   result[#result + 1] = whole_remaining(remaining)
   result[#result + 1] = reset_ms
+  if new then
+    result[#result + 1] = 0
+  else
+    result[#result + 1] = 1
+  end
 end
 
 return result

@@ -44,25 +44,29 @@
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>/<algorithm>[/<calendar>]
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
 --       interval_ms, grant_ttl_ms, report_window_ms, entry count,
---       then per entry: n_limits, spent, denied, then n_limits x (requests, period_ms, window),
+--       then per entry: n_limits, spent, denied, epoch, counter (its round, as sync.lua), then
+--       n_limits x (requests, period_ms, window),
 --       the window one of fixed, week, month, sliding (as window.lua). The service has clamped
 --       interval_ms and cut spent and denied to what the entry's limits make possible over
 --       report_window_ms (as for sync.lua).
--- Returns: a flat array of integers, four per entry in order: grant, ttl_ms, remaining,
---   reset_ms, from the limit with the fewest requests left:
+-- Returns: a flat array of integers, five per entry in order: grant, ttl_ms, remaining,
+--   reset_ms, from the limit with the fewest requests left, and 1 if the entry was a replay of
+--   a report already applied (nothing counted; as sync.lua), else 0:
 --   remaining: whole requests left in the window once the report is counted (the lease is not
 --     subtracted: the proxy subtracts what it spends from it, as for a token bucket);
 --   reset_ms: core's Verdict.reset_us once the leases are spent: until the window ends (fixed),
 --     until the weighted count is 0 (sliding: the end of the next window), 0 if none.
 --
 -- Each key is a hash: the window's counts (window.lua's n, w or p, c, w), and per proxy p: g:p
--- (outstanding grant), x:p (its expiry, us), d:p (demand, requests/s), s:p (last sync, us). A
+-- (outstanding grant), x:p (its expiry, us), d:p (demand, requests/s), s:p (last sync, us), and
+-- r:p (the last round applied, when the proxy labels its reports; see sync.lua). A
 -- fixed window's count, or a sliding window's current one, never exceeds requests plus what
 -- one report may count (requests x (1 + report_window_ms / period_ms)). The key expires a second
 -- after the window ends (sliding: after the next window, which still weighs its count); every
 -- lease ends before.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_hash, leases, window_state (the windows and their counts), proxy_demand and expire_key.
+-- load_hash, leases, window_state (the windows and their counts), proxy_demand, expire_key,
+-- round_is_new and round_text.
 
 local now = clock(ARGV[1])
 local proxy = ARGV[2]
@@ -78,6 +82,7 @@ local g_field = 'g:' .. proxy
 local x_field = 'x:' .. proxy
 local d_field = 'd:' .. proxy
 local s_field = 's:' .. proxy
+local r_field = 'r:' .. proxy
 
 -- The demand (requests/s) of every proxy but `except` that synced at or after `since`, from a
 -- loaded hash: its lease may have ended with the last window, but it is still asking, and the
@@ -101,7 +106,12 @@ for _ = 1, count do
   local n = tonumber(ARGV[arg])
   local spent = tonumber(ARGV[arg + 1])
   local denied = tonumber(ARGV[arg + 2])
-  arg = arg + 3
+  local epoch = tonumber(ARGV[arg + 3])
+  local counter = tonumber(ARGV[arg + 4])
+  arg = arg + 5
+  local labeled = epoch ~= 0 or counter ~= 0
+  -- whether this report is new (decided on the entry's first key: all are written together)
+  local new = true
 
   -- 1. each window at `now`, with the report counted in it
   local windows = {}
@@ -120,6 +130,10 @@ for _ = 1, count do
     local flat, fields = load_hash(w.key)
     if i == 1 then
       demand_fields = fields
+      new = round_is_new(fields[r_field], epoch, counter)
+      if not new then
+        spent, denied = 0, 0
+      end
     end
     window_state(w, fields, now)
     -- the unexpired leases of the other proxies (every one ends with this window at the
@@ -188,6 +202,9 @@ for _ = 1, count do
     if w.window == 'sliding' then
       redis.call('HSET', w.key, 'p', w.previous, 'c', w.current, 'w', w.number,
         g_field, grant, x_field, expiry, d_field, demand, s_field, now)
+      if new and labeled then
+        redis.call('HSET', w.key, r_field, round_text(epoch, counter))
+      end
       expire_key(w.key, math.ceil((w.start + 2 * w.length - now) / 1000), 0)
       if w.current + held > 0 then
         w.reset = w.start + 2 * w.length - now
@@ -197,6 +214,9 @@ for _ = 1, count do
     else
       redis.call('HSET', w.key, 'n', w.count, 'w', w.start,
         g_field, grant, x_field, expiry, d_field, demand, s_field, now)
+      if new and labeled then
+        redis.call('HSET', w.key, r_field, round_text(epoch, counter))
+      end
       expire_key(w.key, math.ceil((w.finish - now) / 1000), 0)
       if w.count + held > 0 then
         w.reset = w.finish - now
@@ -212,6 +232,11 @@ for _ = 1, count do
   result[#result + 1] = math.max(ttl_ms, 0)
   result[#result + 1] = chosen.remaining
   result[#result + 1] = math.ceil(chosen.reset / 1000)
+  if new then
+    result[#result + 1] = 0
+  else
+    result[#result + 1] = 1
+  end
 end
 
 return result

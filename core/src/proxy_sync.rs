@@ -32,6 +32,9 @@ pub struct SyncState {
     pub fleet: Fleet,
     /// The version of the live overrides kept in [`crate::overrides::OVERRIDES_KEY`].
     pub overrides_version: u64,
+    /// The high half of the round labels ([`SyncState::round_label`]): drawn at the first claim
+    /// of a state that starts over (0: not drawn yet), and again when the low half wraps.
+    pub epoch: u32,
 }
 
 /// The fleet load level the counter service last answered, and when.
@@ -60,7 +63,7 @@ impl Fleet {
 }
 
 impl SyncState {
-    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8 + 8;
+    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8 + 8 + 4;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(Self::LEN);
@@ -74,6 +77,7 @@ impl SyncState {
         b.extend_from_slice(&self.fleet.level_milli.to_le_bytes());
         b.extend_from_slice(&self.fleet.at_us.to_le_bytes());
         b.extend_from_slice(&self.overrides_version.to_le_bytes());
+        b.extend_from_slice(&self.epoch.to_le_bytes());
         b
     }
 
@@ -91,6 +95,8 @@ impl SyncState {
         f.copy_from_slice(&bytes[40..44]);
         let mut level = [0u8; 4];
         level.copy_from_slice(&bytes[45..49]);
+        let mut epoch = [0u8; 4];
+        epoch.copy_from_slice(&bytes[65..69]);
         SyncState {
             next_at_us: u64_at(0),
             busy_until_us: u64_at(8),
@@ -106,7 +112,20 @@ impl SyncState {
                 at_us: u64_at(49),
             },
             overrides_version: u64_at(57),
+            epoch: u32::from_le_bytes(epoch),
         }
+    }
+
+    /// The label of the round last claimed, which the service deduplicates reports by
+    /// ([`crate::protocol::SyncEntry::round`]): the epoch in the high 32 bits, the low 32 bits
+    /// of the round counter in the low. It increases from round to round while the state lives;
+    /// a state that starts over (a new filter build's layout, corrupt shared data) draws another
+    /// epoch, which the service takes as new. 0 before any claim: unlabeled.
+    pub fn round_label(&self) -> u64 {
+        if self.epoch == 0 {
+            return 0;
+        }
+        (u64::from(self.epoch) << 32) | u64::from(self.rounds as u32)
     }
 
     /// The interval to use: the service's hint, never below the configured one nor above 10×.
@@ -169,6 +188,15 @@ pub fn claim_round(
         state.busy_until_us = now_us + busy_us;
         // A counter read from shared data, possibly corrupt: it wraps, never panics.
         state.rounds = state.rounds.wrapping_add(1);
+        if state.epoch == 0 || state.rounds as u32 == 0 {
+            // Labels must keep increasing: a new epoch, never 0 and not the last one.
+            let drawn = crate::table::fnv1a(&now_us.to_le_bytes()) as u32;
+            state.epoch = match drawn {
+                0 => 1,
+                e if e == state.epoch => e.wrapping_add(1).max(1),
+                e => e,
+            };
+        }
         *bytes = state.encode();
         (Some(state), true)
     })
@@ -257,6 +285,7 @@ pub fn snapshot(
         limits: spec.limits.iter().map(LimitSpec::from).collect(),
         spent: spent as u64,
         denied: denied as u64,
+        round: 0,
     })
 }
 
@@ -349,6 +378,7 @@ mod tests {
             rounds: 6,
             fleet: Fleet::heard(Some(0.42), 7),
             overrides_version: 8,
+            epoch: 9,
         };
         assert_eq!(SyncState::decode(&s.encode()), s);
         assert_eq!(s.fleet.level(8, 10), Some(0.42));

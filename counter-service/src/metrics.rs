@@ -26,6 +26,9 @@ pub struct Metrics {
     pub refused_entries: Counter,
     /// Entries whose `spent` or `denied` was cut to what their limits make possible.
     pub capped_entries: Counter,
+    /// Sync entries that replayed a report already applied (same proxy, key and round): answered,
+    /// not counted again.
+    pub replayed_entries: Counter,
     /// Script calls, by script: one per hash slot per sync batch.
     script_calls: Family<Labels, Counter>,
     /// Strict checks, by decision.
@@ -60,6 +63,9 @@ pub struct Metrics {
     /// Sync answers that carried the whole set of live overrides (the proxy's version was not
     /// the current one).
     pub overrides_sent: Counter,
+    /// Syncs answered the live overrides from this replica's last read (within
+    /// `--overrides-refresh-ms`), without a Redis call.
+    pub overrides_reads_shared: Counter,
     /// The version of the live overrides this replica last read or wrote.
     pub overrides_version: Gauge,
     /// Redis latency, moving average, for backpressure.
@@ -79,6 +85,7 @@ impl Metrics {
             entries_synced: Counter::default(),
             refused_entries: Counter::default(),
             capped_entries: Counter::default(),
+            replayed_entries: Counter::default(),
             script_calls: Family::default(),
             checks: Family::default(),
             reported_denials: Counter::default(),
@@ -96,6 +103,7 @@ impl Metrics {
             admin_changes: Family::default(),
             overrides_expired: Counter::default(),
             overrides_sent: Counter::default(),
+            overrides_reads_shared: Counter::default(),
             overrides_version: Gauge::default(),
             redis_latency: Ewma::new(0.2),
             registry: Registry::default(),
@@ -115,6 +123,11 @@ impl Metrics {
             "capped_entries",
             "Sync entries whose spent or denied was cut to what their limits make possible",
             metrics.capped_entries.clone(),
+        );
+        registry.register(
+            "replayed_entries",
+            "Sync entries replaying a report already applied (a resent batch): answered, not counted again",
+            metrics.replayed_entries.clone(),
         );
         registry.register(
             "script_calls",
@@ -192,6 +205,11 @@ impl Metrics {
             "overrides_sent",
             "Sync answers that carried the whole set of live overrides",
             metrics.overrides_sent.clone(),
+        );
+        registry.register(
+            "overrides_reads_shared",
+            "Syncs answered the live overrides from the replica's last read, without Redis",
+            metrics.overrides_reads_shared.clone(),
         );
         registry.register(
             "overrides_version",

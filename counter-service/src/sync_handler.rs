@@ -96,8 +96,12 @@ pub async fn apply(
 /// answers one grant per entry, in request order. An entry out of bounds is refused alone: its
 /// grant is empty and says why, and its counts are not applied. The interval is clamped to the
 /// service's bounds, and each entry's counts are cut to what its limits make possible over the
-/// time one report may cover ([`validate::report_cap`]). `now_override_us` is 0 in service
-/// (Redis `TIME` is the clock); tests pass a fake time.
+/// time one report may cover ([`validate::report_cap`]). An entry whose round is not newer than
+/// the last one applied for this proxy on its key replays a report already applied (its batch
+/// was resent after the answer was lost): it is answered a grant and counts nothing
+/// ([`SyncEntry::round`]). The calls of a batch run in parallel: a proxy sends each key at most
+/// once per batch. `now_override_us` is 0 in service (Redis `TIME` is the clock); tests pass a
+/// fake time.
 pub async fn apply_as(
     state: &AppState,
     proxy: &str,
@@ -274,7 +278,9 @@ impl Call<'_> {
             invocation
                 .arg(entry.limits.len())
                 .arg(report.spent)
-                .arg(report.denied);
+                .arg(report.denied)
+                .arg(entry.epoch())
+                .arg(entry.counter());
             if windowed {
                 keys::add_windows(&mut invocation, &entry.key, &entry.limits);
             } else {
@@ -282,20 +288,29 @@ impl Call<'_> {
             }
         }
         let reply: Vec<i64> = state.backend.invoke(name, &invocation).await?;
-        if reply.len() != 4 * reports.len() {
+        if reply.len() != 5 * reports.len() {
             return Err(BackendError::Reply(format!(
                 "{name}.lua answered {} numbers for {} entries",
                 reply.len(),
                 reports.len()
             )));
         }
+        let replayed = reply.chunks_exact(5).filter(|five| five[4] == 1).count();
+        if replayed > 0 {
+            tracing::debug!(
+                proxy = self.proxy,
+                replayed,
+                "entries replaying a report already applied: not counted again"
+            );
+            state.metrics.replayed_entries.inc_by(replayed as u64);
+        }
         Ok(reply
-            .chunks_exact(4)
-            .map(|four| Grant {
-                tokens: non_negative(four[0]),
-                ttl_ms: non_negative(four[1]),
-                remaining: non_negative(four[2]),
-                reset_ms: non_negative(four[3]),
+            .chunks_exact(5)
+            .map(|five| Grant {
+                tokens: non_negative(five[0]),
+                ttl_ms: non_negative(five[1]),
+                remaining: non_negative(five[2]),
+                reset_ms: non_negative(five[3]),
                 refused: None,
             })
             .collect())

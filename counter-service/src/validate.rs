@@ -246,6 +246,7 @@ mod tests {
             limits,
             spent: 0,
             denied: 0,
+            round: 0,
         }
     }
 

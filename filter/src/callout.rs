@@ -34,6 +34,13 @@ impl Failure {
     }
 }
 
+/// Whether a call that got no usable answer with `:status` `status` surely was not acted on:
+/// only a 4xx (refused as a whole before anything was applied). A reset or a timeout (no
+/// status, 504), a 5xx or a 200 that does not parse may have been applied.
+pub fn surely_not_applied(status: Option<&str>) -> bool {
+    status.is_some_and(|s| s.len() == 3 && s.starts_with('4'))
+}
+
 /// Posts `body` as JSON to `path` on the service's cluster; the callout's token.
 pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32, Failure> {
     let body = serde_json::to_vec(body).map_err(|_| Failure::NotSent)?;

@@ -118,7 +118,11 @@ impl Syncer {
                         "sluice: the counter service refused our token (401): check service.token",
                     );
                 }
-                undo(shared, service, &batch, now, failure);
+                if callout::surely_not_applied(host::call_status(num_headers).as_deref()) {
+                    undo(shared, service, &batch, now, failure);
+                } else {
+                    doubt(shared, service, &batch, now, failure);
+                }
                 return;
             }
         };
@@ -138,7 +142,16 @@ impl Syncer {
     }
 }
 
-/// A batch that did not get through: counts back, keys announced again, the breaker told.
+/// A batch that may have been applied: kept in doubt, resent with its labels, the breaker told.
+fn doubt(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
+    let mut store = SharedData;
+    round::doubt(batch, service, now, host::jitter(now), &mut store);
+    shared.metrics.sync_failed(failure);
+    let state = proxy_sync::read_state(&mut store);
+    shared.publish(&state, service, now);
+}
+
+/// A batch that surely did not get through: counts back, keys announced again, the breaker told.
 fn undo(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
     let mut store = SharedData;
     let jitter = host::jitter(now);

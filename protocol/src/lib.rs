@@ -198,6 +198,26 @@ pub struct SyncEntry {
     pub spent: u64,
     /// Requests denied since the previous sync (unmet demand: sizes the next grant).
     pub denied: u64,
+    /// The proxy's round when these counts were first sent: its epoch in the high 32 bits (drawn
+    /// again whenever the proxy's sync state starts over), a counter increasing every round in
+    /// the low 32. The service applies an entry only if its round is newer than the last one it
+    /// applied for this proxy and key (same epoch, higher counter; or another epoch), and answers
+    /// the grant either way: a batch resent after its answer was lost is not counted twice.
+    /// 0 (older proxies): applied every time. Ignored by older services.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub round: u64,
+}
+
+impl SyncEntry {
+    /// The epoch of [`SyncEntry::round`] (its high 32 bits).
+    pub fn epoch(&self) -> u32 {
+        (self.round >> 32) as u32
+    }
+
+    /// The counter of [`SyncEntry::round`] (its low 32 bits).
+    pub fn counter(&self) -> u32 {
+        self.round as u32
+    }
 }
 
 /// The answer to a [`SyncRequest`].

@@ -123,6 +123,7 @@ pub fn entry(key: &str, limits: &[LimitSpec], spent: u64, denied: u64) -> SyncEn
         limits: limits.to_vec(),
         spent,
         denied,
+        round: 0,
     }
 }
 

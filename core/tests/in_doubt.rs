@@ -1,0 +1,287 @@
+//! Exactly once through lost answers: a batch that may have been applied is kept in doubt and
+//! resent first, labels and all, until one is answered; a batch that surely was not is undone.
+//! Against a model of the service's rule (an entry counts only if its round is newer than the
+//! last one applied for the key: `lua/prelude.lua`'s round_is_new), any sequence of answered,
+//! lost-after-applying, lost-before-applying and refused batches debits exactly what the proxy
+//! admitted, key by key.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use sluice_core::pending::Pending;
+use sluice_core::protocol::{Grant, Hints, SyncEntry, SyncResponse};
+use sluice_core::proxy_sync::{claim_round, read_state};
+use sluice_core::round::{self, Batch};
+use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
+
+const SECOND: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * SECOND;
+
+const CACHED: &str = r#"{"service": {"cluster": "svc", "breaker_failures": 1, "breaker_cooldown_ms": 1000},
+    "rules": [{"name": "shared", "key": ["header:x-key"], "consistency": "cached",
+    "limits": [{"requests": 1000000, "per": "second"}]}]}"#;
+
+/// The service, as far as counting goes: what it debited per key, and the last round applied.
+#[derive(Default)]
+struct Service {
+    last: HashMap<String, (u32, u32)>,
+    debited: HashMap<String, u64>,
+}
+
+impl Service {
+    fn apply(&mut self, batch: &Batch) {
+        for entry in &batch.request.entries {
+            self.apply_entry(entry);
+        }
+    }
+
+    fn apply_entry(&mut self, entry: &SyncEntry) {
+        let new = entry.round == 0
+            || match self.last.get(&entry.key) {
+                None => true,
+                Some(&(epoch, counter)) => epoch != entry.epoch() || entry.counter() > counter,
+            };
+        if new {
+            *self.debited.entry(entry.key.clone()).or_default() += entry.spent;
+            if entry.round != 0 {
+                self.last
+                    .insert(entry.key.clone(), (entry.epoch(), entry.counter()));
+            }
+        }
+    }
+}
+
+/// What became of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Answered,
+    /// Applied, the answer lost (a timeout, a replica killed after its script ran).
+    AppliedThenLost,
+    /// Lost before the service applied it (a reset, a 503 from the proxy's side).
+    LostBeforeApplying,
+    /// Refused as a whole (a 4xx) or not sent: surely not applied.
+    Refused,
+}
+
+struct Proxy {
+    limiter: Limiter,
+    store: MemoryStore,
+    waiting: Pending,
+    now: u64,
+    admitted: HashMap<String, u64>,
+}
+
+impl Proxy {
+    fn new() -> Proxy {
+        Proxy {
+            limiter: Limiter::new(sluice_core::parse(CACHED.as_bytes()).unwrap()),
+            store: MemoryStore::default(),
+            waiting: Pending::default(),
+            now: T0,
+            admitted: HashMap::new(),
+        }
+    }
+
+    fn request(&mut self, key: &str) {
+        let mut request = PlainRequest::get("/").with_header("x-key", key);
+        let conditions = sluice_core::limiter::Conditions {
+            now_us: self.now,
+            service_up: true,
+            service_back_us: 0,
+        };
+        let evaluation = self
+            .limiter
+            .decide(&mut request, conditions, &mut self.store);
+        if matches!(evaluation.decision, Decision::Allow { .. }) {
+            *self
+                .admitted
+                .entry(format!("shared\u{1f}{key}"))
+                .or_default() += 1;
+        }
+        for (rule, key) in evaluation.newly_unsynced {
+            let _ = self.waiting.push(rule, key);
+        }
+    }
+
+    /// Claims a round (two seconds on: past any breaker cooldown) and composes its batch.
+    fn compose(&mut self) -> Batch {
+        self.now += 2 * SECOND;
+        claim_round(&mut self.store, self.now, 100, 250_000, 1).expect("a round is due");
+        round::compose(
+            &self.limiter,
+            &mut self.waiting,
+            "p-1",
+            100,
+            &mut self.store,
+        )
+        .expect("a round goes out every interval")
+    }
+
+    fn settle(&mut self, batch: &Batch, outcome: Outcome) {
+        let service = self.limiter.policy().service.clone().unwrap();
+        match outcome {
+            Outcome::Answered => {
+                let grant = Grant {
+                    tokens: 1_000,
+                    ttl_ms: 300,
+                    remaining: 1_000,
+                    reset_ms: 0,
+                    refused: None,
+                };
+                let response = SyncResponse {
+                    grants: vec![grant; batch.request.entries.len()],
+                    hints: Hints::default(),
+                };
+                round::settle(&self.limiter, batch, &response, self.now, &mut self.store).unwrap();
+            }
+            Outcome::AppliedThenLost | Outcome::LostBeforeApplying => {
+                round::doubt(batch, &service, self.now, 1.0, &mut self.store);
+            }
+            Outcome::Refused => {
+                for (rule, key) in round::undo(
+                    &self.limiter,
+                    batch,
+                    &service,
+                    self.now,
+                    1.0,
+                    &mut self.store,
+                ) {
+                    let _ = self.waiting.push(rule, key);
+                }
+            }
+        }
+    }
+}
+
+fn run(steps: &[(Vec<u8>, Outcome)]) -> (Proxy, Service) {
+    let mut proxy = Proxy::new();
+    let mut service = Service::default();
+    for (requests, outcome) in steps {
+        for key in requests {
+            proxy.request(&format!("k{key}"));
+        }
+        let batch = proxy.compose();
+        if matches!(outcome, Outcome::Answered | Outcome::AppliedThenLost) {
+            service.apply(&batch);
+        }
+        proxy.settle(&batch, *outcome);
+    }
+    // The service answers again: at most two rounds settle everything (the one in doubt, then
+    // the counts its keys held back meanwhile).
+    for _ in 0..3 {
+        let batch = proxy.compose();
+        service.apply(&batch);
+        proxy.settle(&batch, Outcome::Answered);
+    }
+    (proxy, service)
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        Just(Outcome::Answered),
+        Just(Outcome::AppliedThenLost),
+        Just(Outcome::LostBeforeApplying),
+        Just(Outcome::Refused),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("SLUICE_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(64)
+    ))]
+
+    #[test]
+    fn the_service_debits_exactly_what_the_proxy_admitted(
+        steps in prop::collection::vec(
+            (prop::collection::vec(0u8..4, 0..6), outcome()),
+            1..12,
+        )
+    ) {
+        let (mut proxy, service) = run(&steps);
+        prop_assert!(round::in_doubt(&mut proxy.store).is_empty(), "nothing left in doubt");
+        prop_assert_eq!(&service.debited.into_iter().filter(|(_, n)| *n > 0).collect::<HashMap<_, _>>(), &proxy.admitted);
+    }
+}
+
+#[test]
+fn a_lost_answer_is_resent_with_its_labels_and_the_key_waits() {
+    let mut proxy = Proxy::new();
+    let mut service = Service::default();
+    proxy.request("a");
+    proxy.request("a");
+    let first = proxy.compose();
+    let label = read_state(&mut proxy.store).round_label();
+    assert_ne!(label, 0);
+    assert_eq!(first.request.entries[0].round, label);
+    service.apply(&first);
+    proxy.settle(&first, Outcome::AppliedThenLost);
+    assert_eq!(round::in_doubt(&mut proxy.store).len(), 1);
+
+    // A third request while the first two are in doubt: its count waits in the record.
+    proxy.request("a");
+    let second = proxy.compose();
+    assert_eq!(second.replayed, 1);
+    assert_eq!(
+        second.request.entries, first.request.entries,
+        "resent as sent"
+    );
+    assert!(read_state(&mut proxy.store).round_label() > label);
+    // Refused as a whole: the entry stays in doubt, nothing is put back in the record.
+    proxy.settle(&second, Outcome::Refused);
+    assert_eq!(round::in_doubt(&mut proxy.store).len(), 1);
+
+    let third = proxy.compose();
+    assert_eq!(third.request.entries, first.request.entries);
+    service.apply(&third);
+    proxy.settle(&third, Outcome::Answered);
+    assert!(round::in_doubt(&mut proxy.store).is_empty(), "settled");
+    assert_eq!(
+        service.debited["shared\u{1f}a"], 2,
+        "the replay counted nothing"
+    );
+
+    let fourth = proxy.compose();
+    assert_eq!(fourth.replayed, 0);
+    assert_eq!(
+        fourth.request.entries.len(),
+        1,
+        "the held-back count goes now"
+    );
+    assert_eq!(fourth.request.entries[0].spent, 1);
+    assert!(fourth.request.entries[0].round > label);
+    service.apply(&fourth);
+    assert_eq!(service.debited["shared\u{1f}a"], 3);
+}
+
+#[test]
+fn without_labels_the_model_counts_a_replay_twice() {
+    // The control: the same sequence with the labels stripped double counts.
+    let mut proxy = Proxy::new();
+    let mut service = Service::default();
+    proxy.request("a");
+    let mut first = proxy.compose();
+    first.request.entries[0].round = 0;
+    service.apply(&first);
+    proxy.settle(&first, Outcome::AppliedThenLost);
+    let mut again = proxy.compose();
+    again.request.entries[0].round = 0;
+    service.apply(&again);
+    assert_eq!(service.debited["shared\u{1f}a"], 2);
+}
+
+#[test]
+fn the_epoch_is_drawn_once_and_again_when_the_counter_wraps() {
+    let mut store = MemoryStore::default();
+    let first = claim_round(&mut store, T0, 100, 0, 1).unwrap();
+    let second = claim_round(&mut store, T0 + SECOND, 100, 0, 1).unwrap();
+    assert_ne!(first.epoch, 0);
+    assert_eq!(first.epoch, second.epoch);
+    assert_eq!(second.round_label(), first.round_label() + 1);
+    sluice_core::proxy_sync::update_state(&mut store, |s| s.rounds = u64::from(u32::MAX)).unwrap();
+    let wrapped = claim_round(&mut store, T0 + 2 * SECOND, 100, 0, 1).unwrap();
+    assert_eq!(wrapped.rounds as u32, 0);
+    assert_ne!(
+        wrapped.epoch, first.epoch,
+        "a new epoch: the service takes it as new"
+    );
+}

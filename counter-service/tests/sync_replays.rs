@@ -1,0 +1,144 @@
+//! A sync that was applied but whose answer was lost is resent by the proxy with the same round
+//! labels (`SyncEntry::round`): on a real Redis with a fake clock, `lua/sync.lua` and
+//! `lua/sync_window.lua` count a proxy's report on a key once, answer the replay a grant, and
+//! count an unlabeled report (an older proxy) every time it comes: the double count the labels
+//! prevent.
+
+mod common;
+
+use common::{batch, entry, state};
+use sluice_counter_service::{keys, sync_handler, AppState};
+use sluice_protocol::{AlgorithmSpec, Grant, LimitSpec, SyncEntry, SyncRequest};
+use sluice_tests::redis::Redis;
+
+const MS: u64 = 1_000;
+/// 2023-11-14 22:14:00 UTC: a minute's start, so an hour's window holds the whole test.
+const T0: u64 = 1_700_000_040_000_000;
+/// 100 an hour: the refill during a test is well under 0.05 token.
+const SLOW: LimitSpec = LimitSpec::token_bucket(100, 3_600_000, 100);
+const HOURLY: LimitSpec = LimitSpec::window(AlgorithmSpec::FixedWindow, 1_000, 3_600_000);
+
+const EPOCH: u64 = 0x1234_5678;
+
+fn labeled(limit: LimitSpec, spent: u64, counter: u64) -> SyncRequest {
+    batch(
+        "a",
+        100,
+        vec![with_round(limit, spent, (EPOCH << 32) | counter)],
+    )
+}
+
+fn with_round(limit: LimitSpec, spent: u64, round: u64) -> SyncEntry {
+    SyncEntry {
+        round,
+        ..entry("k", &[limit], spent, 0)
+    }
+}
+
+async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Grant> {
+    sync_handler::apply(state, request, now).await.unwrap()
+}
+
+fn field(redis: &Redis, limit: &LimitSpec, name: &str) -> Option<String> {
+    redis
+        .query(&["HGET", &keys::limit_key("k", limit), name])
+        .unwrap()
+        .text()
+        .map(str::to_owned)
+}
+
+fn tokens(redis: &Redis) -> f64 {
+    field(redis, &SLOW, "tokens").unwrap().parse().unwrap()
+}
+
+fn count(redis: &Redis) -> u64 {
+    field(redis, &HOURLY, "n").unwrap().parse().unwrap()
+}
+
+fn replayed(state: &AppState) -> u64 {
+    state.metrics.replayed_entries.get()
+}
+
+fn near(actual: f64, expected: f64) -> bool {
+    (actual - expected).abs() < 0.05
+}
+
+#[tokio::test]
+async fn a_token_bucket_counts_a_resent_report_once() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let first = sync_at(&state, &labeled(SLOW, 5, 7), T0).await;
+    assert!(near(tokens(&redis), 95.0), "{}", tokens(&redis));
+    assert_eq!(
+        field(&redis, &SLOW, "r:a").as_deref(),
+        Some(format!("{EPOCH} 7").as_str()),
+        "the last round applied"
+    );
+    // The answer was lost: the proxy resends the entry as it was, label and all.
+    let again = sync_at(&state, &labeled(SLOW, 5, 7), T0 + 100 * MS).await;
+    assert!(
+        near(tokens(&redis), 95.0),
+        "debited once: {}",
+        tokens(&redis)
+    );
+    assert_eq!(replayed(&state), 1);
+    assert!(again[0].refused.is_none() && again[0].ttl_ms == first[0].ttl_ms);
+    assert!(again[0].tokens > 0, "the replay is answered a lease");
+    // The next round's report is new; a report of an older round after it is not.
+    sync_at(&state, &labeled(SLOW, 3, 8), T0 + 200 * MS).await;
+    assert!(near(tokens(&redis), 92.0), "{}", tokens(&redis));
+    sync_at(&state, &labeled(SLOW, 5, 7), T0 + 300 * MS).await;
+    assert!(near(tokens(&redis), 92.0), "{}", tokens(&redis));
+    assert_eq!(replayed(&state), 2);
+    // Another epoch (the proxy's sync state started over): new, whatever its counter.
+    let other = batch("a", 100, vec![with_round(SLOW, 2, (EPOCH + 1) << 32)]);
+    sync_at(&state, &other, T0 + 400 * MS).await;
+    assert!(near(tokens(&redis), 90.0), "{}", tokens(&redis));
+    assert_eq!(replayed(&state), 2);
+}
+
+#[tokio::test]
+async fn without_a_label_a_resent_report_is_counted_twice() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let unlabeled = batch("a", 100, vec![entry("k", &[SLOW], 5, 0)]);
+    sync_at(&state, &unlabeled, T0).await;
+    sync_at(&state, &unlabeled, T0 + 100 * MS).await;
+    assert!(
+        near(tokens(&redis), 90.0),
+        "debited twice: {}",
+        tokens(&redis)
+    );
+    assert_eq!(field(&redis, &SLOW, "r:a"), None, "no round is kept");
+    assert_eq!(replayed(&state), 0);
+}
+
+#[tokio::test]
+async fn a_window_counts_a_resent_report_once() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    sync_at(&state, &labeled(HOURLY, 7, 1), T0).await;
+    sync_at(&state, &labeled(HOURLY, 7, 1), T0 + 100 * MS).await;
+    assert_eq!(count(&redis), 7, "counted once");
+    assert_eq!(replayed(&state), 1);
+    sync_at(&state, &labeled(HOURLY, 4, 2), T0 + 200 * MS).await;
+    assert_eq!(count(&redis), 11);
+    // Without labels, the same report twice is counted twice.
+    let unlabeled = batch("b", 100, vec![entry("k", &[HOURLY], 6, 0)]);
+    sync_at(&state, &unlabeled, T0 + 300 * MS).await;
+    sync_at(&state, &unlabeled, T0 + 400 * MS).await;
+    assert_eq!(count(&redis), 23);
+}
+
+#[tokio::test]
+async fn a_proxy_silent_for_two_lease_lifetimes_is_forgotten_with_its_round() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    sync_at(&state, &labeled(SLOW, 5, 7), T0).await;
+    // Another proxy syncs after a's lease (300 ms) has been expired for a lease TTL: a's fields,
+    // its round among them, are dropped. A replay later than that is counted again.
+    let b = batch("b", 100, vec![entry("k", &[SLOW], 0, 0)]);
+    sync_at(&state, &b, T0 + 600 * MS).await;
+    assert_eq!(field(&redis, &SLOW, "p:a"), None);
+    assert_eq!(field(&redis, &SLOW, "r:a"), None);
+}
