@@ -24,6 +24,7 @@ pub mod round;
 pub mod shed;
 pub mod store;
 pub mod table;
+pub mod tables;
 pub mod window;
 
 pub use bucket::{Bucket, Verdict};

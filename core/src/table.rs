@@ -278,6 +278,11 @@ impl Table {
         self.sets
     }
 
+    /// The store key prefix of its sets (the registry of tables in use: [`crate::tables`]).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The store key of the set a fingerprint belongs to.
     pub fn set_key(&self, fingerprint: u64) -> String {
         // The high bits: the low ones already tell records of a set apart.

@@ -26,6 +26,8 @@ pub struct Root {
     shared: Option<Rc<Shared>>,
     syncer: Syncer,
     proxy_id: String,
+    /// When this root context last stamped its key tables in the registry.
+    tables_at_us: u64,
 }
 
 impl Context for Root {
@@ -64,10 +66,12 @@ impl RootContext for Root {
             limiter.rules().map(|r| r.rule.name.as_str()),
             service.is_some(),
         );
+        let mut ticking = false;
         if let Some(service) = service
             .as_ref()
             .filter(|_| limiter.policy().needs_service())
         {
+            ticking = true;
             self.syncer.start(service);
             self.proxy_id = proxy_id();
         }
@@ -85,6 +89,7 @@ impl RootContext for Root {
         );
         let shedder = limiter.policy().shedding.as_ref().map(|shedding| {
             // The wait queue is served on ticks; the controller's windows end on them.
+            ticking = true;
             let _ = hostcalls::set_tick_period(SHED_TICK);
             Shedder::new(shedding)
         });
@@ -96,8 +101,18 @@ impl RootContext for Root {
         });
         if shapes {
             // Held requests leave on ticks: their schedule is as fine as the tick.
+            ticking = true;
             let _ = hostcalls::set_tick_period(SHED_TICK);
         }
+        if !ticking {
+            // The key tables' heartbeat needs a tick.
+            let _ = hostcalls::set_tick_period(std::time::Duration::from_micros(
+                sluice_core::tables::HEARTBEAT_EVERY_US,
+            ));
+        }
+        let now = crate::host::now_us();
+        crate::shared::keep_tables(&limiter, now);
+        self.tables_at_us = now;
         self.shared = Some(Rc::new(Shared::new(
             limiter,
             secret,
@@ -110,9 +125,16 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(shared) = self.shared.clone() {
-            shared.shaper.tick(crate::host::now_us());
+            let now = crate::host::now_us();
+            shared.shaper.tick(now);
             self.syncer.tick(&shared, &self.proxy_id);
             let limiter = shared.limiter();
+            // A tick may come late or early by a little: stamp at 0.9 heartbeat or more.
+            let every = sluice_core::tables::HEARTBEAT_EVERY_US / 10 * 9;
+            if now.saturating_sub(self.tables_at_us) >= every {
+                self.tables_at_us = now;
+                crate::shared::keep_tables(&limiter, now);
+            }
             if let (Some(shedder), Some(shedding)) =
                 (&shared.shedder, limiter.policy().shedding.as_ref())
             {

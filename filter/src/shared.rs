@@ -181,3 +181,76 @@ pub fn prepare(limiter: &Limiter) {
         }
     }
 }
+
+/// Stamps the key tables `limiter` uses in the proxy-wide registry, and empties the next sets of
+/// a table no configuration stamped for the grace period ([`sluice_core::tables`]). At most one
+/// registry write and one batch of sets per call.
+pub fn keep_tables(limiter: &Limiter, now_us: u64) {
+    use sluice_core::tables::{InUse, Registry, REGISTRY_KEY};
+    let in_use: Vec<InUse> = limiter
+        .rules()
+        .map(|r| InUse {
+            prefix: r.table.prefix(),
+            sets: r.table.sets(),
+        })
+        .collect();
+    let mut store = SharedData;
+    let mut budget = sluice_core::tables::SWEEP_BATCH;
+    let mut stamp = true;
+    // Stale tables are emptied one claim at a time, up to a batch of sets per call.
+    for _ in 0..MAX_CLAIMS {
+        let sweep = sluice_core::store::update(&mut store, REGISTRY_KEY, |bytes| {
+            let mut registry = Registry::decode(bytes);
+            let stamped = stamp && registry.stamp(&in_use, now_us);
+            let sweep = registry.claim(now_us, budget);
+            let changed = stamped || sweep.is_some();
+            if changed {
+                *bytes = registry.encode();
+            }
+            (sweep, changed)
+        });
+        stamp = false;
+        let Ok(Some(sweep)) = sweep else {
+            return;
+        };
+        budget = budget.saturating_sub(sweep.to - sweep.from);
+        empty(&mut store, &sweep);
+        if budget == 0 {
+            return;
+        }
+    }
+}
+
+/// Most registry claims of one [`keep_tables`] call.
+const MAX_CLAIMS: usize = 16;
+
+/// Overwrites the claimed sets of an old table with nothing.
+fn empty(store: &mut SharedData, sweep: &sluice_core::tables::Sweep) {
+    let (mut emptied, mut kept) = (0u32, 0u32);
+    for set in sweep.from..sweep.to {
+        let key = format!("{}{set}", sweep.prefix);
+        // Overwritten only if nobody wrote it between the read and the write: a late writer's
+        // record is left as it is (and counted below).
+        match store.get(&key) {
+            Ok(Some((bytes, version))) if !bytes.is_empty() && version != 0 => {
+                match store.set(&key, &[], version) {
+                    Ok(true) => emptied += 1,
+                    _ => kept += 1,
+                }
+            }
+            _ => {}
+        }
+    }
+    let _ = proxy_wasm::hostcalls::log(
+        proxy_wasm::types::LogLevel::Info,
+        &format!(
+            "sluice: old key table {} unused: sets {}..{} emptied ({} held records, {} written meanwhile left){}",
+            sweep.prefix,
+            sweep.from,
+            sweep.to,
+            emptied,
+            kept,
+            if sweep.last { ", done" } else { "" },
+        ),
+    );
+}
