@@ -29,6 +29,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
 use redis::ScriptInvocation;
 use serde_json::{json, Map, Value};
@@ -267,6 +268,8 @@ pub async fn write(
         }
     };
     state.metrics.overrides_version.set(gauge(written.version));
+    // the next sync on this replica reads the set it just changed
+    state.overrides.forget_head();
     if written.done {
         state.metrics.admin_changed(label);
         tracing::info!(
@@ -390,6 +393,9 @@ async fn read(
     };
     state.metrics.overrides_version.set(gauge(read.version));
     state.overrides.set_bypass(read.bypass());
+    state
+        .overrides
+        .set_head(read.version, read.bypass(), Instant::now());
     Ok(read)
 }
 
@@ -435,6 +441,22 @@ pub async fn for_sync(
     now_override_us: u64,
 ) -> (bool, Option<LiveOverrides>) {
     let cached = state.overrides.current();
+    // Syncs close together share one read: within --overrides-refresh-ms of the last, the
+    // version it found (and the set, when this replica holds it) answers without Redis.
+    let refresh = state.settings.overrides_refresh();
+    if !refresh.is_zero() && now_override_us == 0 {
+        if let Some(head) = state.overrides.fresh_head(refresh, Instant::now()) {
+            if head.version == proxy_version {
+                state.metrics.overrides_reads_shared.inc();
+                return (head.bypass, None);
+            }
+            if let Some(set) = cached.as_ref().filter(|set| set.version == head.version) {
+                state.metrics.overrides_reads_shared.inc();
+                state.metrics.overrides_sent.inc();
+                return (head.bypass, Some(LiveOverrides::clone(set)));
+            }
+        }
+    }
     let read = read(
         state,
         cached.as_ref().map(|set| set.version),

@@ -102,6 +102,13 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_MS", default_value_t = 5_000)]
     pub header_read_timeout_ms: u64,
 
+    /// How long the live overrides' version one read found answers the syncs that follow on this
+    /// replica, in milliseconds, instead of a Redis call per sync; 0 reads at every sync. A change
+    /// made through another replica reaches proxies at most this much later (one made through
+    /// this replica, at the next sync).
+    #[arg(long, env = "SLUICE_OVERRIDES_REFRESH_MS", default_value_t = 50)]
+    pub overrides_refresh_ms: u64,
+
     /// Most connections open at once; more wait in the listen backlog until one closes.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4_096)]
     pub max_connections: usize,
@@ -191,6 +198,10 @@ impl Settings {
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    pub fn overrides_refresh(&self) -> Duration {
+        Duration::from_millis(self.overrides_refresh_ms)
     }
 
     pub fn header_read_timeout(&self) -> Duration {

@@ -59,8 +59,14 @@ impl Drop for AdminsFile {
 
 /// A service state on this Redis (or cluster) with the admin API enabled.
 fn admin_state(redis_url: &str) -> AppState {
+    admin_state_with(redis_url, &[])
+}
+
+fn admin_state_with(redis_url: &str, more: &[&str]) -> AppState {
     let file = AdminsFile::new();
-    let settings = common::settings(redis_url, &["--admin-tokens-file", file.path()]);
+    let mut args = vec!["--admin-tokens-file", file.path()];
+    args.extend_from_slice(more);
+    let settings = common::settings(redis_url, &args);
     AppState::new(settings).unwrap()
 }
 
@@ -726,7 +732,9 @@ async fn each_kind_is_set_read_deleted_and_audited() {
 #[tokio::test]
 async fn a_sync_carries_the_bypass_and_the_set_when_its_version_differs() {
     let redis = Redis::start().unwrap();
-    let state = admin_state(&redis.url());
+    // every sync reads the set (syncs_close_together_share_one_read shows the default)
+    let every_sync = ["--overrides-refresh-ms", "0"];
+    let state = admin_state_with(&redis.url(), &every_sync);
     // nothing set: a new proxy (version 0) gets no set
     let answer = sync(&state, 0).await;
     assert_eq!(
@@ -785,7 +793,7 @@ async fn a_sync_carries_the_bypass_and_the_set_when_its_version_differs() {
 
     // a second replica on the same Redis: a change made on either is in the next answer of both,
     // whatever each remembers
-    let other = admin_state(&redis.url());
+    let other = admin_state_with(&redis.url(), &every_sync);
     let answer = sync(&other, 0).await;
     assert_eq!(hinted(&answer)["live"], live);
     let changed = admin(
@@ -824,6 +832,54 @@ async fn a_sync_carries_the_bypass_and_the_set_when_its_version_differs() {
         text.contains("sluice_script_calls_total{script=\"overrides\"}"),
         "{text}"
     );
+}
+
+/// Within --overrides-refresh-ms of a read, a replica answers syncs from what it read: a change
+/// made through another replica waits for the refresh, one made through this replica does not.
+#[tokio::test]
+async fn syncs_close_together_share_one_read() {
+    let redis = Redis::start().unwrap();
+    let a = admin_state(&redis.url());
+    let long = admin_state_with(&redis.url(), &["--overrides-refresh-ms", "600000"]);
+    let short = admin_state_with(&redis.url(), &["--overrides-refresh-ms", "200"]);
+    let v = version(&put(&a, "/admin/v1/overrides/bypass", json!({"enabled": true})).await);
+    for replica in [&long, &short] {
+        let answer = sync(replica, 0).await;
+        assert_eq!(hinted(&answer)["live"]["version"], v);
+        // the same version again: answered from memory
+        assert_eq!(hinted(&sync(replica, v).await), &json!({"bypass": true}));
+        // a proxy that lags gets the set this replica holds, from memory too
+        assert_eq!(hinted(&sync(replica, 0).await)["live"]["version"], v);
+    }
+    let calls = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("sluice_overrides_reads_shared_total "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(calls(&metrics(&long).await) >= 2);
+
+    // changed through another replica: the long refresh still answers the old version...
+    let off = put(&a, "/admin/v1/overrides/bypass", json!({"enabled": false})).await;
+    assert_eq!(version(&off), v + 1);
+    assert_eq!(hinted(&sync(&long, v).await), &json!({"bypass": true}));
+    // ...the short one reads again once its refresh is over
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let answer = sync(&short, v).await;
+    assert_eq!(hinted(&answer)["bypass"], false);
+    assert_eq!(hinted(&answer)["live"]["version"], v + 1);
+
+    // changed through this replica: its next sync reads, whatever the refresh
+    let on = put(
+        &long,
+        "/admin/v1/overrides/bypass",
+        json!({"enabled": true}),
+    )
+    .await;
+    assert_eq!(version(&on), v + 2);
+    let answer = sync(&long, v).await;
+    assert_eq!(hinted(&answer)["bypass"], true);
+    assert_eq!(hinted(&answer)["live"]["version"], v + 2);
 }
 
 fn key_change(key: &str, ttl_s: Option<u64>) -> Change {
@@ -992,7 +1048,8 @@ async fn overrides_survive_a_service_restart() {
 #[tokio::test]
 async fn a_failed_overrides_read_keeps_the_grants_and_the_last_bypass() {
     let redis = Redis::start().unwrap();
-    let state = admin_state(&redis.url());
+    // every sync reads (the failure is what this test is about)
+    let state = admin_state_with(&redis.url(), &["--overrides-refresh-ms", "0"]);
     let v = version(
         &put(
             &state,
