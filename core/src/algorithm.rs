@@ -42,11 +42,24 @@ impl LimitState<'_> {
         })
     }
 
-    /// Would `cost` be admitted at `now_us`? Changes nothing.
+    /// Would `cost` be admitted at `now_us`? Changes nothing, unless the clock was stepped
+    /// back: a bucket then keeps the new time (see [`Bucket::refilled`]), so it refills from
+    /// there even while it only denies.
     pub fn check(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
         match self.log() {
             Some(mut log) => log.step(limit, now_us, cost, false),
-            None => self.bucket.check(limit, now_us, cost).0,
+            None => {
+                let (verdict, next) = self.bucket.check(limit, now_us, cost);
+                let stepped_back = match limit.algorithm() {
+                    Algorithm::TokenBucket => next.stamp_us < self.bucket.stamp_us,
+                    Algorithm::Gcra | Algorithm::LeakyBucket => next.tokens < self.bucket.tokens,
+                    _ => false,
+                };
+                if stepped_back {
+                    *self.bucket = next;
+                }
+                verdict
+            }
         }
     }
 
@@ -550,5 +563,44 @@ mod tests {
         assert!(!verdict.allowed, "a step back frees nothing");
         assert_eq!(verdict.retry_after_us, S / 10, "one interval, not a day");
         assert!(b.admit(&limit, back + S / 10, 1).0.allowed);
+    }
+
+    /// Through the limiter, whose denials write nothing back while the key was seen recently:
+    /// a key last seen before the clock was stepped back 30 s admits again at its rate.
+    #[test]
+    fn a_local_key_refills_after_a_step_back_though_it_only_denies() {
+        for algorithm in ["token_bucket", "gcra"] {
+            let json = format!(
+                r#"{{"rules": [{{"name": "r", "key": ["const:k"],
+                    "limits": [{{"requests": 10, "per": "second", "burst": 5, "algorithm": "{algorithm}"}}]}}]}}"#
+            );
+            let limiter = crate::Limiter::new(crate::parse(json.as_bytes()).unwrap());
+            let mut store = crate::MemoryStore::default();
+            let t = 1_700_000_000 * S;
+            let admitted = |from: u64, store: &mut crate::MemoryStore| {
+                (0..100)
+                    .filter(|i| {
+                        let conditions = crate::Conditions {
+                            now_us: from + i * 10_000,
+                            service_up: true,
+                            service_back_us: 0,
+                        };
+                        let e =
+                            limiter.decide(&mut crate::PlainRequest::get("/"), conditions, store);
+                        matches!(e.decision, crate::Decision::Allow { .. })
+                    })
+                    .count()
+            };
+            assert_eq!(
+                admitted(t, &mut store),
+                5 + 9,
+                "{algorithm}: burst and a second's rate"
+            );
+            let after = admitted(t - 30 * S, &mut store);
+            assert!(
+                (9..=10).contains(&after),
+                "{algorithm}: {after} in the second after the step"
+            );
+        }
     }
 }

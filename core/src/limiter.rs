@@ -280,10 +280,14 @@ impl Limiter {
                     // A local denial changes nothing a later request could tell apart (the
                     // refill is a function of the stored stamp), so it skips the write, keeping
                     // the deny path to one read; it still refreshes the key's recency once a
-                    // second.
+                    // second. A key seen later than now (the clock was stepped back) is
+                    // written, so its buckets keep the new time.
                     let unchanged = !verdict.allowed
                         && rule.consistency == Consistency::Local
-                        && seen_us.is_some_and(|seen| now.saturating_sub(seen) < RECENCY_US);
+                        && seen_us.is_some_and(|seen| {
+                            now.saturating_sub(seen) < RECENCY_US
+                                && seen <= now.saturating_add(crate::bucket::CLOCK_STEP_US)
+                        });
                     if unchanged {
                         return ((verdict, false), false);
                     }
