@@ -140,6 +140,10 @@ test-envoy-matrix: deps build $(ENVOY_OLDEST) ## every real-Envoy suite on the n
 	$(call envoy-suites,$(ENVOY),$(ENVOY_SUITES))
 	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_SUITES))
 
+# Configuration reloads (tests/tests/envoy_reload.rs): `make test` pushes 5 shape changes of 400 keys, this 20 of 1,000.
+test-reload: deps build ## configuration pushed to Envoy under load, and 20 shape changes: old key tables emptied, heap back down (~1.5 min)
+	SLUICE_RELOADS=20 SLUICE_RELOAD_KEYS=1000 $(CARGO) test -p sluice-tests --features envoy --test envoy_reload -- --nocapture
+
 lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
