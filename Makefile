@@ -159,6 +159,14 @@ fuzz: ## property-based fuzzing, FUZZ_CASES=100000 cases a property: configurati
 	SLUICE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p sluice-core --test fuzz
 	SLUICE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p sluice-counter-service --test fuzz
 
+# Service replicas (tests/tests/e2e_replicas.rs): `make test` kills one of two replicas once in 6 s; this runs
+# REPLICAS_SECS with REPLICAS_KILLS kills, each replica killed and restarted in turn.
+REPLICAS_SECS ?= 60
+REPLICAS_KILLS ?= 6
+test-replicas: deps build ## two counter-service replicas, one killed (SIGKILL) under load again and again: no edge error, Redis counts exactly what Envoy admitted (~1 min)
+	SLUICE_REPLICAS_SECS=$(REPLICAS_SECS) SLUICE_REPLICAS_KILLS=$(REPLICAS_KILLS) SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
+	  $(CARGO) test -p sluice-tests --features envoy,redis --test e2e_replicas -- --nocapture
+
 # How many Envoys `make run` starts (PROXIES=2: a second one on :10100, admin :9911, sharing the limits).
 PROXIES ?= 1
 
