@@ -67,8 +67,7 @@ local function leases(key, flat, fields, now, except, stale_before)
             lease_end = expiry
           end
         elseif stale_before ~= nil and expiry <= stale_before then
-          redis.call('HDEL', key, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q,
-            'r:' .. q)
+          redis.call('HDEL', key, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
         end
       end
     end
@@ -104,15 +103,18 @@ end
 --     `except`; the fields of a proxy whose lease expired at or before `stale_before` (if given)
 --     are deleted;
 --   older: whether the hash holds a lease in the older layout.
-local function load_leases(key, now, except, stale_before)
+-- If `forget_before` is given, the last rounds (r:q, see round_is_new) of the other proxies written at
+-- or before it are deleted too.
+local function load_leases(key, now, except, stale_before, forget_before)
   local flat = redis.call('HGETALL', key)
   local fields = {}
   local reserved, unreported, demand, lease_end = 0, 0, 0, now
   local mine = nil
   local older = false
-  local except_p = nil
+  local except_p, except_r = nil, nil
   if except ~= nil then
     except_p = 'p:' .. except
+    except_r = 'r:' .. except
   end
   for i = 1, #flat, 2 do
     local field = flat[i]
@@ -138,12 +140,17 @@ local function load_leases(key, now, except, stale_before)
           end
         elseif stale_before ~= nil and expiry <= stale_before then
           local q = string.sub(field, 3)
-          redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q,
-            'r:' .. q)
+          redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
         end
       end
     elseif b2 == 58 and b1 == 120 then
       older = true
+    elseif b2 == 58 and b1 == 114 and forget_before ~= nil and field ~= except_r then
+      -- 'r:' (114, 58): a last round, kept for the report window, longer than its lease
+      local written = tonumber(string.match(value, '^%d+ %d+ (%d+)$'))
+      if written == nil or written <= forget_before then
+        redis.call('HDEL', key, field)
+      end
     end
   end
   if older then
@@ -158,16 +165,17 @@ end
 
 -- Whether a proxy's report labeled with its round (epoch, counter: the two halves of the
 -- entry's `round`, each below 2^32, so exact as Lua numbers) is new on a key whose r:q field is
--- `stored` ("<epoch> <counter>" of the last report applied there, nil if none): the same epoch
+-- `stored` ("<epoch> <counter> <written, us>" of the last report applied there, nil if none): the same epoch
 -- and a higher counter, or another epoch (the proxy started its rounds over). A report without
 -- a label (0 0, from an older proxy) is always new. One that is not new was applied before (a
 -- batch resent after its answer was lost): the scripts then count nothing and answer the grant.
--- r:q lives and is deleted with the proxy's lease fields (see `leases` and `load_leases`).
+-- r:q outlives the proxy's lease fields: it is deleted once it is older than the report window
+-- (the longest one report may cover; `load_leases` and `forget_rounds`), or with the key.
 local function round_is_new(stored, epoch, counter)
   if (epoch == 0 and counter == 0) or stored == nil then
     return true
   end
-  local e, c = string.match(stored, '^(%d+) (%d+)$')
+  local e, c = string.match(stored, '^(%d+) (%d+)')
   e, c = tonumber(e), tonumber(c)
   if e == nil or c == nil or e ~= epoch then
     return true
@@ -175,9 +183,25 @@ local function round_is_new(stored, epoch, counter)
   return counter > c
 end
 
--- The r:q text of a round.
-local function round_text(epoch, counter)
-  return string.format('%d %d', epoch, counter)
+-- The r:q text of a round applied at `now` (us).
+local function round_text(epoch, counter, now)
+  return string.format('%d %d %d', epoch, counter, now)
+end
+
+-- Deletes the last rounds (r:q) of every proxy but `except` written at or before `forget_before`
+-- (us), from a loaded hash (the flat HGETALL reply), as `load_leases` does for token buckets.
+local function forget_rounds(key, flat, except, forget_before)
+  local except_r = 'r:' .. except
+  for i = 1, #flat, 2 do
+    local field = flat[i]
+    local b1, b2 = string.byte(field, 1, 2)
+    if b2 == 58 and b1 == 114 and field ~= except_r then
+      local written = tonumber(string.match(flat[i + 1], '^%d+ %d+ (%d+)$'))
+      if written == nil or written <= forget_before then
+        redis.call('HDEL', key, field)
+      end
+    end
+  end
 end
 
 -- The stored bucket of a loaded hash (tokens, ts), or, for a new key, a full one (`burst`)

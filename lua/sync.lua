@@ -22,10 +22,12 @@
 -- on the key (prelude's round_is_new): a report that is not newer is a replay of one already
 -- applied (its answer was lost), and counts nothing. It is a field of its own, not a fifth
 -- number in p:p, so that a replica still running the previous version of this script reads
--- p:p as before while replicas are upgraded one by one.
+-- p:p as before while replicas are upgraded one by one; it also outlives the lease: it is kept
+-- for the report window (its third number is when it was written), so a batch resent after an
+-- outage of up to that long (the breaker's cool-down, a replica's restart) is recognized.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_leases, lease_text, lease_numbers, round_is_new, round_text, stored_bucket, refill_bucket, ms_to_full, expire_key,
--- whole_remaining and proxy_demand.
+-- load_leases, lease_text, lease_numbers, round_is_new, round_text, stored_bucket,
+-- refill_bucket, ms_to_full, expire_key, whole_remaining and proxy_demand.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
@@ -43,6 +45,8 @@ local count = tonumber(ARGV[6])
 local interval_us = interval_ms * 1000
 local grant_ttl_us = grant_ttl_ms * 1000
 local stale_before = now - grant_ttl_us
+-- the other proxies' last rounds are kept for the report window, then forgotten
+local forget_before = now - report_window_ms * 1000
 
 local p_field = 'p:' .. proxy
 -- the proxy's fields in the older layout
@@ -80,7 +84,7 @@ for _ = 1, count do
     -- the unexpired leases of the other proxies, and an estimate of what they spent from them
     -- since their last sync; the fields of proxies silent for a grant TTL are dropped
     local fields, mine, others, unreported, others_demand, _, older =
-      load_leases(key, now, proxy, stale_before)
+      load_leases(key, now, proxy, stale_before, forget_before)
     if i == 1 then
       new = round_is_new(fields[r_field], epoch, counter)
       if not new then
@@ -162,7 +166,7 @@ for _ = 1, count do
     local l = limits[i]
     if new and (epoch ~= 0 or counter ~= 0) then
       redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease, r_field,
-        round_text(epoch, counter))
+        round_text(epoch, counter, now))
     else
       redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease)
     end

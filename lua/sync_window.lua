@@ -66,7 +66,7 @@
 -- lease ends before.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
 -- load_hash, leases, window_state (the windows and their counts), proxy_demand, expire_key,
--- round_is_new and round_text.
+-- round_is_new, round_text and forget_rounds.
 
 local now = clock(ARGV[1])
 local proxy = ARGV[2]
@@ -77,6 +77,8 @@ local count = tonumber(ARGV[6])
 local interval_us = interval_ms * 1000
 local grant_ttl_us = grant_ttl_ms * 1000
 local stale_before = now - grant_ttl_us
+-- the other proxies' last rounds are kept for the report window, then forgotten
+local forget_before = now - report_window_ms * 1000
 
 local g_field = 'g:' .. proxy
 local x_field = 'x:' .. proxy
@@ -140,6 +142,7 @@ for _ = 1, count do
     -- latest); the fields of proxies silent for a grant TTL are dropped
     w.others = leases(w.key, flat, fields, now, proxy, stale_before)
     w.others_demand = recent_demand(flat, fields, proxy, stale_before)
+    forget_rounds(w.key, flat, proxy, forget_before)
     -- what the proxy's lease of the old window covered, if it last synced there
     local last_sync = tonumber(fields[s_field])
     local late = 0
@@ -203,7 +206,7 @@ for _ = 1, count do
       redis.call('HSET', w.key, 'p', w.previous, 'c', w.current, 'w', w.number,
         g_field, grant, x_field, expiry, d_field, demand, s_field, now)
       if new and labeled then
-        redis.call('HSET', w.key, r_field, round_text(epoch, counter))
+        redis.call('HSET', w.key, r_field, round_text(epoch, counter, now))
       end
       expire_key(w.key, math.ceil((w.start + 2 * w.length - now) / 1000), 0)
       if w.current + held > 0 then
@@ -215,7 +218,7 @@ for _ = 1, count do
       redis.call('HSET', w.key, 'n', w.count, 'w', w.start,
         g_field, grant, x_field, expiry, d_field, demand, s_field, now)
       if new and labeled then
-        redis.call('HSET', w.key, r_field, round_text(epoch, counter))
+        redis.call('HSET', w.key, r_field, round_text(epoch, counter, now))
       end
       expire_key(w.key, math.ceil((w.finish - now) / 1000), 0)
       if w.count + held > 0 then

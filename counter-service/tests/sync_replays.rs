@@ -71,8 +71,8 @@ async fn a_token_bucket_counts_a_resent_report_once() {
     assert!(near(tokens(&redis), 95.0), "{}", tokens(&redis));
     assert_eq!(
         field(&redis, &SLOW, "r:a").as_deref(),
-        Some(format!("{EPOCH} 7").as_str()),
-        "the last round applied"
+        Some(format!("{EPOCH} 7 {T0}").as_str()),
+        "the last round applied, and when"
     );
     // The answer was lost: the proxy resends the entry as it was, label and all.
     let again = sync_at(&state, &labeled(SLOW, 5, 7), T0 + 100 * MS).await;
@@ -131,14 +131,26 @@ async fn a_window_counts_a_resent_report_once() {
 }
 
 #[tokio::test]
-async fn a_proxy_silent_for_two_lease_lifetimes_is_forgotten_with_its_round() {
+async fn a_round_outlives_the_lease_for_the_report_window() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
     sync_at(&state, &labeled(SLOW, 5, 7), T0).await;
-    // Another proxy syncs after a's lease (300 ms) has been expired for a lease TTL: a's fields,
-    // its round among them, are dropped. A replay later than that is counted again.
+    // Another proxy syncs after a's lease (300 ms) has been expired for a lease TTL: a's lease
+    // is dropped, its round is kept (a breaker's cool-down is longer than a lease).
     let b = batch("b", 100, vec![entry("k", &[SLOW], 0, 0)]);
     sync_at(&state, &b, T0 + 600 * MS).await;
     assert_eq!(field(&redis, &SLOW, "p:a"), None);
+    assert!(field(&redis, &SLOW, "r:a").is_some());
+    // a's batch, resent 3 s later, is still recognized.
+    sync_at(&state, &labeled(SLOW, 5, 7), T0 + 3_000 * MS).await;
+    let left = tokens(&redis);
+    assert!(
+        left > 95.0 && left < 95.1,
+        "95 and 3 s of refill, not 90: {left}"
+    );
+    assert_eq!(replayed(&state), 1);
+    // Past the report window (the 300 ms lease TTL and the 60 s outage allowance) since a's
+    // last write, b's sync forgets a's round: a replay as late as that is counted again.
+    sync_at(&state, &b, T0 + 3_000 * MS + 60_400 * MS).await;
     assert_eq!(field(&redis, &SLOW, "r:a"), None);
 }
