@@ -315,6 +315,26 @@ mod tests {
     }
 
     #[test]
+    fn a_late_request_to_an_emptied_set_finds_a_fresh_record() {
+        use crate::limit::{Limit, Period};
+        use crate::table::{KeyHasher, Record, Table};
+        let limits = vec![Limit::new(10, Period::Minute, None).unwrap()];
+        let table = Table::new("r", &limits, 64, KeyHasher::new([1, 2]));
+        let mut set = Vec::new();
+        let mut spent = Record::fresh(42, &limits, 0);
+        spent.buckets[0].tokens = 0.0;
+        table.store(&mut set, &spent, &limits, 0);
+        assert_eq!(table.find(&set, 42), Some(spent));
+        // What the sweep writes over the set.
+        let mut emptied = Vec::new();
+        assert_eq!(table.find(&emptied, 42), None);
+        let fresh = table.find_or_fresh(&emptied, 42, &limits, 5);
+        assert_eq!(fresh, Record::fresh(42, &limits, 5));
+        table.store(&mut emptied, &fresh, &limits, 5);
+        assert_eq!(table.find(&emptied, 42), Some(fresh));
+    }
+
+    #[test]
     fn a_clock_going_back_never_claims() {
         let mut registry = Registry::default();
         registry.stamp(&[in_use("sluice/a/1/", 8)], GRACE_US * 5);
