@@ -128,6 +128,11 @@ async fn a_window_counts_a_resent_report_once() {
     sync_at(&state, &unlabeled, T0 + 300 * MS).await;
     sync_at(&state, &unlabeled, T0 + 400 * MS).await;
     assert_eq!(count(&redis), 23);
+    assert!(field(&redis, &HOURLY, "r:a").is_some(), "a's round is kept");
+    // Past the report window (300 ms and 60 s) since a's last write, b's sync forgets it.
+    sync_at(&state, &unlabeled, T0 + 61_000 * MS).await;
+    assert_eq!(field(&redis, &HOURLY, "r:a"), None);
+    assert_eq!(count(&redis), 29);
 }
 
 #[tokio::test]
