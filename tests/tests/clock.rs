@@ -255,6 +255,8 @@ impl ProxyLog {
 
 struct FleetRun {
     logs: Vec<ProxyLog>,
+    /// When the run started on the machine's (Redis's) clock, µs since the epoch.
+    start_epoch_us: u64,
     first_us: u64,
     last_us: u64,
     /// What one exact token bucket admits over the same arrivals.
@@ -303,7 +305,7 @@ struct Answer {
     body: Vec<u8>,
 }
 
-fn run_fleet(s: &Scenario) -> FleetRun {
+fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
     let redis = Redis::start().expect("redis-server starts");
     let service = Service::start(&redis.url()).expect("the counter service starts");
     let n = s.offsets_ms.len();
@@ -321,7 +323,7 @@ fn run_fleet(s: &Scenario) -> FleetRun {
                     workers: 2,
                     clock: clocks[i].clone(),
                     seed: i as u64 + 1,
-                    ..ProxyOptions::new(fleet_config(service.token(), n as u64))
+                    ..ProxyOptions::new(config(service.token(), n as u64))
                 },
             )
             .expect("a proxy starts")
@@ -484,6 +486,7 @@ fn run_fleet(s: &Scenario) -> FleetRun {
         .sum();
     FleetRun {
         logs,
+        start_epoch_us: epoch_us(real_start),
         first_us: first_us.unwrap_or(0),
         last_us,
         exact,
@@ -491,21 +494,13 @@ fn run_fleet(s: &Scenario) -> FleetRun {
     }
 }
 
-/// What a proxy may admit from its fallback: over every stretch without a valid lease (before
-/// its first, after one lapsed on its clock, after a failed sync until the next lease), the
-/// fallback bucket's burst (once more for each jump forward in it: its refill is capped at the
-/// burst) and its rate over the stretch.
-fn fallback_allowance(log: &ProxyLog, from_us: u64, to_us: u64, burst: f64, rate: f64) -> f64 {
-    let mut allowance = 0.0;
+/// The stretches (µs into the run, from and until) in which a proxy held no valid lease: before
+/// its first, after one lapsed on its clock (as a jump forward makes it), after a failed sync
+/// until the next lease. From when the test delivered each lease, its TTL and the proxy's offset
+/// at each moment, by the millisecond.
+fn without_lease(log: &ProxyLog, from_us: u64, to_us: u64) -> Vec<(u64, u64)> {
+    let mut stretches = Vec::new();
     let mut stretch: Option<u64> = None;
-    let close = |from: u64, until: u64| {
-        let forward = log
-            .offsets
-            .windows(2)
-            .filter(|w| w[1].1 > w[0].1 && w[1].0 + 1_000 >= from && w[1].0 <= until)
-            .count() as f64;
-        burst * (1.0 + forward) + rate * (until - from) as f64 / 1e6
-    };
     let mut t = from_us;
     while t <= to_us {
         let lease = log.leases.iter().rev().find(|l| l.at_us <= t);
@@ -520,7 +515,7 @@ fn fallback_allowance(log: &ProxyLog, from_us: u64, to_us: u64, burst: f64, rate
         match (valid, stretch) {
             (false, None) => stretch = Some(t),
             (true, Some(from)) => {
-                allowance += close(from, t);
+                stretches.push((from, t));
                 stretch = None;
             }
             _ => {}
@@ -528,15 +523,32 @@ fn fallback_allowance(log: &ProxyLog, from_us: u64, to_us: u64, burst: f64, rate
         t += 1_000;
     }
     if let Some(from) = stretch {
-        allowance += close(from, to_us);
+        stretches.push((from, to_us));
     }
-    allowance
+    stretches
+}
+
+/// What a proxy may admit from its token-bucket fallback: over every stretch without a lease,
+/// the fallback's burst (once more for each jump forward in it: its refill is capped at the
+/// burst) and its rate over the stretch.
+fn fallback_allowance(log: &ProxyLog, from_us: u64, to_us: u64, burst: f64, rate: f64) -> f64 {
+    without_lease(log, from_us, to_us)
+        .into_iter()
+        .map(|(from, until)| {
+            let forward = log
+                .offsets
+                .windows(2)
+                .filter(|w| w[1].1 > w[0].1 && w[1].0 + 1_000 >= from && w[1].0 <= until)
+                .count() as f64;
+            burst * (1.0 + forward) + rate * (until - from) as f64 / 1e6
+        })
+        .sum()
 }
 
 fn check_fleet(s: &Scenario) {
     let _serial = serial();
     let n = s.offsets_ms.len() as u64;
-    let run = run_fleet(s);
+    let run = run_fleet(s, fleet_config);
     let admitted: u64 = run.logs.iter().map(|l| l.admitted_us.len() as u64).sum();
     let requests: u64 = run.logs.iter().map(|l| l.arrivals).sum();
     let elapsed_s = (run.last_us - run.first_us) as f64 / 1e6;
@@ -635,6 +647,78 @@ fn skewed_and_jumping_proxies_stay_within_the_cached_bound() {
         ],
         offered: 2.0 * RATE as f64,
     });
+}
+
+/// A cached fixed window of 100 a second, a fallback of a proxy's share in the same window.
+const WINDOW: u64 = 100;
+
+fn window_config(token: &str, proxies: u64) -> String {
+    format!(
+        r#"{{"service": {{"cluster": "sluice_service", "token": "{token}", "timeout_ms": 1000,
+             "sync_interval_ms": {INTERVAL_MS}}},
+           "rules": [{{"name": "shared", "key": ["const:all"], "consistency": "cached",
+             "limits": [{{"requests": {WINDOW}, "per": "second", "algorithm": "fixed_window"}}],
+             "fallback": {{"policy": "fail_open",
+               "limits": [{{"requests": {}, "per": "second", "algorithm": "fixed_window"}}]}}}}]}}"#,
+        WINDOW / proxies
+    )
+}
+
+/// A cached window whose proxies' clocks are off Redis's by fractions of its length (−5.3 s, 0,
+/// +7.6 s): their fallback windows straddle the service's. Every window of the service's clock
+/// admits at most `requests`, plus what the proxies' fallbacks admitted outside a lease: at most
+/// the fallback's `requests` in every window of its own clock a stretch without a lease touched.
+#[test]
+fn skewed_proxies_keep_a_cached_window_within_its_bound() {
+    let _serial = serial();
+    let s = Scenario {
+        seconds: 6,
+        offsets_ms: vec![-5_300, 0, 7_600],
+        jumps: vec![],
+        offered: 2.0 * WINDOW as f64,
+    };
+    let n = s.offsets_ms.len() as u64;
+    let run = run_fleet(&s, window_config);
+    let admitted: u64 = run.logs.iter().map(|l| l.admitted_us.len() as u64).sum();
+    let second = |t_us: u64| (run.start_epoch_us + t_us) / 1_000_000;
+    let windows = second(run.last_us) - second(run.first_us) + 1;
+    let fallback: Vec<u64> = run
+        .logs
+        .iter()
+        .map(|log| {
+            let mut touched = std::collections::BTreeSet::new();
+            for (from, until) in without_lease(log, run.first_us, run.last_us) {
+                let mut t = from;
+                while t <= until {
+                    touched.insert(
+                        (run.start_epoch_us as i64 + t as i64 + log.offset_at(t)) / 1_000_000,
+                    );
+                    t += 1_000;
+                }
+            }
+            touched.len() as u64 * (WINDOW / n)
+        })
+        .collect();
+    let bound = WINDOW * windows + fallback.iter().sum::<u64>();
+    eprintln!(
+        "cached window of {WINDOW}/s, {n} proxies at {:?} ms: {admitted} admitted in {windows} windows of the service's clock, bound {bound} ({} + fallback terms {fallback:?}), per proxy {:?}, leases {:?}",
+        s.offsets_ms,
+        WINDOW * windows,
+        run.logs
+            .iter()
+            .map(|l| l.admitted_us.len())
+            .collect::<Vec<_>>(),
+        run.logs.iter().map(|l| l.leases.len()).collect::<Vec<_>>()
+    );
+    assert!(
+        admitted <= bound,
+        "{admitted} admitted, over the bound {bound}"
+    );
+    // Twice the limit is offered: the whole windows of the run are at least half filled.
+    assert!(
+        admitted >= WINDOW * (windows - 2) / 2,
+        "{admitted} admitted in {windows} windows"
+    );
 }
 
 /// The long version (`make test-clock`): four proxies skewed by up to 7 s, a minute's run,
