@@ -170,7 +170,7 @@ test-replicas: deps build ## two counter-service replicas, one killed (SIGKILL) 
 # Clock trouble (tests/tests/clock.rs): `make test` runs local rules on a jumping clock and 3 harness proxies skewed
 # and jumping for 9 s against the real service and Redis; this adds 4 proxies for 60 s with six jumps.
 .PHONY: test-clock
-test-clock: deps build ## proxies' clocks skewed by seconds against Redis's, jumping forward (1-5 min) and back (30-90 s): admissions within the bound (~1.5 min)
+test-clock: deps build ## proxies' clocks skewed by seconds against Redis's, jumping forward (45 s to 5 min) and back (30 to 90 s): admissions within the bound (~1.5 min)
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
 	  $(CARGO) test -p sluice-tests --features wasm,redis --test clock -- --include-ignored --nocapture --test-threads 1
 
