@@ -1,6 +1,17 @@
 //! Redis, single or cluster, chosen in this one place. Every call runs under the Redis timeout,
 //! so a slow or absent Redis answers an error, never a hang.
+//!
+//! On a cluster, a call that fails for want of a node (refused, dropped, `MOVED`, `CLUSTERDOWN`,
+//! `TRYAGAIN`, `MASTERDOWN`) drops the cluster connection it used, and a timeout does too, at most
+//! once per [`RECONNECT_AFTER_TIMEOUT`]: the next call connects afresh and reads the slots from
+//! the live nodes. Left to itself, the redis crate repairs a connection to a dead primary in
+//! place, and meanwhile (its slot refreshes keep meeting the dead node) calls for every slot time
+//! out, not only the dead primary's, for seconds after a replica took over (tests/tests/failover.rs
+//! saw 10 s). A fresh connection answers the live primaries' slots at once, and the promoted
+//! replica's as soon as the cluster has failed over. The crate does not retry a failed call
+//! itself (`retries(0)`): the proxies retry at their next sync.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,9 +49,22 @@ enum Redis {
     Cluster(Box<Cluster>),
 }
 
+/// How often, at most, a cluster connection is replaced because a call timed out (a slow Redis
+/// is not helped by reconnecting in a loop).
+pub const RECONNECT_AFTER_TIMEOUT: Duration = Duration::from_millis(250);
+
 struct Cluster {
     client: ClusterClient,
-    connection: Mutex<Option<ClusterConnection>>,
+    connection: Mutex<Slot>,
+}
+
+/// The cluster connection in use (`None`: connect on the next call), how many have been made,
+/// and when the last one was dropped.
+#[derive(Default)]
+struct Slot {
+    connection: Option<ClusterConnection>,
+    generation: u64,
+    dropped_at: Option<Instant>,
 }
 
 impl Backend {
@@ -53,11 +77,11 @@ impl Backend {
             let client = ClusterClient::builder(nodes)
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
-                .retries(1)
+                .retries(0)
                 .build()?;
             Redis::Cluster(Box::new(Cluster {
                 client,
-                connection: Mutex::new(None),
+                connection: Mutex::new(Slot::default()),
             }))
         } else {
             let url = nodes.into_iter().next().unwrap_or_default();
@@ -86,11 +110,16 @@ impl Backend {
         op: &'static str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, BackendError> {
-        self.timed(op, async {
-            let mut connection = self.connection().await?;
-            Ok(invocation.invoke_async(&mut connection).await?)
-        })
-        .await
+        let generation = AtomicU64::new(0);
+        let outcome = self
+            .timed(op, async {
+                let (mut connection, made) = self.connection().await?;
+                generation.store(made, Ordering::Relaxed);
+                Ok(invocation.invoke_async(&mut connection).await?)
+            })
+            .await;
+        self.after(&outcome, generation.into_inner()).await;
+        outcome
     }
 
     /// Runs one command (routed by its first key on a cluster).
@@ -99,11 +128,16 @@ impl Backend {
         op: &'static str,
         command: &Cmd,
     ) -> Result<T, BackendError> {
-        self.timed(op, async {
-            let mut connection = self.connection().await?;
-            Ok(command.query_async(&mut connection).await?)
-        })
-        .await
+        let generation = AtomicU64::new(0);
+        let outcome = self
+            .timed(op, async {
+                let (mut connection, made) = self.connection().await?;
+                generation.store(made, Ordering::Relaxed);
+                Ok(command.query_async(&mut connection).await?)
+            })
+            .await;
+        self.after(&outcome, generation.into_inner()).await;
+        outcome
     }
 
     /// Whether Redis answers `PING` within the timeout.
@@ -131,19 +165,67 @@ impl Backend {
         outcome
     }
 
-    async fn connection(&self) -> Result<Connection, BackendError> {
+    /// A connection, and on a cluster which one (its generation, 1 for the first).
+    async fn connection(&self) -> Result<(Connection, u64), BackendError> {
         match &self.redis {
-            Redis::Single(manager) => Ok(Connection::Single(manager.clone())),
+            Redis::Single(manager) => Ok((Connection::Single(manager.clone()), 0)),
             Redis::Cluster(cluster) => {
                 let mut slot = cluster.connection.lock().await;
-                if let Some(existing) = slot.as_ref() {
-                    return Ok(Connection::Cluster(existing.clone()));
+                if let Some(existing) = slot.connection.as_ref() {
+                    return Ok((Connection::Cluster(existing.clone()), slot.generation));
                 }
                 let fresh = cluster.client.get_async_connection().await?;
-                *slot = Some(fresh.clone());
-                Ok(Connection::Cluster(fresh))
+                slot.connection = Some(fresh.clone());
+                slot.generation += 1;
+                Ok((Connection::Cluster(fresh), slot.generation))
             }
         }
+    }
+
+    /// After a cluster call: if it failed for want of a node, drops the connection it used (not
+    /// a newer one); after a timeout, unless one was dropped less than
+    /// [`RECONNECT_AFTER_TIMEOUT`] ago.
+    async fn after<T>(&self, outcome: &Result<T, BackendError>, generation: u64) {
+        let Redis::Cluster(cluster) = &self.redis else {
+            return;
+        };
+        let Err(error) = outcome else {
+            return;
+        };
+        if generation == 0 || !wants_new_connection(error) {
+            return;
+        }
+        let mut slot = cluster.connection.lock().await;
+        let timed_out = matches!(error, BackendError::Timeout(_))
+            || matches!(error, BackendError::Redis(e) if e.is_timeout());
+        let recently = timed_out
+            && slot
+                .dropped_at
+                .is_some_and(|at| at.elapsed() < RECONNECT_AFTER_TIMEOUT);
+        if slot.generation == generation && slot.connection.is_some() && !recently {
+            slot.connection = None;
+            slot.dropped_at = Some(Instant::now());
+            tracing::warn!(%error, "Redis Cluster: reconnecting to re-read the slots");
+        }
+    }
+}
+
+/// Whether an error says a node is gone or the slots moved (not a script's or a reply's error).
+fn wants_new_connection(error: &BackendError) -> bool {
+    match error {
+        BackendError::Timeout(_) => true,
+        BackendError::Redis(error) => {
+            error.is_io_error()
+                || error.is_timeout()
+                || error.is_connection_dropped()
+                || error.is_connection_refusal()
+                || error.is_cluster_error()
+                || matches!(
+                    error.kind(),
+                    redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
+                )
+        }
+        BackendError::Reply(_) => false,
     }
 }
 

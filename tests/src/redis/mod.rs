@@ -1,5 +1,5 @@
 //! Real Redis servers for tests (Debian's `redis-server`, never a mock): one on a free loopback
-//! port, or a local Redis Cluster of several masters. Each lives in a temp dir, persists nothing,
+//! port, or a local Redis Cluster of several primaries (with replicas or none). Each lives in a temp dir, persists nothing,
 //! and is killed when dropped (or when the thread that started it ends).
 
 mod binaries;
@@ -9,6 +9,6 @@ mod resp;
 mod server;
 
 pub use binaries::{redis_cli, redis_server};
-pub use cluster::RedisCluster;
+pub use cluster::{ClusterOptions, NodeView, RedisCluster};
 pub use resp::{query, Reply};
 pub use server::Redis;
