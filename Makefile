@@ -218,5 +218,14 @@ bench-shaping: deps build-filter ## the leaky bucket in Envoy: when requests of 
 bench-algorithms: deps build build-stack ## every algorithm in Envoy vs a reference of its definition: local on 4 workers, cached on 3 proxies (~3 min)
 	$(VENV)/bin/python bench/algorithms.py
 
+# The soak (tests/tests/soak.rs): `make test` runs it for 1 minute; this runs it for SOAK_SECS and plots the samples.
+SOAK_SECS ?= 600
+.PHONY: soak
+soak: deps build ## real Envoy, the service and Redis under churning mixed load for 10 min (SOAK_SECS): memory, keys, sync errors flat; plot in bench/soak.svg
+	SLUICE_SOAK_SECS=$(SOAK_SECS) SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
+	  $(CARGO) test -p sluice-tests --features envoy,redis --test soak -- --nocapture \
+	  || { $(PYTHON) bench/plot_soak.py; exit 1; }
+	$(PYTHON) bench/plot_soak.py
+
 clean-run: ## stop whatever a demo or benchmark left running (by the pid files in .run/)
 	@scripts/stop-pids.sh $(RUN_DIR)
