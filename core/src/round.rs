@@ -12,8 +12,11 @@
 //! as they were sent, labels and all, in [`IN_DOUBT_KEY`], and every following batch carries
 //! them first until one is answered; the service counts the ones it applied before as nothing.
 //! A key in doubt sends no newer counts meanwhile (they wait in its record), so a batch never
-//! holds one key twice. The list is at most one batch, by count and by bytes: the batch that
-//! carries it holds it first and fills the rest.
+//! holds one key twice. The list is one batch, by count and by bytes: the batch that carries it
+//! holds it first and fills the rest. An answer settles only the entries its batch carried, and a
+//! batch in doubt joins the list rather than replacing it, so rounds that overlap (an answer
+//! later than the next round's claim) lose nothing; the list may then hold more than a batch
+//! for a while, and the next batches take it in turn.
 
 use crate::limiter::Limiter;
 use crate::pending::{entry_bytes, Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
@@ -49,21 +52,24 @@ pub fn in_doubt(store: &mut dyn Store) -> Vec<(RuleId, SyncEntry)> {
         .unwrap_or_default()
 }
 
-/// Replaces the entries in doubt (an empty list clears them).
-fn keep_in_doubt(store: &mut dyn Store, entries: &[(RuleId, &SyncEntry)]) {
+/// Changes the entries in doubt atomically (an empty list is stored as nothing).
+fn change_in_doubt(store: &mut dyn Store, mut step: impl FnMut(&mut Vec<(usize, SyncEntry)>)) {
     let _ = crate::store::update(store, IN_DOUBT_KEY, |bytes| {
-        if entries.is_empty() {
+        let mut list: Vec<(usize, SyncEntry)> = serde_json::from_slice(bytes).unwrap_or_default();
+        step(&mut list);
+        if list.is_empty() {
             let changed = !bytes.is_empty();
             bytes.clear();
             return ((), changed);
         }
-        let list: Vec<(usize, &SyncEntry)> = entries
-            .iter()
-            .map(|(rule, entry)| (rule.index(), *entry))
-            .collect();
         *bytes = serde_json::to_vec(&list).unwrap_or_default();
         ((), true)
     });
+}
+
+/// The same report: the same rule, key and round.
+fn same(a: &(usize, SyncEntry), rule: RuleId, entry: &SyncEntry) -> bool {
+    a.0 == rule.index() && a.1.round == entry.round && a.1.key == entry.key
 }
 
 /// How an answer was settled.
@@ -101,15 +107,19 @@ pub fn compose(
     let mut entries = Vec::new();
     let mut rules = Vec::new();
     let mut bytes = 0;
-    let doubts = in_doubt(store);
-    let replayed = doubts.len();
+    // The entries in doubt first, as many as fit (normally all: they were one batch).
     let mut doubted = std::collections::HashSet::new();
-    for (rule, entry) in doubts {
-        bytes += entry_bytes(&entry.key, entry.limits.len());
+    for (rule, entry) in in_doubt(store) {
         doubted.insert((rule, entry.key.clone()));
-        entries.push(entry);
-        rules.push(rule);
+        let size = entry_bytes(&entry.key, entry.limits.len());
+        let fits = entries.len() < MAX_BATCH_KEYS && bytes + size <= MAX_BATCH_BYTES;
+        if fits || entries.is_empty() {
+            bytes += size;
+            entries.push(entry);
+            rules.push(rule);
+        }
     }
+    let replayed = entries.len();
     let mut deferred = Vec::new();
     while entries.len() < MAX_BATCH_KEYS {
         let Some((rule, key)) = waiting.pop() else {
@@ -176,7 +186,11 @@ pub fn settle(
         let _ = proxy_sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
     }
     if batch.replayed > 0 {
-        keep_in_doubt(store, &[]);
+        let carried = batch.rules.iter().zip(&batch.request.entries);
+        let carried: Vec<_> = carried.take(batch.replayed).collect();
+        change_in_doubt(store, |list| {
+            list.retain(|doubt| !carried.iter().any(|(r, e)| same(doubt, **r, e)));
+        });
     }
     let hints = &response.hints;
     if let Some(live) = &hints.overrides.live {
@@ -223,16 +237,17 @@ pub fn undo(
 }
 
 /// A batch that may have been applied (timed out, reset, a 5xx, an answer that does not fit):
-/// its entries, as sent, become the entries in doubt, resent first by every following batch
-/// until one is answered; the breaker counts a failure and the round is released.
+/// its entries, as sent, join the entries in doubt (those it replayed are there already),
+/// resent first by every following batch until one is answered; the breaker counts a failure
+/// and the round is released.
 pub fn doubt(batch: &Batch, service: &Service, now_us: u64, jitter: f64, store: &mut dyn Store) {
-    let entries: Vec<(RuleId, &SyncEntry)> = batch
-        .rules
-        .iter()
-        .copied()
-        .zip(&batch.request.entries)
-        .collect();
-    keep_in_doubt(store, &entries);
+    change_in_doubt(store, |list| {
+        for (rule, entry) in batch.rules.iter().zip(&batch.request.entries) {
+            if !list.iter().any(|doubt| same(doubt, *rule, entry)) {
+                list.push((rule.index(), entry.clone()));
+            }
+        }
+    });
     failed(service, now_us, jitter, store);
 }
 

@@ -285,3 +285,39 @@ fn the_epoch_is_drawn_once_and_again_when_the_counter_wraps() {
         "a new epoch: the service takes it as new"
     );
 }
+
+#[test]
+fn rounds_that_overlap_lose_nothing_in_doubt() {
+    // A round's answer came after the next round was composed (a late callback): the later
+    // batch's answer settles only the entries it carried.
+    let mut proxy = Proxy::new();
+    let mut service = Service::default();
+    proxy.request("a");
+    let first = proxy.compose();
+    service.apply(&first);
+    proxy.settle(&first, Outcome::AppliedThenLost);
+    proxy.request("b");
+    let second = proxy.compose();
+    assert_eq!(second.replayed, 1);
+    proxy.request("c");
+    let third = proxy.compose();
+    assert_eq!(
+        third.replayed, 1,
+        "the second is still in flight: the first is still in doubt"
+    );
+    proxy.settle(&second, Outcome::LostBeforeApplying);
+    service.apply(&third);
+    proxy.settle(&third, Outcome::Answered);
+    let left: Vec<String> = round::in_doubt(&mut proxy.store)
+        .into_iter()
+        .map(|(_, e)| e.key)
+        .collect();
+    assert_eq!(left, ["shared\u{1f}b"], "b's batch is still in doubt");
+    for _ in 0..2 {
+        let batch = proxy.compose();
+        service.apply(&batch);
+        proxy.settle(&batch, Outcome::Answered);
+    }
+    let debited: HashMap<_, _> = service.debited.into_iter().collect();
+    assert_eq!(debited, proxy.admitted);
+}
