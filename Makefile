@@ -174,6 +174,13 @@ test-clock: deps build ## proxies' clocks skewed by seconds against Redis's, jum
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
 	  $(CARGO) test -p sluice-tests --features wasm,redis --test clock -- --include-ignored --nocapture --test-threads 1
 
+# Redis Cluster failover and Redis emptied (tests/tests/failover.rs): `make test` kills one primary of 3 (each with a
+# replica) under load and empties a single Redis twice (~35 s); this runs longer phases, twice the keys, two failovers.
+.PHONY: test-failover
+test-failover: deps build ## a Redis Cluster primary killed under load (twice), and Redis emptied (FLUSHALL, restart): edge errors, latency, debts (~1.5 min)
+	SLUICE_FAILOVER_LONG=1 SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
+	  $(CARGO) test -p sluice-tests --features envoy,redis --test failover -- --nocapture
+
 # How many Envoys `make run` starts (PROXIES=2: a second one on :10100, admin :9911, sharing the limits).
 PROXIES ?= 1
 
