@@ -2,7 +2,8 @@
 //! labels (`SyncEntry::round`): on a real Redis with a fake clock, `lua/sync.lua` and
 //! `lua/sync_window.lua` count a proxy's report on a key once, answer the replay a grant, and
 //! count an unlabeled report (an older proxy) every time it comes: the double count the labels
-//! prevent.
+//! prevent. Needs `redis-server` (the `redis` feature).
+#![cfg(feature = "redis")]
 
 mod common;
 
