@@ -561,25 +561,19 @@ fn a_primary_killed_under_load_costs_the_edge_nothing_and_the_fallback_is_debite
          (fallback {FALLBACK_RATE}/s vs {RATE}/s): too little for the debt to show"
     );
     // Reconciled, in Redis: after recovery each user's bucket went into debt (what its fallback
-    // admitted beyond the limit, reported and debited). A fallback not reported, or lost with the dead
-    // primary, leaves the bucket at most a lease below zero.
-    for (round, lowest) in control_tokens.iter().enumerate() {
-        eprintln!("round {round}: lowest tokens in steady state per user {lowest:?}");
-        for (user, tokens) in users.iter().zip(lowest) {
+    // admitted beyond the limit, reported and debited), deeper than before the kill by at least half
+    // the excess. A fallback not reported, or lost with the dead primary, leaves the bucket about
+    // where it was before the kill.
+    for (round, (control, lowest)) in control_tokens.iter().zip(&lowest_tokens).enumerate() {
+        eprintln!(
+            "round {round}: lowest tokens per user in the 1 s before the kill {control:.1?}, in the 1.5 s after \
+             recovery {lowest:.1?}"
+        );
+        for ((user, before), after) in users.iter().zip(control).zip(lowest) {
             assert!(
-                *tokens >= -FALLBACK_BURST,
-                "round {round}: {user}'s bucket was at {tokens} tokens before the kill: the debt check \
-                 below could not tell a debited fallback from steady state"
-            );
-        }
-    }
-    for (round, lowest) in lowest_tokens.iter().enumerate() {
-        eprintln!("round {round}: lowest tokens after recovery per user {lowest:?}");
-        for (user, tokens) in users.iter().zip(lowest) {
-            assert!(
-                *tokens < -FALLBACK_BURST,
-                "round {round}: {user}'s bucket never went below {tokens} tokens in the 1.5 s after recovery: \
-                 the fallback's spend (about {mean_excess:.0} beyond the limit) was not debited; {stats:?}"
+                *after < before - mean_excess / 2.0,
+                "round {round}: {user}'s bucket went to {after:.1} tokens after recovery, {before:.1} before the \
+                 kill: the fallback's spend (about {mean_excess:.0} beyond the limit) was not debited; {stats:?}"
             );
         }
     }
@@ -708,13 +702,11 @@ fn redis_emptied_under_load_rebuilds_leases_and_debts_without_a_flood() {
                  {stats:?}"
             );
         }
-        // The sync rate does not spike: the early syncs of a proxy whose lease ran out are bounded by
-        // the README's 4 × the interval's, and stay near what they were before.
-        let most_syncs = 1.1 * 4.0 / interval;
+        // The sync rate does not spike: new buckets and new leases, the same syncs as before.
         assert!(
-            after_rate <= most_syncs && after_rate <= 2.0 * before_rate + 2.0,
-            "{what}: {after_rate:.1} syncs/s after Redis was emptied, {before_rate:.1}/s before (at most \
-             {most_syncs:.0}/s, and twice before); {stats:?}"
+            after_rate <= 1.5 * before_rate + 2.0,
+            "{what}: {after_rate:.1} syncs/s after Redis was emptied, {before_rate:.1}/s before (at most 1.5 × \
+             before + 2); {stats:?}"
         );
     }
     assert!(!log.contains("panicked"), "the service panicked:\n{log}");
