@@ -283,6 +283,11 @@ impl Table {
         &self.prefix
     }
 
+    /// Bytes of one of its sets when full.
+    pub fn set_bytes(&self) -> usize {
+        set_len(self.limits, self.log)
+    }
+
     /// The store key of the set a fingerprint belongs to.
     pub fn set_key(&self, fingerprint: u64) -> String {
         // The high bits: the low ones already tell records of a set apart.

@@ -7,9 +7,11 @@
 //!
 //! Every root context stamps the tables its configuration uses (a heartbeat, at most every
 //! [`HEARTBEAT_EVERY_US`]); a root context lives as long as a filter chain using its
-//! configuration, draining ones included. A table nobody stamped for [`GRACE_US`] is emptied,
-//! [`SWEEP_BATCH`] sets at a time: a root context claims the next batch in the registry (so two
-//! workers never empty the same sets), then empties each set by compare-and-swap. A table stamped
+//! configuration, draining ones included. A table nobody stamped for [`GRACE_US`] is emptied a
+//! batch at a time (at most [`SWEEP_BATCH`] sets and [`SWEEP_BYTES`] of full sets a tick, so a
+//! worker never copies a whole large table between two requests): a root context claims the next
+//! batch in the registry (so two workers never empty the same sets), then empties each set by
+//! compare-and-swap. A table stamped
 //! again while being emptied is live again; a late request to an emptied set finds it as a new
 //! table's set: a fresh record.
 //!
@@ -25,28 +27,34 @@ pub const HEARTBEAT_EVERY_US: u64 = 1_000_000;
 /// tick never empties a live table; a draining filter chain's root context keeps stamping, so
 /// this needs not cover Envoy's drain time.
 pub const GRACE_US: u64 = 10_000_000;
-/// Most sets one claim empties (one root context, one tick).
+/// Most sets one root context empties a tick.
 pub const SWEEP_BATCH: u32 = 2_048;
+/// Most bytes of full sets one root context empties a tick (at least one set): copying them
+/// takes the worker a few milliseconds.
+pub const SWEEP_BYTES: u64 = 8 << 20;
 /// Most tables the registry tracks.
 pub const MAX_TABLES: usize = 256;
 /// Longest prefix the registry keeps (longer ones are not tracked).
 const MAX_PREFIX: usize = 512;
 
-/// One table: its prefix, how many sets it has, when it was last stamped, and how many of its
-/// sets a sweep claimed so far (0 while live).
+/// One table: its prefix, how many sets it has and the bytes of a full one, when it was last
+/// stamped, and how many of its sets a sweep claimed so far (0 while live).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub prefix: String,
     pub sets: u32,
+    pub set_bytes: u32,
     pub stamped_us: u64,
     pub claimed: u32,
 }
 
-/// A table in use by this root context: its prefix and its number of sets.
+/// A table in use by this root context: its prefix, its number of sets and the bytes of a full
+/// set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InUse<'a> {
     pub prefix: &'a str,
     pub sets: u32,
+    pub set_bytes: u32,
 }
 
 /// Sets to empty now: `prefix` followed by each number of `from..to`.
@@ -55,6 +63,8 @@ pub struct Sweep {
     pub prefix: String,
     pub from: u32,
     pub to: u32,
+    /// Bytes the claimed sets hold at most.
+    pub bytes: u64,
     /// The claim took the table's last sets: it left the registry.
     pub last: bool,
 }
@@ -92,8 +102,8 @@ impl Registry {
                 sets: u32_at(len),
                 stamped_us: u64::from_le_bytes(stamp),
                 claimed: u32_at(len + 12),
+                set_bytes: u32_at(len + 16),
             });
-            // Four bytes reserved.
             at = end;
         }
         Registry { entries }
@@ -107,7 +117,7 @@ impl Registry {
             bytes.extend_from_slice(&entry.sets.to_le_bytes());
             bytes.extend_from_slice(&entry.stamped_us.to_le_bytes());
             bytes.extend_from_slice(&entry.claimed.to_le_bytes());
-            bytes.extend_from_slice(&[0; 4]);
+            bytes.extend_from_slice(&entry.set_bytes.to_le_bytes());
         }
         bytes
     }
@@ -125,10 +135,12 @@ impl Registry {
             match at.and_then(|at| self.entries.get_mut(at)) {
                 Some(entry) => {
                     let due = now_us.saturating_sub(entry.stamped_us) >= HEARTBEAT_EVERY_US;
-                    if due || entry.claimed > 0 || entry.sets < table.sets {
+                    let grown = entry.sets < table.sets || entry.set_bytes < table.set_bytes;
+                    if due || entry.claimed > 0 || grown {
                         entry.stamped_us = entry.stamped_us.max(now_us);
                         entry.claimed = 0;
                         entry.sets = entry.sets.max(table.sets);
+                        entry.set_bytes = entry.set_bytes.max(table.set_bytes);
                         changed = true;
                     }
                 }
@@ -136,6 +148,7 @@ impl Registry {
                     self.entries.push(Entry {
                         prefix: table.prefix.to_owned(),
                         sets: table.sets,
+                        set_bytes: table.set_bytes,
                         stamped_us: now_us,
                         claimed: 0,
                     });
@@ -147,10 +160,11 @@ impl Registry {
         changed
     }
 
-    /// Claims the next sets to empty: of the first table not stamped for [`GRACE_US`], at most
-    /// `budget` sets (and [`SWEEP_BATCH`]) from where the last claim ended. A table whose last
-    /// sets are claimed leaves the registry. `None` when no table is due (or `budget` is 0).
-    pub fn claim(&mut self, now_us: u64, budget: u32) -> Option<Sweep> {
+    /// Claims the next sets to empty: of the first table not stamped for [`GRACE_US`], from
+    /// where the last claim ended, as many as `budget` bytes of full sets hold (at least one, at
+    /// most [`SWEEP_BATCH`]). A table whose last sets are claimed leaves the registry. `None`
+    /// when no table is due (or `budget` is 0).
+    pub fn claim(&mut self, now_us: u64, budget: u64) -> Option<Sweep> {
         if budget == 0 {
             return None;
         }
@@ -160,7 +174,9 @@ impl Registry {
             .position(|e| now_us.saturating_sub(e.stamped_us) >= GRACE_US)?;
         let entry = &mut self.entries[at];
         let from = entry.claimed.min(entry.sets);
-        let to = from.saturating_add(budget.min(SWEEP_BATCH)).min(entry.sets);
+        let sets = (budget / u64::from(entry.set_bytes.max(1))).clamp(1, u64::from(SWEEP_BATCH));
+        let to = from.saturating_add(sets as u32).min(entry.sets);
+        let bytes = u64::from(to - from) * u64::from(entry.set_bytes);
         entry.claimed = to;
         let last = to >= entry.sets;
         let prefix = if last {
@@ -172,6 +188,7 @@ impl Registry {
             prefix,
             from,
             to,
+            bytes,
             last,
         })
     }
@@ -181,8 +198,13 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// A table of `sets` sets of one byte: a budget in bytes is one in sets.
     fn in_use(prefix: &str, sets: u32) -> InUse<'_> {
-        InUse { prefix, sets }
+        InUse {
+            prefix,
+            sets,
+            set_bytes: 1,
+        }
     }
 
     #[test]
@@ -215,7 +237,7 @@ mod tests {
         let mut now = 1_000_000;
         for _ in 0..100 {
             registry.stamp(&[in_use("sluice/a/1/", 8192)], now);
-            assert_eq!(registry.claim(now, SWEEP_BATCH), None, "at {now} µs");
+            assert_eq!(registry.claim(now, SWEEP_BATCH.into()), None, "at {now} µs");
             now += 1_000_000;
         }
     }
@@ -239,13 +261,13 @@ mod tests {
         let now = GRACE_US - 1;
         registry.stamp(&[in_use("sluice/new/2/", 8)], now);
         assert_eq!(
-            registry.claim(now, SWEEP_BATCH),
+            registry.claim(now, SWEEP_BATCH.into()),
             None,
             "within the grace at {now} µs"
         );
         let now = GRACE_US;
         let mut claimed = Vec::new();
-        while let Some(sweep) = registry.claim(now, SWEEP_BATCH) {
+        while let Some(sweep) = registry.claim(now, SWEEP_BATCH.into()) {
             assert_eq!(sweep.prefix, "sluice/old/1/");
             claimed.push((sweep.from, sweep.to, sweep.last));
         }
@@ -265,12 +287,12 @@ mod tests {
     fn a_table_stamped_again_while_emptied_is_live_again() {
         let mut registry = Registry::default();
         registry.stamp(&[in_use("sluice/a/1/", SWEEP_BATCH * 3)], 0);
-        assert!(registry.claim(GRACE_US, SWEEP_BATCH).is_some());
+        assert!(registry.claim(GRACE_US, SWEEP_BATCH.into()).is_some());
         assert!(registry.stamp(&[in_use("sluice/a/1/", SWEEP_BATCH * 3)], GRACE_US + 1));
         assert_eq!(registry.entries[0].claimed, 0);
-        assert_eq!(registry.claim(GRACE_US + 2, SWEEP_BATCH), None);
+        assert_eq!(registry.claim(GRACE_US + 2, SWEEP_BATCH.into()), None);
         // Stale again later: emptied from its first set.
-        let sweep = registry.claim(2 * GRACE_US + 1, SWEEP_BATCH);
+        let sweep = registry.claim(2 * GRACE_US + 1, SWEEP_BATCH.into());
         assert_eq!(sweep.map(|s| s.from), Some(0));
     }
 
@@ -286,7 +308,7 @@ mod tests {
         assert!(Registry::decode(&registry.encode()).entries.len() == MAX_TABLES);
         // The untracked ones are tracked once the stale ones are emptied.
         let late = &tables[MAX_TABLES..];
-        while registry.claim(GRACE_US, SWEEP_BATCH).is_some() {}
+        while registry.claim(GRACE_US, SWEEP_BATCH.into()).is_some() {}
         assert!(registry.entries.is_empty());
         registry.stamp(late, GRACE_US);
         assert_eq!(registry.entries.len(), 10);
@@ -335,10 +357,31 @@ mod tests {
     }
 
     #[test]
+    fn large_sets_are_claimed_fewer_at_a_time() {
+        let mut registry = Registry::default();
+        let big = InUse {
+            prefix: "sluice/logs/1/",
+            sets: 100,
+            set_bytes: 300_000,
+        };
+        registry.stamp(&[big], 0);
+        let sweep = registry.claim(GRACE_US, 1 << 20);
+        assert_eq!(
+            sweep.map(|s| (s.from, s.to, s.bytes)),
+            Some((0, 3, 900_000))
+        );
+        let sweep = registry.claim(GRACE_US, SWEEP_BYTES);
+        assert_eq!(sweep.map(|s| (s.from, s.to)), Some((3, 30)));
+        // A set larger than the budget still goes, one at a time.
+        let sweep = registry.claim(GRACE_US, 1);
+        assert_eq!(sweep.map(|s| (s.from, s.to)), Some((30, 31)));
+    }
+
+    #[test]
     fn a_clock_going_back_never_claims() {
         let mut registry = Registry::default();
         registry.stamp(&[in_use("sluice/a/1/", 8)], GRACE_US * 5);
-        assert_eq!(registry.claim(0, SWEEP_BATCH), None);
+        assert_eq!(registry.claim(0, SWEEP_BATCH.into()), None);
         assert!(!registry.stamp(&[in_use("sluice/a/1/", 8)], 0));
         assert_eq!(registry.entries[0].stamped_us, GRACE_US * 5);
     }

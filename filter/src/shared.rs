@@ -183,8 +183,8 @@ pub fn prepare(limiter: &Limiter) {
 }
 
 /// Stamps the key tables `limiter` uses in the proxy-wide registry, and empties the next sets of
-/// a table no configuration stamped for the grace period ([`sluice_core::tables`]). At most one
-/// registry write and one batch of sets per call.
+/// a table no configuration stamped for the grace period ([`sluice_core::tables`]): at most
+/// [`sluice_core::tables::SWEEP_BYTES`] of full sets (and one set more) per call.
 pub fn keep_tables(limiter: &Limiter, now_us: u64) {
     use sluice_core::tables::{InUse, Registry, REGISTRY_KEY};
     let in_use: Vec<InUse> = limiter
@@ -192,12 +192,13 @@ pub fn keep_tables(limiter: &Limiter, now_us: u64) {
         .map(|r| InUse {
             prefix: r.table.prefix(),
             sets: r.table.sets(),
+            set_bytes: u32::try_from(r.table.set_bytes()).unwrap_or(u32::MAX),
         })
         .collect();
     let mut store = SharedData;
-    let mut budget = sluice_core::tables::SWEEP_BATCH;
+    let mut budget = sluice_core::tables::SWEEP_BYTES;
     let mut stamp = true;
-    // Stale tables are emptied one claim at a time, up to a batch of sets per call.
+    // Stale tables are emptied one claim at a time, up to a batch of bytes per call.
     for _ in 0..MAX_CLAIMS {
         let sweep = sluice_core::store::update(&mut store, REGISTRY_KEY, |bytes| {
             let mut registry = Registry::decode(bytes);
@@ -213,7 +214,7 @@ pub fn keep_tables(limiter: &Limiter, now_us: u64) {
         let Ok(Some(sweep)) = sweep else {
             return;
         };
-        budget = budget.saturating_sub(sweep.to - sweep.from);
+        budget = budget.saturating_sub(sweep.bytes.max(1));
         empty(&mut store, &sweep);
         if budget == 0 {
             return;
@@ -227,6 +228,7 @@ const MAX_CLAIMS: usize = 16;
 /// Overwrites the claimed sets of an old table with nothing.
 fn empty(store: &mut SharedData, sweep: &sluice_core::tables::Sweep) {
     let (mut emptied, mut kept) = (0u32, 0u32);
+    let began = crate::host::now_us();
     for set in sweep.from..sweep.to {
         let key = format!("{}{set}", sweep.prefix);
         // Overwritten only if nobody wrote it between the read and the write: a late writer's
@@ -244,12 +246,13 @@ fn empty(store: &mut SharedData, sweep: &sluice_core::tables::Sweep) {
     let _ = proxy_wasm::hostcalls::log(
         proxy_wasm::types::LogLevel::Info,
         &format!(
-            "sluice: old key table {} unused: sets {}..{} emptied ({} held records, {} written meanwhile left){}",
+            "sluice: old key table {} unused: sets {}..{} emptied ({} held records, {} written meanwhile left) in {} µs{}",
             sweep.prefix,
             sweep.from,
             sweep.to,
             emptied,
             kept,
+            crate::host::now_us().saturating_sub(began),
             if sweep.last { ", done" } else { "" },
         ),
     );

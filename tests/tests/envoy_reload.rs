@@ -313,24 +313,50 @@ fn old_tables_are_emptied() {
         "the reloads' tables were not filled: one table {one_table} B, peak {peak} B, start {start} B"
     );
     // Every old table emptied: the grace period (10 s) after the old filter chains were drained (5 s), and a few
-    // ticks.
+    // ticks. Requests go on meanwhile (they share the workers with the sweeps): the slowest is reported.
+    let (probe, probe_url) = (agent(), envoy.url("/probe"));
+    let mut slowest = Duration::ZERO;
+    let emptied_tables = || {
+        envoy
+            .log()
+            .lines()
+            .filter(|l| l.contains("sluice: old key table") && l.ends_with(", done"))
+            .count()
+    };
+    let mut done = 0;
+    eventually(Duration::from_secs(60), || {
+        for _ in 0..10 {
+            let sent = Instant::now();
+            let reply = get(&probe, &probe_url, &[]).unwrap();
+            assert_eq!(reply.status, 200);
+            slowest = slowest.max(sent.elapsed());
+        }
+        done = emptied_tables();
+        done >= reloads
+    });
+    // The last table's memory handed back (the allocator may take a moment).
     let bound = start + 2 * one_table;
     let mut now = peak;
-    let emptied = eventually(Duration::from_secs(60), || {
+    let within = eventually(Duration::from_secs(5), || {
         now = envoy.allocated().unwrap_or(u64::MAX);
         now <= bound
     });
+    // Each batch's log line says how long the worker spent emptying it.
     let log = envoy.log();
-    let done = log
+    let batches: Vec<u64> = log
         .lines()
-        .filter(|l| l.contains("sluice: old key table") && l.ends_with(", done"))
-        .count();
+        .filter(|l| l.contains("sluice: old key table"))
+        .filter_map(|l| l.split(") in ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
     eprintln!(
-        "old_tables_are_emptied: then {:.1} MB ({done} old tables emptied by then)",
-        mb(now)
+        "old_tables_are_emptied: then {:.1} MB ({done} old tables emptied, {} batches, the longest {} µs); slowest \
+         request meanwhile {slowest:?}",
+        mb(now),
+        batches.len(),
+        batches.iter().max().unwrap_or(&0)
     );
     assert!(
-        emptied,
+        within,
         "old tables kept: {now} B allocated, start {start} B, one table {one_table} B, {done} tables emptied"
     );
     assert!(done >= reloads, "{done} old tables emptied of {reloads}");
