@@ -15,7 +15,12 @@ use sluice_tests::redis::{RedisCluster, Reply};
 #[tokio::test]
 async fn a_batch_over_many_slots_makes_one_call_per_slot() {
     let cluster = RedisCluster::start(3).unwrap();
-    let state = AppState::new(settings(&cluster.url_list(), &[])).unwrap();
+    // every sync reads the live overrides (one call each, counted below)
+    let state = AppState::new(settings(
+        &cluster.url_list(),
+        &["--overrides-refresh-ms", "0"],
+    ))
+    .unwrap();
     assert!(state.backend.is_cluster());
     let limits = [
         LimitSpec::token_bucket(10, 1_000, 10),
@@ -113,7 +118,12 @@ async fn readyz(state: &AppState) -> StatusCode {
 #[tokio::test]
 async fn load_reports_meet_in_one_key_on_a_cluster() {
     let cluster = RedisCluster::start(3).unwrap();
-    let state = AppState::new(settings(&cluster.url_list(), &[])).unwrap();
+    // every sync reads the live overrides (one call each, counted below)
+    let state = AppState::new(settings(
+        &cluster.url_list(),
+        &["--overrides-refresh-ms", "0"],
+    ))
+    .unwrap();
     let body = |proxy: &str, utilization: f64| {
         json!({"proxy": proxy, "interval_ms": 100, "entries": [],
                "load": {"utilization": utilization, "shed_rate": 0.0, "latency_ms": 5.0}})
