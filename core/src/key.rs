@@ -24,11 +24,88 @@ pub const MAX_KEYS: usize = 8;
 /// an exhausted real one), or none when a part is missing: such a request is not counted by the
 /// rule.
 pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
-    let mut keys = vec![String::with_capacity(64)];
-    keys[0].push_str(&rule.name);
+    keys(rule, request).into_iter().collect()
+}
+
+/// A rule's keys for one request, as [`build`] makes them: the common case, one key, without a
+/// vector around it (the limiter builds keys on every request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keys {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Keys {
+    pub fn len(&self) -> usize {
+        match self {
+            Keys::One(_) => 1,
+            Keys::Many(keys) => keys.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn iter_mut(&mut self) -> std::slice::IterMut<'_, String> {
+        match self {
+            Keys::One(key) => std::slice::from_mut(key).iter_mut(),
+            Keys::Many(keys) => keys.iter_mut(),
+        }
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, String> {
+        match self {
+            Keys::One(key) => std::slice::from_ref(key).iter(),
+            Keys::Many(keys) => keys.iter(),
+        }
+    }
+}
+
+/// The keys of [`Keys`], in order.
+pub enum KeysIter {
+    One(std::option::IntoIter<String>),
+    Many(std::vec::IntoIter<String>),
+}
+
+impl Iterator for KeysIter {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        match self {
+            KeysIter::One(key) => key.next(),
+            KeysIter::Many(keys) => keys.next(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            KeysIter::One(key) => key.size_hint(),
+            KeysIter::Many(keys) => keys.size_hint(),
+        }
+    }
+}
+
+impl IntoIterator for Keys {
+    type Item = String;
+    type IntoIter = KeysIter;
+
+    fn into_iter(self) -> KeysIter {
+        match self {
+            Keys::One(key) => KeysIter::One(Some(key).into_iter()),
+            Keys::Many(keys) => KeysIter::Many(keys.into_iter()),
+        }
+    }
+}
+
+/// [`build`]'s keys, the common single key without a vector.
+pub fn keys(rule: &Rule, request: &mut dyn RequestView) -> Keys {
+    let mut first = String::with_capacity(64);
+    first.push_str(&rule.name);
+    let mut keys = Keys::One(first);
     for part in &rule.key {
         // The common case, one value, is appended in place: no allocation beyond the key.
-        let one = |keys: &mut Vec<String>, value: &str| {
+        let one = |keys: &mut Keys, value: &str| {
             for key in keys.iter_mut() {
                 key.push(SEPARATOR);
                 key.push_str(value);
@@ -40,7 +117,7 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
                     one(&mut keys, ip);
                     continue;
                 }
-                None => return Vec::new(),
+                None => return Keys::Many(Vec::new()),
             },
             KeyPart::Path => {
                 one(&mut keys, request.normal_path());
@@ -72,7 +149,7 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
             other => other.values(request),
         };
         match values.len() {
-            0 => return Vec::new(),
+            0 => return Keys::Many(Vec::new()),
             1 => one(&mut keys, &values[0]),
             n if keys.len() * n > MAX_KEYS => {
                 // Only a client repeating several key headers gets here: one shared bucket for
@@ -81,27 +158,33 @@ pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
                 key.push(SEPARATOR);
                 key.push(MARK);
                 key.push_str("many");
-                return vec![key];
+                return Keys::One(key);
             }
             _ => {
-                keys = keys
-                    .iter()
-                    .flat_map(|key| {
-                        values.iter().map(move |value| {
-                            let mut next = String::with_capacity(key.len() + 1 + value.len());
-                            next.push_str(key);
-                            next.push(SEPARATOR);
-                            next.push_str(value);
-                            next
+                keys = Keys::Many(
+                    keys.iter()
+                        .flat_map(|key| {
+                            values.iter().map(move |value| {
+                                let mut next = String::with_capacity(key.len() + 1 + value.len());
+                                next.push_str(key);
+                                next.push(SEPARATOR);
+                                next.push_str(value);
+                                next
+                            })
                         })
-                    })
-                    .collect();
+                        .collect(),
+                );
             }
         }
     }
-    keys.into_iter()
-        .map(|key| bounded(&rule.name, key))
-        .collect()
+    match keys {
+        Keys::One(key) => Keys::One(bounded(&rule.name, key)),
+        Keys::Many(keys) => Keys::Many(
+            keys.into_iter()
+                .map(|key| bounded(&rule.name, key))
+                .collect(),
+        ),
+    }
 }
 
 /// `key`, or when longer than [`MAX_KEY_BYTES`], the rule's name and the key's SHA-256.

@@ -233,7 +233,7 @@ impl Limiter {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
             }
-            for key in key::build(rule, request) {
+            for key in key::keys(rule, request) {
                 match self.policy.key_override(rule, &key) {
                     Some(KeyAction::Allow) => {
                         outcomes.push((index, Outcome::Allowed));
@@ -425,11 +425,7 @@ impl Limiter {
         } in self.rules()
         {
             if rule.consistency == Consistency::Strict && rule.applies(request) {
-                keys.extend(
-                    key::build(rule, request)
-                        .into_iter()
-                        .map(|key| (index, key)),
-                );
+                keys.extend(key::keys(rule, request).into_iter().map(|key| (index, key)));
             }
         }
         keys

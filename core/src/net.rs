@@ -63,44 +63,81 @@ fn mask_eq(a: u128, b: u128, prefix: u8, bits: u32) -> bool {
 /// The address part of a peer address as the proxy reports it (`1.2.3.4:5678`, `[::1]:80`, or a
 /// bare address).
 pub fn strip_port(peer: &str) -> &str {
+    peer.get(strip_port_range(peer)).unwrap_or(peer)
+}
+
+/// Where [`strip_port`]'s address lies in `peer`: the filter cuts the peer's own string down
+/// to it instead of copying it.
+pub fn strip_port_range(peer: &str) -> std::ops::Range<usize> {
     // The common case, what Envoy writes for IPv4, `a.b.c.d:port`, read without a full parse.
     if let Some(colon) = peer.bytes().position(|b| b == b':') {
-        let (ip, port) = (&peer[..colon], &peer[colon + 1..]);
-        if port.parse::<u16>().is_ok() && ip.parse::<std::net::Ipv4Addr>().is_ok() {
-            return ip;
+        let bytes = peer.as_bytes();
+        if is_port(&bytes[colon + 1..]) && is_ipv4(&bytes[..colon]) {
+            return 0..colon;
         }
     }
-    if let Ok(sock) = peer.parse::<SocketAddr>() {
+    match peer.parse::<SocketAddr>() {
         // Borrow the address text back out of the original string.
-        let ip_len = match sock {
-            SocketAddr::V4(_) => peer.rfind(':').unwrap_or(peer.len()),
-            SocketAddr::V6(_) => {
-                return peer
-                    .strip_prefix('[')
-                    .and_then(|rest| rest.split_once(']'))
-                    .map(|(ip, _)| ip)
-                    .unwrap_or(peer)
-            }
-        };
-        return &peer[..ip_len];
+        Ok(SocketAddr::V4(_)) => 0..peer.rfind(':').unwrap_or(peer.len()),
+        Ok(SocketAddr::V6(_)) => match peer.strip_prefix('[').and_then(|r| r.find(']')) {
+            Some(end) => 1..1 + end,
+            None => 0..peer.len(),
+        },
+        Err(_) => 0..peer.len(),
     }
-    peer
+}
+
+/// A port as a socket address's parse takes it: 1 to 5 digits, at most 65535 (no sign).
+fn is_port(text: &[u8]) -> bool {
+    let mut value = 0u32;
+    for &b in text {
+        if !b.is_ascii_digit() {
+            return false;
+        }
+        value = value * 10 + u32::from(b - b'0');
+        if value > u16::MAX as u32 {
+            return false;
+        }
+    }
+    !text.is_empty()
+}
+
+/// A dotted-quad IPv4 address as `Ipv4Addr`'s parse takes it: four decimal octets of at most
+/// 255, without leading zeros.
+fn is_ipv4(text: &[u8]) -> bool {
+    let mut octets = 0;
+    for part in text.split(|&b| b == b'.') {
+        octets += 1;
+        let valid = match part {
+            [d] => d.is_ascii_digit(),
+            [b'1'..=b'9', rest @ ..] if rest.len() <= 2 => {
+                rest.iter().all(u8::is_ascii_digit)
+                    && part.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')) <= 255
+            }
+            _ => false,
+        };
+        if !valid || octets > 4 {
+            return false;
+        }
+    }
+    octets == 4
+}
+
+/// The `trusted_hops`-th `X-Forwarded-For` entry from the right, if the header has that many
+/// and it is not blank; else the peer is the client (see [`client_address`]).
+pub fn forwarded_entry(xff: Option<&str>, trusted_hops: u32) -> Option<&str> {
+    let hops = (trusted_hops as usize).checked_sub(1)?;
+    match xff?.rsplit(',').nth(hops) {
+        Some(entry) if !entry.trim().is_empty() => Some(entry.trim()),
+        _ => None,
+    }
 }
 
 /// The client address: the peer when `trusted_hops` is 0, else the `trusted_hops`-th
 /// `X-Forwarded-For` entry from the right. When the header has fewer entries than trusted hops,
 /// the peer is used: a client must not be able to choose its own key.
 pub fn client_address<'a>(peer: &'a str, xff: Option<&'a str>, trusted_hops: u32) -> &'a str {
-    if trusted_hops == 0 {
-        return strip_port(peer);
-    }
-    let Some(xff) = xff else {
-        return strip_port(peer);
-    };
-    match xff.rsplit(',').nth(trusted_hops as usize - 1) {
-        Some(entry) if !entry.trim().is_empty() => entry.trim(),
-        _ => strip_port(peer),
-    }
+    forwarded_entry(xff, trusted_hops).unwrap_or_else(|| strip_port(peer))
 }
 
 #[cfg(test)]
@@ -133,8 +170,55 @@ mod tests {
             "1.2.3.4:",
             "1.2.3.4:8a",
             "x:80",
+            "1.2.3.4:+80",
+            "1.2.3.4.5:80",
+            "1..3.4:80",
+            "256.2.3.4:80",
         ] {
             assert_eq!(strip_port(peer), peer);
+        }
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_a_full_parse() {
+        // What the full parse of a socket address leaves of `peer`, as the fast path must.
+        fn full(peer: &str) -> &str {
+            match peer.parse::<SocketAddr>() {
+                Ok(SocketAddr::V4(_)) => &peer[..peer.rfind(':').unwrap_or(peer.len())],
+                Ok(SocketAddr::V6(_)) => &peer[1..peer.find(']').unwrap_or(1)],
+                Err(_) => peer,
+            }
+        }
+        let octets = [
+            "0", "1", "09", "10", "99", "100", "199", "255", "256", "300", "999", "1000", "", "+1",
+            "a",
+        ];
+        let ports = [
+            "0", "80", "65535", "65536", "99999", "000080", "", "+80", "8a",
+        ];
+        for (i, a) in octets.iter().enumerate() {
+            for b in &octets {
+                let ip = format!("{a}.{b}.{}.{}", octets[(i + 3) % octets.len()], a);
+                for port in ports {
+                    let peer = format!("{ip}:{port}");
+                    assert_eq!(strip_port(&peer), full(&peer), "{peer:?}");
+                    assert_eq!(strip_port(&ip), ip);
+                }
+            }
+        }
+        for peer in [
+            "[::1]:80",
+            "[::ffff:1.2.3.4]:443",
+            "::1",
+            "[::1]",
+            "1.2.3.4:5:6",
+        ] {
+            let expected = if peer.parse::<SocketAddr>().is_ok() {
+                full(peer)
+            } else {
+                peer
+            };
+            assert_eq!(strip_port(peer), expected, "{peer:?}");
         }
     }
 

@@ -114,6 +114,92 @@ pub fn log_warn(message: &str) {
     let _ = hostcalls::log(proxy_wasm::types::LogLevel::Warn, message);
 }
 
+/// The peer's address (`source.address`), read with a path serialized once, not per request.
+pub fn source_address() -> Option<String> {
+    // The SDK's getter takes the path as a vector and serializes it: two allocations.
+    const PATH: &[u8] = b"source\0address";
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_get_property(
+            path_data: *const u8,
+            path_size: usize,
+            return_value_data: *mut *mut u8,
+            return_value_size: *mut usize,
+        ) -> Status;
+    }
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: as in `request_headers`: the host hands over a buffer of `size` bytes it
+    // allocated through this module's allocator.
+    let bytes = unsafe {
+        match proxy_get_property(PATH.as_ptr(), PATH.len(), &mut data, &mut size) {
+            Status::Ok if !data.is_null() => Vec::from_raw_parts(data, size, size),
+            _ => return None,
+        }
+    };
+    String::from_utf8(bytes).ok()
+}
+
+/// A local reply (a 429, a 503), its headers serialized straight into the one buffer the host
+/// reads (the SDK's sender collects them into a vector first, then serializes).
+pub fn respond(reply: &sluice_core::Reply) {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_send_local_response(
+            status_code: u32,
+            status_code_details_data: *const u8,
+            status_code_details_size: usize,
+            body_data: *const u8,
+            body_size: usize,
+            headers_data: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> Status;
+    }
+    let headers = encode_pairs(
+        reply
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_bytes())),
+    );
+    let body = reply.body.as_bytes();
+    // SAFETY: every pointer is to a live buffer of the given size, read during the call only.
+    let _ = unsafe {
+        proxy_send_local_response(
+            reply.status,
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
+        )
+    };
+}
+
+/// proxy-wasm's serialized header map (what [`decode_pairs`] reads), in one allocation.
+fn encode_pairs<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone) -> Vec<u8> {
+    let (count, bytes) = pairs
+        .clone()
+        .fold((0usize, 4), |(count, bytes), (name, value)| {
+            (count + 1, bytes + 8 + name.len() + value.len() + 2)
+        });
+    let mut out = Vec::with_capacity(bytes);
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    for (name, value) in pairs.clone() {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    }
+    for (name, value) in pairs {
+        out.extend_from_slice(name);
+        out.push(0);
+        out.extend_from_slice(value);
+        out.push(0);
+    }
+    out
+}
+
 pub fn property(path: Vec<&str>) -> Option<String> {
     hostcalls::get_property(path)
         .ok()
@@ -149,7 +235,7 @@ pub fn request_headers() -> Vec<(Vec<u8>, Vec<u8>)> {
 
 /// The request being decided, read lazily: the method and headers cost a host call only if a
 /// rule asks.
-pub struct HostRequest {
+pub struct HostRequest<'a> {
     pub method: OnceCell<String>,
     /// The path as sent, without its query string.
     pub path: String,
@@ -160,10 +246,10 @@ pub struct HostRequest {
     pub query: Option<String>,
     pub host: OnceCell<Option<String>>,
     /// Where `jwt_authn` writes the verified payload (`payload_in_metadata`).
-    pub jwt_payload: String,
+    pub jwt_payload: &'a str,
 }
 
-impl RequestView for HostRequest {
+impl RequestView for HostRequest<'_> {
     fn method(&self) -> &str {
         self.method
             .get_or_init(|| request_header(":method").unwrap_or_default())
@@ -211,7 +297,7 @@ impl RequestView for HostRequest {
             "metadata",
             "filter_metadata",
             "envoy.filters.http.jwt_authn",
-            self.jwt_payload.as_str(),
+            self.jwt_payload,
         ];
         path.extend(name.split('.'));
         property(path).filter(|value| !value.is_empty())
@@ -245,7 +331,7 @@ fn decode_pairs(bytes: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_pairs;
+    use super::{decode_pairs, encode_pairs};
 
     fn encode(pairs: &[(&[u8], &[u8])]) -> Vec<u8> {
         let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
@@ -273,5 +359,14 @@ mod tests {
             let _ = decode_pairs(&bytes[..cut]);
         }
         assert_eq!(decode_pairs(&[0xff, 0xff, 0xff, 0xff]), None);
+    }
+
+    #[test]
+    fn replies_are_encoded_as_the_sdk_would() {
+        let pairs: &[(&[u8], &[u8])] = &[(b"retry-after", b"1"), (b"x-a", b"")];
+        let encoded = encode_pairs(pairs.iter().copied());
+        assert_eq!(encoded, encode(pairs));
+        assert_eq!(encoded.capacity(), encoded.len());
+        assert_eq!(encode_pairs(std::iter::empty()), encode(&[]));
     }
 }

@@ -8,7 +8,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_core::exchange::overloaded;
-use sluice_core::net::client_address;
+use sluice_core::net::{forwarded_entry, strip_port_range};
 use sluice_core::protocol::CheckResponse;
 use sluice_core::shed::ShedReason;
 use sluice_core::{proxy_sync, Effect, Exchange, Moment, Step};
@@ -68,8 +68,8 @@ impl Request {
         let _ = self.carry_out(effects);
     }
 
-    fn read_request(&self) -> HostRequest {
-        let policy = self.limiter.policy();
+    fn read_request<'a>(&self, limiter: &'a sluice_core::Limiter) -> HostRequest<'a> {
+        let policy = limiter.policy();
         let mut path = host::request_header(":path").unwrap_or_default();
         let mut query = None;
         if let Some(at) = path.find('?') {
@@ -78,7 +78,7 @@ impl Request {
         }
         let headers = std::cell::OnceCell::new();
         let client_ip = policy.needs_client_ip().then(|| {
-            let peer = host::property(vec!["source", "address"]).unwrap_or_default();
+            let mut peer = host::source_address().unwrap_or_default();
             let hops = policy.client_ip.trusted_hops;
             // A repeated X-Forwarded-For is one list (RFC 9110 5.3): counted from the right
             // across all of its lines.
@@ -92,7 +92,16 @@ impl Request {
                     .join(",")
             });
             let xff = xff.filter(|xff| !xff.is_empty());
-            client_address(&peer, xff.as_deref(), hops).to_string()
+            if let Some(entry) = forwarded_entry(xff.as_deref(), hops) {
+                return entry.to_string();
+            }
+            // The peer's address, cut out of the host's string rather than copied.
+            let address = strip_port_range(&peer);
+            if peer.get(address.clone()).is_some() {
+                peer.truncate(address.end);
+                peer.drain(..address.start);
+            }
+            peer
         });
         HostRequest {
             method: Default::default(),
@@ -102,7 +111,7 @@ impl Request {
             headers,
             query,
             host: Default::default(),
-            jwt_payload: policy.jwt_payload_in_metadata.clone(),
+            jwt_payload: &policy.jwt_payload_in_metadata,
         }
     }
 
@@ -301,8 +310,12 @@ impl HttpContext for Request {
 
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let limiter = Rc::clone(&self.limiter);
-        let mut request = self.read_request();
-        let client = request.client_ip.as_deref().and_then(|ip| ip.parse().ok());
+        let mut request = self.read_request(&limiter);
+        // Only bypassed address blocks ask for the address as an address: parsed only then.
+        let client = match limiter.policy().bypass.cidrs.is_empty() {
+            true => None,
+            false => request.client_ip.as_deref().and_then(|ip| ip.parse().ok()),
+        };
         let moment = self.moment();
         let (exchange, step, effects) =
             Exchange::start(&limiter, &mut request, client, moment, &mut SharedData);

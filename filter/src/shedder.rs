@@ -253,12 +253,7 @@ impl Shedder {
 
 /// Sends a local reply on the effective context.
 pub fn respond(reply: &Reply) {
-    let headers: Vec<(&str, &str)> = reply
-        .headers
-        .iter()
-        .map(|(name, value)| (*name, value.as_str()))
-        .collect();
-    let _ = hostcalls::send_http_response(reply.status, headers, Some(reply.body.as_bytes()));
+    crate::host::respond(reply);
 }
 
 fn bump(id: u32) {
