@@ -203,7 +203,16 @@ pub fn settle(
     let _ = proxy_sync::update_state(store, |s| {
         s.breaker.succeeded();
         s.busy_until_us = 0;
+        // A shorter advice than the one this round was claimed under brings the next round
+        // forward to it: the proxy is back to its pace one round after the service is well.
+        let configured_ms = batch.request.interval_ms;
+        let claimed_us = s.effective_interval_ms(configured_ms).saturating_mul(1_000);
         s.interval_ms = hints.next_sync_ms;
+        let advised_us = s.effective_interval_ms(configured_ms).saturating_mul(1_000);
+        if advised_us < claimed_us {
+            let last_claim = s.next_at_us.saturating_sub(claimed_us);
+            s.next_at_us = s.next_at_us.min(last_claim.saturating_add(advised_us));
+        }
         s.bypass = hints.overrides.bypass;
         s.fleet = proxy_sync::Fleet::heard(hints.overrides.load_level, now_us);
         if let Some(live) = &hints.overrides.live {

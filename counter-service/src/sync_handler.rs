@@ -38,13 +38,23 @@ pub async fn handle(
     let proxy = caller.proxy_id(&request.proxy);
     // The live overrides are read beside the grants (one more script call, concurrent): the
     // answer reflects every change made before it, on any replica.
+    // The interval to advise (the proxy's own while all is well, longer under backpressure)
+    // first: leases are sized and timed by the interval the proxy will sync at.
+    let settings = &state.settings;
+    let metrics = &state.metrics;
+    let next_sync_ms = backpressure::next_sync_ms(
+        settings.sync_interval_ms(request.interval_ms),
+        metrics.redis_latency.value(),
+        settings.redis_timeout_ms,
+        state.in_flight(),
+        settings.max_concurrency,
+    );
     let (grants, (bypass, live)) = tokio::join!(
-        apply_as(&state, &proxy, &request, 0),
+        apply_as(&state, &proxy, &request, next_sync_ms, 0),
         overrides::for_sync(&state, request.overrides_version, 0)
     );
     let grants = grants?;
 
-    let metrics = &state.metrics;
     metrics.syncs.inc();
     let answered = grants.iter().filter(|g| g.refused.is_none());
     metrics.grants.inc_by(answered.clone().count() as u64);
@@ -55,14 +65,6 @@ pub async fn handle(
         .granted_tokens
         .inc_by(answered.map(|g| g.tokens).sum());
 
-    let settings = &state.settings;
-    let next_sync_ms = backpressure::next_sync_ms(
-        settings.sync_interval_ms(request.interval_ms),
-        metrics.redis_latency.value(),
-        settings.redis_timeout_ms,
-        state.in_flight(),
-        settings.max_concurrency,
-    );
     metrics.next_sync_ms.set(next_sync_ms as i64);
     // A sync without a report leaves the fleet alone and gets no level: only a proxy that sheds
     // reports its load, and only it uses the level.
@@ -89,13 +91,21 @@ pub async fn apply(
     request: &SyncRequest,
     now_override_us: u64,
 ) -> Result<Vec<Grant>, BackendError> {
-    apply_as(state, &request.proxy, request, now_override_us).await
+    apply_as(
+        state,
+        &request.proxy,
+        request,
+        request.interval_ms,
+        now_override_us,
+    )
+    .await
 }
 
 /// Applies a batch for the proxy id `proxy` (the request's, namespaced by its credential) and
 /// answers one grant per entry, in request order. An entry out of bounds is refused alone: its
-/// grant is empty and says why, and its counts are not applied. The interval is clamped to the
-/// service's bounds, and each entry's counts are cut to what its limits make possible over the
+/// grant is empty and says why, and its counts are not applied. Leases are sized for
+/// `interval_ms` (the interval the proxy is advised: its own, or longer under backpressure),
+/// clamped to the service's bounds, and each entry's counts are cut to what its limits make possible over the
 /// time one report may cover ([`validate::report_cap`]). An entry whose round is not newer than
 /// the last one applied for this proxy on its key replays a report already applied (its batch
 /// was resent after the answer was lost): it is answered a grant and counts nothing
@@ -106,11 +116,12 @@ pub async fn apply_as(
     state: &AppState,
     proxy: &str,
     request: &SyncRequest,
+    interval_ms: u64,
     now_override_us: u64,
 ) -> Result<Vec<Grant>, BackendError> {
     let settings = &state.settings;
     let metrics = &state.metrics;
-    let interval_ms = settings.sync_interval_ms(request.interval_ms);
+    let interval_ms = settings.sync_interval_ms(interval_ms);
     let window_ms = validate::report_window_ms(settings, interval_ms);
     let call = Call {
         proxy,

@@ -63,11 +63,18 @@ impl Syncer {
             shared.announcer.flush(state.rounds);
             return;
         };
-        let interval_ms = claimed.effective_interval_ms(service.sync_interval_ms);
         let limiter = shared.limiter();
         let (mut waiting, forgotten) = shared.announcer.gather(&limiter);
         shared.metrics.sync_dropped(forgotten);
-        let batch = round::compose(&limiter, &mut waiting, proxy_id, interval_ms, &mut store);
+        // The configured interval, not the one the service last advised: the service advises
+        // from what it is sent, so sending its own advice back would never let it come down.
+        let batch = round::compose(
+            &limiter,
+            &mut waiting,
+            proxy_id,
+            service.sync_interval_ms,
+            &mut store,
+        );
         shared.announcer.flush(claimed.rounds);
         shared.announcer.keep(&limiter, waiting);
         let Some(batch) = batch else {

@@ -578,3 +578,64 @@ fn a_failed_strict_check_leaves_the_sync_round_alone() {
         "the first batch is still in flight: no second one"
     );
 }
+
+/// The service advises a longer interval under backpressure; the proxy follows it, but tells the
+/// service its own interval each round, so the advice comes back down once the service is well
+/// (sending the advice back as its own made a slow moment last until the proxy restarted).
+#[test]
+fn an_advised_interval_comes_back_down() {
+    let proxy = proxy(&config("cached", ""), 1, 7);
+    let answer = |call: &HttpCall, request: &SyncRequest, next_sync_ms: u64| {
+        let grants = request
+            .entries
+            .iter()
+            .map(|_| Grant {
+                tokens: 10,
+                ttl_ms: 3_000,
+                remaining: 10,
+                reset_ms: 0,
+                refused: None,
+            })
+            .collect();
+        let response = SyncResponse {
+            grants,
+            hints: Hints {
+                next_sync_ms,
+                ..Hints::default()
+            },
+        };
+        let body = serde_json::to_vec(&response).unwrap();
+        proxy
+            .answer_call(
+                call.token,
+                200,
+                &[("content-type", "application/json")],
+                &body,
+            )
+            .unwrap();
+    };
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let calls = sync_calls(&proxy);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].1.interval_ms, 100);
+    // the service is slow: sync every second
+    answer(&calls[0].0, &calls[0].1, 1_000);
+
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(500)).unwrap();
+    assert!(sync_calls(&proxy).is_empty(), "the advice is followed");
+    proxy.advance(Duration::from_millis(600)).unwrap();
+    let calls = sync_calls(&proxy);
+    assert_eq!(calls.len(), 1, "a round a second");
+    assert_eq!(
+        calls[0].1.interval_ms, 100,
+        "its own interval, not the advice"
+    );
+    // the service is well again: it answers the interval it was sent
+    answer(&calls[0].0, &calls[0].1, calls[0].1.interval_ms);
+
+    status(&proxy, 0, request("alice"));
+    proxy.advance(Duration::from_millis(150)).unwrap();
+    assert_eq!(sync_calls(&proxy).len(), 1, "every 100 ms again");
+}
