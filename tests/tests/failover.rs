@@ -87,7 +87,13 @@ fn sync_body(keys: &[&String]) -> String {
 fn a_dead_primary_is_a_503_for_its_slots_only_until_its_replica_takes_over() {
     let _machine = machine();
     let mut cluster = RedisCluster::start_with(ClusterOptions::with_replicas(3, 1)).unwrap();
-    let service = Service::start_with(ServiceOptions::new(cluster.url_list())).unwrap();
+    // A Redis timeout of 200 ms (not 50): a live primary's key may not fail for a busy machine's sake.
+    let service = Service::start_with(
+        ServiceOptions::new(cluster.url_list())
+            .arg("--redis-timeout-ms")
+            .arg("200"),
+    )
+    .unwrap();
     // The live overrides are read with every sync: kill a primary that does not hold them.
     let overrides = cluster
         .primary_of(cluster.slot("{overrides}").unwrap())
