@@ -10,7 +10,6 @@
 //! The short versions run in `make test`; `make test-clock` adds the long ones
 //! (`cargo test -p sluice-tests --features wasm,redis --test clock -- --include-ignored`).
 
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,6 +21,10 @@ use sluice_host::{
 };
 use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
+
+#[path = "support/bridge.rs"]
+mod bridge;
+use bridge::{Bridge, Rng};
 
 fn module() -> &'static FilterModule {
     static MODULE: OnceLock<FilterModule> = OnceLock::new();
@@ -264,18 +267,6 @@ struct FleetRun {
     sync_timeouts: u64,
 }
 
-/// Small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Poisson arrivals: (µs into the run, proxy).
 fn arrivals(s: &Scenario, seed: u64) -> Vec<(u64, usize)> {
     let mut rng = Rng(seed);
@@ -293,16 +284,6 @@ fn arrivals(s: &Scenario, seed: u64) -> Vec<(u64, usize)> {
     }
     all.sort();
     all
-}
-
-type Job = (usize, u32, String, Vec<u8>);
-
-struct Answer {
-    proxy: usize,
-    token: u32,
-    path: String,
-    status: u16,
-    body: Vec<u8>,
 }
 
 fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
@@ -339,53 +320,10 @@ fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
         .collect();
 
     // Callouts go to the service on a few threads, so a slow answer never stalls arrivals.
-    let (jobs, job_rx) = mpsc::channel::<Job>();
-    let job_rx = Arc::new(Mutex::new(job_rx));
-    let (answers, answer_rx) = mpsc::channel::<Answer>();
-    let mut pool = Vec::new();
-    for _ in 0..3 {
-        let job_rx = job_rx.clone();
-        let answers = answers.clone();
-        let url = service.url();
-        let token = service.token().to_string();
-        pool.push(thread::spawn(move || {
-            let agent = ureq::Agent::new_with_config(
-                ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .timeout_global(Some(Duration::from_secs(2)))
-                    .build(),
-            );
-            loop {
-                let job = job_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                let Ok((proxy, call_token, path, body)) = job else {
-                    break;
-                };
-                let reply = agent
-                    .post(&format!("{url}{path}"))
-                    .header("authorization", &format!("Bearer {token}"))
-                    .header("content-type", "application/json")
-                    .send(&body[..]);
-                let (status, body) = match reply {
-                    Ok(mut r) => (
-                        r.status().as_u16(),
-                        r.body_mut().read_to_vec().unwrap_or_default(),
-                    ),
-                    Err(_) => (503, Vec::new()),
-                };
-                let _ = answers.send(Answer {
-                    proxy,
-                    token: call_token,
-                    path,
-                    status,
-                    body,
-                });
-            }
-        }));
-    }
+    let mut bridge = Bridge::new(&service.url(), service.token(), 3, Duration::from_secs(2));
 
     let start = Instant::now();
     let since_start = |at: Instant| at.duration_since(start).as_micros() as u64;
-    let mut forwarded = std::collections::HashSet::new();
     let mut offsets_us: Vec<i64> = s.offsets_ms.iter().map(|o| o * 1_000).collect();
     let mut jumps = s.jumps.clone();
     jumps.sort_by_key(|j| j.at_ms);
@@ -400,29 +338,18 @@ fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
             clocks[j.proxy].jump(shifted(real, offsets_us[j.proxy]));
             logs[j.proxy].offsets.push((t, offsets_us[j.proxy]));
         }
-        for (i, proxy) in proxies.iter().enumerate() {
+        for i in 0..proxies.len() {
             // Between jumps a proxy's clock runs with the machine's, at its offset.
             let target = shifted(real, offsets_us[i]);
             if let Ok(ahead) = target.duration_since(clocks[i].now()) {
                 clocks[i].advance(ahead);
             }
-            proxy.fire_due().expect("timers run");
-            for call in proxy.pending_calls() {
-                if forwarded.insert((i, call.token)) {
-                    let path = call.header(":path").unwrap_or("/").to_string();
-                    let _ = jobs.send((i, call.token, path, call.body.clone()));
-                }
-            }
         }
         // Answers are applied at the time the proxies' clocks were just set to: a lease's
         // expiry is reckoned from it.
-        while let Ok(a) = answer_rx.try_recv() {
-            forwarded.remove(&(a.proxy, a.token));
-            let delivered = proxies[a.proxy]
-                .answer_call(a.token, a.status as u32, &[], &a.body)
-                .is_ok();
+        let mut observe = |a: &bridge::Answer, delivered: bool| {
             if a.path != "/v1/sync" {
-                continue;
+                return;
             }
             let lease = (a.status == 200)
                 .then(|| serde_json::from_slice::<SyncResponse>(&a.body).ok())
@@ -442,7 +369,10 @@ fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
                 None if a.status == 200 && delivered => {}
                 _ => logs[a.proxy].failures_us.push(t),
             }
-        }
+        };
+        bridge
+            .pump_observed(&proxies, &|| {}, &mut observe)
+            .expect("timers run");
     };
 
     let arrivals = arrivals(s, 7);
@@ -476,10 +406,7 @@ fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
             logs[*proxy].admitted_us.push(t);
         }
     }
-    drop(jobs);
-    for t in pool {
-        let _ = t.join();
-    }
+    bridge.finish();
     let sync_timeouts = proxies
         .iter()
         .map(|p| p.metric("sluice.sync.timeout").unwrap_or(0))

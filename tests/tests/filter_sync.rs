@@ -98,10 +98,15 @@ fn grant_all_of(
 
 /// Answers a sync callout with these grants, one per entry, and the usual 100 ms hint.
 fn answer_sync(proxy: &Proxy, call: &HttpCall, grants: Vec<Grant>) {
+    answer_sync_advising(proxy, call, grants, 100);
+}
+
+/// Answers a sync callout with these grants and the advice to sync every `next_sync_ms`.
+fn answer_sync_advising(proxy: &Proxy, call: &HttpCall, grants: Vec<Grant>, next_sync_ms: u64) {
     let response = SyncResponse {
         grants,
         hints: Hints {
-            next_sync_ms: 100,
+            next_sync_ms,
             ..Hints::default()
         },
     };
@@ -597,22 +602,7 @@ fn an_advised_interval_comes_back_down() {
                 refused: None,
             })
             .collect();
-        let response = SyncResponse {
-            grants,
-            hints: Hints {
-                next_sync_ms,
-                ..Hints::default()
-            },
-        };
-        let body = serde_json::to_vec(&response).unwrap();
-        proxy
-            .answer_call(
-                call.token,
-                200,
-                &[("content-type", "application/json")],
-                &body,
-            )
-            .unwrap();
+        answer_sync_advising(&proxy, call, grants, next_sync_ms);
     };
     status(&proxy, 0, request("alice"));
     proxy.advance(Duration::from_millis(100)).unwrap();

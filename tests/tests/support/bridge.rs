@@ -20,11 +20,14 @@ use sluice_host::Proxy;
 type Job = (usize, u32, String, Vec<u8>);
 
 /// A callout's answer from the service.
-struct Answer {
-    proxy: usize,
-    token: u32,
-    status: u16,
-    body: Vec<u8>,
+pub struct Answer {
+    /// Which proxy called.
+    pub proxy: usize,
+    pub token: u32,
+    /// The path it called (`/v1/sync`, `/v1/check`).
+    pub path: String,
+    pub status: u16,
+    pub body: Vec<u8>,
 }
 
 /// Caller threads between a fleet of harness proxies and the service at `url`.
@@ -71,6 +74,7 @@ impl Bridge {
                         let _ = answer_tx.send(Answer {
                             proxy,
                             token: call_token,
+                            path,
                             status,
                             body,
                         });
@@ -90,6 +94,17 @@ impl Bridge {
     /// that arrived. `set_clocks` runs first and before each answer: it moves the proxies'
     /// virtual clocks to the present (each by its own offset, if it likes).
     pub fn pump(&mut self, proxies: &[Proxy], set_clocks: &dyn Fn()) -> Result<()> {
+        self.pump_observed(proxies, set_clocks, &mut |_, _| {})
+    }
+
+    /// [`Bridge::pump`], and `observe` sees each answer after it was handed back (with whether
+    /// the proxy took it).
+    pub fn pump_observed(
+        &mut self,
+        proxies: &[Proxy],
+        set_clocks: &dyn Fn(),
+        observe: &mut dyn FnMut(&Answer, bool),
+    ) -> Result<()> {
         set_clocks();
         for (i, proxy) in proxies.iter().enumerate() {
             proxy.fire_due().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -105,8 +120,11 @@ impl Bridge {
         while let Ok(answer) = self.answers.try_recv() {
             set_clocks();
             let proxy = &proxies[answer.proxy];
-            let _ = proxy.answer_call(answer.token, u32::from(answer.status), &[], &answer.body);
+            let delivered = proxy
+                .answer_call(answer.token, u32::from(answer.status), &[], &answer.body)
+                .is_ok();
             self.forwarded.remove(&(answer.proxy, answer.token));
+            observe(&answer, delivered);
         }
         Ok(())
     }
