@@ -1,0 +1,363 @@
+//! Redis's time per call of the strict check script (`lua/prelude.lua` + `lua/check.lua`, as the
+//! service loads it) in isolation, against `lua/token_bucket.lua`: a real `redis-server` on
+//! loopback, one connection, `EVALSHA` on scripts loaded once, and `INFO commandstats`
+//! (`cmdstat_evalsha`, usec per call) and `INFO cpu` (the whole server's CPU time, network reads
+//! and writes included) read before and after each batch. The cases run
+//! interleaved, round after round, so a busy machine slows them alike; the medians are printed.
+//!
+//! Cases: `check.lua` on one key with 0, 1 and 4 other proxies' leases (a `p:<proxy>` lease and an
+//! `r:<proxy>` round each, as `sync.lua` writes them; and 4 leases without rounds), `check.lua` on
+//! a new key each call (as keys seen less than once a second are), and `token_bucket.lua` on one key and on a new key each
+//! call, and a script making `check.lua`'s four Redis calls without its Lua. With `--baseline FILE`, the same `check.lua` cases also run with FILE in place of
+//! `lua/check.lua` (e.g. `git show <commit>:lua/check.lua > check-before.lua`), interleaved.
+//!
+//! `cargo run --release -p sluice-counter-service --example redis_scripts -- [--calls N]
+//! [--rounds N] [--baseline FILE]` (`make bench-redis-scripts`; needs `redis-server`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use sluice_counter_service::scripts::{CHECK_LUA, PRELUDE_LUA, TOKEN_BUCKET_LUA};
+use sluice_tests::redis::Redis;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Returns early with an error made of a formatted message.
+macro_rules! bail {
+    ($($message:tt)*) => {
+        return Err(format!($($message)*).into())
+    };
+}
+
+/// `check.lua`'s four Redis calls (TIME, HGETALL, HSET, PEXPIRE) and its reply, without its Lua:
+/// the floor any script making those calls pays.
+const CALLS_ONLY_LUA: &str = "local t = redis.call('TIME') \
+local h = redis.call('HGETALL', KEYS[1]) \
+redis.call('HSET', KEYS[1], 'tokens', 999999999, 'ts', 1796087367751967) \
+redis.call('PEXPIRE', KEYS[1], 2001) \
+return {1, 999999999, 0, 2001}";
+
+/// A lease expiry far enough ahead (us, in 2100) that every lease is live during the run.
+const LEASE_EXPIRY_US: u64 = 4_102_444_800_000_000;
+
+/// One persistent connection (the fixture's `query` opens one per command).
+struct Connection {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Connection {
+    fn open(port: u16) -> Result<Connection> {
+        let stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_nodelay(true)?;
+        Ok(Connection {
+            writer: stream.try_clone()?,
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends one command and returns the integers of its reply (an integer or an array of them;
+    /// empty for other replies). An error reply is an `Err`.
+    fn call(&mut self, args: &[&str]) -> Result<Vec<i64>> {
+        let mut packet = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            packet.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            packet.extend_from_slice(arg.as_bytes());
+            packet.extend_from_slice(b"\r\n");
+        }
+        self.writer.write_all(&packet)?;
+        let mut numbers = Vec::new();
+        self.read(&mut numbers)?;
+        Ok(numbers)
+    }
+
+    fn read(&mut self, numbers: &mut Vec<i64>) -> Result<()> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("Redis closed the connection");
+        }
+        let line = line.trim_end();
+        let (kind, rest) = line.split_at(line.len().min(1));
+        match kind {
+            "+" => {}
+            "-" => bail!("Redis: {rest}"),
+            ":" => numbers.push(rest.parse()?),
+            "$" => {
+                let len: i64 = rest.parse()?;
+                if len >= 0 {
+                    let mut bytes = vec![0; len as usize + 2];
+                    std::io::Read::read_exact(&mut self.reader, &mut bytes)?;
+                }
+            }
+            "*" => {
+                let len: i64 = rest.parse()?;
+                for _ in 0..len.max(0) {
+                    self.read(numbers)?;
+                }
+            }
+            _ => bail!("not a RESP reply: {line:?}"),
+        }
+        Ok(())
+    }
+}
+
+/// Redis's CPU time (`used_cpu_sys` + `used_cpu_user`, the whole server, its network reads and
+/// writes included), in usec.
+fn cpu_usec(redis: &Redis) -> Result<f64> {
+    let text = redis.text(&["INFO", "cpu"])?;
+    let seconds: f64 = text
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("used_cpu_sys:")
+                .or_else(|| line.strip_prefix("used_cpu_user:"))
+        })
+        .filter_map(|value| value.trim().parse::<f64>().ok())
+        .sum();
+    Ok(seconds * 1e6)
+}
+
+/// `cmdstat_evalsha`: calls and usec since start; and the usec of every command but `INFO`
+/// summed, as `make bench-redis` sums them (the calls a script makes are counted under their own
+/// names too, so their time is in both `EVALSHA`'s and theirs).
+fn evalsha_stats(redis: &Redis) -> Result<(u64, u64, u64)> {
+    let text = redis.text(&["INFO", "commandstats"])?;
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|part| part.strip_prefix(name))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    let (mut calls, mut usec, mut all) = (0, 0, 0);
+    for line in text.lines().filter(|line| line.starts_with("cmdstat_")) {
+        if line.starts_with("cmdstat_evalsha:") {
+            calls = field(line, "calls=");
+            usec = field(line, "usec=");
+        }
+        if !line.starts_with("cmdstat_info:") {
+            all += field(line, "usec=");
+        }
+    }
+    Ok((calls, usec, all))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Script {
+    Check,
+    Baseline,
+    TokenBucket,
+    CallsOnly,
+}
+
+struct Case {
+    name: String,
+    script: Script,
+    /// Other proxies' leases on the key; `None`: a new key each call.
+    leases: Option<usize>,
+    /// Whether each lease has its `r:<proxy>` round beside it.
+    rounds: bool,
+    /// usec per call, one per round.
+    figures: Vec<f64>,
+    /// Redis CPU usec per call, one per round.
+    cpu: Vec<f64>,
+    /// Every command's usec (`INFO` excepted) per call, one per round.
+    all: Vec<f64>,
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
+fn main() -> Result<()> {
+    let mut calls = 5_000usize;
+    let mut rounds = 9usize;
+    let mut baseline = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--calls" => calls = value()?.parse()?,
+            "--rounds" => rounds = value()?.parse()?,
+            "--baseline" => {
+                let path = value()?;
+                let body = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+                baseline = Some(format!("{PRELUDE_LUA}\n{body}"));
+            }
+            other => bail!("unknown argument {other}"),
+        }
+    }
+
+    let redis = Redis::start_with(&["--save", "", "--appendonly", "no"])?;
+    let mut connection = Connection::open(redis.port())?;
+    let load = |text: &str| redis.text(&["SCRIPT", "LOAD", text]);
+    let check_sha = load(CHECK_LUA)?;
+    let bucket_sha = load(TOKEN_BUCKET_LUA)?;
+    let calls_sha = load(CALLS_ONLY_LUA)?;
+    let baseline_sha = match &baseline {
+        Some(text) => Some(load(text)?),
+        None => None,
+    };
+    let version = redis.text(&["INFO", "server"])?;
+    let version = version
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .to_owned();
+
+    let mut cases = Vec::new();
+    let mut scripts = vec![Script::Check];
+    if baseline_sha.is_some() {
+        scripts.insert(0, Script::Baseline);
+    }
+    for (leases, rounds) in [
+        (Some(0), true),
+        (Some(1), true),
+        (Some(4), true),
+        (Some(4), false),
+        (None, true),
+    ] {
+        for &script in &scripts {
+            let which = if script == Script::Baseline {
+                "check.lua (baseline)"
+            } else {
+                "check.lua"
+            };
+            let on = match leases {
+                Some(n) if rounds => format!("one key, {n} leases"),
+                Some(n) => format!("one key, {n} leases without their rounds"),
+                None => "a new key each call".to_owned(),
+            };
+            cases.push(Case {
+                name: format!("{which}, {on}"),
+                script,
+                leases,
+                rounds,
+                figures: Vec::new(),
+                cpu: Vec::new(),
+                all: Vec::new(),
+            });
+        }
+    }
+    for leases in [Some(0), None] {
+        let on = if leases.is_some() {
+            "one key"
+        } else {
+            "a new key each call"
+        };
+        cases.push(Case {
+            name: format!("token_bucket.lua, {on}"),
+            script: Script::TokenBucket,
+            leases,
+            rounds: true,
+            figures: Vec::new(),
+            cpu: Vec::new(),
+            all: Vec::new(),
+        });
+    }
+
+    cases.push(Case {
+        name: "check.lua's four Redis calls alone, one key".to_owned(),
+        script: Script::CallsOnly,
+        leases: Some(0),
+        rounds: true,
+        figures: Vec::new(),
+        cpu: Vec::new(),
+        all: Vec::new(),
+    });
+
+    // A limit no call exhausts: every check is admitted and writes the key, as most do.
+    let (requests, period_ms, burst) = ("1000000000", "1000", "1000000000");
+    let mut fresh = 0u64;
+    for round in 0..rounds {
+        for (index, case) in cases.iter_mut().enumerate() {
+            let sha = match case.script {
+                Script::Check => check_sha.as_str(),
+                Script::Baseline => baseline_sha.as_deref().unwrap_or_default(),
+                Script::TokenBucket => bucket_sha.as_str(),
+                Script::CallsOnly => calls_sha.as_str(),
+            };
+            // A key of the service's shape (keys.rs), one per case.
+            let key = format!(
+                "sluice:{{00000000000000{index:02x}}}:api-key-{index}:1000000000/1000/1000000000"
+            );
+            redis.query(&["DEL", &key])?;
+            for proxy in 0..case.leases.unwrap_or(0) {
+                let lease = format!("3 {LEASE_EXPIRY_US} 1.5 1764550000000000");
+                redis.query(&["HSET", &key, &format!("p:proxy-{proxy}"), &lease])?;
+                if case.rounds {
+                    let round = "1 2 1764550000000000";
+                    redis.query(&["HSET", &key, &format!("r:proxy-{proxy}"), round])?;
+                }
+            }
+            let before = evalsha_stats(&redis)?;
+            let cpu_before = cpu_usec(&redis)?;
+            for _ in 0..calls {
+                let key = match case.leases {
+                    Some(_) => key.clone(),
+                    None => {
+                        fresh += 1;
+                        format!(
+                            "sluice:{{{fresh:016x}}}:api-key-{fresh}:1000000000/1000/1000000000"
+                        )
+                    }
+                };
+                let reply = match case.script {
+                    Script::TokenBucket => {
+                        connection.call(&["EVALSHA", sha, "1", &key, burst, requests, "1", "0"])?
+                    }
+                    _ => connection.call(&[
+                        "EVALSHA", sha, "1", &key, "0", "1", "1", requests, period_ms, burst,
+                    ])?,
+                };
+                if reply.first() != Some(&1) {
+                    bail!("{}: the call answered {reply:?}, not admitted", case.name);
+                }
+            }
+            let cpu_after = cpu_usec(&redis)?;
+            let after = evalsha_stats(&redis)?;
+            let calls_made = after.0 - before.0;
+            if calls_made != calls as u64 {
+                bail!(
+                    "{}: Redis counted {calls_made} calls, not {calls}",
+                    case.name
+                );
+            }
+            case.figures
+                .push((after.1 - before.1) as f64 / calls_made as f64);
+            case.cpu.push((cpu_after - cpu_before) / calls_made as f64);
+            case.all
+                .push((after.2 - before.2) as f64 / calls_made as f64);
+        }
+        eprintln!("round {}/{rounds} done", round + 1);
+        // new keys of the last round go, so every round starts from the same database
+        redis.query(&["FLUSHALL"])?;
+    }
+
+    println!("Redis {version}, {rounds} rounds of {calls} calls per case, interleaved, one call at a time on one connection; `INFO commandstats` usec per `EVALSHA`, and Redis's CPU time (`INFO cpu`) per call:");
+    println!();
+    println!("| case | median µs / call | min | max | every command's µs / call (median) | Redis CPU µs / call (median) |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for case in &cases {
+        let min = case.figures.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = case.figures.iter().copied().fold(0.0, f64::max);
+        println!(
+            "| {} | {:.2} | {min:.2} | {max:.2} | {:.2} | {:.1} |",
+            case.name,
+            median(&case.figures),
+            median(&case.all),
+            median(&case.cpu)
+        );
+    }
+    Ok(())
+}
