@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sluice_tests::envoy::{sustain_until, wasm_path, Envoy, EnvoyOptions, Load, Template};
 use sluice_tests::eventually;
-use sluice_tests::redis::{Redis, Reply};
+use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
 
 /// The filter's callout timeout (`service.timeout_ms`).
@@ -72,36 +72,6 @@ fn start_envoy(replicas: &[Service; 2]) -> Envoy {
     .unwrap()
 }
 
-/// The window's count in Redis (the rule's only key), 0 before the first sync.
-fn count(redis: &Redis) -> u64 {
-    let Ok(Reply::Array(keys)) = redis.query(&["KEYS", "sluice:*"]) else {
-        return 0;
-    };
-    assert!(keys.len() <= 1, "one key: {keys:?}");
-    let Some(key) = keys.first().and_then(Reply::text) else {
-        return 0;
-    };
-    redis
-        .text(&["HGET", key, "n"])
-        .ok()
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// A counter of a replica's /metrics (0 if it is not running or has none).
-fn metric(service: &Service, name: &str) -> u64 {
-    let Ok(reply) = service.get("/metrics") else {
-        return 0;
-    };
-    reply
-        .body
-        .lines()
-        .find(|l| l.contains(name) && !l.starts_with('#'))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_replica_killed_under_load_costs_no_error_and_no_count() {
     let secs = env_number("SLUICE_REPLICAS_SECS", 6).max(3);
@@ -139,7 +109,7 @@ fn a_replica_killed_under_load_costs_no_error_and_no_count() {
             let at = started + period * (k as u32 + 1);
             std::thread::sleep(at.saturating_duration_since(Instant::now()));
             let victim = (k % 2) as usize;
-            replayed_by_dead += metric(&replicas[victim], "replayed_entries");
+            replayed_by_dead += replicas[victim].metric("replayed_entries");
             replicas[victim].kill();
             killed_at.push(started.elapsed());
             if k + 1 < kills {
@@ -154,12 +124,14 @@ fn a_replica_killed_under_load_costs_no_error_and_no_count() {
     let admitted = run.count(200) as u64;
     // After the load: rounds keep going every 100 ms (after the breaker's 1 s cool-down if it opened); whatever
     // was in doubt or waiting reaches the survivor.
-    let settled = eventually(Duration::from_secs(15), || count(&redis) == admitted);
-    let counted = count(&redis);
+    let settled = eventually(Duration::from_secs(15), || {
+        redis.only_window_count() == admitted
+    });
+    let counted = redis.only_window_count();
     let replayed = replayed_by_dead
         + replicas
             .iter()
-            .map(|r| metric(r, "replayed_entries"))
+            .map(|r| r.metric("replayed_entries"))
             .sum::<u64>();
     let stats = envoy.sluice_stats();
     let failed = envoy.stat(sync_failed) - failed_before;

@@ -13,7 +13,7 @@ use sluice_core::protocol::SyncRequest;
 use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, HttpCall, Proxy, ProxyOptions, RequestSpec,
 };
-use sluice_tests::redis::{Redis, Reply};
+use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
 
 fn module() -> &'static FilterModule {
@@ -77,32 +77,6 @@ fn forward(service: &Service, batch: &SyncRequest) -> String {
     reply.body
 }
 
-/// The window's count in Redis (the only key).
-fn count(redis: &Redis) -> u64 {
-    let Ok(Reply::Array(keys)) = redis.query(&["KEYS", "sluice:*"]) else {
-        return 0;
-    };
-    assert!(keys.len() <= 1, "{keys:?}");
-    let Some(key) = keys.first().and_then(Reply::text) else {
-        return 0;
-    };
-    redis
-        .text(&["HGET", key, "n"])
-        .ok()
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn replayed(service: &Service) -> u64 {
-    let metrics = service.get("/metrics").unwrap().body;
-    metrics
-        .lines()
-        .find(|l| l.contains("replayed_entries") && !l.starts_with('#'))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Admits some, loses the answer of the batch that reported them after the service applied it
 /// (a 503: what Envoy answers when the replica died), admits more, then lets every answer
 /// through. `strip` removes the labels from the resent batch. Returns (admitted, counted,
@@ -118,7 +92,7 @@ fn lose_an_answer(strip: bool) -> (u64, u64, u64) {
     assert_eq!(first.entries.len(), 1);
     assert_ne!(first.entries[0].round, 0, "labeled");
     forward(&service, &first);
-    assert_eq!(count(&redis), 5, "applied");
+    assert_eq!(redis.only_window_count(), 5, "applied");
     proxy.answer_call(call.token, 503, &[], b"").unwrap();
     assert_eq!(proxy.metric("sluice.sync.failed"), Some(1));
 
@@ -144,7 +118,11 @@ fn lose_an_answer(strip: bool) -> (u64, u64, u64) {
     proxy
         .answer_call(call.token, 200, &[], answer.as_bytes())
         .unwrap();
-    (total, count(&redis), replayed(&service))
+    (
+        total,
+        redis.only_window_count(),
+        service.metric("replayed_entries"),
+    )
 }
 
 #[test]

@@ -96,6 +96,22 @@ impl Redis {
         }
     }
 
+    /// The count (field `n`) of a window rule's key when it is the only sluice key here; 0
+    /// before the first report. Panics if there are several.
+    pub fn only_window_count(&self) -> u64 {
+        let Ok(Reply::Array(keys)) = self.query(&["KEYS", "sluice:*"]) else {
+            return 0;
+        };
+        assert!(keys.len() <= 1, "one sluice key: {keys:?}");
+        let Some(key) = keys.first().and_then(Reply::text) else {
+            return 0;
+        };
+        self.text(&["HGET", key, "n"])
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Sends one command and returns its status, bulk or integer reply as text.
     pub fn text(&self, args: &[&str]) -> Result<String> {
         match self.query(args)? {

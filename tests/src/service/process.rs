@@ -111,6 +111,21 @@ impl Service {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// The value of the first sample of `/metrics` whose line names `name` (a counter's
+    /// `sluice_..._total`, a gauge); 0 if the service does not run or has no such sample.
+    pub fn metric(&self, name: &str) -> u64 {
+        let Ok(reply) = self.get("/metrics") else {
+            return 0;
+        };
+        reply
+            .body
+            .lines()
+            .find(|l| l.contains(name) && !l.starts_with('#'))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// `GET path` without a token.
     pub fn get(&self, path: &str) -> Result<Reply> {
         send(
