@@ -35,6 +35,9 @@ pub struct SyncState {
     /// The high half of the round labels ([`SyncState::round_label`]): drawn at the first claim
     /// of a state that starts over (0: not drawn yet), and again when the low half wraps.
     pub epoch: u32,
+    /// When the last round was claimed (an exhausted lease hurries the next to a quarter
+    /// interval after it).
+    pub claimed_at_us: u64,
 }
 
 /// The fleet load level the counter service last answered, and when.
@@ -63,7 +66,7 @@ impl Fleet {
 }
 
 impl SyncState {
-    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8 + 8 + 4;
+    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8 + 8 + 4 + 8;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(Self::LEN);
@@ -78,6 +81,7 @@ impl SyncState {
         b.extend_from_slice(&self.fleet.at_us.to_le_bytes());
         b.extend_from_slice(&self.overrides_version.to_le_bytes());
         b.extend_from_slice(&self.epoch.to_le_bytes());
+        b.extend_from_slice(&self.claimed_at_us.to_le_bytes());
         b
     }
 
@@ -113,6 +117,7 @@ impl SyncState {
             },
             overrides_version: u64_at(57),
             epoch: u32::from_le_bytes(epoch),
+            claimed_at_us: u64_at(69),
         }
     }
 
@@ -185,6 +190,7 @@ pub fn claim_round(
             return (None, false);
         }
         state.next_at_us = now_us + interval_us;
+        state.claimed_at_us = now_us;
         state.busy_until_us = now_us + busy_us;
         // A counter read from shared data, possibly corrupt: it wraps, never panics.
         state.rounds = state.rounds.wrapping_add(1);
@@ -210,8 +216,11 @@ pub fn claim_round(
 pub fn hurry(store: &mut dyn Store, now_us: u64, configured_interval_ms: u64) {
     let _ = update_state(store, |state| {
         let interval_us = state.effective_interval_ms(configured_interval_ms) * 1_000;
-        let last_claim = state.next_at_us.saturating_sub(interval_us);
-        let earliest = (last_claim + interval_us / 4).max(now_us);
+        // From the claim itself, not from the next round: an earlier hurry moved that.
+        let earliest = state
+            .claimed_at_us
+            .saturating_add(interval_us / 4)
+            .max(now_us);
         state.next_at_us = state.next_at_us.min(earliest);
     });
 }
@@ -379,6 +388,7 @@ mod tests {
             fleet: Fleet::heard(Some(0.42), 7),
             overrides_version: 8,
             epoch: 9,
+            claimed_at_us: 10,
         };
         assert_eq!(SyncState::decode(&s.encode()), s);
         assert_eq!(s.fleet.level(8, 10), Some(0.42));
@@ -409,6 +419,9 @@ mod tests {
         assert!(claim_round(&mut store, t, 100, 50_000, 3).is_some());
         update_state(&mut store, |s| s.busy_until_us = 0).unwrap();
         hurry(&mut store, t + 5_000, 100);
+        // every worker may hurry: the second must not move it further
+        hurry(&mut store, t + 6_000, 100);
+        assert_eq!(read_state(&mut store).next_at_us, t + 25_000);
         assert!(
             claim_round(&mut store, t + 20_000, 100, 50_000, 3).is_none(),
             "not before 25 ms"

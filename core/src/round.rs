@@ -210,8 +210,7 @@ pub fn settle(
         s.interval_ms = hints.next_sync_ms;
         let advised_us = s.effective_interval_ms(configured_ms).saturating_mul(1_000);
         if advised_us < claimed_us {
-            let last_claim = s.next_at_us.saturating_sub(claimed_us);
-            s.next_at_us = s.next_at_us.min(last_claim.saturating_add(advised_us));
+            s.next_at_us = s.next_at_us.min(s.claimed_at_us.saturating_add(advised_us));
         }
         s.bypass = hints.overrides.bypass;
         s.fleet = proxy_sync::Fleet::heard(hints.overrides.load_level, now_us);

@@ -629,3 +629,23 @@ fn an_advised_interval_comes_back_down() {
     proxy.advance(Duration::from_millis(150)).unwrap();
     assert_eq!(sync_calls(&proxy).len(), 1, "every 100 ms again");
 }
+
+/// A proxy whose leases keep running out asks again early, but at most four rounds an interval.
+#[test]
+fn exhausted_leases_sync_at_most_four_times_an_interval() {
+    let proxy = proxy(&config("cached", ""), 2, 11);
+    let mut rounds = 0;
+    // 2 s of 1 ms steps, 4 requests a step on two keys, every lease 2 tokens
+    for _ in 0..2_000 {
+        for i in 0..4 {
+            status(&proxy, i % 2, request(if i % 2 == 0 { "alice" } else { "bob" }));
+        }
+        for (call, batch) in sync_calls(&proxy) {
+            rounds += 1;
+            grant_all(&proxy, &call, &batch, 2);
+        }
+        proxy.advance(Duration::from_millis(1)).unwrap();
+    }
+    assert!(rounds >= 20, "early rounds happen: {rounds}");
+    assert!(rounds <= 4 * 20 + 1, "{rounds} rounds in 2 s at 100 ms");
+}
