@@ -638,7 +638,11 @@ fn exhausted_leases_sync_at_most_four_times_an_interval() {
     // 2 s of 1 ms steps, 4 requests a step on two keys, every lease 2 tokens
     for _ in 0..2_000 {
         for i in 0..4 {
-            status(&proxy, i % 2, request(if i % 2 == 0 { "alice" } else { "bob" }));
+            status(
+                &proxy,
+                i % 2,
+                request(if i % 2 == 0 { "alice" } else { "bob" }),
+            );
         }
         for (call, batch) in sync_calls(&proxy) {
             rounds += 1;
