@@ -43,7 +43,7 @@ export SLUICE_STACK := $(CURDIR)/$(STACK)
 .NOTPARALLEL:
 .PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
-.PHONY: test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix
+.PHONY: test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix test-replicas test-reload bench-redis-scripts
 
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
