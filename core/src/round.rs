@@ -22,7 +22,7 @@ use crate::limiter::Limiter;
 use crate::pending::{entry_bytes, Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use crate::policy::RuleId;
 use crate::policy::Service;
-use crate::protocol::{SyncEntry, SyncRequest, SyncResponse};
+use crate::protocol::{LimitSpec, SyncEntry, SyncRequest, SyncResponse};
 use crate::proxy_sync;
 use crate::store::Store;
 
@@ -183,7 +183,20 @@ pub fn settle(
             settled.reason.get_or_insert_with(|| reason.clone());
             continue;
         }
-        let _ = proxy_sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
+        // A batch composed under other limits (a reload or a live override while it was in
+        // flight or in doubt): a lease goes only to a rule that still has the limits it was
+        // granted for, not to the key's record under the new ones.
+        let granted_for = limiter.rule(*rule).is_some_and(|enforced| {
+            let limits = &enforced.rule.limits;
+            limits.len() == entry.limits.len()
+                && limits
+                    .iter()
+                    .zip(&entry.limits)
+                    .all(|(limit, spec)| LimitSpec::from(limit) == *spec)
+        });
+        if granted_for {
+            let _ = proxy_sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
+        }
     }
     if batch.replayed > 0 {
         let carried = batch.rules.iter().zip(&batch.request.entries);

@@ -321,3 +321,37 @@ fn rounds_that_overlap_lose_nothing_in_doubt() {
     let debited: HashMap<_, _> = service.debited.into_iter().collect();
     assert_eq!(debited, proxy.admitted);
 }
+
+/// A configuration reloaded while a batch was out changed the rule's limits: the answer's lease,
+/// granted for the old limits, does not go to the key under the new ones.
+#[test]
+fn a_lease_answered_after_a_reload_goes_only_to_the_limits_it_was_granted_for() {
+    let mut proxy = Proxy::new();
+    proxy.request("a");
+    let batch = proxy.compose();
+    assert_eq!(batch.request.entries.len(), 1);
+
+    // The reload: the same rule, now 1 an hour with a fallback of 1 an hour.
+    const RELOADED: &str = r#"{"service": {"cluster": "svc", "breaker_failures": 1, "breaker_cooldown_ms": 1000},
+        "rules": [{"name": "shared", "key": ["header:x-key"], "consistency": "cached",
+                   "limits": [{"requests": 1, "per": "hour"}],
+                   "fallback": {"policy": "fail_open", "limits": [{"requests": 1, "per": "hour"}]}}]}"#;
+    proxy.limiter = Limiter::new(sluice_core::parse(RELOADED.as_bytes()).unwrap());
+    let admitted = |proxy: &mut Proxy| {
+        let mut request = PlainRequest::get("/").with_header("x-key", "a");
+        let conditions = sluice_core::limiter::Conditions {
+            now_us: proxy.now,
+            service_up: true,
+            service_back_us: 0,
+        };
+        let evaluation = proxy
+            .limiter
+            .decide(&mut request, conditions, &mut proxy.store);
+        matches!(evaluation.decision, Decision::Allow { .. })
+    };
+    // The key under the new limits is seen (the fallback admits one), then the answer comes.
+    assert!(admitted(&mut proxy), "the fallback's one");
+    proxy.settle(&batch, Outcome::Answered);
+    // Had the 1,000-token lease of the old limits gone to it, it would admit again.
+    assert!(!admitted(&mut proxy), "no lease granted for other limits");
+}
