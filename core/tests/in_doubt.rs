@@ -82,7 +82,8 @@ impl Proxy {
         }
     }
 
-    fn request(&mut self, key: &str) {
+    /// A request for `key`; whether it was admitted.
+    fn request(&mut self, key: &str) -> bool {
         let mut request = PlainRequest::get("/").with_header("x-key", key);
         let conditions = sluice_core::limiter::Conditions {
             now_us: self.now,
@@ -98,9 +99,11 @@ impl Proxy {
                 .entry(format!("shared\u{1f}{key}"))
                 .or_default() += 1;
         }
+        let admitted = matches!(evaluation.decision, Decision::Allow { .. });
         for (rule, key) in evaluation.newly_unsynced {
             let _ = self.waiting.push(rule, key);
         }
+        admitted
     }
 
     /// Claims a round (two seconds on: past any breaker cooldown) and composes its batch.
@@ -337,21 +340,9 @@ fn a_lease_answered_after_a_reload_goes_only_to_the_limits_it_was_granted_for() 
                    "limits": [{"requests": 1, "per": "hour"}],
                    "fallback": {"policy": "fail_open", "limits": [{"requests": 1, "per": "hour"}]}}]}"#;
     proxy.limiter = Limiter::new(sluice_core::parse(RELOADED.as_bytes()).unwrap());
-    let admitted = |proxy: &mut Proxy| {
-        let mut request = PlainRequest::get("/").with_header("x-key", "a");
-        let conditions = sluice_core::limiter::Conditions {
-            now_us: proxy.now,
-            service_up: true,
-            service_back_us: 0,
-        };
-        let evaluation = proxy
-            .limiter
-            .decide(&mut request, conditions, &mut proxy.store);
-        matches!(evaluation.decision, Decision::Allow { .. })
-    };
     // The key under the new limits is seen (the fallback admits one), then the answer comes.
-    assert!(admitted(&mut proxy), "the fallback's one");
+    assert!(proxy.request("a"), "the fallback's one");
     proxy.settle(&batch, Outcome::Answered);
     // Had the 1,000-token lease of the old limits gone to it, it would admit again.
-    assert!(!admitted(&mut proxy), "no lease granted for other limits");
+    assert!(!proxy.request("a"), "no lease granted for other limits");
 }
