@@ -21,3 +21,20 @@ pub fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A process's resident set size (`VmRSS` of `/proc/<pid>/status`), in bytes; `None` if it is
+/// gone or the line is missing.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib * 1024)
+}

@@ -232,22 +232,6 @@ impl Sample {
     }
 }
 
-/// `VmRSS` of `/proc/<pid>/status`, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map_or(0, |kib| kib * 1024)
-}
-
 /// A number of Envoy's admin `/memory` (written as a JSON string).
 fn memory_field(memory: &Value, name: &str) -> u64 {
     memory[name]
@@ -292,8 +276,8 @@ fn take(envoy: &Envoy, service: &Service, redis: &Redis, outcomes: &Outcomes, t:
         t,
         envoy_allocated: memory_field(&memory, "allocated"),
         envoy_heap_size: memory_field(&memory, "heap_size"),
-        envoy_rss: rss(envoy.pid()),
-        service_rss: rss(service.pid().expect("the service runs")),
+        envoy_rss: sluice_tests::rss_bytes(envoy.pid()).unwrap_or(0),
+        service_rss: sluice_tests::rss_bytes(service.pid().expect("the service runs")).unwrap_or(0),
         redis_keys: redis
             .text(&["DBSIZE"])
             .expect("Redis answers DBSIZE")

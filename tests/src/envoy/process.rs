@@ -325,20 +325,8 @@ impl Envoy {
     /// The process's resident set size (`VmRSS` of `/proc/<pid>/status`), in bytes: includes what the heap does
     /// not, such as the Wasm VMs' linear memories.
     pub fn rss_bytes(&self) -> Result<u64> {
-        let path = format!("/proc/{}/status", self.pid());
-        let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-            .map(|kib| kib * 1024)
-            .with_context(|| format!("no VmRSS in {path}"))
+        crate::rss_bytes(self.pid())
+            .with_context(|| format!("no VmRSS in /proc/{}/status", self.pid()))
     }
 
     /// Everything Envoy logged so far.
