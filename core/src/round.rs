@@ -16,7 +16,11 @@
 //! holds it first and fills the rest. An answer settles only the entries its batch carried, and a
 //! batch in doubt joins the list rather than replacing it, so rounds that overlap (an answer
 //! later than the next round's claim) lose nothing; the list may then hold more than a batch
-//! for a while, and the next batches take it in turn.
+//! for a while, and the next batches take it in turn. It never holds more than
+//! [`MAX_IN_DOUBT_KEYS`] entries or [`MAX_IN_DOUBT_BYTES`]: a batch in doubt that would go past
+//! either is undone instead for the entries that do not fit (their counts go back into the
+//! records, to leave again under a newer label: counted twice if that batch was applied after
+//! all, never lost).
 
 use crate::limiter::Limiter;
 use crate::pending::{entry_bytes, Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
@@ -28,6 +32,12 @@ use crate::store::Store;
 
 /// Shared-data key of the entries in doubt: the last batch whose answer was lost, as sent.
 pub const IN_DOUBT_KEY: &str = "sluice/in-doubt";
+
+/// At most this many entries are kept in doubt (four batches).
+pub const MAX_IN_DOUBT_KEYS: usize = 4 * MAX_BATCH_KEYS;
+
+/// At most this many bytes of entries, as [`entry_bytes`] counts them, are kept in doubt.
+pub const MAX_IN_DOUBT_BYTES: usize = 4 * MAX_BATCH_BYTES;
 
 /// A batch to send, and which rule each entry's key belongs to.
 #[derive(Debug, Clone, PartialEq)]
@@ -260,16 +270,45 @@ pub fn undo(
 /// A batch that may have been applied (timed out, reset, a 5xx, an answer that does not fit):
 /// its entries, as sent, join the entries in doubt (those it replayed are there already),
 /// resent first by every following batch until one is answered; the breaker counts a failure
-/// and the round is released.
-pub fn doubt(batch: &Batch, service: &Service, now_us: u64, jitter: f64, store: &mut dyn Store) {
+/// and the round is released. Entries that would take the list past [`MAX_IN_DOUBT_KEYS`] or
+/// [`MAX_IN_DOUBT_BYTES`] are undone instead (counted twice if the batch was applied after all,
+/// never lost); returns their keys to announce again, as [`undo`] does.
+pub fn doubt(
+    limiter: &Limiter,
+    batch: &Batch,
+    service: &Service,
+    now_us: u64,
+    jitter: f64,
+    store: &mut dyn Store,
+) -> Vec<(RuleId, String)> {
+    let mut overflow = Vec::new();
     change_in_doubt(store, |list| {
+        overflow.clear();
+        let mut bytes: usize = list
+            .iter()
+            .map(|(_, e)| entry_bytes(&e.key, e.limits.len()))
+            .sum();
         for (rule, entry) in batch.rules.iter().zip(&batch.request.entries) {
-            if !list.iter().any(|doubt| same(doubt, *rule, entry)) {
+            if list.iter().any(|doubt| same(doubt, *rule, entry)) {
+                continue;
+            }
+            let size = entry_bytes(&entry.key, entry.limits.len());
+            if list.len() < MAX_IN_DOUBT_KEYS && bytes + size <= MAX_IN_DOUBT_BYTES {
+                bytes += size;
                 list.push((rule.index(), entry.clone()));
+            } else {
+                overflow.push((*rule, entry));
             }
         }
     });
+    let mut announce = Vec::new();
+    for (rule, entry) in overflow {
+        if let Ok(true) = proxy_sync::restore(limiter, rule, entry, store) {
+            announce.push((rule, entry.key.clone()));
+        }
+    }
     failed(service, now_us, jitter, store);
+    announce
 }
 
 fn failed(service: &Service, now_us: u64, jitter: f64, store: &mut dyn Store) {

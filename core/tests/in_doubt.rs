@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use sluice_core::pending::Pending;
+use sluice_core::pending::{Pending, MAX_BATCH_KEYS};
 use sluice_core::protocol::{Grant, Hints, SyncEntry, SyncResponse};
 use sluice_core::proxy_sync::{claim_round, read_state};
 use sluice_core::round::{self, Batch};
@@ -138,7 +138,16 @@ impl Proxy {
                 round::settle(&self.limiter, batch, &response, self.now, &mut self.store).unwrap();
             }
             Outcome::AppliedThenLost | Outcome::LostBeforeApplying => {
-                round::doubt(batch, &service, self.now, 1.0, &mut self.store);
+                for (rule, key) in round::doubt(
+                    &self.limiter,
+                    batch,
+                    &service,
+                    self.now,
+                    1.0,
+                    &mut self.store,
+                ) {
+                    let _ = self.waiting.push(rule, key);
+                }
             }
             Outcome::Refused => {
                 for (rule, key) in round::undo(
@@ -345,4 +354,59 @@ fn a_lease_answered_after_a_reload_goes_only_to_the_limits_it_was_granted_for() 
     proxy.settle(&batch, Outcome::Answered);
     // Had the 1,000-token lease of the old limits gone to it, it would admit again.
     assert!(!proxy.request("a"), "no lease granted for other limits");
+}
+
+/// Rounds that overlap, every one lost: the list stops at its cap, and what does not fit goes
+/// back into the records instead of being dropped, so the service still debits every admission
+/// (twice for the entries undone from a batch it had applied after all, never fewer).
+#[test]
+fn the_list_in_doubt_is_capped_and_loses_nothing() {
+    for applied in [false, true] {
+        let mut proxy = Proxy::new();
+        let mut service = Service::default();
+        let mut out = Vec::new();
+        for round in 0..5 {
+            for key in 0..MAX_BATCH_KEYS {
+                proxy.request(&format!("r{round}k{key}"));
+            }
+            out.push(proxy.compose());
+        }
+        let outcome = if applied {
+            Outcome::AppliedThenLost
+        } else {
+            Outcome::LostBeforeApplying
+        };
+        for batch in &out {
+            assert_eq!(batch.request.entries.len(), MAX_BATCH_KEYS);
+            if applied {
+                service.apply(batch);
+            }
+            proxy.settle(batch, outcome);
+        }
+        assert_eq!(
+            round::in_doubt(&mut proxy.store).len(),
+            round::MAX_IN_DOUBT_KEYS,
+            "capped"
+        );
+        assert_eq!(
+            proxy.waiting.len(),
+            MAX_BATCH_KEYS,
+            "the last batch's keys wait again"
+        );
+        for _ in 0..10 {
+            if round::in_doubt(&mut proxy.store).is_empty() && proxy.waiting.is_empty() {
+                break;
+            }
+            let batch = proxy.compose();
+            service.apply(&batch);
+            proxy.settle(&batch, Outcome::Answered);
+        }
+        assert!(round::in_doubt(&mut proxy.store).is_empty());
+        let debited: HashMap<_, _> = service.debited.into_iter().collect();
+        assert_eq!(debited.len(), proxy.admitted.len());
+        for (key, admitted) in &proxy.admitted {
+            let expected = if applied && key.contains("r4k") { 2 } else { 1 };
+            assert_eq!(debited[key], admitted * expected, "{key}");
+        }
+    }
 }

@@ -149,10 +149,15 @@ impl Syncer {
     }
 }
 
-/// A batch that may have been applied: kept in doubt, resent with its labels, the breaker told.
+/// A batch that may have been applied: kept in doubt, resent with its labels (what does not fit
+/// in the list goes back into the records, its keys announced again), the breaker told.
 fn doubt(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
     let mut store = SharedData;
-    round::doubt(batch, service, now, host::jitter(now), &mut store);
+    let limiter = shared.limiter();
+    for (rule, key) in round::doubt(&limiter, batch, service, now, host::jitter(now), &mut store) {
+        let forgotten = shared.announcer.announce(&limiter, rule, key);
+        shared.metrics.sync_dropped(forgotten);
+    }
     shared.metrics.sync_failed(failure);
     let state = proxy_sync::read_state(&mut store);
     shared.publish(&state, service, now);
