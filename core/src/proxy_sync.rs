@@ -298,6 +298,90 @@ pub fn snapshot(
     })
 }
 
+/// Whether a key's report may wait for a later round, at `now_us` (the round's claim) with
+/// rounds `interval_us` apart. Only while its lease lasts more than another interval and a half
+/// (the report still goes, and its answer comes back, before the lease lapses: never a
+/// fallback decision for want of a report) and ends within four intervals (one ending later
+/// means the clock was stepped back: report as before). Then it waits if either
+///
+/// - *covered*: nothing denied, and the lease left covers at least as much again as was spent
+///   since the last report: a new lease would change nothing, and the service already set
+///   the whole lease aside from the global bucket, so the spend it holds back is no token the
+///   others could have had; or
+/// - *starved*: denials only, on a lease the service granted empty or that was spent in an
+///   earlier round: the service had nothing for this proxy and has not heard the spend that
+///   would change that from it; asking every round only repeats the denials (a hot key denied
+///   on every proxy sent an entry per proxy and round for one admission a round).
+///
+/// So a covered or starved key reports at most every other interval while its lease lives,
+/// and at once when it runs low, is denied after a spend, or is about to lapse.
+pub fn may_wait(record: &Record, now_us: u64, interval_us: u64) -> bool {
+    let left_us = record.lease_until_us.saturating_sub(now_us);
+    let lives =
+        left_us > interval_us.saturating_mul(3) / 2 && left_us <= interval_us.saturating_mul(4);
+    let covered = record.denied == 0 && record.spent > 0 && record.lease >= record.spent;
+    let starved = record.spent == 0 && record.denied > 0 && record.lease == 0;
+    lives && (covered || starved)
+}
+
+/// What a round takes from a key ([`take`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Taken {
+    /// Its batch entry (its counts reset in the record).
+    Entry(SyncEntry),
+    /// Its report waits for a later round ([`may_wait`]); it must stay announced.
+    Held,
+    /// Evicted, or nothing to report.
+    Nothing,
+}
+
+/// [`snapshot`], unless the key's report may wait ([`may_wait`]) at `now_us` with rounds
+/// `interval_us` apart. Only a rule of token buckets (or GCRA) holds reports back: a window's
+/// spend belongs to its window, and held past its end it would be counted in the next.
+pub fn take(
+    limiter: &Limiter,
+    rule: RuleId,
+    key: &str,
+    now_us: u64,
+    interval_us: u64,
+    store: &mut dyn Store,
+) -> Taken {
+    let bucketed = limiter.rule(rule).is_some_and(|enforced| {
+        let limits = enforced.rule.limits.iter();
+        limits.clone().all(|limit| !limit.algorithm().windowed()) && limits.len() > 0
+    });
+    let counts = with_record(limiter, rule, key, store, None, |record| {
+        if bucketed && record.unsynced() && may_wait(record, now_us, interval_us) {
+            return (Some(None), false);
+        }
+        let counts = (record.spent, record.denied);
+        record.spent = 0;
+        record.denied = 0;
+        (Some(Some(counts)), counts != (0, 0))
+    });
+    match counts {
+        Ok(Some(Some((spent, denied)))) => entry(limiter, rule, key, spent, denied),
+        Ok(Some(None)) => Taken::Held,
+        _ => Taken::Nothing,
+    }
+}
+
+fn entry(limiter: &Limiter, rule: RuleId, key: &str, spent: u32, denied: u32) -> Taken {
+    if spent == 0 && denied == 0 {
+        return Taken::Nothing;
+    }
+    let Some(enforced) = limiter.rule(rule) else {
+        return Taken::Nothing;
+    };
+    Taken::Entry(SyncEntry {
+        key: key.to_string(),
+        limits: enforced.rule.limits.iter().map(LimitSpec::from).collect(),
+        spent: spent as u64,
+        denied: denied as u64,
+        round: 0,
+    })
+}
+
 /// Drops a key's unsynced counts: it could not wait any longer for a round (see
 /// [`crate::pending`]). Its next count announces it again.
 pub fn forget(
@@ -512,6 +596,49 @@ mod tests {
         assert!(
             restore(&limiter, RuleId::new(0), &entry, &mut store).unwrap(),
             "clean: announce again"
+        );
+    }
+
+    #[test]
+    fn a_report_waits_only_while_the_lease_covers_it_or_had_nothing() {
+        let interval = 100_000;
+        let now = 10_000_000;
+        let mut record = Record::fresh(1, &[], 0);
+        record.lease_until_us = now + 200_000;
+        record.lease = 5;
+        record.spent = 5;
+        assert!(
+            may_wait(&record, now, interval),
+            "covered: 5 left for 5 spent"
+        );
+        record.spent = 6;
+        assert!(!may_wait(&record, now, interval), "running low");
+        record.spent = 5;
+        record.denied = 1;
+        assert!(!may_wait(&record, now, interval), "denied after a spend");
+        record.lease = 0;
+        record.spent = 0;
+        assert!(may_wait(&record, now, interval), "starved: denials only");
+        record.lease = 1;
+        assert!(
+            !may_wait(&record, now, interval),
+            "denied with tokens left: the cost"
+        );
+        record.lease = 0;
+        record.lease_until_us = now + 150_000;
+        assert!(
+            !may_wait(&record, now, interval),
+            "lapses within 1.5 intervals"
+        );
+        record.lease_until_us = now + 30_000_000;
+        assert!(
+            !may_wait(&record, now, interval),
+            "the clock was stepped back"
+        );
+        record.lease_until_us = 0;
+        assert!(
+            !may_wait(&record, now, interval),
+            "no lease: fallback spend goes"
         );
     }
 

@@ -114,6 +114,9 @@ pub fn compose(
         .map(|s| crate::shed::load_report(s, store));
     let state = proxy_sync::read_state(store);
     let label = state.round_label();
+    let interval_us = state
+        .effective_interval_ms(interval_ms)
+        .saturating_mul(1_000);
     let mut entries = Vec::new();
     let mut rules = Vec::new();
     let mut bytes = 0;
@@ -147,11 +150,16 @@ pub fn compose(
             let _ = waiting.push(rule, key);
             break;
         }
-        if let Some(mut entry) = proxy_sync::snapshot(limiter, rule, &key, store) {
-            entry.round = label;
-            bytes += size;
-            entries.push(entry);
-            rules.push(rule);
+        match proxy_sync::take(limiter, rule, &key, state.claimed_at_us, interval_us, store) {
+            proxy_sync::Taken::Entry(mut entry) => {
+                entry.round = label;
+                bytes += size;
+                entries.push(entry);
+                rules.push(rule);
+            }
+            // Its report waits for a later round (its lease covers it): it stays announced.
+            proxy_sync::Taken::Held => deferred.push((rule, key)),
+            proxy_sync::Taken::Nothing => {}
         }
     }
     for (rule, key) in deferred {

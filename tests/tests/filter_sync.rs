@@ -653,3 +653,97 @@ fn exhausted_leases_sync_at_most_four_times_an_interval() {
     assert!(rounds >= 20, "early rounds happen: {rounds}");
     assert!(rounds <= 4 * 20 + 1, "{rounds} rounds in 2 s at 100 ms");
 }
+
+/// A batch's keys, with their spent and denied counts.
+type Reported = Vec<(String, u64, u64)>;
+
+/// The keys of a batch, with their spent and denied counts.
+fn reported(batch: &SyncRequest) -> Reported {
+    let entries = batch.entries.iter();
+    entries
+        .map(|e| (e.key.clone(), e.spent, e.denied))
+        .collect()
+}
+
+/// Plays `ms` milliseconds in 1 ms steps, `each` ms calling `traffic`, and answers every sync
+/// round with leases of `tokens` (300 ms). Returns the rounds: when (ms from the start), and
+/// what they reported.
+fn play(proxy: &Proxy, ms: u64, tokens: u64, mut traffic: impl FnMut(u64)) -> Vec<(u64, Reported)> {
+    let mut rounds = Vec::new();
+    for at in 0..ms {
+        traffic(at);
+        for (call, batch) in sync_calls(proxy) {
+            rounds.push((at, reported(&batch)));
+            grant_all(proxy, &call, &batch, tokens);
+        }
+        proxy.advance(Duration::from_millis(1)).unwrap();
+    }
+    rounds
+}
+
+/// A lease of 10 for one request, answered at once: the first round (and its lease) starts
+/// the test.
+fn leased(seed: u64, tokens: u64) -> Proxy {
+    let proxy = proxy(&config("cached", ""), 2, seed);
+    assert_eq!(admitted(&proxy, 1, "alice"), 1);
+    proxy.advance(Duration::from_millis(10)).unwrap();
+    let (call, batch) = sync_calls(&proxy).remove(0);
+    assert_eq!(reported(&batch), vec![("shared\u{1f}alice".into(), 1, 0)]);
+    grant_all(&proxy, &call, &batch, tokens);
+    proxy
+}
+
+/// A key whose lease still covers its spend reports every other interval, not every one, and
+/// always before the lease lapses; spend the lease no longer covers goes at once.
+#[test]
+fn a_covered_lease_reports_every_other_interval() {
+    let proxy = leased(12, 10);
+    assert_eq!(admitted(&proxy, 3, "alice"), 3, "from the lease of 10");
+    let rounds = play(&proxy, 250, 10, |_| {});
+    let alice: Vec<_> = rounds.iter().filter(|(_, r)| !r.is_empty()).collect();
+    assert!(rounds.len() >= 2, "rounds go on: {rounds:?}");
+    assert!(
+        alice.len() == 1 && alice[0].0 > 150 && alice[0].0 < 300,
+        "held while 7 left for 3 spent, sent with less than 150 ms of the 300 ms lease left: {rounds:?}"
+    );
+    assert_eq!(alice[0].1, vec![("shared\u{1f}alice".into(), 3, 0)]);
+    // 10 again from the answer: 6 spent leaves 4, less than the 6 spent
+    assert_eq!(admitted(&proxy, 6, "alice"), 6);
+    let rounds = play(&proxy, 100, 10, |_| {});
+    let alice: Vec<_> = rounds.iter().filter(|(_, r)| !r.is_empty()).collect();
+    assert_eq!(alice.len(), 1, "running low: the next round: {rounds:?}");
+    assert_eq!(alice[0].1, vec![("shared\u{1f}alice".into(), 6, 0)]);
+}
+
+/// A key denied on an empty lease does not ask every round (nor at every early round its
+/// denials bring), but always before its lease lapses, with every denial counted.
+#[test]
+fn a_starved_key_asks_again_before_its_lease_lapses_not_every_round() {
+    let proxy = leased(13, 0);
+    // a request every 10 ms on an empty lease, each answer empty again
+    let rounds = play(&proxy, 1_000, 0, |at| {
+        if at % 10 == 0 {
+            let worker = (at / 10 % 2) as usize;
+            assert_eq!(status(&proxy, worker, request("alice")), 429);
+        }
+    });
+    let alice: Vec<_> = rounds.iter().filter(|(_, r)| !r.is_empty()).collect();
+    let denied: u64 = alice.iter().map(|(_, r)| r[0].2).sum();
+    assert!(
+        alice
+            .windows(2)
+            .all(|w| w[1].0 - w[0].0 >= 150 && w[1].0 - w[0].0 < 300),
+        "one report every 150-300 ms of 300 ms leases: {alice:?}"
+    );
+    assert!(alice.len() >= 4, "{alice:?}");
+    let last = alice.last().map_or(0, |(at, _)| *at);
+    assert_eq!(
+        denied,
+        last / 10,
+        "every denial before the last report counted: {alice:?}"
+    );
+    assert!(
+        rounds.len() > alice.len() + 5,
+        "the rounds between carry nothing: {rounds:?}"
+    );
+}
