@@ -95,6 +95,17 @@ for short, algorithm in ALGORITHMS.items():
 # of 100 timestamps per key (every request reads its set of 8 records, 7 KB).
 VARIANTS.append(("sluice-deny-log", "sluice", "sluice.yaml.tmpl",
                  {"PLUGIN_CONFIG": sluice_config(DENY_LIMIT, "sliding_log")}, "sluice"))
+# The floor with sluice's host calls and nothing else (host/guests/floor's `+` options): what of sluice's cost
+# beyond the floor is host calls and what is wasm work. Run only when --only names them.
+FLOOR_CALLS = {
+    "floor-open-calls": "open+calls",
+    "floor-open-reads": "open+clock+path+source",
+    "floor-open-shared": "open+shared",
+    "floor-open-metric": "open+metric",
+    "floor-open-headers": "open+headers",
+    "floor-deny-calls": "deny+calls",
+}
+EXTRA = [(name, "floor", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": config}, None) for name, config in FLOOR_CALLS.items()]
 COUNTERS = {
     "native": (
         "http_local_rate_limiter.http_local_rate_limit.ok",
@@ -177,6 +188,12 @@ class Envoy:
                 out[name] = int(value)
         return out
 
+    def cpu_seconds(self):
+        """CPU time Envoy's process used so far, every thread, user and system (/proc/<pid>/stat)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -252,8 +269,12 @@ def main():
                 url = f"http://127.0.0.1:{envoy.listen}/api/bench"
                 wrk(url, ARGS.threads, ARGS.connections, 2)  # warm-up
                 before = envoy.counters()
+                cpu = envoy.cpu_seconds()
                 result = parse_wrk(wrk(url, ARGS.threads, ARGS.connections, ARGS.duration,
                                        os.path.join(workdir, f"{tag}.wrk.txt")))
+                # Envoy's CPU time per request: unlike requests/s, it barely moves when other work shares the
+                # machine (it covers the edge listener with the filter and the upstream listener behind it).
+                result["cpu_us"] = (envoy.cpu_seconds() - cpu) * 1e6 / max(result["requests"], 1)
                 after = envoy.counters()
             finally:
                 envoy.stop()
@@ -264,7 +285,8 @@ def main():
                 result["denied"] = after.get(limited, 0) - before.get(limited, 0)
             runs.append(result)
             print(f"  round {r + 1} {name:12} {result['rps']:>10.0f} req/s  p50 {result['p50_ms']:.3f} ms  "
-                  f"p99 {result['p99_ms']:.3f} ms  non-2xx {result['non2xx']}", file=sys.stderr)
+                  f"p99 {result['p99_ms']:.3f} ms  CPU {result['cpu_us']:.1f} us/req  non-2xx {result['non2xx']}",
+                  file=sys.stderr)
     with open(os.path.join(workdir, "results.json"), "w") as f:
         json.dump({"machine": info, "args": vars(ARGS), "runs": runs}, f, indent=2)
     print(table(runs, info))
@@ -274,15 +296,16 @@ def table(runs, info):
     med = {}
     for name, *_ in VARIANTS:
         mine = [r for r in runs if r["variant"] == name]
-        med[name] = {k: statistics.median(r[k] for r in mine) for k in ("rps", "p50_ms", "p99_ms")}
+        med[name] = {k: statistics.median(r[k] for r in mine) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")}
         med[name]["denied_share"] = statistics.median(r["non2xx"] / r["requests"] for r in mine)
     base = med["none"]["rps"] if "none" in med else None
     lines = [
         f"wrk -t{ARGS.threads} -c{ARGS.connections} -d{ARGS.duration}s --latency, Envoy {info['envoy']} "
         f"--concurrency {ARGS.concurrency}, {ARGS.rounds} round(s), medians; {info['nproc']} CPUs ({info['cpu']})",
         "",
-        "| variant | limit | requests/s | p50 ms | p99 ms | denied | vs none | sluice / native | vs token bucket |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| variant | limit | requests/s | p50 ms | p99 ms | Envoy CPU us / request | denied | vs none | sluice / native "
+        "| vs token bucket |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, limiter, *_ in VARIANTS:
         m = med[name]  # VARIANTS is already cut down by --only
@@ -301,7 +324,7 @@ def table(runs, info):
             vs_bucket = f"{m['rps'] / bucket['rps']:.2f} (p99 {m['p99_ms'] / bucket['p99_ms']:.2f})"
         vs_none = f"{m['rps'] / base:.2f}" if base else "-"
         lines.append(
-            f"| {name} | {limit} | {m['rps']:.0f} | {m['p50_ms']:.3f} | {m['p99_ms']:.3f} | "
+            f"| {name} | {limit} | {m['rps']:.0f} | {m['p50_ms']:.3f} | {m['p99_ms']:.3f} | {m['cpu_us']:.1f} | "
             f"{m['denied_share']:.1%} | {vs_none} | {ratio} | {vs_bucket} |"
         )
     lines += floor_table(med)
@@ -309,13 +332,13 @@ def table(runs, info):
         "",
         "Each run (admitted and denied from the limiter's own counters over the measured run, warm-up excluded):",
         "",
-        "| round | variant | requests/s | p50 ms | p99 ms | requests | non-2xx | admitted | denied |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| round | variant | requests/s | p50 ms | p99 ms | CPU us / request | requests | non-2xx | admitted | denied |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in runs:
         lines.append(
             f"| {r['round']} | {r['variant']} | {r['rps']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
-            f"{r['requests']} | {r['non2xx']} | {r.get('admitted', '-')} | {r.get('denied', '-')} |"
+            f"{r['cpu_us']:.1f} | {r['requests']} | {r['non2xx']} | {r.get('admitted', '-')} | {r.get('denied', '-')} |"
         )
     return "\n".join(lines)
 
@@ -342,6 +365,10 @@ def floor_table(med):
         sluice, floor, native = f"sluice-{p}", f"floor-{p}", f"native-{p}"
         lines.append(f"| {p} | {ratio(sluice, floor)} | {ratio(sluice, native)} | {ratio(floor, native)} |")
     for p in paths:
+        if f"floor-{p}-calls" in med:
+            lines.append(f"| {p}, the floor with sluice's host calls | {ratio(f'sluice-{p}', f'floor-{p}-calls')} | - | "
+                         f"{ratio(f'floor-{p}-calls', f'native-{p}')} |")
+    for p in paths:
         if f"baseline-{p}" in med:
             lines.append(f"| {p}, baseline build | {ratio(f'baseline-{p}', f'floor-{p}')} | "
                          f"{ratio(f'baseline-{p}', f'native-{p}')} | - |")
@@ -363,7 +390,8 @@ if __name__ == "__main__":
         help="the floor filter, for floor-open and floor-deny (built by make build)")
     parser.add_argument("--sluice-headers", default="legacy", choices=["none", "legacy", "draft", "both"],
                         help="sluice's header style (default legacy, like the native filter's X-RateLimit-*)")
-    parser.add_argument("--only", help="comma-separated variants to run (default: all)")
+    parser.add_argument("--only", help="comma-separated variants to run (default: all but the floor-*-calls/reads/shared/metric/headers "
+                             "variants, the floor with some of sluice's host calls, which run only when named)")
     parser.add_argument("--baseline-wasm",
                         help="another build of sluice (an earlier commit's), run as baseline-open and baseline-deny "
                              "in the same rounds: a change's before and after side by side")
@@ -374,5 +402,5 @@ if __name__ == "__main__":
                      if name in ("sluice-open", "sluice-deny")]
     if ARGS.only:
         keep = set(ARGS.only.split(","))
-        VARIANTS = [v for v in VARIANTS if v[0] in keep]
+        VARIANTS = [v for v in VARIANTS + EXTRA if v[0] in keep]
     main()

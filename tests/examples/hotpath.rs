@@ -121,6 +121,9 @@ fn main() -> Result<()> {
         ("sluice-open", &sluice, sluice_config(OPEN_LIMIT, None)),
         ("floor-deny", &floor, "deny".into()),
         ("sluice-deny", &sluice, sluice_config(DENY_LIMIT, None)),
+        // The floor making sluice's host calls and nothing else (host/guests/floor).
+        ("floor-open-calls", &floor, "open+calls".into()),
+        ("floor-deny-calls", &floor, "deny+calls".into()),
         (
             "sluice-open-gcra",
             &sluice,
