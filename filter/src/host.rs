@@ -33,10 +33,18 @@ impl Store for SharedData {
 
 /// Microseconds since the Unix epoch, by the host's clock (0 if the host will not say).
 pub fn now_us() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_micros() as u64)
+    // The ABI's nanoseconds divided, rather than the SDK's `SystemTime` turned back into a
+    // `Duration` and 128-bit microseconds: the same number, read on every request.
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> Status;
+    }
+    let mut nanos: u64 = 0;
+    // SAFETY: the host writes one u64 to a live local, during the call only.
+    match unsafe { proxy_get_current_time_nanoseconds(&mut nanos) } {
+        Status::Ok => nanos / 1_000,
+        _ => 0,
+    }
 }
 
 /// A uniform draw in [0, 1): the time the caller read and a per-VM counter, hashed.
@@ -127,16 +135,10 @@ pub fn source_address() -> Option<String> {
             return_value_size: *mut usize,
         ) -> Status;
     }
-    let mut data: *mut u8 = std::ptr::null_mut();
-    let mut size: usize = 0;
-    // SAFETY: as in `request_headers`: the host hands over a buffer of `size` bytes it
-    // allocated through this module's allocator.
+    // SAFETY: `proxy_get_property` writes a buffer the host allocated, or nothing.
     let bytes = unsafe {
-        match proxy_get_property(PATH.as_ptr(), PATH.len(), &mut data, &mut size) {
-            Status::Ok if !data.is_null() => Vec::from_raw_parts(data, size, size),
-            _ => return None,
-        }
-    };
+        take_host_buffer(|data, size| proxy_get_property(PATH.as_ptr(), PATH.len(), data, size))
+    }?;
     String::from_utf8(bytes).ok()
 }
 
@@ -220,17 +222,35 @@ pub fn request_headers() -> Vec<(Vec<u8>, Vec<u8>)> {
             return_map_size: *mut usize,
         ) -> Status;
     }
+    // SAFETY: `proxy_get_header_map_pairs` writes a buffer the host allocated, or nothing.
+    let bytes = unsafe {
+        take_host_buffer(|data, size| {
+            proxy_get_header_map_pairs(MapType::HttpRequestHeaders, data, size)
+        })
+    };
+    bytes
+        .and_then(|bytes| decode_pairs(&bytes))
+        .unwrap_or_default()
+}
+
+/// Makes an ABI call that answers with a buffer, and takes the buffer over: no copy.
+///
+/// # Safety
+///
+/// `call` must be a proxy-wasm ABI call that, when it answers `Ok` with a pointer that is not
+/// null, has written a buffer of `size` bytes that the host allocated through this module's
+/// allocator (the SDK's `proxy_on_memory_allocate`, a `Vec<u8>` of exactly `size` bytes) and
+/// hands over to the caller.
+unsafe fn take_host_buffer(
+    call: impl FnOnce(*mut *mut u8, *mut usize) -> Status,
+) -> Option<Vec<u8>> {
     let mut data: *mut u8 = std::ptr::null_mut();
     let mut size: usize = 0;
-    // SAFETY: the host writes a buffer it allocated through this module's allocator (the SDK's
-    // `proxy_on_memory_allocate`, a `Vec<u8>` of exactly `size` bytes) and hands it over.
-    let bytes = unsafe {
-        match proxy_get_header_map_pairs(MapType::HttpRequestHeaders, &mut data, &mut size) {
-            Status::Ok if !data.is_null() => Vec::from_raw_parts(data, size, size),
-            _ => return Vec::new(),
-        }
-    };
-    decode_pairs(&bytes).unwrap_or_default()
+    match call(&mut data, &mut size) {
+        // SAFETY: by the caller's promise, `data` is an allocation of `size` bytes, now ours.
+        Status::Ok if !data.is_null() => Some(unsafe { Vec::from_raw_parts(data, size, size) }),
+        _ => None,
+    }
 }
 
 /// The request being decided, read lazily: the method and headers cost a host call only if a

@@ -117,12 +117,21 @@ impl Request {
 
     fn moment(&self) -> Moment {
         let now_us = host::now_us();
+        let policy = self.limiter.policy();
+        // Drawn only where read: the jitter by the breaker of a counter service, the draw by
+        // load shedding (a fixed middle value otherwise, as in `Moment::at`).
         Moment {
             now_us,
             service_up: self.shared.service_up.get(),
             bypass: self.shared.bypass.get(),
-            jitter: host::jitter(now_us),
-            draw: host::draw(now_us),
+            jitter: match policy.service {
+                Some(_) => host::jitter(now_us),
+                None => 1.0,
+            },
+            draw: match policy.shedding {
+                Some(_) => host::draw(now_us),
+                None => 0.5,
+            },
             fleet: self.shared.shedder.as_ref().and_then(|s| s.fleet.get()),
         }
     }
