@@ -3,6 +3,7 @@
 //! answer becomes leases. Pure steps over [`Store`] values; the filter does the I/O.
 
 use crate::breaker::Breaker;
+use crate::limit::Limit;
 use crate::limiter::{Enforced, Limiter};
 use crate::policy::RuleId;
 use crate::protocol::{Grant, LimitSpec, SyncEntry};
@@ -299,26 +300,34 @@ pub fn snapshot(
 }
 
 /// Whether a key's report may wait for a later round, at `now_us` (the round's claim) with
-/// rounds `interval_us` apart: when it holds denials only, on a lease the service granted empty
-/// or that was spent in an earlier round (*starved*). The service had nothing for this proxy
-/// then and has heard no spend from it since; asking every round only repeats the denials (a
+/// rounds `interval_us` apart, for a rule of one `limit` (a token bucket or GCRA): when it
+/// holds denials only, on a lease the service granted empty or that was spent in an earlier
+/// round (*starved*), and the global bucket held no token when the service last answered and
+/// has not refilled one since, as far as that answer said (its reset less `burst - 1` tokens'
+/// time, the `Retry-After` of such a denial). Asking before then only repeats the denials: a
 /// hot key denied on every proxy sent an entry per proxy and round for about one admission a
-/// round, and more with the early rounds its denials bring). Only while the lease lasts more
+/// round, and more with the early rounds its denials bring. Only while the lease lasts more
 /// than another interval and a half, so the report still goes, and its answer comes back,
 /// before the lease lapses (never a fallback decision for want of a report), and ends within
-/// four intervals (one ending later means the clock was stepped back: report as before). So a
-/// starved key reports about every other interval instead of up to four times an interval,
-/// and at once after any spend.
+/// four intervals (one ending later means the clock was stepped back: report as before). So
+/// such a key reports every one and a half to two intervals instead of up to four times an
+/// interval, and at once after any spend.
 ///
-/// A key whose lease still covers its spend is not held back: measured, holding it parked
-/// unused leases (the free tokens the service shares out) where demand no longer was, and
-/// the fleet admitted 1-1.5 points fewer than an exact limiter (`make bench-accuracy`).
-pub fn may_wait(record: &Record, now_us: u64, interval_us: u64) -> bool {
+/// Not held back: a key whose lease still covers its spend (measured, holding it parked
+/// unused leases, the free tokens the service shares out, where demand no longer was: the
+/// fleet admitted 1-1.5 points fewer than an exact limiter, `make bench-accuracy`), nor a
+/// starved key while the global bucket has tokens (others' leases come back at their syncs:
+/// held, it admitted about 0.4 points fewer there).
+pub fn may_wait(record: &Record, limit: &Limit, now_us: u64, interval_us: u64) -> bool {
     let left_us = record.lease_until_us.saturating_sub(now_us);
     let lives =
         left_us > interval_us.saturating_mul(3) / 2 && left_us <= interval_us.saturating_mul(4);
     let starved = record.spent == 0 && record.denied > 0 && record.lease == 0;
-    lives && starved
+    let token_us = limit.period().micros() / limit.requests().max(1);
+    let short_of_full_us = limit.burst().saturating_sub(1).saturating_mul(token_us);
+    let token_back_us = record.global_reset_at_us.saturating_sub(short_of_full_us);
+    let empty = record.global_remaining == 0 && now_us < token_back_us;
+    lives && starved && empty
 }
 
 /// What a round takes from a key ([`take`]).
@@ -333,7 +342,7 @@ pub enum Taken {
 }
 
 /// [`snapshot`], unless the key's report may wait ([`may_wait`]) at `now_us` with rounds
-/// `interval_us` apart. Only a rule of token buckets (or GCRA) holds reports back, the case
+/// `interval_us` apart. Only a rule of one token bucket (or GCRA) holds reports back, the case
 /// measured; a window's leases follow its end, and its rules report every round as before.
 pub fn take(
     limiter: &Limiter,
@@ -343,12 +352,15 @@ pub fn take(
     interval_us: u64,
     store: &mut dyn Store,
 ) -> Taken {
-    let bucketed = limiter.rule(rule).is_some_and(|enforced| {
-        let limits = enforced.rule.limits.iter();
-        limits.clone().all(|limit| !limit.algorithm().windowed()) && limits.len() > 0
-    });
+    let bucket = limiter
+        .rule(rule)
+        .and_then(|enforced| match enforced.rule.limits.as_slice() {
+            [limit] if !limit.algorithm().windowed() => Some(*limit),
+            _ => None,
+        });
     let counts = with_record(limiter, rule, key, store, None, |record| {
-        if bucketed && record.unsynced() && may_wait(record, now_us, interval_us) {
+        let wait = bucket.is_some_and(|limit| may_wait(record, &limit, now_us, interval_us));
+        if record.unsynced() && wait {
             return (Some(None), false);
         }
         let counts = (record.spent, record.denied);
@@ -597,42 +609,63 @@ mod tests {
     }
 
     #[test]
-    fn a_report_waits_only_while_starved_and_the_lease_lives() {
+    fn a_report_waits_only_while_starved_on_an_empty_bucket_and_the_lease_lives() {
+        // 10 a second, burst 10: a token every 100 ms; full in a second from empty
+        let limit = Limit::new(10, crate::limit::Period::Second, Some(10)).unwrap();
         let interval = 100_000;
         let now = 10_000_000;
         let mut record = Record::fresh(1, &[], 0);
         record.lease_until_us = now + 200_000;
+        record.global_reset_at_us = now + 1_000_000;
         record.denied = 3;
-        assert!(may_wait(&record, now, interval), "starved: denials only");
+        assert!(
+            may_wait(&record, &limit, now, interval),
+            "starved, bucket empty"
+        );
+        record.global_reset_at_us = now + 900_000;
+        assert!(!may_wait(&record, &limit, now, interval), "a token is back");
+        record.global_reset_at_us = now + 1_000_000;
+        record.global_remaining = 1;
+        assert!(
+            !may_wait(&record, &limit, now, interval),
+            "the bucket had one"
+        );
+        record.global_remaining = 0;
         record.spent = 1;
-        assert!(!may_wait(&record, now, interval), "spent since: ask again");
+        assert!(
+            !may_wait(&record, &limit, now, interval),
+            "spent since: ask again"
+        );
         record.spent = 0;
         record.lease = 1;
         assert!(
-            !may_wait(&record, now, interval),
-            "denied with tokens left: the cost"
+            !may_wait(&record, &limit, now, interval),
+            "denied with tokens left"
         );
         record.lease = 0;
         record.denied = 0;
         record.spent = 5;
         record.lease = 20;
-        assert!(!may_wait(&record, now, interval), "covered: not held");
+        assert!(
+            !may_wait(&record, &limit, now, interval),
+            "covered: not held"
+        );
         record.spent = 0;
         record.lease = 0;
         record.denied = 3;
         record.lease_until_us = now + 150_000;
         assert!(
-            !may_wait(&record, now, interval),
+            !may_wait(&record, &limit, now, interval),
             "lapses within 1.5 intervals"
         );
         record.lease_until_us = now + 30_000_000;
         assert!(
-            !may_wait(&record, now, interval),
+            !may_wait(&record, &limit, now, interval),
             "the clock was stepped back"
         );
         record.lease_until_us = 0;
         assert!(
-            !may_wait(&record, now, interval),
+            !may_wait(&record, &limit, now, interval),
             "no lease: fallback decisions go"
         );
     }

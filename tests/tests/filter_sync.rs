@@ -665,31 +665,37 @@ fn reported(batch: &SyncRequest) -> Reported {
         .collect()
 }
 
-/// Plays `ms` milliseconds in 1 ms steps, `each` ms calling `traffic`, and answers every sync
-/// round with leases of `tokens` (300 ms). Returns the rounds: when (ms from the start), and
-/// what they reported.
-fn play(proxy: &Proxy, ms: u64, tokens: u64, mut traffic: impl FnMut(u64)) -> Vec<(u64, Reported)> {
+/// Plays `ms` milliseconds in 1 ms steps, calling `traffic` each, and answers every sync round
+/// with leases of `tokens` (300 ms) on a global bucket holding no more, full in `reset_ms`.
+/// Returns the rounds: when (ms from the start), and what they reported.
+fn play(
+    proxy: &Proxy,
+    ms: u64,
+    tokens: u64,
+    reset_ms: u64,
+    mut traffic: impl FnMut(u64),
+) -> Vec<(u64, Reported)> {
     let mut rounds = Vec::new();
     for at in 0..ms {
         traffic(at);
         for (call, batch) in sync_calls(proxy) {
             rounds.push((at, reported(&batch)));
-            grant_all(proxy, &call, &batch, tokens);
+            grant_all_of(proxy, &call, &batch, tokens, tokens, reset_ms);
         }
         proxy.advance(Duration::from_millis(1)).unwrap();
     }
     rounds
 }
 
-/// A lease of 10 for one request, answered at once: the first round (and its lease) starts
-/// the test.
-fn leased(seed: u64, tokens: u64) -> Proxy {
+/// A lease of `tokens` for one request, answered at once (a global bucket full in
+/// `reset_ms`): the first round (and its lease) starts the test.
+fn leased(seed: u64, tokens: u64, reset_ms: u64) -> Proxy {
     let proxy = proxy(&config("cached", ""), 2, seed);
     assert_eq!(admitted(&proxy, 1, "alice"), 1);
     proxy.advance(Duration::from_millis(10)).unwrap();
     let (call, batch) = sync_calls(&proxy).remove(0);
     assert_eq!(reported(&batch), vec![("shared\u{1f}alice".into(), 1, 0)]);
-    grant_all(&proxy, &call, &batch, tokens);
+    grant_all_of(&proxy, &call, &batch, tokens, tokens, reset_ms);
     proxy
 }
 
@@ -697,27 +703,34 @@ fn leased(seed: u64, tokens: u64) -> Proxy {
 /// service resizes a lease that is more than the demand (held, it stays parked).
 #[test]
 fn a_covered_lease_reports_every_interval() {
-    let proxy = leased(12, 10);
+    let proxy = leased(12, 10, 0);
     assert_eq!(admitted(&proxy, 3, "alice"), 3, "from the lease of 10");
-    let rounds = play(&proxy, 150, 10, |_| {});
+    let rounds = play(&proxy, 150, 10, 0, |_| {});
     let alice: Vec<_> = rounds.iter().filter(|(_, r)| !r.is_empty()).collect();
     assert_eq!(alice.len(), 1, "{rounds:?}");
     assert!(alice[0].0 <= 100, "the next round: {rounds:?}");
     assert_eq!(alice[0].1, vec![("shared\u{1f}alice".into(), 3, 0)]);
 }
 
-/// A key denied on an empty lease does not ask every round (nor at every early round its
-/// denials bring), but always before its lease lapses, with every denial counted.
-#[test]
-fn a_starved_key_asks_again_before_its_lease_lapses_not_every_round() {
-    let proxy = leased(13, 0);
-    // a request every 10 ms on an empty lease, each answer empty again
-    let rounds = play(&proxy, 1_000, 0, |at| {
+/// Denials on an empty lease, every 10 ms on alternate workers: the rounds of `ms` ms, each
+/// answered with an empty lease on a global bucket full in `reset_ms`.
+fn starve(seed: u64, ms: u64, reset_ms: u64) -> Vec<(u64, Reported)> {
+    let proxy = leased(seed, 0, reset_ms);
+    play(&proxy, ms, 0, reset_ms, |at| {
         if at % 10 == 0 {
             let worker = (at / 10 % 2) as usize;
             assert_eq!(status(&proxy, worker, request("alice")), 429);
         }
-    });
+    })
+}
+
+/// A key denied on an empty lease while the global bucket holds no token does not ask every
+/// round (nor at every early round its denials bring), but always before its lease lapses,
+/// with every denial counted; once the bucket has a token again, it asks at once.
+#[test]
+fn a_starved_key_asks_again_before_its_lease_lapses_not_every_round() {
+    // 100 a second, burst 100: 2 s to full is a second in debt, no token for a second
+    let rounds = starve(13, 1_000, 2_000);
     let alice: Vec<_> = rounds.iter().filter(|(_, r)| !r.is_empty()).collect();
     let denied: u64 = alice.iter().map(|(_, r)| r[0].2).sum();
     assert!(
@@ -737,4 +750,8 @@ fn a_starved_key_asks_again_before_its_lease_lapses_not_every_round() {
         rounds.len() > alice.len() + 5,
         "the rounds between carry nothing: {rounds:?}"
     );
+    // full in 1 s: a token is back 10 ms after the answer, so every round asks
+    let rounds = starve(14, 300, 1_000);
+    let alice = rounds.iter().filter(|(_, r)| !r.is_empty()).count();
+    assert!(alice >= 6, "{alice} reports in {rounds:?}");
 }
