@@ -6,7 +6,10 @@
 //! address, legacy X-RateLimit-* headers, 2 workers, one client.
 //!
 //! The same build gives the same counts on any machine: these are the figures to compare
-//! before and after a change to the hot path.
+//! before and after a change to the hot path. `floor-open-calls` and `floor-deny-calls` are the
+//! floor making sluice's host calls and nothing else (`bench.py` runs them in Envoy to tell host
+//! calls from wasm work); the example fails if `floor-open-calls` no longer makes exactly the host
+//! calls `sluice-open` makes.
 //!
 //! `cargo run --release -p sluice-tests --features wasm --example hotpath [variant ...]` (after
 //! `make build`; `make bench-hotpath` does both). Prints a markdown table.
@@ -172,8 +175,19 @@ fn main() -> Result<()> {
     );
     println!("| variant | admitted | wasm instructions / request | host calls / request | host calls by name |");
     println!("| --- | ---: | ---: | ---: | --- |");
+    // Each variant's host calls per request by name, to 1/10: what the floor's `open+calls` must match.
+    let mut per_request: BTreeMap<&str, Vec<(&'static str, u64)>> = BTreeMap::new();
     for (name, module, config) in &variants {
         let counted = count(module, config)?;
+        per_request.insert(
+            name,
+            counted
+                .calls
+                .iter()
+                .map(|(call, n)| (*call, (*n * 10 + REQUESTS / 2) / REQUESTS))
+                .filter(|(_, tenths)| *tenths > 0)
+                .collect(),
+        );
         let by_name = counted
             .calls
             .iter()
@@ -191,6 +205,18 @@ fn main() -> Result<()> {
             "| {name} | {} | {:.0} | {:.2} | {by_name} |",
             counted.admitted, counted.instructions, counted.host_calls
         );
+    }
+    // The decomposition in Envoy holds only while the floor makes the host calls sluice makes.
+    if let (Some(floor), Some(sluice)) = (
+        per_request.get("floor-open-calls"),
+        per_request.get("sluice-open"),
+    ) {
+        if floor != sluice {
+            return Err(anyhow!(
+                "the floor's open+calls no longer makes sluice's open-path host calls: \
+                 floor {floor:?}, sluice {sluice:?} (tenths per request)"
+            ));
+        }
     }
     Ok(())
 }
