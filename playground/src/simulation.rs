@@ -162,7 +162,11 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
             (
                 decision,
                 reply.status,
-                reply.headers,
+                reply
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name, value.to_string()))
+                    .collect(),
                 Some(reply.body),
                 None,
             )
