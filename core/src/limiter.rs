@@ -289,23 +289,34 @@ impl Limiter {
                                 && seen <= now.saturating_add(crate::bucket::CLOCK_STEP_US)
                         });
                     if unchanged {
-                        return ((verdict, false), false);
+                        return ((verdict, false, false), false);
                     }
+                    // A lease that ran out while the global bucket is known to be empty: a
+                    // round brought forward could only bring an empty lease (its report waits
+                    // too: [`crate::proxy_sync::may_wait`]).
+                    let hopeless = !verdict.allowed
+                        && verdict.spend == Spend::Lease
+                        && match rule.limits.as_slice() {
+                            [limit] if !limit.algorithm().windowed() => {
+                                crate::proxy_sync::globally_empty(&record, limit, now)
+                            }
+                            _ => false,
+                        };
                     record.seen_us = now;
                     table.store(set, &record, limits, now);
                     let dirty = rule.consistency != Consistency::Local
                         && !was_unsynced
                         && record.unsynced();
-                    ((verdict, dirty), true)
+                    ((verdict, dirty, hopeless), true)
                 });
-                let Ok((verdict, dirty)) = step else {
+                let Ok((verdict, dirty, hopeless)) = step else {
                     outcomes.push((index, Outcome::Unavailable));
                     continue;
                 };
                 if dirty {
                     newly_unsynced.push((index, key.clone()));
                 }
-                lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed;
+                lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
                 if verdict.allowed {
                     delay_us = delay_us.max(verdict.delay_us);
                     spent.push(Spent {

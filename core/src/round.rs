@@ -157,7 +157,8 @@ pub fn compose(
                 entries.push(entry);
                 rules.push(rule);
             }
-            // Its report waits for a later round (its lease covers it): it stays announced.
+            // Its report waits for a later round (starved while the global bucket is empty:
+            // `proxy_sync::may_wait`): it stays announced.
             proxy_sync::Taken::Held => deferred.push((rule, key)),
             proxy_sync::Taken::Nothing => {}
         }
