@@ -16,82 +16,20 @@ pub fn retry_after_seconds(micros: u64) -> u64 {
 /// The rate-limit headers for `quota` in `style`.
 pub fn render(style: HeaderStyle, rule: &str, quota: &Quota) -> Vec<(&'static str, String)> {
     let mut headers = Vec::with_capacity(5);
-    each_header(style, rule, quota, &mut |name, value| {
-        headers.push((name, value.to_string()))
-    });
+    render_into(&mut headers, style, rule, quota);
     headers
 }
 
-/// [`render`], appended to a local reply's headers.
-pub fn render_into(headers: &mut ReplyHeaders, style: HeaderStyle, rule: &str, quota: &Quota) {
+/// [`render`], appended to `headers`.
+pub fn render_into(
+    headers: &mut Vec<(&'static str, String)>,
+    style: HeaderStyle,
+    rule: &str,
+    quota: &Quota,
+) {
     each_header(style, rule, quota, &mut |name, value| {
-        headers.push(name, value);
+        headers.push((name, value.to_string()))
     });
-}
-
-/// The most headers a local reply carries: `Retry-After`, `Content-Type`, and the three legacy
-/// and two draft rate-limit headers.
-pub const MAX_REPLY_HEADERS: usize = 8;
-
-/// A local reply's headers: their values in one string, so a 429 costs one allocation for its
-/// headers instead of one per header and one for the list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplyHeaders {
-    values: String,
-    /// Each header's name and where its value ends in `values`.
-    ends: [(&'static str, usize); MAX_REPLY_HEADERS],
-    len: usize,
-}
-
-impl Default for ReplyHeaders {
-    fn default() -> ReplyHeaders {
-        ReplyHeaders::with_capacity(0)
-    }
-}
-
-impl ReplyHeaders {
-    /// Room for `bytes` of values before the first reallocation.
-    pub fn with_capacity(bytes: usize) -> ReplyHeaders {
-        ReplyHeaders {
-            values: String::with_capacity(bytes),
-            ends: [("", 0); MAX_REPLY_HEADERS],
-            len: 0,
-        }
-    }
-
-    /// Adds a header; `false` (and nothing added) when [`MAX_REPLY_HEADERS`] are there already.
-    pub fn push(&mut self, name: &'static str, value: &str) -> bool {
-        let Some(slot) = self.ends.get_mut(self.len) else {
-            return false;
-        };
-        self.values.push_str(value);
-        *slot = (name, self.values.len());
-        self.len += 1;
-        true
-    }
-
-    /// The headers in the order they were added.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + Clone + '_ {
-        let mut start = 0;
-        self.ends[..self.len].iter().map(move |&(name, end)| {
-            let value = self.values.get(start..end).unwrap_or("");
-            start = end;
-            (name, value)
-        })
-    }
-
-    /// The first value of header `name`.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// [`render`], one header at a time: what the filter uses on every admitted request, with no
@@ -199,23 +137,6 @@ mod tests {
         assert_eq!(h[2], ("x-ratelimit-reset", "4".to_string()));
         assert!(render(HeaderStyle::None, "per-ip", &quota()).is_empty());
         assert_eq!(render(HeaderStyle::Both, "per-ip", &quota()).len(), 5);
-        let mut reply = ReplyHeaders::default();
-        assert!(reply.push("retry-after", "7"));
-        assert!(reply.push("content-type", "application/json"));
-        render_into(&mut reply, HeaderStyle::Both, "per-ip", &quota());
-        let pairs: Vec<(&str, String)> = reply.iter().map(|(n, v)| (n, v.to_string())).collect();
-        let mut expected = vec![
-            ("retry-after", "7".to_string()),
-            ("content-type", "application/json".to_string()),
-        ];
-        expected.extend(render(HeaderStyle::Both, "per-ip", &quota()));
-        assert_eq!(pairs, expected, "the largest reply fits");
-        assert_eq!(reply.get("retry-after"), Some("7"));
-        while reply.len() < MAX_REPLY_HEADERS {
-            assert!(reply.push("x-more", "1"));
-        }
-        assert!(!reply.push("x-one-too-many", "1"), "full: refused");
-        assert_eq!(reply.len(), MAX_REPLY_HEADERS);
     }
 
     #[test]

@@ -162,11 +162,7 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
             (
                 decision,
                 reply.status,
-                reply
-                    .headers
-                    .iter()
-                    .map(|(name, value)| (name, value.to_string()))
-                    .collect(),
+                reply.headers,
                 Some(reply.body),
                 None,
             )
