@@ -292,13 +292,13 @@ impl Limiter {
                         return ((verdict, false, false), false);
                     }
                     // A lease that ran out while the global bucket is known to be empty: a
-                    // round brought forward could only bring an empty lease (its report waits
-                    // too: [`crate::proxy_sync::may_wait`]).
+                    // round brought forward could only bring an empty lease (the key's report
+                    // waits too, by the same test: `Record::globally_empty`).
                     let hopeless = !verdict.allowed
                         && verdict.spend == Spend::Lease
                         && match rule.limits.as_slice() {
                             [limit] if !limit.algorithm().windowed() => {
-                                crate::proxy_sync::globally_empty(&record, limit, now)
+                                record.globally_empty(limit, now)
                             }
                             _ => false,
                         };

@@ -323,18 +323,7 @@ pub fn may_wait(record: &Record, limit: &Limit, now_us: u64, interval_us: u64) -
     let lives =
         left_us > interval_us.saturating_mul(3) / 2 && left_us <= interval_us.saturating_mul(4);
     let starved = record.spent == 0 && record.denied > 0 && record.lease == 0;
-    lives && starved && globally_empty(record, limit, now_us)
-}
-
-/// Whether the global bucket of `limit` (a token bucket or GCRA) held no token when the
-/// service last answered for this key and has not refilled one since, as far as that answer
-/// said (its reset less `burst - 1` tokens' time, the `Retry-After` of such a denial). A
-/// round brought forward could only bring an empty lease then.
-pub fn globally_empty(record: &Record, limit: &Limit, now_us: u64) -> bool {
-    let token_us = limit.period().micros() / limit.requests().max(1);
-    let short_of_full_us = limit.burst().saturating_sub(1).saturating_mul(token_us);
-    let token_back_us = record.global_reset_at_us.saturating_sub(short_of_full_us);
-    record.global_remaining == 0 && now_us < token_back_us
+    lives && starved && record.globally_empty(limit, now_us)
 }
 
 /// What a round takes from a key ([`take`]).

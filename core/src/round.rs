@@ -265,14 +265,25 @@ pub fn undo(
     jitter: f64,
     store: &mut dyn Store,
 ) -> Vec<(RuleId, String)> {
-    let mut announce = Vec::new();
     let entries = batch.rules.iter().zip(&batch.request.entries);
-    for (rule, entry) in entries.skip(batch.replayed) {
+    let announce = put_back(limiter, entries.skip(batch.replayed), store);
+    failed(service, now_us, jitter, store);
+    announce
+}
+
+/// Puts entries' counts back into their records; returns the keys to announce again (those no
+/// request announced since).
+fn put_back<'a>(
+    limiter: &Limiter,
+    entries: impl Iterator<Item = (&'a RuleId, &'a SyncEntry)>,
+    store: &mut dyn Store,
+) -> Vec<(RuleId, String)> {
+    let mut announce = Vec::new();
+    for (rule, entry) in entries {
         if let Ok(true) = proxy_sync::restore(limiter, *rule, entry, store) {
             announce.push((*rule, entry.key.clone()));
         }
     }
-    failed(service, now_us, jitter, store);
     announce
 }
 
@@ -306,16 +317,11 @@ pub fn doubt(
                 bytes += size;
                 list.push((rule.index(), entry.clone()));
             } else {
-                overflow.push((*rule, entry));
+                overflow.push((rule, entry));
             }
         }
     });
-    let mut announce = Vec::new();
-    for (rule, entry) in overflow {
-        if let Ok(true) = proxy_sync::restore(limiter, rule, entry, store) {
-            announce.push((rule, entry.key.clone()));
-        }
-    }
+    let announce = put_back(limiter, overflow.into_iter(), store);
     failed(service, now_us, jitter, store);
     announce
 }

@@ -73,6 +73,17 @@ pub struct Record {
 }
 
 impl Record {
+    /// Whether the global bucket of `limit` (a token bucket or GCRA) held no token when the
+    /// service last answered for this key and has not refilled one since, as far as that answer
+    /// said (its reset less `burst - 1` tokens' time, the `Retry-After` of such a denial). A
+    /// round brought forward could only bring an empty lease then.
+    pub fn globally_empty(&self, limit: &Limit, now_us: u64) -> bool {
+        let token_us = limit.period().micros() / limit.requests().max(1);
+        let short_of_full_us = limit.burst().saturating_sub(1).saturating_mul(token_us);
+        let token_back_us = self.global_reset_at_us.saturating_sub(short_of_full_us);
+        self.global_remaining == 0 && now_us < token_back_us
+    }
+
     /// A key seen for the first time: full buckets, no lease.
     pub fn fresh(fingerprint: u64, limits: &[Limit], now_us: u64) -> Record {
         let mut buckets = [Bucket {
