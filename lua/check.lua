@@ -28,10 +28,11 @@ for i = 1, n do
   local burst = tonumber(ARGV[3 + 3 * i])
   -- leases of the proxies that are still running, and what they likely spent and have not
   -- reported yet (as in sync.lua)
-  local fields, _, reserved, unreported, _, lease_end = load_leases(key, now, nil, nil)
+  local _, stored_tokens, stored_ts, _, _, reserved, unreported, _, lease_end =
+    load_leases(key, now, nil, nil)
   -- refill; a new key starts full. The burst caps the tokens without the proxies' unreported
   -- spend, as in sync.lua.
-  local tokens, ts = stored_bucket(fields, burst, now)
+  local tokens, ts = stored_bucket(stored_tokens, stored_ts, burst, now)
   tokens, ts = refill_bucket(tokens, ts, now, requests, period_ms, burst + unreported)
   local available = tokens - reserved
   if not (available >= cost) then

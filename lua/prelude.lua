@@ -23,15 +23,20 @@ local function clock(override)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The hash of one key: the flat HGETALL reply (its fields in the order Redis gave them) and the
--- same as a table of field -> value.
-local function load_hash(key)
-  local flat = redis.call('HGETALL', key)
+-- A flat HGETALL reply (field, value, field, value...) as a table of field -> value.
+local function hash_fields(flat)
   local fields = {}
   for i = 1, #flat, 2 do
     fields[flat[i]] = flat[i + 1]
   end
-  return flat, fields
+  return fields
+end
+
+-- The hash of one key: the flat HGETALL reply (its fields in the order Redis gave them) and the
+-- same as a table of field -> value.
+local function load_hash(key)
+  local flat = redis.call('HGETALL', key)
+  return flat, hash_fields(flat)
 end
 
 -- The unexpired leases on one key (a loaded hash) of every proxy but `except` (nil: of every
@@ -95,10 +100,13 @@ local function lease_numbers(text)
   return tonumber(g), tonumber(x), tonumber(d), tonumber(s)
 end
 
--- The hash of a token bucket's key and its leases, in one pass: `leases` for p:q fields, and for
--- fields of the older layout too (a key written before, or by an older replica). Returns:
---   fields: the hash as a table of field -> value;
+-- The hash of a token bucket's key and its leases, in one pass over its HGETALL reply, picking
+-- the fields a script needs rather than building a table of them all: `leases` for p:q fields,
+-- and for fields of the older layout too (a key written before, or by an older replica). Returns:
+--   flat: the HGETALL reply (field, value, field, value...; see hash_fields);
+--   tokens, ts: the stored bucket's fields (strings; nil on a new key; see stored_bucket);
 --   mine: the p:q field of `except` (the proxy syncing), nil if it has none;
+--   my_round: the r:q field of `except` (its last round, see round_is_new), nil if none;
 --   reserved, unreported, demand, lease_end: as `leases` returns them, over every proxy but
 --     `except`; the fields of a proxy whose lease expired at or before `stale_before` (if given)
 --     are deleted;
@@ -107,9 +115,8 @@ end
 -- or before it are deleted too.
 local function load_leases(key, now, except, stale_before, forget_before)
   local flat = redis.call('HGETALL', key)
-  local fields = {}
+  local tokens, ts, mine, my_round = nil, nil, nil, nil
   local reserved, unreported, demand, lease_end = 0, 0, 0, now
-  local mine = nil
   local older = false
   local except_p, except_r = nil, nil
   if except ~= nil then
@@ -118,11 +125,10 @@ local function load_leases(key, now, except, stale_before, forget_before)
   end
   for i = 1, #flat, 2 do
     local field = flat[i]
-    local value = flat[i + 1]
-    fields[field] = value
-    -- 'p:' (112, 58) and 'x:' (120, 58), by bytes: no substring of the other fields is made
+    -- 'p:' (112, 58), 'x:' (120, 58) and 'r:' (114, 58), by bytes: no substring is made
     local b1, b2 = string.byte(field, 1, 2)
     if b2 == 58 and b1 == 112 then
+      local value = flat[i + 1]
       if field == except_p then
         mine = value
       else
@@ -143,24 +149,32 @@ local function load_leases(key, now, except, stale_before, forget_before)
           redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
         end
       end
+    elseif b2 == 58 and b1 == 114 then
+      if field == except_r then
+        my_round = flat[i + 1]
+      elseif forget_before ~= nil then
+        -- a last round, kept for the report window, longer than its lease
+        local written = tonumber(string.match(flat[i + 1], '^%d+ %d+ (%d+)$'))
+        if written == nil or written <= forget_before then
+          redis.call('HDEL', key, field)
+        end
+      end
     elseif b2 == 58 and b1 == 120 then
       older = true
-    elseif b2 == 58 and b1 == 114 and forget_before ~= nil and field ~= except_r then
-      -- 'r:' (114, 58): a last round, kept for the report window, longer than its lease
-      local written = tonumber(string.match(value, '^%d+ %d+ (%d+)$'))
-      if written == nil or written <= forget_before then
-        redis.call('HDEL', key, field)
-      end
+    elseif field == 'tokens' then
+      tokens = flat[i + 1]
+    elseif field == 'ts' then
+      ts = flat[i + 1]
     end
   end
   if older then
-    local r, u, d, e = leases(key, flat, fields, now, except, stale_before)
+    local r, u, d, e = leases(key, flat, hash_fields(flat), now, except, stale_before)
     reserved, unreported, demand = reserved + r, unreported + u, demand + d
     if e > lease_end then
       lease_end = e
     end
   end
-  return fields, mine, reserved, unreported, demand, lease_end, older
+  return flat, tokens, ts, mine, my_round, reserved, unreported, demand, lease_end, older
 end
 
 -- Whether a proxy's report labeled with its round (epoch, counter: the two halves of the
@@ -204,11 +218,11 @@ local function forget_rounds(key, flat, except, forget_before)
   end
 end
 
--- The stored bucket of a loaded hash (tokens, ts), or, for a new key, a full one (`burst`)
--- stamped `born` (us).
-local function stored_bucket(fields, burst, born)
-  local tokens = tonumber(fields['tokens'])
-  local ts = tonumber(fields['ts'])
+-- The stored bucket (the hash's tokens and ts fields, as load_leases returns them), or, for a
+-- new key, a full one (`burst`) stamped `born` (us).
+local function stored_bucket(tokens, ts, burst, born)
+  tokens = tonumber(tokens)
+  ts = tonumber(ts)
   if tokens == nil or ts == nil then
     return burst, born
   end

@@ -26,7 +26,7 @@
 -- for the report window (its third number is when it was written), so a batch resent after an
 -- outage of up to that long (the breaker's cool-down, a replica's restart) is recognized.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_leases, lease_text, lease_numbers, round_is_new, round_text, stored_bucket,
+-- hash_fields, load_leases, lease_text, lease_numbers, round_is_new, round_text, stored_bucket,
 -- refill_bucket, ms_to_full, expire_key, whole_remaining and proxy_demand.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
@@ -58,6 +58,7 @@ local s_field = 's:' .. proxy
 local r_field = 'r:' .. proxy
 
 local result = {}
+local limits = {}
 local arg = 7
 local key_index = 1
 for _ = 1, count do
@@ -70,7 +71,6 @@ for _ = 1, count do
   -- whether this report is new (decided on the entry's first key: all are written together)
   local new = true
 
-  local limits = {}
   local last_sync, previous = nil, nil
   for i = 1, n do
     local key = KEYS[key_index]
@@ -83,17 +83,18 @@ for _ = 1, count do
     local most = burst + requests * report_window_ms / period_ms
     -- the unexpired leases of the other proxies, and an estimate of what they spent from them
     -- since their last sync; the fields of proxies silent for a grant TTL are dropped
-    local fields, mine, others, unreported, others_demand, _, older =
-      load_leases(key, now, proxy, stale_before, forget_before)
+    local flat, stored_tokens, stored_ts, mine, my_round, others, unreported, others_demand, _,
+      older = load_leases(key, now, proxy, stale_before, forget_before)
     if i == 1 then
-      new = round_is_new(fields[r_field], epoch, counter)
+      new = round_is_new(my_round, epoch, counter)
       if not new then
         spent, denied = 0, 0
       end
       if mine ~= nil then
         local _, _, d, s = lease_numbers(mine)
         last_sync, previous = s, d
-      else
+      elseif older then
+        local fields = hash_fields(flat)
         last_sync, previous = tonumber(fields[s_field]), tonumber(fields[d_field])
       end
     end
@@ -104,13 +105,17 @@ for _ = 1, count do
     -- not lost to a cap the exact bucket would not have reached.
     -- A new key: its first requests came up to an interval ago, decided by the proxies'
     -- fallbacks; the bucket starts full then, and refills over that interval what they spent.
-    local tokens, ts = stored_bucket(fields, burst, now - interval_us)
+    local tokens, ts = stored_bucket(stored_tokens, stored_ts, burst, now - interval_us)
     tokens, ts = refill_bucket(tokens, ts, now, requests, period_ms, burst + debit + unreported)
     tokens = math.max(math.min(tokens - debit, burst + unreported), -most)
-    limits[i] = {
-      key = key, requests = requests, period_ms = period_ms, burst = burst,
-      tokens = tokens, ts = ts, others = others, others_demand = others_demand, older = older,
-    }
+    -- one table per limit position, reused by every entry (no table made per entry)
+    local l = limits[i]
+    if l == nil then
+      l = {}
+      limits[i] = l
+    end
+    l.key, l.requests, l.period_ms, l.burst = key, requests, period_ms, burst
+    l.tokens, l.ts, l.others, l.others_demand, l.older = tokens, ts, others, others_demand, older
   end
 
   -- 2. the proxy's demand on this entry (tokens/s) and what it wants for 1.25 intervals

@@ -11,14 +11,20 @@
 //! call, and a script making `check.lua`'s four Redis calls without its Lua. With `--baseline FILE`, the same `check.lua` cases also run with FILE in place of
 //! `lua/check.lua` (e.g. `git show <commit>:lua/check.lua > check-before.lua`), interleaved.
 //!
+//! And `sync.lua` (`lua/prelude.lua` + `lua/sync.lua`), per entry: calls of 100 entries, each one
+//! limit on its own key, on keys holding 3 and 0 other proxies' leases and rounds, and on new keys;
+//! beside it a script making `sync.lua`'s Redis calls per entry without its Lua.
+//! `--sync-baseline FILE` runs the same cases with FILE in place of `lua/sync.lua`.
+//!
 //! `cargo run --release -p sluice-counter-service --example redis_scripts -- [--calls N]
-//! [--rounds N] [--baseline FILE]` (`make bench-redis-scripts`; needs `redis-server`).
+//! [--rounds N] [--baseline FILE] [--sync-baseline FILE]` (`make bench-redis-scripts`; needs
+//! `redis-server`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use sluice_counter_service::scripts::{CHECK_LUA, PRELUDE_LUA, TOKEN_BUCKET_LUA};
+use sluice_counter_service::scripts::{CHECK_LUA, PRELUDE_LUA, SYNC_LUA, TOKEN_BUCKET_LUA};
 use sluice_tests::redis::Redis;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -37,6 +43,27 @@ local h = redis.call('HGETALL', KEYS[1]) \
 redis.call('HSET', KEYS[1], 'tokens', 999999999, 'ts', 1796087367751967) \
 redis.call('PEXPIRE', KEYS[1], 2001) \
 return {1, 999999999, 0, 2001}";
+
+/// `sync.lua`'s Redis calls per entry (HGETALL, an HSET of the bucket, the lease and the round,
+/// PEXPIRE) and its five numbers per entry, without its Lua: the floor any script making those
+/// calls pays. ARGV as `sync.lua`'s (only the entry count is read).
+const SYNC_CALLS_ONLY_LUA: &str = "local result = {} \
+for i = 1, tonumber(ARGV[6]) do \
+  local h = redis.call('HGETALL', KEYS[i]) \
+  redis.call('HSET', KEYS[i], 'tokens', 999999999, 'ts', 1796087367751967, \
+    'p:bench', '3 1796087367751967 12.5 1796087367751967', 'r:bench', '1 2 1796087367751967') \
+  redis.call('PEXPIRE', KEYS[i], 2001) \
+  result[#result + 1] = 3 \
+  result[#result + 1] = 300 \
+  result[#result + 1] = 999999999 \
+  result[#result + 1] = 0 \
+  result[#result + 1] = 0 \
+end \
+return result";
+
+/// Entries per `sync.lua` call in the sync cases (a proxy's batch; the service's figure is per
+/// entry).
+const SYNC_BATCH: usize = 100;
 
 /// A lease expiry far enough ahead (us, in 2100) that every lease is live during the run.
 const LEASE_EXPIRY_US: u64 = 4_102_444_800_000_000;
@@ -148,6 +175,19 @@ enum Script {
     Baseline,
     TokenBucket,
     CallsOnly,
+    Sync,
+    SyncBaseline,
+    SyncCallsOnly,
+}
+
+impl Script {
+    /// Whether a call carries a batch of `SYNC_BATCH` entries (its figures are per entry).
+    fn batched(self) -> bool {
+        matches!(
+            self,
+            Script::Sync | Script::SyncBaseline | Script::SyncCallsOnly
+        )
+    }
 }
 
 struct Case {
@@ -179,10 +219,94 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// Runs one sync case: `batches` calls of `SYNC_BATCH` entries, each entry one limit on its own
+/// key (the case's keys, each holding `case.leases` other proxies' leases and rounds, or new keys
+/// each call), reported by proxy `bench` with a new round each call. Returns the EVALSHA usec,
+/// Redis CPU usec and every command's usec, per entry.
+fn run_sync_case(
+    redis: &Redis,
+    connection: &mut Connection,
+    sha: &str,
+    case: &Case,
+    index: usize,
+    batches: usize,
+    fresh: &mut u64,
+) -> Result<(f64, f64, f64)> {
+    let key_of = |n: u64| format!("sluice:{{{n:016x}}}:api-key-{n}:1000000000/1000/1000000000");
+    let base = (index as u64 + 1) << 32;
+    if let Some(leases) = case.leases {
+        for k in 0..SYNC_BATCH as u64 {
+            let key = key_of(base + k);
+            redis.query(&["DEL", &key])?;
+            for proxy in 0..leases {
+                let lease = format!("3 {LEASE_EXPIRY_US} 1.5 1764550000000000");
+                redis.query(&["HSET", &key, &format!("p:proxy-{proxy}"), &lease])?;
+                if case.rounds {
+                    let round = format!("1 2 {}", LEASE_EXPIRY_US - 1);
+                    redis.query(&["HSET", &key, &format!("r:proxy-{proxy}"), &round])?;
+                }
+            }
+        }
+    }
+    let before = evalsha_stats(redis)?;
+    let cpu_before = cpu_usec(redis)?;
+    for call in 0..batches {
+        let keys: Vec<String> = (0..SYNC_BATCH as u64)
+            .map(|k| match case.leases {
+                Some(_) => key_of(base + k),
+                None => {
+                    *fresh += 1;
+                    key_of(*fresh)
+                }
+            })
+            .collect();
+        let counter = (call + 1).to_string();
+        let count = SYNC_BATCH.to_string();
+        let mut args = vec!["EVALSHA", sha, &count];
+        args.extend(keys.iter().map(String::as_str));
+        args.extend(["0", "bench", "100", "300", "1300", &count]);
+        for _ in 0..SYNC_BATCH {
+            args.extend([
+                "1",
+                "1",
+                "0",
+                "7",
+                &counter,
+                "1000000000",
+                "1000",
+                "1000000000",
+            ]);
+        }
+        let reply = connection.call(&args)?;
+        if reply.len() != 5 * SYNC_BATCH || reply.chunks(5).any(|entry| entry[0] < 1) {
+            bail!(
+                "{}: the call answered {reply:?}, not a grant per entry",
+                case.name
+            );
+        }
+    }
+    let cpu_after = cpu_usec(redis)?;
+    let after = evalsha_stats(redis)?;
+    let calls_made = after.0 - before.0;
+    if calls_made != batches as u64 {
+        bail!(
+            "{}: Redis counted {calls_made} calls, not {batches}",
+            case.name
+        );
+    }
+    let entries = (batches * SYNC_BATCH) as f64;
+    Ok((
+        (after.1 - before.1) as f64 / entries,
+        (cpu_after - cpu_before) / entries,
+        (after.2 - before.2) as f64 / entries,
+    ))
+}
+
 fn main() -> Result<()> {
     let mut calls = 5_000usize;
     let mut rounds = 9usize;
     let mut baseline = None;
+    let mut sync_baseline = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
@@ -193,6 +317,11 @@ fn main() -> Result<()> {
                 let path = value()?;
                 let body = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
                 baseline = Some(format!("{PRELUDE_LUA}\n{body}"));
+            }
+            "--sync-baseline" => {
+                let path = value()?;
+                let body = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+                sync_baseline = Some(format!("{PRELUDE_LUA}\n{body}"));
             }
             other => bail!("unknown argument {other}"),
         }
@@ -205,6 +334,12 @@ fn main() -> Result<()> {
     let bucket_sha = load(TOKEN_BUCKET_LUA)?;
     let calls_sha = load(CALLS_ONLY_LUA)?;
     let baseline_sha = match &baseline {
+        Some(text) => Some(load(text)?),
+        None => None,
+    };
+    let sync_sha = load(SYNC_LUA)?;
+    let sync_calls_sha = load(SYNC_CALLS_ONLY_LUA)?;
+    let sync_baseline_sha = match &sync_baseline {
         Some(text) => Some(load(text)?),
         None => None,
     };
@@ -276,6 +411,33 @@ fn main() -> Result<()> {
         all: Vec::new(),
     });
 
+    let mut syncs = vec![Script::Sync, Script::SyncCallsOnly];
+    if sync_baseline_sha.is_some() {
+        syncs.insert(0, Script::SyncBaseline);
+    }
+    for (leases, rounds) in [(Some(3), true), (Some(0), true), (None, true)] {
+        for &script in &syncs {
+            let which = match script {
+                Script::SyncBaseline => "sync.lua (baseline)",
+                Script::SyncCallsOnly => "sync.lua's Redis calls alone",
+                _ => "sync.lua",
+            };
+            let on = match leases {
+                Some(n) => format!("{SYNC_BATCH} keys, {n} other leases each, per entry"),
+                None => format!("{SYNC_BATCH} new keys a call, per entry"),
+            };
+            cases.push(Case {
+                name: format!("{which}, {on}"),
+                script,
+                leases,
+                rounds,
+                figures: Vec::new(),
+                cpu: Vec::new(),
+                all: Vec::new(),
+            });
+        }
+    }
+
     // A limit no call exhausts: every check is admitted and writes the key, as most do.
     let (requests, period_ms, burst) = ("1000000000", "1000", "1000000000");
     let mut fresh = 0u64;
@@ -286,7 +448,25 @@ fn main() -> Result<()> {
                 Script::Baseline => baseline_sha.as_deref().unwrap_or_default(),
                 Script::TokenBucket => bucket_sha.as_str(),
                 Script::CallsOnly => calls_sha.as_str(),
+                Script::Sync => sync_sha.as_str(),
+                Script::SyncBaseline => sync_baseline_sha.as_deref().unwrap_or_default(),
+                Script::SyncCallsOnly => sync_calls_sha.as_str(),
             };
+            if case.script.batched() {
+                let (figure, cpu, all) = run_sync_case(
+                    &redis,
+                    &mut connection,
+                    sha,
+                    case,
+                    index,
+                    calls / SYNC_BATCH.max(1) * 4,
+                    &mut fresh,
+                )?;
+                case.figures.push(figure);
+                case.cpu.push(cpu);
+                case.all.push(all);
+                continue;
+            }
             // A key of the service's shape (keys.rs), one per case.
             let key = format!(
                 "sluice:{{00000000000000{index:02x}}}:api-key-{index}:1000000000/1000/1000000000"

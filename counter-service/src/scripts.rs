@@ -174,6 +174,7 @@ mod tests {
             [
                 "MAX_TTL_MS",
                 "clock",
+                "hash_fields",
                 "load_hash",
                 "leases",
                 "lease_text",
