@@ -70,9 +70,8 @@ pub fn strip_port(peer: &str) -> &str {
 /// to it instead of copying it.
 pub fn strip_port_range(peer: &str) -> std::ops::Range<usize> {
     // The common case, what Envoy writes for IPv4, `a.b.c.d:port`, read without a full parse.
-    if let Some(colon) = peer.bytes().position(|b| b == b':') {
-        let bytes = peer.as_bytes();
-        if is_port(&bytes[colon + 1..]) && is_ipv4(&bytes[..colon]) {
+    if let Some(colon) = ipv4_end(peer.as_bytes()) {
+        if peer.as_bytes().get(colon + 1..).is_some_and(is_port) {
             return 0..colon;
         }
     }
@@ -102,8 +101,37 @@ fn is_port(text: &[u8]) -> bool {
     !text.is_empty()
 }
 
+/// Where a dotted-quad IPv4 address at the start of `text` ends, if a `:` follows it: in one
+/// pass, with the rules of `Ipv4Addr`'s parse (four decimal octets of at most 255, without
+/// leading zeros), so that it agrees with [`is_ipv4`] on the text before the first `:`.
+fn ipv4_end(text: &[u8]) -> Option<usize> {
+    let (mut dots, mut digits, mut value, mut zero) = (0, 0, 0u32, false);
+    for (at, &b) in text.iter().enumerate() {
+        match b {
+            b'0'..=b'9' => {
+                if zero || digits == 3 {
+                    return None;
+                }
+                zero = digits == 0 && b == b'0';
+                value = value * 10 + u32::from(b - b'0');
+                digits += 1;
+                if value > 255 {
+                    return None;
+                }
+            }
+            b'.' if digits > 0 && dots < 3 => {
+                (dots, digits, value, zero) = (dots + 1, 0, 0, false);
+            }
+            b':' if digits > 0 && dots == 3 => return Some(at),
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// A dotted-quad IPv4 address as `Ipv4Addr`'s parse takes it: four decimal octets of at most
 /// 255, without leading zeros.
+#[cfg(test)]
 fn is_ipv4(text: &[u8]) -> bool {
     let mut octets = 0;
     for part in text.split(|&b| b == b'.') {
@@ -219,6 +247,30 @@ mod tests {
                 peer
             };
             assert_eq!(strip_port(peer), expected, "{peer:?}");
+        }
+    }
+
+    #[test]
+    fn the_one_pass_ipv4_agrees_with_the_octet_rules() {
+        let parts = [
+            "0", "00", "01", "1", "9", "10", "99", "100", "255", "256", "300", "1000", "",
+        ];
+        for a in parts {
+            for b in parts {
+                for (c, d) in [("1", "2"), ("255", "0"), ("0", "256"), ("", "1"), ("1", "")] {
+                    for text in [
+                        format!("{a}.{b}.{c}.{d}"),
+                        format!("{a}.{b}.{c}"),
+                        format!("{a}.{b}.{c}.{d}.1"),
+                        format!("{a}.{b}x{c}.{d}"),
+                    ] {
+                        let with_port = format!("{text}:80");
+                        let expected = is_ipv4(text.as_bytes()).then_some(text.len());
+                        assert_eq!(ipv4_end(with_port.as_bytes()), expected, "{with_port:?}");
+                        assert_eq!(ipv4_end(text.as_bytes()), None, "{text:?}: no colon");
+                    }
+                }
+            }
         }
     }
 

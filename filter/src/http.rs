@@ -99,7 +99,10 @@ impl Request {
             let address = strip_port_range(&peer);
             if peer.get(address.clone()).is_some() {
                 peer.truncate(address.end);
-                peer.drain(..address.start);
+                // IPv4 starts the string: nothing to move (only IPv6 loses its bracket).
+                if address.start > 0 {
+                    peer.drain(..address.start);
+                }
             }
             peer
         });
