@@ -20,7 +20,7 @@
 //! rules spent. Nothing here reads a clock or does I/O.
 
 use crate::decision::{Decision, Outcome, Quota, Spent};
-use crate::headers::{denial_body, each_header, render_into, retry_after_seconds};
+use crate::headers::{denial_body, each_header, render_into, retry_after_seconds, ReplyHeaders};
 use crate::limit::Limit;
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
@@ -68,7 +68,7 @@ impl Moment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub status: u32,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: ReplyHeaders,
     pub body: String,
 }
 
@@ -526,12 +526,12 @@ impl Exchange {
 fn unavailable(limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
     let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
     let retry_after = retry_after_seconds(retry_after_us);
+    let mut headers = ReplyHeaders::with_capacity(48);
+    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
+    headers.push("content-type", "application/json");
     Reply {
         status: 503,
-        headers: vec![
-            ("retry-after", retry_after.to_string()),
-            ("content-type", "application/json".to_string()),
-        ],
+        headers,
         body: format!(
             r#"{{"error":"limiter_unavailable","rule":"{name}","reason":"the rate limit service cannot be reached and this rule fails closed","retry_after_seconds":{retry_after}}}"#
         ),
@@ -543,12 +543,10 @@ fn denial(limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -
     let policy = limiter.policy();
     let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
     let retry_after = retry_after_seconds(retry_after_us);
-    let mut headers = Vec::with_capacity(7);
-    headers.push((
-        "retry-after",
-        itoa::Buffer::new().format(retry_after).to_string(),
-    ));
-    headers.push(("content-type", "application/json".to_string()));
+    // Room for the longest: both header styles, which name the rule twice.
+    let mut headers = ReplyHeaders::with_capacity(256 + 2 * name.len());
+    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
+    headers.push("content-type", "application/json");
     render_into(&mut headers, policy.headers, name, quota);
     Reply {
         status: 429,
@@ -757,13 +755,13 @@ pub fn overloaded(
         .get(seat.class)
         .map_or("", |c| c.name.as_str());
     let (reason, level) = (reason.name(), level.name());
+    let mut headers = ReplyHeaders::with_capacity(80);
+    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
+    headers.push("content-type", "application/json");
+    headers.push(SHED_HEADER, reason);
     Reply {
         status: 503,
-        headers: vec![
-            ("retry-after", retry_after.to_string()),
-            ("content-type", "application/json".to_string()),
-            (SHED_HEADER, reason.to_string()),
-        ],
+        headers,
         body: format!(
             "{{\"error\":\"overloaded\",\"reason\":\"{reason}\",\"bulkhead\":\"{bulkhead}\",\"class\":\"{class}\",\"level\":\"{level}\",\"message\":\"the upstream is overloaded ({reason}); retry in {retry_after} s\",\"retryAfter\":{retry_after}}}"
         ),

@@ -16,20 +16,115 @@ pub fn retry_after_seconds(micros: u64) -> u64 {
 /// The rate-limit headers for `quota` in `style`.
 pub fn render(style: HeaderStyle, rule: &str, quota: &Quota) -> Vec<(&'static str, String)> {
     let mut headers = Vec::with_capacity(5);
-    render_into(&mut headers, style, rule, quota);
-    headers
-}
-
-/// [`render`], appended to `headers`.
-pub fn render_into(
-    headers: &mut Vec<(&'static str, String)>,
-    style: HeaderStyle,
-    rule: &str,
-    quota: &Quota,
-) {
     each_header(style, rule, quota, &mut |name, value| {
         headers.push((name, value.to_string()))
     });
+    headers
+}
+
+/// [`render`], appended to a local reply's headers.
+pub fn render_into(headers: &mut ReplyHeaders, style: HeaderStyle, rule: &str, quota: &Quota) {
+    each_header(style, rule, quota, &mut |name, value| {
+        headers.push(name, value);
+    });
+}
+
+/// A local reply's headers, held as the one buffer a proxy-wasm host reads them from (its
+/// serialized header map: the count, each pair's name and value sizes, then every name and
+/// value followed by a NUL, numbers little-endian `u32`). A 429 makes one allocation for its
+/// headers instead of one per header, one for the list and one to serialize them for the host;
+/// and a reply stays as small as with a vector: the step that carries it is moved on every
+/// request, admitted or not.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ReplyHeaders {
+    /// Empty, or the serialized map.
+    map: Vec<u8>,
+}
+
+impl ReplyHeaders {
+    /// Room for `bytes` of the serialized map before the first reallocation.
+    pub fn with_capacity(bytes: usize) -> ReplyHeaders {
+        ReplyHeaders {
+            map: Vec::with_capacity(bytes),
+        }
+    }
+
+    /// Adds a header (sluice's own: a fixed name, a value it wrote).
+    pub fn push(&mut self, name: &'static str, value: &str) {
+        let count = self.len();
+        if self.map.is_empty() {
+            self.map.extend_from_slice(&[0; 4]);
+        }
+        // The new pair's sizes go at the end of the table, before every name and value.
+        let table_end = 4 + 8 * count;
+        let end = self.map.len();
+        self.map.resize(end + 8, 0);
+        self.map.copy_within(table_end..end, table_end + 8);
+        self.map[table_end..table_end + 4].copy_from_slice(&size(name.len()));
+        self.map[table_end + 4..table_end + 8].copy_from_slice(&size(value.len()));
+        self.map.extend_from_slice(name.as_bytes());
+        self.map.push(0);
+        self.map.extend_from_slice(value.as_bytes());
+        self.map.push(0);
+        self.map[..4].copy_from_slice(&size(count + 1));
+    }
+
+    /// The headers, (name, value), in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + Clone + '_ {
+        let map = &self.map;
+        let mut data = 4 + 8 * self.len();
+        (0..self.len()).map(move |i| {
+            let mut text = |len: usize| {
+                let text = map
+                    .get(data..data + len)
+                    .and_then(|b| std::str::from_utf8(b).ok());
+                data += len + 1;
+                text.unwrap_or("")
+            };
+            let name = text(u32_at(map, 4 + 8 * i));
+            let value = text(u32_at(map, 8 + 8 * i));
+            (name, value)
+        })
+    }
+
+    /// The first value of header `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    pub fn len(&self) -> usize {
+        u32_at(&self.map, 0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The serialized header map, as the host reads it.
+    pub fn serialized(&self) -> &[u8] {
+        match self.map.is_empty() {
+            true => &[0; 4],
+            false => &self.map,
+        }
+    }
+}
+
+fn size(len: usize) -> [u8; 4] {
+    (len as u32).to_le_bytes()
+}
+
+/// The little-endian `u32` at `at`, 0 past the end.
+fn u32_at(bytes: &[u8], at: usize) -> usize {
+    bytes
+        .get(at..at + 4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, |b| u32::from_le_bytes(b) as usize)
+}
+
+impl std::fmt::Debug for ReplyHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 /// [`render`], one header at a time: what the filter uses on every admitted request, with no
@@ -137,6 +232,37 @@ mod tests {
         assert_eq!(h[2], ("x-ratelimit-reset", "4".to_string()));
         assert!(render(HeaderStyle::None, "per-ip", &quota()).is_empty());
         assert_eq!(render(HeaderStyle::Both, "per-ip", &quota()).len(), 5);
+    }
+
+    #[test]
+    fn reply_headers_read_back_in_order() {
+        let mut reply = ReplyHeaders::with_capacity(8);
+        assert!(reply.is_empty());
+        assert_eq!(reply.serialized(), [0, 0, 0, 0], "no headers: a count of 0");
+        reply.push("retry-after", "7");
+        reply.push("content-type", "application/json");
+        reply.push("x-empty", "");
+        render_into(&mut reply, HeaderStyle::Both, "per-ip", &quota());
+        let pairs: Vec<(&str, String)> = reply.iter().map(|(n, v)| (n, v.to_string())).collect();
+        let mut expected = vec![
+            ("retry-after", "7".to_string()),
+            ("content-type", "application/json".to_string()),
+            ("x-empty", String::new()),
+        ];
+        expected.extend(render(HeaderStyle::Both, "per-ip", &quota()));
+        assert_eq!(pairs, expected);
+        assert_eq!(reply.len(), 8);
+        assert_eq!(reply.get("retry-after"), Some("7"));
+        assert_eq!(reply.get("x-empty"), Some(""));
+        assert_eq!(reply.get("x-none"), None);
+        // The serialized map: the count, the sizes, then the NUL-terminated names and values.
+        let map = reply.serialized();
+        assert_eq!(map[..12], [8, 0, 0, 0, 11, 0, 0, 0, 1, 0, 0, 0]);
+        assert!(map[4 + 8 * 8..].starts_with(b"retry-after\x007\x00content-type\x00"));
+        assert_eq!(
+            format!("{reply:?}")[..41].to_string(),
+            r#"[("retry-after", "7"), ("content-type", ""#
+        );
     }
 
     #[test]

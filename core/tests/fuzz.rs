@@ -1081,7 +1081,7 @@ fn check_keys(
     let _ = limiter.decide(&mut request, conditions(T0), &mut store);
     let (_, step, _) = Exchange::start(&limiter, &mut request, None, Moment::at(T0), &mut store);
     if let sluice_core::Step::Respond(reply) = step {
-        for (name, value) in &reply.headers {
+        for (name, value) in reply.headers.iter() {
             prop_assert!(header_value_ok(value), "{name}: {value:?}");
         }
     }

@@ -142,8 +142,9 @@ pub fn source_address() -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// A local reply (a 429, a 503), its headers serialized straight into the one buffer the host
-/// reads (the SDK's sender collects them into a vector first, then serializes).
+/// A local reply (a 429, a 503), its headers handed over as the reply holds them, already
+/// serialized as the host reads them (the SDK's sender collects them into a vector first,
+/// then serializes).
 pub fn respond(reply: &sluice_core::Reply) {
     #[link(wasm_import_module = "env")]
     extern "C" {
@@ -158,12 +159,7 @@ pub fn respond(reply: &sluice_core::Reply) {
             grpc_status: i32,
         ) -> Status;
     }
-    let headers = encode_pairs(
-        reply
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_bytes(), value.as_bytes())),
-    );
+    let headers = reply.headers.serialized();
     let body = reply.body.as_bytes();
     // SAFETY: every pointer is to a live buffer of the given size, read during the call only.
     let _ = unsafe {
@@ -178,28 +174,6 @@ pub fn respond(reply: &sluice_core::Reply) {
             -1,
         )
     };
-}
-
-/// proxy-wasm's serialized header map (what [`decode_pairs`] reads), in one allocation.
-fn encode_pairs<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone) -> Vec<u8> {
-    let (count, bytes) = pairs
-        .clone()
-        .fold((0usize, 4), |(count, bytes), (name, value)| {
-            (count + 1, bytes + 8 + name.len() + value.len() + 2)
-        });
-    let mut out = Vec::with_capacity(bytes);
-    out.extend_from_slice(&(count as u32).to_le_bytes());
-    for (name, value) in pairs.clone() {
-        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    }
-    for (name, value) in pairs {
-        out.extend_from_slice(name);
-        out.push(0);
-        out.extend_from_slice(value);
-        out.push(0);
-    }
-    out
 }
 
 pub fn property(path: Vec<&str>) -> Option<String> {
@@ -351,7 +325,8 @@ fn decode_pairs(bytes: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_pairs, encode_pairs};
+    use super::decode_pairs;
+    use sluice_core::headers::ReplyHeaders;
 
     fn encode(pairs: &[(&[u8], &[u8])]) -> Vec<u8> {
         let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
@@ -382,11 +357,28 @@ mod tests {
     }
 
     #[test]
-    fn replies_are_encoded_as_the_sdk_would() {
-        let pairs: &[(&[u8], &[u8])] = &[(b"retry-after", b"1"), (b"x-a", b"")];
-        let encoded = encode_pairs(pairs.iter().copied());
-        assert_eq!(encoded, encode(pairs));
-        assert_eq!(encoded.capacity(), encoded.len());
-        assert_eq!(encode_pairs(std::iter::empty()), encode(&[]));
+    fn a_reply_is_serialized_as_the_sdk_would() {
+        let mut headers = ReplyHeaders::default();
+        assert_eq!(headers.serialized(), encode(&[]));
+        let pairs: &[(&'static str, &str)] = &[
+            ("retry-after", "1"),
+            ("x-a", ""),
+            ("content-type", "text/plain"),
+        ];
+        for (name, value) in pairs {
+            headers.push(name, value);
+        }
+        let expected: Vec<(&[u8], &[u8])> = pairs
+            .iter()
+            .map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+            .collect();
+        let encoded = headers.serialized();
+        assert_eq!(encoded, encode(&expected));
+        let decoded = decode_pairs(encoded).unwrap_or_default();
+        assert_eq!(decoded.len(), 3);
+        assert_eq!(
+            decoded[2],
+            (b"content-type".to_vec(), b"text/plain".to_vec())
+        );
     }
 }

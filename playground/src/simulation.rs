@@ -162,7 +162,11 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
             (
                 decision,
                 reply.status,
-                reply.headers,
+                reply
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name.to_string(), value.to_string()))
+                    .collect(),
                 Some(reply.body),
                 None,
             )
@@ -170,14 +174,14 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
         Step::Delay { until_us } => (
             "delayed",
             200,
-            exchange.response_headers(limiter),
+            owned(exchange.response_headers(limiter)),
             None,
             Some(until_us.saturating_sub(now_us) as f64 / 1e3),
         ),
         Step::Continue | Step::Wait | Step::Queue { .. } => (
             "admitted",
             200,
-            exchange.response_headers(limiter),
+            owned(exchange.response_headers(limiter)),
             None,
             None,
         ),
@@ -223,17 +227,22 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
         rule,
         retry_after,
         delay_ms,
-        headers: headers
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v))
-            .collect(),
+        headers,
         body,
         outcomes,
     }
 }
 
+/// Headers with owned names, as a local reply's come.
+fn owned(headers: Vec<(&'static str, String)>) -> Vec<(String, String)> {
+    headers
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect()
+}
+
 /// The rule whose quota the headers show (`ratelimit: "name";r=..`), for an admitted request.
-fn quota_rule(limiter: &Limiter, headers: &[(&'static str, String)]) -> Option<String> {
+fn quota_rule(limiter: &Limiter, headers: &[(String, String)]) -> Option<String> {
     let (_, value) = headers.iter().find(|(n, _)| *n == "ratelimit")?;
     let name = value.strip_prefix('"')?.split('"').next()?;
     limiter
