@@ -19,7 +19,7 @@
 //! breaker and the rule decides by its fallback. A strict denial gives back what the other
 //! rules spent. Nothing here reads a clock or does I/O.
 
-use crate::decision::{Decision, Outcome, Quota, Spent};
+use crate::decision::{Decision, Outcome, Quota, Spending};
 use crate::headers::{denial_body, each_header, render_into, retry_after_seconds, ReplyHeaders};
 use crate::limit::Limit;
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
@@ -143,7 +143,7 @@ pub struct Exchange {
     /// Strict checks out: (rule, key), by check number; `None` once answered.
     checks: Vec<Option<(RuleId, String)>>,
     /// What local and cached rules spent, given back if a strict rule denies.
-    spent: Vec<Spent>,
+    spent: Spending,
     /// The first strict denial.
     denied: Option<(RuleId, RuleAnswer)>,
     /// The request was answered locally (no response headers to add).
