@@ -54,7 +54,8 @@ impl Keys {
         }
     }
 
-    fn iter(&self) -> std::slice::Iter<'_, String> {
+    /// The keys, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, String> {
         match self {
             Keys::One(key) => std::slice::from_ref(key).iter(),
             Keys::Many(keys) => keys.iter(),
@@ -100,7 +101,14 @@ impl IntoIterator for Keys {
 
 /// [`build`]'s keys, the common single key without a vector.
 pub fn keys(rule: &Rule, request: &mut dyn RequestView) -> Keys {
-    let mut first = String::with_capacity(64);
+    keys_in(rule, request, String::with_capacity(64))
+}
+
+/// [`keys`], the first written into `buffer` (emptied first): a caller that keeps the buffer
+/// between requests builds the common single key without an allocation.
+pub fn keys_in(rule: &Rule, request: &mut dyn RequestView, buffer: String) -> Keys {
+    let mut first = buffer;
+    first.clear();
     first.push_str(&rule.name);
     let mut keys = Keys::One(first);
     for part in &rule.key {

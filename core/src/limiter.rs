@@ -36,6 +36,16 @@ pub struct Limiter {
     notable: Vec<bool>,
     /// This worker's memory of recent denials.
     notes: std::cell::RefCell<Notes>,
+    /// Buffers for a request's key and its set's store key, kept between requests so that
+    /// building them allocates nothing.
+    scratch: std::cell::RefCell<Scratch>,
+}
+
+/// See [`Limiter`]'s `scratch`.
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    key: String,
+    set_key: String,
 }
 
 /// A worker's memory of recent local denials: until when a key of a rule stays denied. Nothing
@@ -171,6 +181,7 @@ impl Limiter {
             tables,
             notable,
             notes: Default::default(),
+            scratch: Default::default(),
         }
     }
 
@@ -234,8 +245,12 @@ impl Limiter {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
             }
-            for key in key::keys(rule, request) {
-                match self.policy.key_override(rule, &key) {
+            // The key is built in this worker's buffer (given back below), and so is its set's
+            // store key: a request of a single-keyed rule allocates neither.
+            let buffer = std::mem::take(&mut self.scratch.borrow_mut().key);
+            let keys = key::keys_in(rule, request, buffer);
+            for key in keys.iter() {
+                match self.policy.key_override(rule, key) {
                     Some(KeyAction::Allow) => {
                         outcomes.push((index, Outcome::Allowed));
                         continue;
@@ -255,7 +270,7 @@ impl Limiter {
                     }
                     None => {}
                 }
-                let fingerprint = table.fingerprint(&key);
+                let fingerprint = table.fingerprint(key);
                 let notable = self.notable.get(index.index()).copied().unwrap_or(false);
                 if notable {
                     if let Some((quota, retry_after_us)) = self.noted(index, fingerprint, now) {
@@ -269,7 +284,9 @@ impl Limiter {
                     }
                 }
                 let limits = bucket_limits(rule);
-                let step = store::update(store, &table.set_key(fingerprint), |set| {
+                let mut set_key = std::mem::take(&mut self.scratch.borrow_mut().set_key);
+                table.set_key_into(fingerprint, &mut set_key);
+                let step = store::update(store, &set_key, |set| {
                     let found = table.find(set, fingerprint);
                     let seen_us = found.as_ref().map(|r| r.seen_us);
                     let mut record = match found {
@@ -310,6 +327,7 @@ impl Limiter {
                         && record.unsynced();
                     ((verdict, dirty, hopeless), true)
                 });
+                self.scratch.borrow_mut().set_key = set_key;
                 let Ok((verdict, dirty, hopeless)) = step else {
                     outcomes.push((index, Outcome::Unavailable));
                     continue;
@@ -340,7 +358,7 @@ impl Limiter {
                         retry_after_us: verdict.retry_after_us,
                     });
                     break;
-                } else if !enforced(rule, &key, now) {
+                } else if !enforced(rule, key, now) {
                     let outcome = if rule.mode == Mode::Warn {
                         warned.push((index, key.clone()));
                         Outcome::Warned
@@ -361,6 +379,9 @@ impl Limiter {
                     });
                     break;
                 }
+            }
+            if let key::Keys::One(buffer) = keys {
+                self.scratch.borrow_mut().key = buffer;
             }
             if denial.is_some() {
                 break;

@@ -305,6 +305,15 @@ impl Table {
         self.set_key_at(((fingerprint >> 32) % self.sets as u64) as u32)
     }
 
+    /// [`set_key`](Self::set_key), written into `key` (emptied first): no allocation once it
+    /// has room.
+    pub fn set_key_into(&self, fingerprint: u64, key: &mut String) {
+        let set = ((fingerprint >> 32) % self.sets as u64) as u32;
+        key.clear();
+        key.push_str(&self.prefix);
+        key.push_str(itoa::Buffer::new().format(set));
+    }
+
     /// The store key of set number `set`.
     pub fn set_key_at(&self, set: u32) -> String {
         let mut digits = itoa::Buffer::new();
@@ -632,6 +641,16 @@ mod tests {
             a.fingerprint("r\u{1f}k"),
             KeyHasher::new([1, 2]).fingerprint("r\u{1f}k")
         );
+    }
+
+    #[test]
+    fn a_set_key_written_into_a_buffer_is_the_same() {
+        let table = table();
+        let mut key = String::from("left over from before");
+        for fingerprint in [1, 42, u64::MAX, 7 << 32, 12_345_678_901_234] {
+            table.set_key_into(fingerprint, &mut key);
+            assert_eq!(key, table.set_key(fingerprint));
+        }
     }
 
     #[test]
