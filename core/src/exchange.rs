@@ -177,16 +177,31 @@ impl Exchange {
         moment: Moment,
         store: &mut dyn Store,
     ) -> (Exchange, Step, Vec<Effect>) {
-        let mut exchange = Exchange::default();
         let mut effects = Vec::new();
+        let (exchange, step) =
+            Exchange::start_into(limiter, request, client, moment, store, &mut effects);
+        (exchange, step, effects)
+    }
+
+    /// [`start`](Self::start), its effects appended to `effects`: a host that keeps one vector
+    /// for them between requests makes no allocation for them.
+    pub fn start_into(
+        limiter: &Limiter,
+        request: &mut dyn RequestView,
+        client: Option<std::net::IpAddr>,
+        moment: Moment,
+        store: &mut dyn Store,
+        effects: &mut Vec<Effect>,
+    ) -> (Exchange, Step) {
+        let mut exchange = Exchange::default();
         // The emergency switch and bypassed paths skip shedding too; bypassed addresses do not
         // (a trusted client can still overload the upstream).
         let bypass = &limiter.policy().bypass;
         let exempt =
             moment.bypass || bypass.all || bypass.paths.iter().any(|p| p == request.path());
         if let Some(shedding) = limiter.policy().shedding.as_ref().filter(|_| !exempt) {
-            if let Some(reply) = exchange.shed(shedding, request, moment, store, &mut effects) {
-                return (exchange, Step::Respond(reply), effects);
+            if let Some(reply) = exchange.shed(shedding, request, moment, store, effects) {
+                return (exchange, Step::Respond(reply));
             }
         } else if let Some(shedding) = limiter.policy().shedding.as_ref() {
             // Not decided by shedding: what the upstream is told about load still never comes
@@ -201,7 +216,7 @@ impl Exchange {
         if moment.bypass || limiter.bypassed(request.path(), client) {
             effects.push(Effect::Bypassed);
             let step = exchange.admitted_step();
-            return (exchange, step, effects);
+            return (exchange, step);
         }
         let service_back_us = if moment.service_up {
             0
@@ -244,7 +259,6 @@ impl Exchange {
                 (
                     exchange,
                     Step::Respond(unavailable(limiter, rule, retry_after_us)),
-                    effects,
                 )
             }
             Decision::Deny {
@@ -255,7 +269,7 @@ impl Exchange {
                 exchange.answered = true;
                 exchange.give_up_seat(limiter, store);
                 let reply = denial(limiter, rule, &quota, retry_after_us);
-                (exchange, Step::Respond(reply), effects)
+                (exchange, Step::Respond(reply))
             }
             Decision::Allow { quota } => {
                 if let Some((rule, quota)) = quota {
@@ -281,11 +295,11 @@ impl Exchange {
                         });
                         exchange.checks.push(Some((rule, key)));
                     } else {
-                        exchange.fall_back(limiter, rule, &key, moment.now_us, store, &mut effects);
+                        exchange.fall_back(limiter, rule, &key, moment.now_us, store, effects);
                     }
                 }
                 let step = exchange.step(limiter, store);
-                (exchange, step, effects)
+                (exchange, step)
             }
         }
     }

@@ -141,12 +141,18 @@ impl Request {
 
     /// Carries out what core asked for. Checks that cannot be sent are answered as failed at
     /// once; the step they lead to, if any, is returned.
-    fn carry_out(&mut self, effects: Vec<Effect>) -> Option<Step> {
+    fn carry_out(&mut self, mut effects: Vec<Effect>) -> Option<Step> {
+        self.carry_out_from(&mut effects)
+    }
+
+    /// [`carry_out`](Self::carry_out), taking the effects out of `effects` (left empty, its
+    /// room kept for the next request).
+    fn carry_out_from(&mut self, effects: &mut Vec<Effect>) -> Option<Step> {
         let shared = Rc::clone(&self.shared);
         let limiter = Rc::clone(&self.limiter);
         let limiter = &*limiter;
         let mut failed = Vec::new();
-        for effect in effects {
+        for effect in effects.drain(..) {
             match effect {
                 Effect::Outcome { rule, outcome } => shared.metrics.outcome(rule, outcome),
                 Effect::Bypassed => shared.metrics.bypassed(),
@@ -329,14 +335,24 @@ impl HttpContext for Request {
             false => request.client_ip.as_deref().and_then(|ip| ip.parse().ok()),
         };
         let moment = self.moment();
-        let (exchange, step, effects) =
-            Exchange::start(&limiter, &mut request, client, moment, &mut SharedData);
+        // The worker's vector for the effects, taken while in use (so a nested use takes an
+        // empty one of its own) and given back with its room.
+        let mut effects = self.shared.effects.take();
+        let (exchange, step) = Exchange::start_into(
+            &limiter,
+            &mut request,
+            client,
+            moment,
+            &mut SharedData,
+            &mut effects,
+        );
         self.exchange = exchange;
-        let step = match self.carry_out(effects) {
+        let step = match self.carry_out_from(&mut effects) {
             // Every check failed to go out: the last one's answer is the step.
             Some(last) if step == Step::Wait && self.checks.is_empty() => last,
             _ => step,
         };
+        self.shared.effects.replace(effects);
         self.act(step)
     }
 

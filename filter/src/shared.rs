@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use sluice_core::policy::Service;
 use sluice_core::proxy_sync::SyncState;
-use sluice_core::{overrides, Limiter, Policy, Store};
+use sluice_core::{overrides, Effect, Limiter, Policy, Store};
 
 use crate::announce::Announcer;
 use crate::host::SharedData;
@@ -38,6 +38,8 @@ pub struct Shared {
     /// When this worker last logged a warn rule's would-be denial, and how many it did not
     /// log since (one line a second per worker).
     pub warn_log: Cell<(u64, u64)>,
+    /// The vector a request's effects are collected in, kept between requests (empty).
+    pub effects: RefCell<Vec<Effect>>,
 }
 
 /// Least time between two warn log lines of one worker.
@@ -97,6 +99,7 @@ impl Shared {
             shedder,
             shaper: Default::default(),
             warn_log: Cell::new((0, 0)),
+            effects: RefCell::default(),
         }
     }
 
