@@ -28,7 +28,7 @@ for i = 1, n do
   local burst = tonumber(ARGV[3 + 3 * i])
   -- leases of the proxies that are still running, and what they likely spent and have not
   -- reported yet (as in sync.lua)
-  local _, stored_tokens, stored_ts, _, _, reserved, unreported, _, lease_end =
+  local _, stored_tokens, stored_ts, _, _, _, reserved, unreported, _, lease_end =
     load_leases(key, now, nil, nil)
   -- refill; a new key starts full. The burst caps the tokens without the proxies' unreported
   -- spend, as in sync.lua.

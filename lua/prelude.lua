@@ -80,18 +80,29 @@ local function leases(key, flat, fields, now, except, stale_before)
   return reserved, unreported, demand, lease_end
 end
 
--- A token bucket's lease of proxy q is one field, p:q = "g x d s": its grant, the grant's expiry
--- (us), its demand (tokens/s) and its last sync (us), written by sync.lua, in digits tonumber
--- reads back exactly. (Older versions of sync.lua wrote the four as fields of their own, which
--- `leases` reads.)
-local function lease_text(grant, expiry, demand, last_sync)
-  -- %d is cheaper than %.17g and writes the same digits for whole numbers below 2^53
-  if grant >= 0 and grant < 2^53 and expiry >= 0 and expiry < 2^53 and last_sync >= 0
-    and last_sync < 2^53 and grant == math.floor(grant) and expiry == math.floor(expiry)
-    and last_sync == math.floor(last_sync) then
-    return string.format('%d %d %.17g %d', grant, expiry, demand, last_sync)
+-- A token bucket's lease of proxy q and its last round are one field, l:q: seven doubles packed
+-- little-endian (struct '<ddddddd', 56 bytes): its grant, the grant's expiry (us), its demand
+-- (tokens/s), its last sync (us), and the epoch, counter and time written (us) of the last
+-- round applied on the key (see round_is_new; 0 0 0 for a proxy that sends no rounds). Packed,
+-- it is read back exactly and at the cost of one call, not a pattern match and four tonumber per
+-- proxy on every key a sync touches. (Earlier versions of sync.lua kept the lease as text, p:q =
+-- "g x d s", and the round beside it, r:q = "e c w", and before that the lease in four fields
+-- g:q, x:q, d:q, s:q: load_leases and `leases` read them all.)
+local LEASE_PACKING = '<ddddddd'
+local LEASE_BYTES = 56
+
+local function lease_pack(grant, expiry, demand, last_sync, epoch, counter, written)
+  return struct.pack(LEASE_PACKING, grant, expiry, demand, last_sync, epoch, counter, written)
+end
+
+-- The numbers of an l:q field: grant, expiry, demand, last sync, epoch, counter, written (nil
+-- for a malformed one: struct.unpack would raise an error on a short string).
+local function lease_unpack(value)
+  if #value ~= LEASE_BYTES then
+    return nil
   end
-  return string.format('%.17g %.17g %.17g %.17g', grant, expiry, demand, last_sync)
+  local g, x, d, s, e, c, w = struct.unpack(LEASE_PACKING, value)
+  return g, x, d, s, e, c, w
 end
 
 -- The numbers of a p:q field: grant, expiry, demand, last sync (nil for a malformed one).
@@ -101,61 +112,64 @@ local function lease_numbers(text)
 end
 
 -- The hash of a token bucket's key and its leases, in one pass over its HGETALL reply, picking
--- the fields a script needs rather than building a table of them all: `leases` for p:q fields,
--- and for fields of the older layout too (a key written before, or by an older replica). Returns:
+-- the fields a script needs rather than building a table of them all: the l:q fields (see
+-- lease_pack), and the p:q and r:q fields and the four-field leases of earlier versions too (a
+-- key written before, or by a replica not yet upgraded). Returns:
 --   flat: the HGETALL reply (field, value, field, value...; see hash_fields);
 --   tokens, ts: the stored bucket's fields (strings; nil on a new key; see stored_bucket);
---   mine: the p:q field of `except` (the proxy syncing), nil if it has none;
---   my_round: the r:q field of `except` (its last round, see round_is_new), nil if none;
---   reserved, unreported, demand, lease_end: as `leases` returns them, over every proxy but
---     `except`; the fields of a proxy whose lease expired at or before `stale_before` (if given)
---     are deleted;
---   older: whether the hash holds a lease in the older layout.
--- If `forget_before` is given, the last rounds (r:q, see round_is_new) of the other proxies written at
--- or before it are deleted too.
+--   mine: the l:q field of `except` (the proxy syncing), nil if it has none;
+--   mine_text, my_round: its p:q and r:q fields (earlier versions), nil if it has none;
+--   reserved: the sum of the grants of the unexpired leases of every proxy but `except`;
+--   unreported: an estimate of what they spent from them since their last sync and have not
+--     reported yet: each one's demand (tokens/s) over that time, at most its grant;
+--   demand: the sum of their demands;
+--   lease_end: when the last of them expires (us), `now` if none;
+--   older: whether the hash holds a lease in the four-field layout.
+-- A proxy whose lease is in both an l:q and a p:q field (its syncs went to replicas of both
+-- versions during an upgrade) is counted twice, so the leases granted meanwhile are smaller,
+-- never larger; the older field goes at its next sync to an upgraded replica, or expires.
+-- If `stale_before` and `forget_before` are given, the fields of the other proxies whose lease
+-- expired at or before `stale_before` and whose round was written at or before `forget_before`
+-- (kept for the report window, longer than the lease) are deleted.
 local function load_leases(key, now, except, stale_before, forget_before)
   local flat = redis.call('HGETALL', key)
-  local tokens, ts, mine, my_round = nil, nil, nil, nil
+  local tokens, ts, mine, mine_text, my_round = nil, nil, nil, nil, nil
   local reserved, unreported, demand, lease_end = 0, 0, 0, now
   local older = false
-  local except_p, except_r = nil, nil
+  local except_l, except_p, except_r = nil, nil, nil
   if except ~= nil then
+    except_l = 'l:' .. except
     except_p = 'p:' .. except
     except_r = 'r:' .. except
   end
   for i = 1, #flat, 2 do
     local field = flat[i]
-    -- 'p:' (112, 58), 'x:' (120, 58) and 'r:' (114, 58), by bytes: no substring is made
+    -- 'l:' (108, 58), 'p:' (112, 58), 'r:' (114, 58) and 'x:' (120, 58), by bytes: no
+    -- substring is made
     local b1, b2 = string.byte(field, 1, 2)
-    if b2 == 58 and b1 == 112 then
-      local value = flat[i + 1]
-      if field == except_p then
-        mine = value
+    local g, expiry, d, s, written = nil, nil, nil, nil, nil
+    if b2 == 58 and b1 == 108 then
+      if field == except_l then
+        mine = flat[i + 1]
       else
-        local g, expiry, d, s = lease_numbers(value)
+        local _
+        g, expiry, d, s, _, _, written = lease_unpack(flat[i + 1])
         expiry = expiry or 0
-        if expiry > now then
-          g = g or 0
-          d = d or 0
-          s = s or now
-          reserved = reserved + g
-          unreported = unreported + math.min(g, d * (now - s) / 1000000)
-          demand = demand + d
-          if expiry > lease_end then
-            lease_end = expiry
-          end
-        elseif stale_before ~= nil and expiry <= stale_before then
-          local q = string.sub(field, 3)
-          redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
-        end
+      end
+    elseif b2 == 58 and b1 == 112 then
+      if field == except_p then
+        mine_text = flat[i + 1]
+      else
+        g, expiry, d, s = lease_numbers(flat[i + 1])
+        expiry = expiry or 0
+        written = 0
       end
     elseif b2 == 58 and b1 == 114 then
       if field == except_r then
         my_round = flat[i + 1]
       elseif forget_before ~= nil then
-        -- a last round, kept for the report window, longer than its lease
-        local written = tonumber(string.match(flat[i + 1], '^%d+ %d+ (%d+)$'))
-        if written == nil or written <= forget_before then
+        local written_round = tonumber(string.match(flat[i + 1], '^%d+ %d+ (%d+)$'))
+        if written_round == nil or written_round <= forget_before then
           redis.call('HDEL', key, field)
         end
       end
@@ -166,6 +180,24 @@ local function load_leases(key, now, except, stale_before, forget_before)
     elseif field == 'ts' then
       ts = flat[i + 1]
     end
+    if expiry ~= nil then
+      if expiry > now then
+        g = g or 0
+        d = d or 0
+        s = s or now
+        reserved = reserved + g
+        unreported = unreported + math.min(g, d * (now - s) / 1000000)
+        demand = demand + d
+        if expiry > lease_end then
+          lease_end = expiry
+        end
+      elseif stale_before ~= nil and forget_before ~= nil and expiry <= stale_before
+        and (written or 0) <= forget_before then
+        -- with any field an earlier version left for the same proxy
+        local q = string.sub(field, 3)
+        redis.call('HDEL', key, field, 'g:' .. q, 'x:' .. q, 'w:' .. q, 'd:' .. q, 's:' .. q)
+      end
+    end
   end
   if older then
     local r, u, d, e = leases(key, flat, hash_fields(flat), now, except, stale_before)
@@ -174,7 +206,17 @@ local function load_leases(key, now, except, stale_before, forget_before)
       lease_end = e
     end
   end
-  return flat, tokens, ts, mine, my_round, reserved, unreported, demand, lease_end, older
+  return flat, tokens, ts, mine, mine_text, my_round, reserved, unreported, demand, lease_end,
+    older
+end
+
+-- Whether a report labeled with round (epoch, counter) is newer than the round (e, c) last
+-- applied (nil, or 0 0: none): see round_is_new.
+local function round_is_newer(e, c, epoch, counter)
+  if (epoch == 0 and counter == 0) or e == nil or c == nil or (e == 0 and c == 0) then
+    return true
+  end
+  return e ~= epoch or counter > c
 end
 
 -- Whether a proxy's report labeled with its round (epoch, counter: the two halves of the
@@ -186,15 +228,17 @@ end
 -- r:q outlives the proxy's lease fields: it is deleted once it is older than the report window
 -- (the longest one report may cover; `load_leases` and `forget_rounds`), or with the key.
 local function round_is_new(stored, epoch, counter)
-  if (epoch == 0 and counter == 0) or stored == nil then
+  if stored == nil then
     return true
   end
   local e, c = string.match(stored, '^(%d+) (%d+)')
-  e, c = tonumber(e), tonumber(c)
-  if e == nil or c == nil or e ~= epoch then
-    return true
-  end
-  return counter > c
+  return round_is_newer(tonumber(e), tonumber(c), epoch, counter)
+end
+
+-- The numbers of an r:q field: epoch, counter, written (nil for a malformed one).
+local function round_numbers(text)
+  local e, c, w = string.match(text, '^(%d+) (%d+) (%d+)$')
+  return tonumber(e), tonumber(c), tonumber(w)
 end
 
 -- The r:q text of a round applied at `now` (us).

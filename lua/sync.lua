@@ -14,20 +14,21 @@
 -- Returns: a flat array of integers, five per entry in order: grant, ttl_ms, remaining, reset_ms,
 --   and 1 if the entry was a replay of a report already applied (nothing counted), else 0.
 --
--- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field p:p,
--- "g x d s": its outstanding grant, the grant's expiry (us), its demand (tokens/s) and its last
--- sync (us). A key written by an older version holds them in four fields, g:p, x:p, d:p, s:p:
--- they are read the same, and a proxy's own are replaced by its p:p at its next sync. A proxy
--- that labels its reports with rounds also has r:p, "<epoch> <counter>", the last round applied
--- on the key (prelude's round_is_new): a report that is not newer is a replay of one already
--- applied (its answer was lost), and counts nothing. It is a field of its own, not a fifth
--- number in p:p, so that a replica still running the previous version of this script reads
--- p:p as before while replicas are upgraded one by one; it also outlives the lease: it is kept
--- for the report window (its third number is when it was written), so a batch resent after an
--- outage of up to that long (the breaker's cool-down, a replica's restart) is recognized.
+-- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field l:p,
+-- seven doubles packed (prelude's lease_pack): its outstanding grant, the grant's expiry (us),
+-- its demand (tokens/s), its last sync (us), and the last round applied on the key (epoch,
+-- counter, when it was written; 0 0 0 for a proxy that labels no reports with rounds). A report
+-- whose round is not newer (prelude's round_is_newer) is a replay of one already applied (its
+-- answer was lost), and counts nothing. The field outlives the lease: it is kept for the report
+-- window after the round was written, so a batch resent after an outage of up to that long (the
+-- breaker's cool-down, a replica's restart) is recognized; the lease in it counts only until its
+-- expiry. A key written by an earlier version holds a proxy's lease as text in p:p ("g x d s")
+-- with its round in r:p ("<epoch> <counter> <written>"), or in four fields, g:p, x:p, d:p, s:p:
+-- they are read the same, and a proxy's own are replaced by its l:p at its next sync.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- hash_fields, load_leases, lease_text, lease_numbers, round_is_new, round_text, stored_bucket,
--- refill_bucket, ms_to_full, expire_key, whole_remaining and proxy_demand.
+-- hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers, round_numbers,
+-- round_is_newer, stored_bucket, refill_bucket, ms_to_full, expire_key, whole_remaining and
+-- proxy_demand.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
@@ -48,8 +49,9 @@ local stale_before = now - grant_ttl_us
 -- the other proxies' last rounds are kept for the report window, then forgotten
 local forget_before = now - report_window_ms * 1000
 
+local l_field = 'l:' .. proxy
+-- the proxy's fields in earlier layouts
 local p_field = 'p:' .. proxy
--- the proxy's fields in the older layout
 local g_field = 'g:' .. proxy
 local x_field = 'x:' .. proxy
 local w_field = 'w:' .. proxy
@@ -68,8 +70,10 @@ for _ = 1, count do
   local epoch = tonumber(ARGV[arg + 3])
   local counter = tonumber(ARGV[arg + 4])
   arg = arg + 5
-  -- whether this report is new (decided on the entry's first key: all are written together)
+  -- whether this report is new (decided on the entry's first key: all are written together),
+  -- and the round to keep in the proxy's lease field
   local new = true
+  local round_epoch, round_counter, round_written = 0, 0, 0
 
   local last_sync, previous = nil, nil
   for i = 1, n do
@@ -83,19 +87,40 @@ for _ = 1, count do
     local most = burst + requests * report_window_ms / period_ms
     -- the unexpired leases of the other proxies, and an estimate of what they spent from them
     -- since their last sync; the fields of proxies silent for a grant TTL are dropped
-    local flat, stored_tokens, stored_ts, mine, my_round, others, unreported, others_demand, _,
-      older = load_leases(key, now, proxy, stale_before, forget_before)
+    local flat, stored_tokens, stored_ts, mine, mine_text, my_round, others, unreported,
+      others_demand, _, older = load_leases(key, now, proxy, stale_before, forget_before)
     if i == 1 then
-      new = round_is_new(my_round, epoch, counter)
+      -- the proxy's last sync, demand and round: from its l: field, or from the p: and r: fields
+      -- of an earlier version (the later of the two where it has both), or the four fields
+      local e, c, w = nil, nil, nil
+      if mine ~= nil then
+        local _
+        _, _, previous, last_sync, e, c, w = lease_unpack(mine)
+      end
+      if mine_text ~= nil then
+        local _, _, d, s = lease_numbers(mine_text)
+        if s ~= nil and (last_sync == nil or s > last_sync) then
+          last_sync, previous = s, d
+        end
+      end
+      if my_round ~= nil then
+        local re, rc, rw = round_numbers(my_round)
+        if rw ~= nil and (w == nil or rw > w) then
+          e, c, w = re, rc, rw
+        end
+      end
+      if last_sync == nil and older then
+        local fields = hash_fields(flat)
+        last_sync, previous = tonumber(fields[s_field]), tonumber(fields[d_field])
+      end
+      new = round_is_newer(e, c, epoch, counter)
       if not new then
         spent, denied = 0, 0
       end
-      if mine ~= nil then
-        local _, _, d, s = lease_numbers(mine)
-        last_sync, previous = s, d
-      elseif older then
-        local fields = hash_fields(flat)
-        last_sync, previous = tonumber(fields[s_field]), tonumber(fields[d_field])
+      if new and (epoch ~= 0 or counter ~= 0) then
+        round_epoch, round_counter, round_written = epoch, counter, now
+      else
+        round_epoch, round_counter, round_written = e or 0, c or 0, w or 0
       end
     end
     local debit = math.min(spent, most)
@@ -116,6 +141,7 @@ for _ = 1, count do
     end
     l.key, l.requests, l.period_ms, l.burst = key, requests, period_ms, burst
     l.tokens, l.ts, l.others, l.others_demand, l.older = tokens, ts, others, others_demand, older
+    l.earlier = mine_text ~= nil or my_round ~= nil
   end
 
   -- 2. the proxy's demand on this entry (tokens/s) and what it wants for 1.25 intervals
@@ -166,14 +192,13 @@ for _ = 1, count do
   -- 4. write back; an idle key vanishes once it would be full again and every lease expired
   local remaining = nil
   local reset_ms = 0
-  local lease = lease_text(grant, now + grant_ttl_us, demand, now)
+  local lease = lease_pack(grant, now + grant_ttl_us, demand, now, round_epoch, round_counter,
+    round_written)
   for i = 1, n do
     local l = limits[i]
-    if new and (epoch ~= 0 or counter ~= 0) then
-      redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease, r_field,
-        round_text(epoch, counter, now))
-    else
-      redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, p_field, lease)
+    redis.call('HSET', l.key, 'tokens', l.tokens, 'ts', l.ts, l_field, lease)
+    if l.earlier then
+      redis.call('HDEL', l.key, p_field, r_field)
     end
     if l.older then
       redis.call('HDEL', l.key, g_field, x_field, w_field, d_field, s_field)

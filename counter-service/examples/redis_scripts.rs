@@ -5,14 +5,16 @@
 //! and writes included) read before and after each batch. The cases run
 //! interleaved, round after round, so a busy machine slows them alike; the medians are printed.
 //!
-//! Cases: `check.lua` on one key with 0, 1 and 4 other proxies' leases (a `p:<proxy>` lease and an
-//! `r:<proxy>` round each, as `sync.lua` writes them; and 4 leases without rounds), `check.lua` on
+//! Cases: `check.lua` on one key with 0, 1 and 4 other proxies' leases (an `l:<proxy>` field each,
+//! lease and round, as `sync.lua` writes them, or a baseline's layout; and 4 leases as text
+//! without rounds, as written before rounds), `check.lua` on
 //! a new key each call (as keys seen less than once a second are), and `token_bucket.lua` on one key and on a new key each
 //! call, and a script making `check.lua`'s four Redis calls without its Lua. With `--baseline FILE`, the same `check.lua` cases also run with FILE in place of
 //! `lua/check.lua` (e.g. `git show <commit>:lua/check.lua > check-before.lua`), interleaved.
 //!
 //! And `sync.lua` (`lua/prelude.lua` + `lua/sync.lua`), per entry: calls of 100 entries, each one
-//! limit on its own key, on keys holding 3 and 0 other proxies' leases and rounds, and on new keys;
+//! limit on its own key, on keys holding 3 and 0 other proxies' leases and rounds (the baseline's
+//! in its own version's layout), and on new keys;
 //! beside it a script making `sync.lua`'s Redis calls per entry without its Lua.
 //! `--sync-baseline FILE` runs the same cases with FILE in place of `lua/sync.lua`.
 //!
@@ -44,14 +46,14 @@ redis.call('HSET', KEYS[1], 'tokens', 999999999, 'ts', 1796087367751967) \
 redis.call('PEXPIRE', KEYS[1], 2001) \
 return {1, 999999999, 0, 2001}";
 
-/// `sync.lua`'s Redis calls per entry (HGETALL, an HSET of the bucket, the lease and the round,
+/// `sync.lua`'s Redis calls per entry (HGETALL, an HSET of the bucket and the proxy's lease field,
 /// PEXPIRE) and its five numbers per entry, without its Lua: the floor any script making those
 /// calls pays. ARGV as `sync.lua`'s (only the entry count is read).
 const SYNC_CALLS_ONLY_LUA: &str = "local result = {} \
+local lease = string.rep('x', 56) \
 for i = 1, tonumber(ARGV[6]) do \
   local h = redis.call('HGETALL', KEYS[i]) \
-  redis.call('HSET', KEYS[i], 'tokens', 999999999, 'ts', 1796087367751967, \
-    'p:bench', '3 1796087367751967 12.5 1796087367751967', 'r:bench', '1 2 1796087367751967') \
+  redis.call('HSET', KEYS[i], 'tokens', 999999999, 'ts', 1796087367751967, 'l:bench', lease) \
   redis.call('PEXPIRE', KEYS[i], 2001) \
   result[#result + 1] = 3 \
   result[#result + 1] = 300 \
@@ -219,6 +221,31 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// Puts a live lease of proxy `proxy-<proxy>` and its last round on `key`: as one packed field
+/// (`lua/prelude.lua`'s lease_pack), or, for a baseline of an earlier version, as text in the two
+/// fields it read (p:q and r:q).
+fn put_lease(redis: &Redis, key: &str, proxy: usize, text: bool) -> Result<()> {
+    let written = (LEASE_EXPIRY_US - 1).to_string();
+    if text {
+        let lease = format!("3 {LEASE_EXPIRY_US} 1.5 1764550000000000");
+        redis.query(&["HSET", key, &format!("p:proxy-{proxy}"), &lease])?;
+        let round = format!("1 2 {written}");
+        redis.query(&["HSET", key, &format!("r:proxy-{proxy}"), &round])?;
+    } else {
+        redis.query(&[
+            "EVAL",
+            "redis.call('HSET', KEYS[1], ARGV[1], struct.pack('<ddddddd', 3, tonumber(ARGV[2]), \
+             1.5, 1764550000000000, 1, 2, tonumber(ARGV[3])))",
+            "1",
+            key,
+            &format!("l:proxy-{proxy}"),
+            &LEASE_EXPIRY_US.to_string(),
+            &written,
+        ])?;
+    }
+    Ok(())
+}
+
 /// Runs one sync case: `batches` calls of `SYNC_BATCH` entries, each entry one limit on its own
 /// key (the case's keys, each holding `case.leases` other proxies' leases and rounds, or new keys
 /// each call), reported by proxy `bench` with a new round each call. Returns the EVALSHA usec,
@@ -239,12 +266,7 @@ fn run_sync_case(
             let key = key_of(base + k);
             redis.query(&["DEL", &key])?;
             for proxy in 0..leases {
-                let lease = format!("3 {LEASE_EXPIRY_US} 1.5 1764550000000000");
-                redis.query(&["HSET", &key, &format!("p:proxy-{proxy}"), &lease])?;
-                if case.rounds {
-                    let round = format!("1 2 {}", LEASE_EXPIRY_US - 1);
-                    redis.query(&["HSET", &key, &format!("r:proxy-{proxy}"), &round])?;
-                }
+                put_lease(redis, &key, proxy, case.script == Script::SyncBaseline)?;
             }
         }
     }
@@ -473,11 +495,11 @@ fn main() -> Result<()> {
             );
             redis.query(&["DEL", &key])?;
             for proxy in 0..case.leases.unwrap_or(0) {
-                let lease = format!("3 {LEASE_EXPIRY_US} 1.5 1764550000000000");
-                redis.query(&["HSET", &key, &format!("p:proxy-{proxy}"), &lease])?;
                 if case.rounds {
-                    let round = "1 2 1764550000000000";
-                    redis.query(&["HSET", &key, &format!("r:proxy-{proxy}"), round])?;
+                    put_lease(&redis, &key, proxy, case.script == Script::Baseline)?;
+                } else {
+                    let lease = format!("3 {LEASE_EXPIRY_US} 1.5 1764550000000000");
+                    redis.query(&["HSET", &key, &format!("p:proxy-{proxy}"), &lease])?;
                 }
             }
             let before = evalsha_stats(&redis)?;

@@ -225,9 +225,8 @@ async fn reported_counts_are_bounded_by_the_limit() {
         (1..=64_000).contains(&ttl),
         "the refill from the floor (62.3 s), the lease and a second: {ttl} ms"
     );
-    // the proxy's lease: "grant expiry demand last-sync"
-    let lease = redis.text(&["HGET", &key, "p:p1"]).unwrap();
-    let demand: f64 = lease.split(' ').nth(2).unwrap().parse().unwrap();
+    // the proxy's lease: grant, expiry, demand, last sync and its round, packed
+    let demand = common::lease(&redis, &key, "p1").expect("a lease")[2];
     assert!(
         demand <= 1_226_000.0,
         "(613 + 613) over at least 1 ms: {demand}"
@@ -434,14 +433,11 @@ async fn per_proxy_tokens_keep_each_holder_to_its_own_proxies() {
     let b_tokens = b.body["grants"][0]["tokens"].as_u64().unwrap();
     assert!(b_tokens <= 1, "a holds the bucket: {b:?}");
     let key = keys::limit_key("k", &LimitSpec::token_bucket(10, 1_000, 10));
-    // each proxy's lease is one field, "grant expiry demand last-sync"
-    let grant = |field: &str| {
-        let lease = redis.text(&["HGET", &key, field]).unwrap();
-        lease.split(' ').next().unwrap().to_string()
-    };
-    assert_eq!(grant("p:edge-a/p1"), "11");
-    assert_eq!(grant("p:edge-b/p1"), b_tokens.to_string());
-    assert_eq!(redis.query(&["HGET", &key, "p:p1"]).unwrap().text(), None);
+    // each proxy's lease is one field: grant, expiry, demand, last sync and its round, packed
+    let grant = |proxy: &str| common::lease(&redis, &key, proxy).map(|lease| lease[0] as u64);
+    assert_eq!(grant("edge-a/p1"), Some(11));
+    assert_eq!(grant("edge-b/p1"), Some(b_tokens));
+    assert_eq!(grant("p1"), None);
     let nobody = sync("tok-c").await;
     assert_error(&nobody, StatusCode::UNAUTHORIZED, "unauthorized");
 }

@@ -46,29 +46,20 @@ fn raw_field(redis: &Redis, key: &str, name: &str) -> Option<String> {
 }
 
 /// A field of a limit's hash. A proxy's lease, g:q (grant), x:q (expiry), d:q (demand) and s:q
-/// (last sync), is read from its one field p:q ("g x d s") when it has one.
+/// (last sync), is read from its one packed field l:q when it has one (or from an earlier
+/// version's text field p:q, "g x d s").
 fn field(redis: &Redis, key: &str, name: &str) -> Option<String> {
     if let Some((kind, proxy)) = name.split_once(':') {
         if let Some(at) = ["g", "x", "d", "s"].iter().position(|k| *k == kind) {
+            if let Some(lease) = common::lease(redis, key, proxy) {
+                return Some(lease[at].to_string());
+            }
             if let Some(lease) = raw_field(redis, key, &format!("p:{proxy}")) {
                 return lease.split(' ').nth(at).map(str::to_owned);
             }
         }
     }
     raw_field(redis, key, name)
-}
-
-/// Rewrites proxy `proxy`'s lease on `key` as older versions of sync.lua kept it: four fields.
-fn to_older_layout(redis: &Redis, key: &str, proxy: &str) {
-    let lease = raw_field(redis, key, &format!("p:{proxy}")).expect("a lease");
-    let numbers: Vec<&str> = lease.split(' ').collect();
-    assert_eq!(numbers.len(), 4, "{lease}");
-    redis.query(&["HDEL", key, &format!("p:{proxy}")]).unwrap();
-    for (kind, value) in ["g", "x", "d", "s"].iter().zip(numbers) {
-        redis
-            .query(&["HSET", key, &format!("{kind}:{proxy}"), value])
-            .unwrap();
-    }
 }
 
 fn number(redis: &Redis, key: &str, name: &str) -> f64 {
@@ -312,9 +303,10 @@ async fn silent_proxies_are_forgotten_and_idle_keys_expire() {
         assert!(field(&redis, &key, name).is_some(), "{name} written");
     }
     assert!(
-        raw_field(&redis, &key, "p:a").is_some(),
+        common::lease(&redis, &key, "a").is_some(),
         "one field per proxy"
     );
+    assert_eq!(raw_field(&redis, &key, "p:a"), None);
     assert_eq!(raw_field(&redis, &key, "g:a"), None);
     // a field of an older version of the script, which wrote the proxy's want
     redis.query(&["HSET", &key, "w:a", "3"]).unwrap();
@@ -325,7 +317,7 @@ async fn silent_proxies_are_forgotten_and_idle_keys_expire() {
     );
     // a's lease ended at +300 ms; a grant TTL later it is stale
     sync_at(&state, &one("b", "k", 0, 0), T0 + 600 * MS).await;
-    for name in ["p:a", "g:a", "x:a", "w:a", "d:a", "s:a"] {
+    for name in ["l:a", "g:a", "x:a", "w:a", "d:a", "s:a"] {
         assert_eq!(field(&redis, &key, name), None, "{name} dropped");
     }
     assert!(field(&redis, &key, "g:b").is_some());
@@ -400,43 +392,47 @@ async fn the_service_clamps_the_interval_that_sizes_and_times_a_lease() {
     assert_eq!((grants[0].tokens, grants[0].ttl_ms), (10, 30));
 }
 
-/// A key written by an older version (a proxy's lease in four fields, g:, x:, d:, s:), as a
-/// running fleet leaves it in Redis, answers as the same key in the current layout: its lease is
-/// set aside for the others, its own next sync reads its demand from it and rewrites it as p:.
+/// A key written by an earlier version (a proxy's lease as text in p:, or in four fields, g:, x:,
+/// d:, s:), as a running fleet or a replica not yet upgraded leaves it in Redis, answers as the
+/// same key in the current layout: its lease is set aside for the others, its own next sync
+/// reads its demand from it and rewrites it as l:.
 #[tokio::test]
-async fn a_key_of_the_older_layout_answers_the_same() {
-    let redis = Redis::start().unwrap();
-    let state = state(&redis.url());
-    let older = keys::limit_key("old", &TEN_PER_SECOND);
-    for key in ["old", "new"] {
-        let a = sync_at(&state, &one("a", key, 2, 30), T0).await;
+async fn a_key_of_an_earlier_layout_answers_the_same() {
+    for four_fields in [false, true] {
+        let redis = Redis::start().unwrap();
+        let state = state(&redis.url());
+        let older = keys::limit_key("old", &TEN_PER_SECOND);
+        for key in ["old", "new"] {
+            let a = sync_at(&state, &one("a", key, 2, 30), T0).await;
+            assert_eq!(
+                a[0].tokens, 10,
+                "{key}: what is left after a's 2, and the refill"
+            );
+        }
+        common::to_earlier_layout(&redis, &older, "a", four_fields);
+        assert_eq!(field(&redis, &older, "g:a").as_deref(), Some("10"));
+        assert_eq!(common::lease(&redis, &older, "a"), None);
+        let mut answers = Vec::new();
+        for key in ["old", "new"] {
+            let b = sync_at(&state, &one("b", key, 0, 20), T0 + 50 * MS).await;
+            let a = sync_at(&state, &one("a", key, 5, 10), T0 + 100 * MS).await;
+            let b2 = sync_at(&state, &one("b", key, 1, 20), T0 + 150 * MS).await;
+            answers.push((b, a, b2, tokens(&redis, key)));
+        }
+        assert_eq!(answers[0].0, answers[1].0, "b sets a's earlier lease aside");
         assert_eq!(
-            a[0].tokens, 10,
-            "{key}: what is left after a's 2, and the refill"
+            answers[0].1, answers[1].1,
+            "a's demand read from its earlier fields"
         );
+        assert_eq!(answers[0].2, answers[1].2);
+        assert_eq!(answers[0].3, answers[1].3, "the same bucket");
+        assert!(
+            answers[0].0[0].tokens < 10,
+            "a's lease holds most of the bucket"
+        );
+        for name in ["p:a", "r:a", "g:a", "x:a", "d:a", "s:a"] {
+            assert_eq!(raw_field(&redis, &older, name), None, "{name} replaced");
+        }
+        assert!(common::lease(&redis, &older, "a").is_some());
     }
-    to_older_layout(&redis, &older, "a");
-    assert_eq!(field(&redis, &older, "g:a").as_deref(), Some("10"));
-    let mut answers = Vec::new();
-    for key in ["old", "new"] {
-        let b = sync_at(&state, &one("b", key, 0, 20), T0 + 50 * MS).await;
-        let a = sync_at(&state, &one("a", key, 5, 10), T0 + 100 * MS).await;
-        let b2 = sync_at(&state, &one("b", key, 1, 20), T0 + 150 * MS).await;
-        answers.push((b, a, b2, tokens(&redis, key)));
-    }
-    assert_eq!(answers[0].0, answers[1].0, "b sets a's older lease aside");
-    assert_eq!(
-        answers[0].1, answers[1].1,
-        "a's demand read from its older fields"
-    );
-    assert_eq!(answers[0].2, answers[1].2);
-    assert_eq!(answers[0].3, answers[1].3, "the same bucket");
-    assert!(
-        answers[0].0[0].tokens < 10,
-        "a's lease holds most of the bucket"
-    );
-    for name in ["g:a", "x:a", "d:a", "s:a"] {
-        assert_eq!(raw_field(&redis, &older, name), None, "{name} replaced");
-    }
-    assert!(raw_field(&redis, &older, "p:a").is_some());
 }

@@ -214,3 +214,58 @@ pub fn receive(stream: &mut TcpStream, within: Duration) -> io::Result<Vec<u8>> 
     buffer.truncate(n);
     Ok(buffer)
 }
+
+/// Proxy `proxy`'s lease field on a token bucket's key, `l:<proxy>` (seven doubles packed, see
+/// `lua/prelude.lua`'s lease_pack), as its numbers: grant, expiry (us), demand (tokens/s), last
+/// sync (us), and its last round's epoch, counter and time written (us). `None` without one.
+pub fn lease(redis: &sluice_tests::redis::Redis, key: &str, proxy: &str) -> Option<[f64; 7]> {
+    const UNPACK: &str = "local v = redis.call('HGET', KEYS[1], ARGV[1]) \
+        if not v then return false end \
+        local n = {struct.unpack('<ddddddd', v)} \
+        local out = {} \
+        for i = 1, 7 do out[i] = string.format('%.17g', n[i]) end \
+        return out";
+    let field = format!("l:{proxy}");
+    match redis.query(&["EVAL", UNPACK, "1", key, &field]).ok()? {
+        sluice_tests::redis::Reply::Array(items) => {
+            let numbers: Vec<f64> = items
+                .iter()
+                .filter_map(|item| item.text()?.parse().ok())
+                .collect();
+            numbers.try_into().ok()
+        }
+        _ => None,
+    }
+}
+
+/// Rewrites proxy `proxy`'s lease on `key` as earlier versions of sync.lua kept it: as text in
+/// p:q ("g x d s") with its round in r:q ("e c w", when it has one), or, `four_fields`, in four
+/// fields g:q, x:q, d:q, s:q (the version before rounds).
+pub fn to_earlier_layout(
+    redis: &sluice_tests::redis::Redis,
+    key: &str,
+    proxy: &str,
+    four_fields: bool,
+) {
+    let [g, x, d, s, e, c, w] = lease(redis, key, proxy).expect("a lease");
+    redis.query(&["HDEL", key, &format!("l:{proxy}")]).unwrap();
+    let text = |n: f64| format!("{n}");
+    if four_fields {
+        for (kind, value) in ["g", "x", "d", "s"].iter().zip([g, x, d, s]) {
+            redis
+                .query(&["HSET", key, &format!("{kind}:{proxy}"), &text(value)])
+                .unwrap();
+        }
+        return;
+    }
+    let lease = [g, x, d, s].map(text).join(" ");
+    redis
+        .query(&["HSET", key, &format!("p:{proxy}"), &lease])
+        .unwrap();
+    if e != 0.0 || c != 0.0 {
+        let round = [e, c, w].map(text).join(" ");
+        redis
+            .query(&["HSET", key, &format!("r:{proxy}"), &round])
+            .unwrap();
+    }
+}
