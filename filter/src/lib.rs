@@ -17,6 +17,7 @@
     )
 )]
 
+mod alloc;
 mod announce;
 mod callout;
 mod host;
@@ -27,6 +28,12 @@ mod shaper;
 mod shared;
 mod shedder;
 mod syncer;
+
+// A VM is one thread: its allocations go through the free lists (native tests keep the system
+// allocator, and test the lists on their own).
+#[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
+#[global_allocator]
+static ALLOCATOR: alloc::Pools = alloc::Pools::new();
 
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
