@@ -72,7 +72,8 @@ impl Request {
         let policy = limiter.policy();
         let mut path = host::request_header(":path").unwrap_or_default();
         let mut query = None;
-        if let Some(at) = path.find('?') {
+        // A byte search: cheaper here than a `char` pattern's.
+        if let Some(at) = path.bytes().position(|b| b == b'?') {
             query = Some(path[at + 1..].to_string());
             path.truncate(at);
         }
@@ -148,6 +149,10 @@ impl Request {
     /// [`carry_out`](Self::carry_out), taking the effects out of `effects` (left empty, its
     /// room kept for the next request).
     fn carry_out_from(&mut self, effects: &mut Vec<Effect>) -> Option<Step> {
+        // Most calls, at a stream's end, have nothing to carry out.
+        if effects.is_empty() {
+            return None;
+        }
         let shared = Rc::clone(&self.shared);
         let limiter = Rc::clone(&self.limiter);
         let limiter = &*limiter;
