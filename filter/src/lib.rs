@@ -17,6 +17,7 @@
     )
 )]
 
+#[cfg(any(test, all(target_arch = "wasm32", not(target_feature = "atomics"))))]
 mod alloc;
 mod announce;
 mod callout;
