@@ -12,6 +12,9 @@
 -- more than two of the longest periods (2 x 366 days; sync.lua bounds the debt).
 local MAX_TTL_MS = 2 * 366 * 86400000
 
+-- The math the scripts do per key, as locals: a global function costs two table reads a call.
+local math_min, math_max, math_floor, math_ceil = math.min, math.max, math.floor, math.ceil
+
 -- The time in us: Redis TIME, the one clock, unless `override` (an ARGV string) is non-zero,
 -- which only tests send.
 local function clock(override)
@@ -66,7 +69,7 @@ local function leases(key, flat, fields, now, except, stale_before)
           reserved = reserved + g
           local d = tonumber(fields['d:' .. q]) or 0
           local s = tonumber(fields['s:' .. q]) or now
-          unreported = unreported + math.min(g, d * (now - s) / 1000000)
+          unreported = unreported + math_min(g, d * (now - s) / 1000000)
           demand = demand + d
           if expiry > lease_end then
             lease_end = expiry
@@ -128,9 +131,11 @@ end
 -- A proxy whose lease is in both an l:q and a p:q field (its syncs went to replicas of both
 -- versions during an upgrade) is counted twice, so the leases granted meanwhile are smaller,
 -- never larger; the older field goes at its next sync to an upgraded replica, or expires.
+-- (The names of a proxy's fields are made once per script call, in proxy_fields.)
 -- If `stale_before` and `forget_before` are given, the fields of the other proxies whose lease
 -- expired at or before `stale_before` and whose round was written at or before `forget_before`
 -- (kept for the report window, longer than the lease) are deleted.
+local proxy_fields = {}
 local function load_leases(key, now, except, stale_before, forget_before)
   local flat = redis.call('HGETALL', key)
   local tokens, ts, mine, mine_text, my_round = nil, nil, nil, nil, nil
@@ -138,9 +143,12 @@ local function load_leases(key, now, except, stale_before, forget_before)
   local older = false
   local except_l, except_p, except_r = nil, nil, nil
   if except ~= nil then
-    except_l = 'l:' .. except
-    except_p = 'p:' .. except
-    except_r = 'r:' .. except
+    local names = proxy_fields[except]
+    if names == nil then
+      names = {'l:' .. except, 'p:' .. except, 'r:' .. except}
+      proxy_fields[except] = names
+    end
+    except_l, except_p, except_r = names[1], names[2], names[3]
   end
   for i = 1, #flat, 2 do
     local field = flat[i]
@@ -186,7 +194,7 @@ local function load_leases(key, now, except, stale_before, forget_before)
         d = d or 0
         s = s or now
         reserved = reserved + g
-        unreported = unreported + math.min(g, d * (now - s) / 1000000)
+        unreported = unreported + math_min(g, d * (now - s) / 1000000)
         demand = demand + d
         if expiry > lease_end then
           lease_end = expiry
@@ -278,26 +286,26 @@ end
 -- changes. Returns tokens, ts.
 local function refill_bucket(tokens, ts, now, requests, period_ms, cap)
   if now > ts then
-    return math.min(cap, tokens + (now - ts) * requests / (period_ms * 1000)), now
+    return math_min(cap, tokens + (now - ts) * requests / (period_ms * 1000)), now
   end
   return tokens, ts
 end
 
 -- How long (ms, whole, at least 0) the refill takes to bring `tokens` up to `burst`.
 local function ms_to_full(tokens, requests, period_ms, burst)
-  return math.max(0, math.ceil((burst - tokens) * period_ms / requests))
+  return math_max(0, math_ceil((burst - tokens) * period_ms / requests))
 end
 
 -- Lets a key expire once its bucket would be full again (`full_ms`) and its leases expired
 -- (`lease_ms`), plus a second, and never later than MAX_TTL_MS.
 local function expire_key(key, full_ms, lease_ms)
-  redis.call('PEXPIRE', key, math.min(full_ms + lease_ms + 1000, MAX_TTL_MS))
+  redis.call('PEXPIRE', key, math_min(full_ms + lease_ms + 1000, MAX_TTL_MS))
 end
 
 -- The `remaining` of a reply: whole tokens, never below 0 (0 if there is no limit; Redis would
 -- truncate a fraction anyway).
 local function whole_remaining(remaining)
-  remaining = math.floor(remaining or 0)
+  remaining = math_floor(remaining or 0)
   if remaining < 0 then
     remaining = 0
   end
@@ -311,14 +319,14 @@ end
 local function proxy_demand(last_sync, previous, now, interval_us, interval_ms, spent, denied)
   local since = interval_us
   if last_sync ~= nil then
-    since = math.max(now - last_sync, 1000)
+    since = math_max(now - last_sync, 1000)
   end
   local rate = (spent + denied) * 1000000 / since
   local demand = rate
   if last_sync ~= nil and previous ~= nil then
-    demand = math.max(rate, 0.5 * previous + 0.5 * rate)
+    demand = math_max(rate, 0.5 * previous + 0.5 * rate)
   end
-  return demand, math.ceil(demand * interval_ms / 1000 * 1.25) + 1
+  return demand, math_ceil(demand * interval_ms / 1000 * 1.25) + 1
 end
 
 local DAY_US = 86400000000
@@ -329,24 +337,24 @@ local function days_from_civil(year, month, day)
   if month <= 2 then
     year = year - 1
   end
-  local era = math.floor(year / 400)
+  local era = math_floor(year / 400)
   local yoe = year - era * 400
   local mp = (month + 9) % 12
-  local doy = math.floor((153 * mp + 2) / 5) + day - 1
-  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-  return math.max(era * 146097 + doe - 719468, 0)
+  local doy = math_floor((153 * mp + 2) / 5) + day - 1
+  local doe = yoe * 365 + math_floor(yoe / 4) - math_floor(yoe / 100) + doy
+  return math_max(era * 146097 + doe - 719468, 0)
 end
 
 -- The date of a day since 1970-01-01: year, month 1..12, day 1..31.
 local function civil_from_days(days)
   local z = days + 719468
-  local era = math.floor(z / 146097)
+  local era = math_floor(z / 146097)
   local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-    - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local yoe = math_floor((doe - math_floor(doe / 1460) + math_floor(doe / 36524)
+    - math_floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math_floor(yoe / 4) - math_floor(yoe / 100))
+  local mp = math_floor((5 * doy + 2) / 153)
+  local day = doy - math_floor((153 * mp + 2) / 5) + 1
   local month = mp + 3
   if mp >= 10 then
     month = mp - 9
@@ -367,7 +375,7 @@ local function window_bounds(window, length, now)
   if window == 'week' then
     -- Day 0 was a Thursday: Monday is 3 days later in the week's count.
     local since_monday = (days + 3) % 7
-    local start = math.max(days - since_monday, 0) * DAY_US
+    local start = math_max(days - since_monday, 0) * DAY_US
     return start, start + 7 * DAY_US
   elseif window == 'month' then
     local year, month = civil_from_days(days)

@@ -25,10 +25,10 @@
 -- expiry. A key written by an earlier version holds a proxy's lease as text in p:p ("g x d s")
 -- with its round in r:p ("<epoch> <counter> <written>"), or in four fields, g:p, x:p, d:p, s:p:
 -- they are read the same, and a proxy's own are replaced by its l:p at its next sync.
--- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers, round_numbers,
--- round_is_newer, stored_bucket, refill_bucket, ms_to_full, expire_key, whole_remaining and
--- proxy_demand.
+-- Runs after lua/prelude.lua (the service loads the two as one script) and uses its math_min,
+-- math_max, math_floor, clock, hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers,
+-- round_numbers, round_is_newer, stored_bucket, refill_bucket, ms_to_full, expire_key,
+-- whole_remaining and proxy_demand.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
@@ -60,6 +60,7 @@ local s_field = 's:' .. proxy
 local r_field = 'r:' .. proxy
 
 local result = {}
+local answered = 0
 local limits = {}
 local arg = 7
 local key_index = 1
@@ -123,7 +124,7 @@ for _ = 1, count do
         round_epoch, round_counter, round_written = e or 0, c or 0, w or 0
       end
     end
-    local debit = math.min(spent, most)
+    local debit = math_min(spent, most)
     -- 1. refill (a new key starts full), then debit what the proxy spent since its last sync.
     -- The stored tokens still hold what proxies spent and have not reported yet (this proxy's
     -- `spent`, the others' estimate): the burst caps the tokens without them, so a refill is
@@ -132,7 +133,7 @@ for _ = 1, count do
     -- fallbacks; the bucket starts full then, and refills over that interval what they spent.
     local tokens, ts = stored_bucket(stored_tokens, stored_ts, burst, now - interval_us)
     tokens, ts = refill_bucket(tokens, ts, now, requests, period_ms, burst + debit + unreported)
-    tokens = math.max(math.min(tokens - debit, burst + unreported), -most)
+    tokens = math_max(math_min(tokens - debit, burst + unreported), -most)
     -- one table per limit position, reused by every entry (no table made per entry)
     local l = limits[i]
     if l == nil then
@@ -159,7 +160,7 @@ for _ = 1, count do
       end
     end
     if surplus ~= nil and surplus > 0 then
-      want = want + math.floor(surplus)
+      want = want + math_floor(surplus)
     end
   end
 
@@ -176,10 +177,10 @@ for _ = 1, count do
       fraction = demand / (demand + l.others_demand)
     end
     local refill = l.requests * interval_ms * 1.5 / l.period_ms
-    local available = math.floor(l.tokens - l.others + refill * fraction)
-    local share = math.floor(available * fraction)
+    local available = math_floor(l.tokens - l.others + refill * fraction)
+    local share = math_floor(available * fraction)
     -- never more than the bucket holds for it, nor more than a full bucket and the refill
-    local g = math.min(available, math.max(want, share), math.floor(l.burst + refill))
+    local g = math_min(available, math_max(want, share), math_floor(l.burst + refill))
     if grant == nil or g < grant then
       grant = g
     end
@@ -214,15 +215,16 @@ for _ = 1, count do
   end
 
   -- 5. the answer, integers only (Redis truncates Lua numbers in replies)
-  result[#result + 1] = grant
-  result[#result + 1] = grant_ttl_ms
-  result[#result + 1] = whole_remaining(remaining)
-  result[#result + 1] = reset_ms
+  result[answered + 1] = grant
+  result[answered + 2] = grant_ttl_ms
+  result[answered + 3] = whole_remaining(remaining)
+  result[answered + 4] = reset_ms
   if new then
-    result[#result + 1] = 0
+    result[answered + 5] = 0
   else
-    result[#result + 1] = 1
+    result[answered + 5] = 1
   end
+  answered = answered + 5
 end
 
 return result

@@ -173,6 +173,10 @@ mod tests {
             prelude_names(),
             [
                 "MAX_TTL_MS",
+                "math_min",
+                "math_max",
+                "math_floor",
+                "math_ceil",
                 "clock",
                 "hash_fields",
                 "load_hash",
@@ -182,6 +186,7 @@ mod tests {
                 "lease_pack",
                 "lease_unpack",
                 "lease_numbers",
+                "proxy_fields",
                 "load_leases",
                 "round_is_newer",
                 "round_is_new",
