@@ -34,6 +34,10 @@ pub struct Limiter {
     tables: Vec<Table>,
     /// Per rule: whether a denial may be remembered ([`Notes`]).
     notable: Vec<bool>,
+    /// Whether any rule reads the client address ([`Policy::needs_client_ip`], asked on every
+    /// request), and whether any rule is strict: worked out once.
+    needs_client_ip: bool,
+    strict: bool,
     /// This worker's memory of recent denials.
     notes: std::cell::RefCell<Notes>,
     /// Buffers for a request's key and its set's store key, kept between requests so that
@@ -177,6 +181,11 @@ impl Limiter {
             .map(|i| notable(&policy, i))
             .collect();
         Limiter {
+            needs_client_ip: policy.needs_client_ip(),
+            strict: policy
+                .rules
+                .iter()
+                .any(|r| r.consistency == Consistency::Strict),
             policy,
             tables,
             notable,
@@ -187,6 +196,11 @@ impl Limiter {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// [`Policy::needs_client_ip`], worked out when the limiter was made.
+    pub fn needs_client_ip(&self) -> bool {
+        self.needs_client_ip
     }
 
     /// The rule `id` names, with its table.
@@ -453,6 +467,9 @@ impl Limiter {
     /// The strict rules that match this request, with their keys: each needs one check.
     pub fn strict_keys(&self, request: &mut dyn RequestView) -> Vec<(RuleId, String)> {
         let mut keys = Vec::new();
+        if !self.strict {
+            return keys;
+        }
         for Enforced {
             id: index, rule, ..
         } in self.rules()
@@ -826,6 +843,28 @@ fn spend_each(limits: &[Limit], record: &mut Record, now: u64, cost: u64) -> Rul
 mod tests {
     use super::*;
     use crate::limit::{Period, Shaping};
+
+    #[test]
+    fn what_the_limiter_works_out_once_is_what_the_policy_says() {
+        for key in [r#"["client_ip"]"#, r#"["header:x-user"]"#, r#"["path"]"#] {
+            let config = format!(
+                r#"{{"rules": [{{"name": "r", "key": {key}, "limits": [{{"requests": 1, "per": "second"}}]}}]}}"#
+            );
+            let policy = crate::parse(config.as_bytes()).unwrap();
+            let limiter = Limiter::new(policy.clone());
+            assert_eq!(limiter.needs_client_ip(), policy.needs_client_ip(), "{key}");
+            assert_eq!(
+                limiter.needs_client_ip(),
+                key.contains("client_ip"),
+                "{key}"
+            );
+            let mut request = crate::request::PlainRequest::get("/").from_ip("10.0.0.1");
+            assert!(
+                limiter.strict_keys(&mut request).is_empty(),
+                "no strict rule"
+            );
+        }
+    }
 
     /// The one-limit path of `spend_buckets` answers and leaves the record exactly as the
     /// general one, for every algorithm, over arrivals that are admitted and denied.

@@ -78,7 +78,7 @@ impl Request {
             path.truncate(at);
         }
         let headers = std::cell::OnceCell::new();
-        let client_ip = policy.needs_client_ip().then(|| {
+        let client_ip = limiter.needs_client_ip().then(|| {
             let mut peer = host::source_address().unwrap_or_default();
             let hops = policy.client_ip.trusted_hops;
             // A repeated X-Forwarded-For is one list (RFC 9110 5.3): counted from the right
