@@ -207,6 +207,20 @@ struct Case {
     all: Vec<f64>,
 }
 
+impl Case {
+    fn new(name: String, script: Script, leases: Option<usize>, rounds: bool) -> Case {
+        Case {
+            name,
+            script,
+            leases,
+            rounds,
+            figures: Vec::new(),
+            cpu: Vec::new(),
+            all: Vec::new(),
+        }
+    }
+}
+
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -395,15 +409,7 @@ fn main() -> Result<()> {
                 Some(n) => format!("one key, {n} leases without their rounds"),
                 None => "a new key each call".to_owned(),
             };
-            cases.push(Case {
-                name: format!("{which}, {on}"),
-                script,
-                leases,
-                rounds,
-                figures: Vec::new(),
-                cpu: Vec::new(),
-                all: Vec::new(),
-            });
+            cases.push(Case::new(format!("{which}, {on}"), script, leases, rounds));
         }
     }
     for leases in [Some(0), None] {
@@ -412,26 +418,20 @@ fn main() -> Result<()> {
         } else {
             "a new key each call"
         };
-        cases.push(Case {
-            name: format!("token_bucket.lua, {on}"),
-            script: Script::TokenBucket,
+        cases.push(Case::new(
+            format!("token_bucket.lua, {on}"),
+            Script::TokenBucket,
             leases,
-            rounds: true,
-            figures: Vec::new(),
-            cpu: Vec::new(),
-            all: Vec::new(),
-        });
+            true,
+        ));
     }
 
-    cases.push(Case {
-        name: "check.lua's four Redis calls alone, one key".to_owned(),
-        script: Script::CallsOnly,
-        leases: Some(0),
-        rounds: true,
-        figures: Vec::new(),
-        cpu: Vec::new(),
-        all: Vec::new(),
-    });
+    cases.push(Case::new(
+        "check.lua's four Redis calls alone, one key".to_owned(),
+        Script::CallsOnly,
+        Some(0),
+        true,
+    ));
 
     let mut syncs = vec![Script::Sync, Script::SyncCallsOnly];
     if sync_baseline_sha.is_some() {
@@ -448,15 +448,7 @@ fn main() -> Result<()> {
                 Some(n) => format!("{SYNC_BATCH} keys, {n} other leases each, per entry"),
                 None => format!("{SYNC_BATCH} new keys a call, per entry"),
             };
-            cases.push(Case {
-                name: format!("{which}, {on}"),
-                script,
-                leases,
-                rounds,
-                figures: Vec::new(),
-                cpu: Vec::new(),
-                all: Vec::new(),
-            });
+            cases.push(Case::new(format!("{which}, {on}"), script, leases, rounds));
         }
     }
 
