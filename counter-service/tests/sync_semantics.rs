@@ -436,3 +436,22 @@ async fn a_key_of_an_earlier_layout_answers_the_same() {
         assert!(common::lease(&redis, &older, "a").is_some());
     }
 }
+
+/// A proxy whose syncs reached replicas of both versions during an upgrade has its lease in both
+/// l: and p:; its next sync reads its demand from the later of the two and keeps only l:.
+#[tokio::test]
+async fn a_lease_in_both_layouts_is_read_from_the_later() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let key = keys::limit_key("k", &TEN_PER_SECOND);
+    sync_at(&state, &one("a", "k", 2, 30), T0).await;
+    let first = common::lease(&redis, &key, "a").expect("a's lease");
+    assert_eq!(first[2], 320.0, "32 over the first interval");
+    // a replica of the earlier version answered a's sync 50 ms later, with a demand of 40/s
+    let later = format!("3 {} 40 {}", T0 + 350 * MS, T0 + 50 * MS);
+    redis.query(&["HSET", &key, "p:a", &later]).unwrap();
+    sync_at(&state, &one("a", "k", 0, 0), T0 + 100 * MS).await;
+    let lease = common::lease(&redis, &key, "a").expect("a's lease");
+    assert_eq!(lease[2], 20.0, "half the later demand (40/s), not of 320/s");
+    assert_eq!(raw_field(&redis, &key, "p:a"), None);
+}
