@@ -1,5 +1,11 @@
 //! Envoy stats through `define_metric`: per rule allowed / denied / shadow-denied, and the
 //! sync's health. Envoy shows them prefixed with `wasmcustom.`.
+//!
+//! A request's own counters (its rule's outcome, charged tokens, bypassed) are counted in the
+//! worker and handed to the host on the root context's tick ([`Metrics::flush`]): no host call on
+//! the request path. The sync's health, off that path, goes to the host at once.
+
+use std::cell::Cell;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
@@ -9,22 +15,57 @@ use sluice_core::Outcome;
 
 use crate::callout::Failure;
 
-/// Metric ids of one rule.
-#[derive(Debug, Clone, Copy, Default)]
-struct RuleMetrics {
-    allowed: u32,
-    denied: u32,
-    shadow_denied: u32,
-    warned: u32,
-    unavailable: u32,
-    charged: u32,
+/// The counters of one rule, in this order: allowed, denied, shadow-denied, warned,
+/// unavailable (an [`Outcome`] each, see [`slot`]), then charged tokens.
+const SLOTS: usize = 6;
+/// The slot of charged tokens.
+const CHARGED: usize = 5;
+
+/// The slot of an outcome's counter.
+fn slot(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Allowed => 0,
+        Outcome::Denied => 1,
+        Outcome::ShadowDenied => 2,
+        Outcome::Warned => 3,
+        Outcome::Unavailable => 4,
+    }
+}
+
+/// One counter: its metric id and what this worker counted since the last flush.
+#[derive(Debug, Clone, Default)]
+struct Counter {
+    id: u32,
+    unflushed: Cell<u64>,
+}
+
+impl Counter {
+    fn new(name: &str) -> Counter {
+        Counter {
+            id: counter(name),
+            unflushed: Cell::new(0),
+        }
+    }
+
+    fn add(&self, n: u64) {
+        self.unflushed.set(self.unflushed.get().saturating_add(n));
+    }
+
+    /// Hands what was counted to the host, if anything.
+    fn flush(&self) {
+        let n = self.unflushed.take();
+        if n > 0 {
+            let _ = hostcalls::increment_metric(self.id, n.min(i64::MAX as u64) as i64);
+        }
+    }
 }
 
 /// Every metric the filter reports, defined once per VM.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
-    rules: Vec<RuleMetrics>,
-    bypassed: u32,
+    /// Per rule, its counters by slot.
+    rules: Vec<[Counter; SLOTS]>,
+    bypassed: Counter,
     sync_sent: u32,
     sync_ok: u32,
     sync_failed: u32,
@@ -54,18 +95,21 @@ fn bump(id: u32) {
 impl Metrics {
     pub fn define<'a>(rule_names: impl Iterator<Item = &'a str>, with_service: bool) -> Metrics {
         let rules = rule_names
-            .map(|name| RuleMetrics {
-                allowed: counter(&format!("sluice.rule.{name}.allowed")),
-                denied: counter(&format!("sluice.rule.{name}.denied")),
-                shadow_denied: counter(&format!("sluice.rule.{name}.shadow_denied")),
-                warned: counter(&format!("sluice.rule.{name}.warned")),
-                unavailable: counter(&format!("sluice.rule.{name}.unavailable")),
-                charged: counter(&format!("sluice.rule.{name}.charged_tokens")),
+            .map(|name| {
+                [
+                    "allowed",
+                    "denied",
+                    "shadow_denied",
+                    "warned",
+                    "unavailable",
+                    "charged_tokens",
+                ]
+                .map(|what| Counter::new(&format!("sluice.rule.{name}.{what}")))
             })
             .collect();
         let mut metrics = Metrics {
             rules,
-            bypassed: counter("sluice.bypassed"),
+            bypassed: Counter::new("sluice.bypassed"),
             ..Metrics::default()
         };
         if with_service {
@@ -84,28 +128,37 @@ impl Metrics {
         metrics
     }
 
+    /// Counts a rule's outcome (handed to the host at the next [`flush`](Self::flush)).
     pub fn outcome(&self, rule: RuleId, outcome: Outcome) {
-        let Some(ids) = self.rules.get(rule.index()) else {
-            return;
-        };
-        bump(match outcome {
-            Outcome::Allowed => ids.allowed,
-            Outcome::Denied => ids.denied,
-            Outcome::ShadowDenied => ids.shadow_denied,
-            Outcome::Warned => ids.warned,
-            Outcome::Unavailable => ids.unavailable,
-        });
-    }
-
-    /// Tokens a response's reported cost charged to a rule.
-    pub fn charged(&self, rule: RuleId, cost: u64) {
-        if let Some(ids) = self.rules.get(rule.index()) {
-            let _ = hostcalls::increment_metric(ids.charged, cost.min(i64::MAX as u64) as i64);
+        if let Some(counter) = self
+            .rules
+            .get(rule.index())
+            .and_then(|c| c.get(slot(outcome)))
+        {
+            counter.add(1);
         }
     }
 
+    /// Tokens a response's reported cost charged to a rule (handed to the host at the next
+    /// [`flush`](Self::flush)).
+    pub fn charged(&self, rule: RuleId, cost: u64) {
+        if let Some(counter) = self.rules.get(rule.index()).and_then(|c| c.get(CHARGED)) {
+            counter.add(cost);
+        }
+    }
+
+    /// Counts a bypassed request (handed to the host at the next [`flush`](Self::flush)).
     pub fn bypassed(&self) {
-        bump(self.bypassed);
+        self.bypassed.add(1);
+    }
+
+    /// Hands the host what the requests counted since the last flush: one host call per
+    /// counter that moved, none for the others. Called on every tick and when the VM is done.
+    pub fn flush(&self) {
+        for counter in self.rules.iter().flatten() {
+            counter.flush();
+        }
+        self.bypassed.flush();
     }
 
     pub fn sync_sent(&self) {

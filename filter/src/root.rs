@@ -31,6 +31,14 @@ pub struct Root {
 }
 
 impl Context for Root {
+    fn on_done(&mut self) -> bool {
+        // The VM is going away: what its requests counted since the last tick is not lost.
+        if let Some(shared) = &self.shared {
+            shared.metrics.flush();
+        }
+        true
+    }
+
     fn on_http_call_response(
         &mut self,
         token_id: u32,
@@ -58,6 +66,10 @@ impl RootContext for Root {
                 return false;
             }
         };
+        if let Some(shared) = &self.shared {
+            // Configured again: the counts of the old configuration's requests go out first.
+            shared.metrics.flush();
+        }
         let secret = secret();
         let limiter = Limiter::with_secret(policy, secret);
         crate::shared::prepare(&limiter);
@@ -105,7 +117,9 @@ impl RootContext for Root {
             let _ = hostcalls::set_tick_period(SHED_TICK);
         }
         if !ticking {
-            // The key tables' heartbeat needs a tick.
+            // The key tables' heartbeat and the requests' counters need a tick. Every tick
+            // set here is 1 s at most (the syncer's is a tenth of the interval, up to 1 s): the
+            // counters reach Envoy's stats within about a second.
             let _ = hostcalls::set_tick_period(std::time::Duration::from_micros(
                 sluice_core::tables::HEARTBEAT_EVERY_US,
             ));
@@ -140,6 +154,9 @@ impl RootContext for Root {
             {
                 shedder.tick(shedding);
             }
+            // The requests' counters reach Envoy's stats here, a tick after they moved (the
+            // tick is 1 s at most: see `on_configure`).
+            shared.metrics.flush();
         }
     }
 

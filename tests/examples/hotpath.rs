@@ -5,6 +5,10 @@
 //! host/guests/floor). The same configurations as `bench/bench.py`: one rule keyed by client
 //! address, legacy X-RateLimit-* headers, 2 workers, one client.
 //!
+//! The virtual clock moves a millisecond between requests and the workers' ticks fire on the way
+//! as Envoy would fire them (sluice's is 1 s here): what a tick does, such as handing the
+//! requests' counters to the host, is in the figures per request too.
+//!
 //! The same build gives the same counts on any machine: these are the figures to compare
 //! before and after a change to the hot path. `floor-open-calls` and `floor-deny-calls` are the
 //! floor making sluice's host calls and nothing else (`bench.py` runs them in Envoy to tell host

@@ -84,7 +84,13 @@ fn the_limit_holds_across_four_workers() {
         result.statuses
     );
 
-    let stats = envoy.stats().unwrap();
+    // Every request counted, on the filter's next tick.
+    let stats = envoy.stats_when(|s| {
+        let count = |name| s.counter(name).unwrap_or(0);
+        count("wasmcustom.sluice.rule.per-ip.allowed")
+            + count("wasmcustom.sluice.rule.per-ip.denied")
+            >= 500
+    });
     let allowed = stats.counter("wasmcustom.sluice.rule.per-ip.allowed");
     let denied = stats.counter("wasmcustom.sluice.rule.per-ip.denied");
     assert_eq!(
@@ -255,7 +261,12 @@ fn shadow_mode_counts_but_never_denies() {
         assert_eq!(reply.status, 200, "request {i} in shadow mode: {reply:?}");
     }
 
-    let stats = envoy.stats().unwrap();
+    let stats = envoy.stats_when(|s| {
+        let count = |name| s.counter(name).unwrap_or(0);
+        count("wasmcustom.sluice.rule.per-ip.allowed")
+            + count("wasmcustom.sluice.rule.per-ip.shadow_denied")
+            >= 20
+    });
     let sluice = stats.matching("sluice");
     assert_eq!(
         stats.counter("wasmcustom.sluice.rule.per-ip.shadow_denied"),

@@ -164,7 +164,7 @@ fn verified_claims_key_the_user_and_pick_the_tier_and_a_forged_token_picks_nothi
     assert_eq!(reply.status, 429, "{reply:?}");
     let stats = envoy.sluice_stats();
     assert_eq!(
-        envoy.stat("wasmcustom.sluice.rule.api/pro.allowed"),
+        envoy.stat_reaching("wasmcustom.sluice.rule.api/pro.allowed", 5),
         5,
         "{stats:?}"
     );
@@ -204,7 +204,10 @@ fn the_methods_matcher_and_method_and_path_keys_count_each_endpoint() {
     for _ in 0..3 {
         assert!(send("POST", "/users/1/import"));
     }
-    assert_eq!(envoy.stat("wasmcustom.sluice.rule.writes.denied"), 1);
+    assert_eq!(
+        envoy.stat_reaching("wasmcustom.sluice.rule.writes.denied", 1),
+        1
+    );
 }
 
 #[test]
@@ -235,7 +238,10 @@ fn costs_static_and_reported_by_the_upstream_are_charged() {
         (10..=16).contains(&retry),
         "retry-after {retry}: {denied:?}"
     );
-    assert_eq!(envoy.stat("wasmcustom.sluice.rule.llm.charged_tokens"), 120);
+    assert_eq!(
+        envoy.stat_reaching("wasmcustom.sluice.rule.llm.charged_tokens", 120),
+        120
+    );
     assert_eq!(
         statuses(&envoy, "/llm", &[("x-user", "bob")], 1),
         [200],
@@ -257,14 +263,20 @@ fn monitor_and_warn_admit_and_say_so_and_a_ramp_denies_its_share() {
         2,
     );
     assert_eq!(statuses(&envoy, "/monitor", &[], 5), [200; 5]);
-    assert_eq!(envoy.stat("wasmcustom.sluice.rule.watch.shadow_denied"), 4);
+    assert_eq!(
+        envoy.stat_reaching("wasmcustom.sluice.rule.watch.shadow_denied", 4),
+        4
+    );
     let client = agent();
     let first = get(&client, &envoy.url("/warn"), &[]).unwrap();
     assert_eq!(first.header("x-sluice-warn"), None, "{first:?}");
     let second = get(&client, &envoy.url("/warn"), &[]).unwrap();
     assert_eq!(second.status, 200);
     assert_eq!(second.header("x-sluice-warn"), Some("told"), "{second:?}");
-    assert_eq!(envoy.stat("wasmcustom.sluice.rule.told.warned"), 1);
+    assert_eq!(
+        envoy.stat_reaching("wasmcustom.sluice.rule.told.warned", 1),
+        1
+    );
     let log = envoy.log();
     assert!(
         log.contains("rule told (warn) would deny key \"told:w\""),
@@ -278,7 +290,10 @@ fn monitor_and_warn_admit_and_say_so_and_a_ramp_denies_its_share() {
         "{denied} of 200 would-be denials denied at 50%"
     );
     assert_eq!(
-        envoy.stat("wasmcustom.sluice.rule.ramp.shadow_denied") as usize,
+        envoy.stat_reaching(
+            "wasmcustom.sluice.rule.ramp.shadow_denied",
+            (200 - denied) as u64
+        ) as usize,
         200 - denied
     );
 }

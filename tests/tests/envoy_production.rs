@@ -290,7 +290,7 @@ fn an_invalid_token_is_401_before_sluice_counts_it() {
     }
     assert_eq!(envoy.stat(JWT_DENIED), 6);
     assert_eq!(
-        envoy.stat(PER_IP_ALLOWED),
+        envoy.stat_settled(PER_IP_ALLOWED),
         1,
         "jwt_authn answered before sluice: {:?}",
         envoy.sluice_stats()

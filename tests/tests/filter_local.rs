@@ -55,6 +55,13 @@ fn send(
     }
 }
 
+/// The counter `name` after the filter's next tick: the filter counts its requests' outcomes in
+/// the worker and hands them to the host on its tick (1 s at most), not during the request.
+fn metric_after_tick(proxy: &Proxy, name: &str) -> Option<u64> {
+    proxy.advance(Duration::from_secs(1)).unwrap();
+    proxy.metric(name)
+}
+
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers
         .iter()
@@ -69,7 +76,10 @@ fn four_workers_admit_exactly_the_burst() {
         .filter(|i| send(&proxy, i % 4, get("/api/x", "203.0.113.7")).0 == 200)
         .count();
     assert_eq!(admitted, 50, "at {:?}", proxy.clock().now());
-    assert_eq!(proxy.metric("sluice.rule.per-ip.allowed"), Some(50));
+    assert_eq!(
+        metric_after_tick(&proxy, "sluice.rule.per-ip.allowed"),
+        Some(50)
+    );
     assert_eq!(proxy.metric("sluice.rule.per-ip.denied"), Some(450));
 }
 
@@ -150,7 +160,7 @@ fn bypass_and_unmatched_paths_are_not_limited() {
         "no headers on a bypassed request"
     );
     assert_eq!(send(&proxy, 0, get("/static/a.css", "10.0.0.1")).0, 200);
-    assert_eq!(proxy.metric("sluice.bypassed"), Some(1));
+    assert_eq!(metric_after_tick(&proxy, "sluice.bypassed"), Some(1));
 }
 
 #[test]
@@ -185,14 +195,20 @@ fn shadow_rules_report_and_never_deny() {
         );
         assert_eq!(status, 200);
     }
-    assert_eq!(proxy.metric("sluice.rule.trial.allowed"), Some(3));
+    assert_eq!(
+        metric_after_tick(&proxy, "sluice.rule.trial.allowed"),
+        Some(3)
+    );
     assert_eq!(proxy.metric("sluice.rule.trial.shadow_denied"), Some(7));
     assert_eq!(
         send(&proxy, 0, RequestSpec::get("/")).0,
         200,
         "no key header: not counted"
     );
-    assert_eq!(proxy.metric("sluice.rule.trial.allowed"), Some(3));
+    assert_eq!(
+        metric_after_tick(&proxy, "sluice.rule.trial.allowed"),
+        Some(3)
+    );
 }
 
 #[test]
@@ -254,6 +270,78 @@ fn host_calls_per_request_stay_few() {
         "one write per admitted request; a denial only reads"
     );
     assert!(total <= 20.0, "{total} host calls per request: {calls:?}");
+    assert_eq!(
+        calls.get("proxy_increment_metric"),
+        None,
+        "a request's counters are handed to the host on the tick"
+    );
+}
+
+/// A request's counters reach the host on its worker's next tick, not during the request: every
+/// worker's, none lost, none handed over twice, one host call per counter that moved.
+#[test]
+fn request_counters_reach_the_host_once_on_the_tick() {
+    let proxy = proxy(PER_IP, 2);
+    let counters = |proxy: &Proxy| {
+        ["allowed", "denied"]
+            .map(|what| proxy.metric(&format!("sluice.rule.per-ip.{what}")))
+            .into_iter()
+            .chain([proxy.metric("sluice.bypassed")])
+            .collect::<Vec<_>>()
+    };
+    for i in 0..60 {
+        send(&proxy, i % 2, get("/api/x", "203.0.113.7"));
+    }
+    for _ in 0..3 {
+        send(&proxy, 0, get("/healthz", "203.0.113.7"));
+    }
+    let at = |proxy: &Proxy| proxy.clock().now();
+    assert_eq!(
+        counters(&proxy),
+        [Some(0); 3],
+        "nothing before a tick, at {:?}",
+        at(&proxy)
+    );
+
+    proxy.reset_host_calls();
+    proxy.advance(Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        counters(&proxy),
+        [Some(50), Some(10), Some(3)],
+        "every request counted after one tick, at {:?}",
+        at(&proxy)
+    );
+    assert_eq!(
+        proxy.host_calls().get("proxy_increment_metric").copied(),
+        Some(5),
+        "one call per counter that moved: allowed and denied on both workers, bypassed on one"
+    );
+
+    proxy.reset_host_calls();
+    proxy.advance(Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        counters(&proxy),
+        [Some(50), Some(10), Some(3)],
+        "nothing handed over twice, at {:?}",
+        at(&proxy)
+    );
+    assert_eq!(
+        proxy.host_calls().get("proxy_increment_metric"),
+        None,
+        "no call for a counter that did not move"
+    );
+
+    // Counted from zero again after a flush.
+    for i in 0..4 {
+        send(&proxy, i % 2, get("/api/x", "203.0.113.8"));
+    }
+    proxy.advance(Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        counters(&proxy),
+        [Some(54), Some(10), Some(3)],
+        "at {:?}",
+        at(&proxy)
+    );
 }
 
 #[test]

@@ -19,6 +19,10 @@ use super::template::{render_file, yaml_single_quoted, Template};
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts when a picked port was taken by someone else before Envoy bound it.
 const BIND_ATTEMPTS: usize = 3;
+/// How long [`Envoy::stats_when`] waits: sluice's tick (1 s at most) with room for a busy machine.
+const STATS_WAIT: Duration = Duration::from_secs(10);
+/// How long [`Envoy::stat_settled`] wants a stat unchanged.
+const STATS_STILL: Duration = Duration::from_secs(2);
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -248,6 +252,49 @@ impl Envoy {
             Ok(value) => value.unwrap_or(0),
             Err(error) => panic!("reading {name} from Envoy's admin: {error:#}"),
         }
+    }
+
+    /// Envoy's stats once `ready` holds for them, or the last ones read after [`STATS_WAIT`]:
+    /// sluice adds its requests' counters (a rule's outcomes, charged tokens, bypassed) to Envoy's
+    /// stats on its next tick, a second at most after the request. Panics if the admin endpoint
+    /// does not answer (for tests).
+    pub fn stats_when(&self, ready: impl Fn(&Stats) -> bool) -> Stats {
+        let deadline = Instant::now() + STATS_WAIT;
+        loop {
+            let stats = match self.stats() {
+                Ok(stats) => stats,
+                Err(error) => panic!("reading Envoy's stats: {error:#}"),
+            };
+            if ready(&stats) || Instant::now() > deadline {
+                return stats;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The counter or gauge `name` once every request sent before the call is in it: once it held
+    /// still for [`STATS_STILL`] (two of sluice's ticks, 1 s at most each), or after [`STATS_WAIT`].
+    /// For a count that must not have moved; when the count to expect is known,
+    /// [`stat_reaching`](Self::stat_reaching) returns sooner.
+    pub fn stat_settled(&self, name: &str) -> u64 {
+        let deadline = Instant::now() + STATS_WAIT;
+        let mut last = self.stat(name);
+        let mut since = Instant::now();
+        while since.elapsed() < STATS_STILL && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = self.stat(name);
+            if now != last {
+                (last, since) = (now, Instant::now());
+            }
+        }
+        last
+    }
+
+    /// The counter or gauge `name` once it reached `at_least`, or its value after [`STATS_WAIT`]
+    /// (see [`stats_when`](Self::stats_when)): assert on the value returned.
+    pub fn stat_reaching(&self, name: &str, at_least: u64) -> u64 {
+        let stats = self.stats_when(|s| s.counter(name).unwrap_or(0) >= at_least);
+        stats.counter(name).unwrap_or(0)
     }
 
     /// How many samples the histogram `name` holds (e.g. `wasmcustom.sluice.shed.api.latency_ms`), 0 while it

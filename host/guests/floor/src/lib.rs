@@ -21,7 +21,7 @@
 //! | `shared`        | reads a shared-data value of [`SET_BYTES`] and writes it back (compare-and-swap) |
 //! | `metric`        | increments one counter (`floor.requests`)                                 |
 //! | `headers`       | adds the three `x-ratelimit-*` response headers of an admitted request    |
-//! | `calls`         | every host call sluice makes on the path: on `open` all of the above, on `deny` `clock`, `source` and `metric` |
+//! | `calls`         | every host call sluice makes per request on the path: on `open` all of the above but `metric` (sluice counts its metrics in the worker and hands them to the host on its tick), on `deny` `clock` and `source` |
 //!
 //! For example `open+calls`, `open+shared+metric`, `deny+calls`. Anything else fails
 //! `on_configure`. The 429 is what sluice sends when the bench's rule (`bench`,
@@ -116,7 +116,6 @@ impl Root {
                 "calls" => {
                     calls.clock = true;
                     calls.source = true;
-                    metric = true;
                     if !self.deny {
                         calls.path = true;
                         calls.shared = true;
