@@ -1,5 +1,7 @@
 //! Every outcome has a name: what the limiter decided, and what each rule said.
 
+use smallvec::SmallVec;
+
 use crate::limit::Limit;
 use crate::policy::RuleId;
 
@@ -44,105 +46,14 @@ pub enum Outcome {
     Unavailable,
 }
 
-/// A short list held inline, on the stack or in its owner, until it outgrows `N`: the lists a
-/// decision makes per request (each rule's outcome, what each spent) hold one entry for most
-/// requests, and a vector would be an allocation and a free each time.
-#[derive(Clone)]
-pub struct Few<T: Copy, const N: usize> {
-    len: usize,
-    /// The first `len` entries while they fit, filled with copies of the first beyond that.
-    inline: Option<[T; N]>,
-    /// Every entry, once there are more than `N`.
-    spilled: Vec<T>,
-}
-
-impl<T: Copy, const N: usize> Few<T, N> {
-    pub const fn new() -> Few<T, N> {
-        Few {
-            len: 0,
-            inline: None,
-            spilled: Vec::new(),
-        }
-    }
-
-    pub fn push(&mut self, item: T) {
-        match &mut self.inline {
-            _ if self.len > N => self.spilled.push(item),
-            None => self.inline = Some([item; N]),
-            Some(items) => match items.get_mut(self.len) {
-                Some(slot) => *slot = item,
-                None => {
-                    self.spilled.reserve(2 * N);
-                    self.spilled.extend_from_slice(items);
-                    self.spilled.push(item);
-                }
-            },
-        }
-        self.len += 1;
-    }
-
-    pub fn as_slice(&self) -> &[T] {
-        match &self.inline {
-            _ if self.len > N => &self.spilled,
-            Some(items) => &items[..self.len],
-            None => &[],
-        }
-    }
-
-    pub fn clear(&mut self) {
-        self.len = 0;
-        self.inline = None;
-        self.spilled.clear();
-    }
-}
-
-impl<T: Copy, const N: usize> Default for Few<T, N> {
-    fn default() -> Few<T, N> {
-        Few::new()
-    }
-}
-
-impl<T: Copy, const N: usize> std::ops::Deref for Few<T, N> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        self.as_slice()
-    }
-}
-
-impl<'a, T: Copy, const N: usize> IntoIterator for &'a Few<T, N> {
-    type Item = &'a T;
-    type IntoIter = std::slice::Iter<'a, T>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.as_slice().iter()
-    }
-}
-
-impl<T: Copy + std::fmt::Debug, const N: usize> std::fmt::Debug for Few<T, N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.as_slice().fmt(f)
-    }
-}
-
-impl<T: Copy + PartialEq, const N: usize> PartialEq for Few<T, N> {
-    fn eq(&self, other: &Few<T, N>) -> bool {
-        self.as_slice() == other.as_slice()
-    }
-}
-
-impl<T: Copy + Eq, const N: usize> Eq for Few<T, N> {}
-
-impl<T: Copy + PartialEq, const N: usize> PartialEq<Vec<T>> for Few<T, N> {
-    fn eq(&self, other: &Vec<T>) -> bool {
-        self.as_slice() == other.as_slice()
-    }
-}
+// The lists a decision makes per request (each rule's outcome, what each spent) hold one entry
+// for most requests: held inline, on the stack or in their owner, until they outgrow their
+// room, as a vector would be an allocation and a free each time.
 
 /// Each matching rule's outcome, in rule order (one rule, most often).
-pub type Outcomes = Few<(RuleId, Outcome), 4>;
+pub type Outcomes = SmallVec<[(RuleId, Outcome); 4]>;
 /// What an admitted request spent, rule by rule.
-pub type Spending = Few<Spent, 2>;
+pub type Spending = SmallVec<[Spent; 2]>;
 
 /// The decision, with each matching rule's outcome (for metrics) and the keys whose counts the
 /// counter service has not seen yet (for the sync).
@@ -187,20 +98,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn few_holds_its_entries_in_order_inline_and_beyond() {
-        let mut few: Few<u32, 2> = Few::new();
-        assert!(few.is_empty());
-        for n in 0..7 {
-            few.push(n);
-            assert_eq!(few, (0..=n).collect::<Vec<_>>());
-            assert_eq!(few.spilled.is_empty(), n < 2, "spilled past 2, at {n}");
+    fn a_decisions_lists_hold_the_common_case_inline() {
+        let mut outcomes = Outcomes::new();
+        for n in 0..4 {
+            outcomes.push((RuleId::new(n), Outcome::Allowed));
         }
-        assert_eq!(few.iter().sum::<u32>(), 21);
-        assert_eq!(format!("{few:?}"), "[0, 1, 2, 3, 4, 5, 6]");
-        few.clear();
-        assert_eq!(few, Vec::new());
-        few.push(9);
-        assert_eq!(few[..], [9]);
-        assert_eq!(few.clone(), few);
+        assert!(!outcomes.spilled(), "four rules' outcomes inline");
+        outcomes.push((RuleId::new(4), Outcome::Denied));
+        assert_eq!(outcomes.len(), 5, "and more beyond, in order");
+        assert_eq!(outcomes[4], (RuleId::new(4), Outcome::Denied));
     }
 }

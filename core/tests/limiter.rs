@@ -47,7 +47,7 @@ fn burst_then_one_per_second() {
     assert_eq!(rule, RuleId::new(0));
     assert_eq!(quota.remaining, 0);
     assert_eq!(retry_after_us, SECOND, "one token a second");
-    assert_eq!(denied.outcomes, vec![(RuleId::new(0), Outcome::Denied)]);
+    assert_eq!(denied.outcomes[..], [(RuleId::new(0), Outcome::Denied)]);
 
     let now = T0 + SECOND;
     assert!(
