@@ -473,6 +473,12 @@ impl Proxy {
         self.lock().vms.iter().map(|vm| vm.instructions()).sum()
     }
 
+    /// The size of worker `index`'s linear memory, in bytes: what the module's allocator has
+    /// taken from the host so far (a wasm memory grows in 64 KiB pages and never shrinks).
+    pub fn memory_bytes(&self, index: usize) -> Option<usize> {
+        self.lock().vms.get(index).map(|vm| vm.memory_bytes())
+    }
+
     /// Worker `index`'s VM has not trapped.
     pub fn is_alive(&self, index: usize) -> bool {
         self.lock().vms.get(index).is_some_and(|vm| !vm.dead)

@@ -170,6 +170,14 @@ impl Vm {
         self.store.get_fuel().map_or(0, |left| FUEL - left)
     }
 
+    /// The size of the VM's linear memory, in bytes (it grows in 64 KiB pages, never shrinks).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.store
+            .data()
+            .memory
+            .map_or(0, |memory| memory.data_size(&self.store))
+    }
+
     pub(crate) fn reset_instructions(&mut self) {
         if self.store.get_fuel().is_ok() {
             let _ = self.store.set_fuel(FUEL);
