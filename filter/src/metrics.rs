@@ -92,6 +92,14 @@ fn bump(id: u32) {
     let _ = hostcalls::increment_metric(id, 1);
 }
 
+/// A root context configured again replaces its requests' shared state: what the old state's
+/// requests counted goes to the host when the last of them is done.
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 impl Metrics {
     pub fn define<'a>(rule_names: impl Iterator<Item = &'a str>, with_service: bool) -> Metrics {
         let rules = rule_names

@@ -66,10 +66,6 @@ impl RootContext for Root {
                 return false;
             }
         };
-        if let Some(shared) = &self.shared {
-            // Configured again: the counts of the old configuration's requests go out first.
-            shared.metrics.flush();
-        }
         let secret = secret();
         let limiter = Limiter::with_secret(policy, secret);
         crate::shared::prepare(&limiter);
