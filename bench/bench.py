@@ -268,6 +268,8 @@ def main():
             try:
                 url = f"http://127.0.0.1:{envoy.listen}/api/bench"
                 wrk(url, ARGS.threads, ARGS.connections, 2)  # warm-up
+                # sluice hands its request counters to Envoy's stats on its tick (1 s): read them after one
+                time.sleep(1.2)
                 before = envoy.counters()
                 cpu = envoy.cpu_seconds()
                 result = parse_wrk(wrk(url, ARGS.threads, ARGS.connections, ARGS.duration,
@@ -275,6 +277,7 @@ def main():
                 # Envoy's CPU time per request: unlike requests/s, it barely moves when other work shares the
                 # machine (it covers the edge listener with the filter and the upstream listener behind it).
                 result["cpu_us"] = (envoy.cpu_seconds() - cpu) * 1e6 / max(result["requests"], 1)
+                time.sleep(1.2)
                 after = envoy.counters()
             finally:
                 envoy.stop()
