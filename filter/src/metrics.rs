@@ -33,7 +33,7 @@ fn slot(outcome: Outcome) -> usize {
 }
 
 /// One counter: its metric id and what this worker counted since the last flush.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct Counter {
     id: u32,
     unflushed: Cell<u64>,
@@ -61,7 +61,9 @@ impl Counter {
 }
 
 /// Every metric the filter reports, defined once per VM.
-#[derive(Debug, Clone, Default)]
+///
+/// Not `Clone`: the unflushed counts would be handed to the host once per copy (see `Drop`).
+#[derive(Debug, Default)]
 pub struct Metrics {
     /// Per rule, its counters by slot.
     rules: Vec<[Counter; SLOTS]>,
