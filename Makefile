@@ -228,6 +228,12 @@ bench-shaping: deps build-filter ## the leaky bucket in Envoy: when requests of 
 bench-algorithms: deps build build-stack ## every algorithm in Envoy vs a reference of its definition: local on 4 workers, cached on 3 proxies (~3 min)
 	$(VENV)/bin/python bench/algorithms.py
 
+.PHONY: bench-instructions
+bench-instructions: deps build ## instructions per request in Envoy under valgrind's callgrind: none, native, floor, sluice, open and deny (counted, ~12 min)
+	@command -v valgrind >/dev/null && command -v callgrind_control >/dev/null \
+	  || { echo "bench-instructions: valgrind is missing: apt-get install valgrind" >&2; exit 1; }
+	$(VENV)/bin/python bench/callgrind.py
+
 # The soak (tests/tests/soak.rs): `make test` runs it for 1 minute; this runs it for SOAK_SECS and plots the samples.
 SOAK_SECS ?= 600
 .PHONY: soak
