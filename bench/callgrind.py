@@ -12,6 +12,7 @@ request must not move), and the instructions of a few idle seconds (what the tim
 Usage (from the repository root, after `make deps build`; `make bench-instructions` does both):
     .venv/bin/python bench/callgrind.py [--requests 2000] [--warmup 1000] [--only floor-open,sluice-open]
                                         [--repeat sluice-open] [--wasm ...] [--floor-wasm ...]
+    .venv/bin/python bench/callgrind.py --only floor-open-calls,floor-deny-calls   # the floor with sluice's host calls
 
 The deny variants here deny every request after the first (1 an hour, instead of bench.py's 100 a second,
 which valgrind's slow Envoy would mostly admit). Dumps, Envoy configs and logs and results.json go to
@@ -53,6 +54,10 @@ VARIANTS = {
     "floor-deny": (*OPEN["floor-deny"], 429),
     "sluice-deny": ("sluice", "sluice.yaml.tmpl", {"PLUGIN_CONFIG": deny_forever_sluice()}, 429),
 }
+# Run only when --only names them: the floor making sluice's host calls (bench.py's floor-*-calls), to split
+# sluice's instructions beyond the floor into host calls and wasm work.
+EXTRA = {name: (limiter, template, values, 429 if "-deny" in name else 200)
+         for name, limiter, template, values, _ in bench.EXTRA}
 # Options valgrind needs for Envoy's V8: code generated at run time on the heap (--smc-check=all-non-file).
 VALGRIND = ["valgrind", "--tool=callgrind", "--smc-check=all-non-file", "--trace-children=no"]
 
@@ -230,19 +235,21 @@ def table(results, envoy_version):
         f"requests of warm-up, then {n} and {2 * n} sequential requests over one keep-alive connection; instructions "
         f"(Ir) of the whole Envoy process / requests",
         "",
-        f"| variant | instructions / request (N={n}) | N={2 * n} | beyond none | floor / this | native / this |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| variant | instructions / request (N={n}) | N={2 * n} | beyond native | beyond the floor | floor / this "
+        "| native / this |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    none = per.get("none", {}).get("per_request")
     for name in VARIANTS:
         if name not in per:
             continue
         r = per[name]
-        path = "open" if name.endswith("-open") else "deny" if name.endswith("-deny") else None
+        path = "open" if "-open" in name else "deny" if "-deny" in name else None
         floor = per.get(f"floor-{path}", {}).get("per_request")
         native = per.get(f"native-{path}", {}).get("per_request")
-        beyond = f"{r['per_request'] - none:,.0f}" if none else "-"
-        lines.append(f"| {name} | {r['per_request']:,.0f} | {r['batches'][1]['per_request']:,.0f} | {beyond} | "
+        def beyond(other):
+            return f"{r['per_request'] - other:+,.0f}" if other and path else "-"
+        lines.append(f"| {name} | {r['per_request']:,.0f} | {r['batches'][1]['per_request']:,.0f} | "
+                     f"{beyond(native)} | {beyond(floor)} | "
                      f"{ratio(r['per_request'], floor) if path else '-'} | "
                      f"{ratio(r['per_request'], native) if path else '-'} |")
     lines += [
@@ -288,9 +295,10 @@ def main():
     version = subprocess.run([envoy, "--version"], capture_output=True, text=True, timeout=60).stdout
     version = version.split("version:")[-1].strip().split("/")[1] if "/" in version else version.strip()
     names = [v for v in (ARGS.only.split(",") if ARGS.only else VARIANTS) if v]
-    unknown = [v for v in names + [ARGS.repeat] if v not in VARIANTS]
+    unknown = [v for v in names + [ARGS.repeat] if v not in VARIANTS and v not in EXTRA]
     if unknown:
-        sys.exit(f"callgrind: unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+        sys.exit(f"callgrind: unknown variant(s) {', '.join(unknown)}; known: {', '.join([*VARIANTS, *EXTRA])}")
+    VARIANTS.update({v: EXTRA[v] for v in names if v in EXTRA})
     plan = [(v, v) for v in names] + ([(ARGS.repeat, f"{ARGS.repeat}-again")] if ARGS.repeat in names else [])
     deadline = time.time() + ARGS.deadline
     log(f"callgrind: {len(plan)} Envoys under valgrind, {ARGS.warmup} + {ARGS.requests} + {2 * ARGS.requests} "
