@@ -287,6 +287,10 @@ def table(results, envoy_version):
 def main():
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("callgrind: valgrind is missing: apt-get install valgrind")
+    names = [v for v in (ARGS.only.split(",") if ARGS.only else VARIANTS) if v]
+    unknown = [v for v in names + [ARGS.repeat] if v not in VARIANTS and v not in EXTRA]
+    if unknown:
+        sys.exit(f"callgrind: unknown variant(s) {', '.join(unknown)}; known: {', '.join([*VARIANTS, *EXTRA])}")
     workdir = os.path.join(ROOT, ".run", "callgrind")
     os.makedirs(workdir, exist_ok=True)
     for name in os.listdir(workdir):
@@ -294,10 +298,6 @@ def main():
     envoy = envoy_binary(ARGS.envoy)
     version = subprocess.run([envoy, "--version"], capture_output=True, text=True, timeout=60).stdout
     version = version.split("version:")[-1].strip().split("/")[1] if "/" in version else version.strip()
-    names = [v for v in (ARGS.only.split(",") if ARGS.only else VARIANTS) if v]
-    unknown = [v for v in names + [ARGS.repeat] if v not in VARIANTS and v not in EXTRA]
-    if unknown:
-        sys.exit(f"callgrind: unknown variant(s) {', '.join(unknown)}; known: {', '.join([*VARIANTS, *EXTRA])}")
     VARIANTS.update({v: EXTRA[v] for v in names if v in EXTRA})
     plan = [(v, v) for v in names] + ([(ARGS.repeat, f"{ARGS.repeat}-again")] if ARGS.repeat in names else [])
     deadline = time.time() + ARGS.deadline
