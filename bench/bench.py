@@ -198,16 +198,21 @@ class Envoy:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        if os.path.exists(self.pidfile):
-            os.remove(self.pidfile)
+        stop_process(self.proc, self.log, self.pidfile, grace_s=10)
+
+
+def stop_process(proc, log, pidfile, grace_s):
+    """Ends a process started with a log file and a pid file: SIGTERM, SIGKILL after `grace_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log.close()
+    if os.path.exists(pidfile):
+        os.remove(pidfile)
 
 
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}

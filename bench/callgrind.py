@@ -171,16 +171,8 @@ class Run:
         return read_summary(f"{self.out}.{self.dumps}")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        if os.path.exists(self.pidfile):
-            os.remove(self.pidfile)
+        # valgrind writes its last dump on the way out: give it longer than bench.py's Envoys
+        bench.stop_process(self.proc, self.log, self.pidfile, grace_s=60)
 
 
 def measure(name, tag, envoy, workdir, deadline):
