@@ -247,3 +247,45 @@ fn overrides_keep_a_rule_to_two_tables() {
         .collect();
     assert!(tables.len() <= 2, "{tables:?}");
 }
+
+/// The registry tracks at most 256 tables: a configuration of 260 rules leaves 4 out, and the filter says so
+/// (which ones, and that they are not emptied if unused before room is made) instead of leaving them out silently.
+#[test]
+fn tables_a_full_registry_leaves_out_are_logged() {
+    let rules: Vec<String> = (0..260)
+        .map(|i| {
+            format!(
+                r#"{{"name": "r{i}", "key": ["client_ip"], "limits": [{{"requests": 3, "per": "hour"}}]}}"#
+            )
+        })
+        .collect();
+    let config = format!(r#"{{"max_keys": 8, "rules": [{}]}}"#, rules.join(","));
+    let proxy = Proxy::new(module(), ProxyOptions::new(&config)).unwrap();
+    assert_eq!(
+        registry(&proxy).entries.len(),
+        sluice_core::tables::MAX_TABLES
+    );
+    let warned: Vec<String> = proxy
+        .log_messages(sluice_host::LogLevel::Warn)
+        .into_iter()
+        .filter(|m| m.contains("key table registry is full"))
+        .collect();
+    assert!(!warned.is_empty(), "{:?}", proxy.logs());
+    assert!(
+        warned
+            .iter()
+            .all(|m| m.contains("4 table(s)") && m.contains("sluice/r259/")),
+        "{warned:?}"
+    );
+    // Said once, not on every heartbeat.
+    let before = warned.len();
+    for _ in 0..3 {
+        proxy.advance(Duration::from_secs(1)).unwrap();
+    }
+    let after = proxy
+        .log_messages(sluice_host::LogLevel::Warn)
+        .iter()
+        .filter(|m| m.contains("key table registry is full"))
+        .count();
+    assert_eq!(after, before);
+}
