@@ -39,20 +39,22 @@ impl Bucket {
         }
     }
 
-    /// The bucket at `now_us`: refilled for the time since `stamp_us`, never above the burst.
+    /// The bucket at `now_us`: refilled for the time since `stamp_us`, never above the burst
+    /// (a bucket kept from limits of a larger burst holds the new one at most, at once).
     /// A clock that went backwards refills nothing: by less than [`CLOCK_STEP_US`] (workers
     /// reading the clock microseconds apart) the stamp stays, so no time is refilled twice; by
     /// more (the clock was stepped back) the stamp moves back to `now_us`, tokens kept, so the
     /// bucket refills again from now instead of refusing until the clock is back where it was.
     pub fn refilled(self, limit: &Limit, now_us: u64) -> Bucket {
         if now_us <= self.stamp_us {
+            let tokens = self.tokens.min(limit.burst() as f64);
             if self.stamp_us - now_us > CLOCK_STEP_US {
                 return Bucket {
+                    tokens,
                     stamp_us: now_us,
-                    ..self
                 };
             }
-            return self;
+            return Bucket { tokens, ..self };
         }
         let elapsed = (now_us - self.stamp_us) as f64;
         let tokens =

@@ -177,6 +177,39 @@ impl Limiter {
             .iter()
             .map(|rule| Table::new(&rule.name, bucket_limits(rule), policy.max_keys, hasher))
             .collect();
+        Limiter::with_tables(policy, tables)
+    }
+
+    /// A limiter for `policy`, which is `configured` with live overrides applied
+    /// ([`crate::overrides::apply`]: the same rules in the same order). A rule whose limits keep
+    /// the configured layout keeps its configured table, counts and all ([`Table::new`]); one
+    /// whose layout an override changed counts in its rule's one table for overridden layouts
+    /// ([`Table::live`]). So no sequence of overrides gives a rule more than two tables.
+    pub fn with_overrides(policy: Policy, configured: &Policy, secret: [u64; 2]) -> Limiter {
+        let hasher = KeyHasher::new(secret);
+        let max_keys = policy.max_keys;
+        let tables = policy
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, rule)| {
+                let limits = bucket_limits(rule);
+                let kept = configured.rules.get(i).is_some_and(|c| {
+                    c.name == rule.name
+                        && Table::layout(bucket_limits(c), configured.max_keys)
+                            == Table::layout(limits, max_keys)
+                });
+                if kept {
+                    Table::new(&rule.name, limits, max_keys, hasher)
+                } else {
+                    Table::live(&rule.name, limits, max_keys, hasher)
+                }
+            })
+            .collect();
+        Limiter::with_tables(policy, tables)
+    }
+
+    fn with_tables(policy: Policy, tables: Vec<Table>) -> Limiter {
         let notable = (0..policy.rules.len())
             .map(|i| notable(&policy, i))
             .collect();

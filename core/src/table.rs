@@ -6,6 +6,17 @@
 //! Records are read and written in place in the set's bytes: no per-request decoding of the
 //! whole set.
 //!
+//! A table is named by its rule and its *layout*: what a record holds and means (each limit's
+//! algorithm and sliding-log length) and `max_keys`, not the limits' numbers. A change of numbers
+//! (a reload, a live override) keeps the table and its counts, which the new limits then read (a
+//! bucket never holds more than its new burst). A change of layout takes another table: the
+//! layout's own ([`Table::new`]), or, for a live override, the rule's one table for overridden
+//! layouts ([`Table::live`]), which a later override of yet another layout takes over. So a rule
+//! has at most two tables per configuration, whatever the sequence of overrides (proxy-wasm
+//! cannot delete a set's key: every table ever made keeps its keys). Every written set begins with
+//! its layout's tag, and a set of another layout reads as empty: a record is never read in a
+//! layout it was not written in.
+//!
 //! Keys are placed by a keyed hash ([`KeyHasher`], SipHash with a secret each proxy draws at
 //! start): a client cannot compute which of its keys share a set, so it cannot aim a few junk
 //! keys at its own record to evict it. Eviction is made unprofitable as well: a record evicted
@@ -26,7 +37,11 @@ pub const WAYS: usize = 8;
 pub const GHOSTS: usize = 8;
 /// Bytes of one ghost: its fingerprint and when its buckets are full again.
 const GHOST_LEN: usize = 16;
-/// The ghost area at the start of every written set.
+/// Bytes of a set's layout tag, before its ghosts.
+const TAG_LEN: usize = 8;
+/// The tag and the ghost area at the start of every written set.
+const HEAD: usize = TAG_LEN + GHOST_AREA;
+/// The ghosts of a set, after its tag.
 const GHOST_AREA: usize = GHOSTS * GHOST_LEN;
 /// Most limits one rule may have.
 pub use sluice_protocol::MAX_LIMITS;
@@ -39,10 +54,10 @@ pub const fn record_len(limits: usize, log: usize) -> usize {
     HEADER + PER_LIMIT * limits + 8 * log
 }
 
-/// Bytes of a full set for a rule with `limits` limits (and `log` timestamps): its ghosts and
-/// its records.
+/// Bytes of a full set for a rule with `limits` limits (and `log` timestamps): its layout tag,
+/// its ghosts and its records.
 pub const fn set_len(limits: usize, log: usize) -> usize {
-    GHOST_AREA + WAYS * record_len(limits, log)
+    HEAD + WAYS * record_len(limits, log)
 }
 
 /// One key's state on one proxy.
@@ -247,9 +262,11 @@ impl KeyHasher {
 /// The shape of one rule's table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
-    /// Store key prefix: the rule's name and a hash of its shape, so a changed rule never
-    /// reads records of another layout.
+    /// Store key prefix: the rule's name and its layout's tag ([`Table::new`]), or the rule's
+    /// table for overridden layouts ([`Table::live`]).
     prefix: String,
+    /// The layout's tag, at the start of every set written in it (never 0).
+    tag: u64,
     sets: u32,
     limits: usize,
     /// Timestamps of its sliding logs per record.
@@ -258,26 +275,62 @@ pub struct Table {
 }
 
 impl Table {
-    /// A table whose keys are placed by `hasher`.
+    /// The table of `rule`'s layout, whose keys are placed by `hasher`: named by the rule and
+    /// the layout ([`Table::layout`]), so limits of other numbers share it (and its counts) and
+    /// limits of another layout never read its records.
     pub fn new(rule: &str, limits: &[Limit], max_keys: u32, hasher: KeyHasher) -> Table {
-        let mut shape = Vec::new();
+        let tag = Table::layout(limits, max_keys);
+        let prefix = format!("sluice/{rule}/{:08x}/", tag as u32);
+        Table::named(prefix, tag, limits, max_keys, hasher)
+    }
+
+    /// The one table of `rule` for layouts a live override gives it (other than the configured
+    /// one's, which keeps [`Table::new`]): every overridden layout of the rule counts in it, so
+    /// any sequence of overrides adds at most this table to a rule. Its sets are read only in
+    /// the layout they were written in (their tag): a change of layout starts its keys afresh.
+    /// Named by `max_keys` too, so configurations of another size never share it.
+    pub fn live(rule: &str, limits: &[Limit], max_keys: u32, hasher: KeyHasher) -> Table {
+        let tag = Table::layout(limits, max_keys);
+        // Never 8 hex digits: no layout's table of any rule has this name.
+        let prefix = format!("sluice/{rule}/live-{max_keys}/");
+        Table::named(prefix, tag, limits, max_keys, hasher)
+    }
+
+    /// The tag of a layout: what a record holds and how it reads (the number of limits, each
+    /// one's algorithm and sliding-log length) and the number of sets; not the limits' numbers
+    /// (requests, period, burst, shaping), which read the same state. Never 0.
+    pub fn layout(limits: &[Limit], max_keys: u32) -> u64 {
+        let mut layout = Vec::new();
         for limit in limits {
-            shape.extend_from_slice(&limit.requests().to_le_bytes());
-            shape.extend_from_slice(&limit.period().seconds().to_le_bytes());
-            // The state's meaning changes with the algorithm: a new table, not a misread one.
-            if limit.algorithm() != crate::limit::Algorithm::TokenBucket {
-                shape.extend_from_slice(limit.algorithm().name().as_bytes());
-            }
-            shape.extend_from_slice(&limit.burst().to_le_bytes());
+            // The state's meaning changes with the algorithm: a new layout, not a misread one.
+            layout.extend_from_slice(limit.algorithm().name().as_bytes());
+            layout.push(0);
+            layout.extend_from_slice(&(limit.log_len() as u64).to_le_bytes());
         }
-        shape.extend_from_slice(&max_keys.to_le_bytes());
+        layout.extend_from_slice(&max_keys.to_le_bytes());
+        fnv1a(&layout).max(1)
+    }
+
+    fn named(
+        prefix: String,
+        tag: u64,
+        limits: &[Limit],
+        max_keys: u32,
+        hasher: KeyHasher,
+    ) -> Table {
         Table {
-            prefix: format!("sluice/{rule}/{:08x}/", fnv1a(&shape) as u32),
+            prefix,
+            tag,
             sets: (max_keys / WAYS as u32).max(1),
             limits: limits.len(),
             log: limits.iter().map(Limit::log_len).sum(),
             hasher,
         }
+    }
+
+    /// The tag every set written by this table begins with.
+    pub fn tag(&self) -> u64 {
+        self.tag
     }
 
     /// The fingerprint of a key in this table.
@@ -338,15 +391,18 @@ impl Table {
     fn ways(&self, set: &[u8]) -> impl Iterator<Item = usize> {
         let len = self.record_len();
         let count = if self.well_formed(set) {
-            (set.len().saturating_sub(GHOST_AREA) / len).min(WAYS)
+            (set.len().saturating_sub(HEAD) / len).min(WAYS)
         } else {
             0
         };
-        (0..count).map(move |i| GHOST_AREA + i * len)
+        (0..count).map(move |i| HEAD + i * len)
     }
 
+    /// Written by a table of this layout: its tag, its ghosts, whole records.
     fn well_formed(&self, set: &[u8]) -> bool {
-        set.len() >= GHOST_AREA && (set.len() - GHOST_AREA).is_multiple_of(self.record_len())
+        set.len() >= HEAD
+            && set[..TAG_LEN] == self.tag.to_le_bytes()
+            && (set.len() - HEAD).is_multiple_of(self.record_len())
     }
 
     fn position(&self, set: &[u8], fingerprint: u64) -> Option<usize> {
@@ -379,7 +435,7 @@ impl Table {
         if !self.well_formed(set) {
             return None;
         }
-        set[..GHOST_AREA]
+        set[TAG_LEN..HEAD]
             .chunks_exact(GHOST_LEN)
             .find(|g| g[..8] == fingerprint.to_le_bytes())
             .map(|g| u64_at(g, 8))
@@ -398,10 +454,11 @@ impl Table {
     ) -> Option<Record> {
         let len = self.record_len();
         if !self.well_formed(set) {
-            // New (created empty), or of another layout (cannot happen with the shape in the
-            // prefix): start over.
+            // New (created empty), emptied, or of another layout (a live table whose layout an
+            // override changed): start over.
             set.clear();
-            set.resize(GHOST_AREA, 0);
+            set.extend_from_slice(&self.tag.to_le_bytes());
+            set.resize(HEAD, 0);
         }
         if let Some(at) = self.position(set, record.fingerprint) {
             record.write(&mut set[at..at + len], self.limits, self.log);
@@ -409,7 +466,7 @@ impl Table {
         }
         // A key that comes back takes its ghost's place.
         self.bury(set, record.fingerprint, 0);
-        if set.len() < GHOST_AREA + WAYS * len {
+        if set.len() < HEAD + WAYS * len {
             let at = set.len();
             set.resize(at + len, 0);
             record.write(&mut set[at..at + len], self.limits, self.log);
@@ -422,7 +479,7 @@ impl Table {
                 let costly = r.full_at_us(limits, now_us) > now_us;
                 (r.unsynced(), costly, r.seen_us)
             })
-            .unwrap_or(GHOST_AREA);
+            .unwrap_or(HEAD);
         let victim = Record::read(&set[victim_at..victim_at + len], self.limits, self.log);
         record.write(&mut set[victim_at..victim_at + len], self.limits, self.log);
         let full_at = victim.full_at_us(limits, now_us);
@@ -436,7 +493,7 @@ impl Table {
     /// a free or spent slot, else the slot of the ghost that is full soonest, if that is
     /// sooner than this one.
     fn bury(&self, set: &mut [u8], fingerprint: u64, full_at_us: u64) {
-        let ghosts = &mut set[..GHOST_AREA];
+        let ghosts = &mut set[TAG_LEN..HEAD];
         let own = ghosts
             .chunks_exact(GHOST_LEN)
             .position(|g| g[..8] == fingerprint.to_le_bytes());
@@ -505,7 +562,7 @@ mod tests {
         record.lease_until_us = 11;
         record.buckets[1].tokens = 2.5;
         assert_eq!(table.store(&mut set, &record, &limits(), 7), None);
-        assert_eq!(set.len(), GHOST_AREA + record_len(2, 0));
+        assert_eq!(set.len(), HEAD + record_len(2, 0));
         assert_eq!(table.find(&set, 42), Some(record));
         assert_eq!(table.find(&set, 43), None);
     }
@@ -518,11 +575,7 @@ mod tests {
             let now = 100 + fp;
             table.store(&mut set, &Record::fresh(fp, &limits(), now), &limits(), now);
         }
-        assert_eq!(
-            set.len(),
-            GHOST_AREA + WAYS * record_len(2, 0),
-            "full, no bigger"
-        );
+        assert_eq!(set.len(), HEAD + WAYS * record_len(2, 0), "full, no bigger");
         let evicted = table.store(
             &mut set,
             &Record::fresh(99, &limits(), 1_000),
@@ -530,7 +583,7 @@ mod tests {
             1_000,
         );
         assert_eq!(evicted.map(|r| r.fingerprint), Some(1), "the oldest goes");
-        assert_eq!(set.len(), GHOST_AREA + WAYS * record_len(2, 0));
+        assert_eq!(set.len(), HEAD + WAYS * record_len(2, 0));
         assert!(table.find(&set, 99).is_some());
     }
 
@@ -615,7 +668,8 @@ mod tests {
     fn the_longest_debt_keeps_its_ghost() {
         let table = table();
         let limits = limits();
-        let mut set = vec![0; GHOST_AREA];
+        let mut set = table.tag().to_le_bytes().to_vec();
+        set.resize(HEAD, 0);
         for fp in 1..=GHOSTS as u64 {
             table.bury(&mut set, fp, 1_000 + fp);
         }
@@ -659,5 +713,110 @@ mod tests {
         let b = Table::new("r", &limits()[..1], 64, KeyHasher::default());
         assert_ne!(a.set_key(5), b.set_key(5));
         assert_eq!(a.sets(), 8);
+    }
+
+    /// Live overrides (or reloads) that change only a rule's numbers keep its table: each distinct
+    /// limit used to make a new table, whose sets' keys proxy-wasm can never delete.
+    #[test]
+    fn new_numbers_keep_the_table_and_a_new_layout_takes_another() {
+        use crate::limit::{Algorithm, Shaping};
+        let hasher = KeyHasher::new([1, 2]);
+        let prefix = |limits: &[Limit], max_keys: u32| {
+            Table::new("r", limits, max_keys, hasher)
+                .prefix()
+                .to_owned()
+        };
+        let base = prefix(&limits(), 64);
+        for requests in [1, 7, 99, 1_000_000] {
+            let numbers = vec![
+                Limit::new(requests, Period::Minute, Some(requests + 3)).unwrap(),
+                Limit::new(requests * 2, Period::Day, None).unwrap(),
+            ];
+            assert_eq!(prefix(&numbers, 64), base, "{requests} requests");
+        }
+        let leaky = |delay| {
+            let shaping = Shaping {
+                delay,
+                queue: 3,
+                max_delay_ms: 100,
+            };
+            vec![Limit::leaky(5, Period::Second, shaping).unwrap()]
+        };
+        assert_eq!(prefix(&leaky(1), 64), prefix(&leaky(9), 64));
+        // What a record holds or means: another layout, another table.
+        let other_layouts = [
+            prefix(&limits(), 128),
+            prefix(&limits()[..1], 64),
+            prefix(&[limits()[0].gcra(), limits()[1]], 64),
+            prefix(
+                &[Limit::logged(10, Period::Second).unwrap(), limits()[1]],
+                64,
+            ),
+            prefix(
+                &[Limit::logged(11, Period::Second).unwrap(), limits()[1]],
+                64,
+            ),
+            prefix(
+                &[
+                    Limit::windowed(10, Period::Second, Algorithm::FixedWindow).unwrap(),
+                    limits()[1],
+                ],
+                64,
+            ),
+        ];
+        let mut all = other_layouts.to_vec();
+        all.push(base);
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), other_layouts.len() + 1, "{all:?}");
+        // The rule's table for overridden layouts is one, whatever the layout.
+        let live = Table::live("r", &limits(), 64, hasher);
+        let log = vec![Limit::logged(500, Period::Minute).unwrap()];
+        assert_eq!(live.prefix(), Table::live("r", &log, 64, hasher).prefix());
+        assert!(!all.iter().any(|p| p == live.prefix()), "{live:?}");
+        assert_ne!(
+            live.prefix(),
+            Table::live("r", &limits(), 128, hasher).prefix()
+        );
+        assert_ne!(
+            live.prefix(),
+            Table::live("q", &limits(), 64, hasher).prefix()
+        );
+    }
+
+    /// A set holds records of one layout: one of another layout, even of a length that would
+    /// read as whole records (64-byte records read as 128-byte ones), reads as empty and is
+    /// started over when written.
+    #[test]
+    fn a_set_of_another_layout_reads_as_empty() {
+        let hasher = KeyHasher::new([1, 2]);
+        let bucket = vec![Limit::new(10, Period::Minute, None).unwrap()];
+        // 48 + 16 + 8 × 8 = 128 = 2 × (48 + 16).
+        let log = vec![Limit::logged(8, Period::Minute).unwrap()];
+        assert_eq!(record_len(1, 8), 2 * record_len(1, 0));
+        let old = Table::live("r", &bucket, 64, hasher);
+        let new = Table::live("r", &log, 64, hasher);
+        assert_eq!(old.set_key(5), new.set_key(5), "one live table");
+        let mut set = Vec::new();
+        for fp in [42, 43] {
+            let mut record = Record::fresh(fp, &bucket, 7);
+            record.spent = 5;
+            old.store(&mut set, &record, &bucket, 7);
+        }
+        assert_eq!(old.records(&set).count(), 2);
+        assert_eq!(new.find(&set, 42), None, "read in another layout");
+        assert_eq!(new.records(&set).count(), 0);
+        assert_eq!(
+            new.find_or_fresh(&set, 42, &log, 9),
+            Record::fresh(42, &log, 9)
+        );
+        let evicted = new.store(&mut set, &Record::fresh(42, &log, 9), &log, 9);
+        assert_eq!(
+            evicted, None,
+            "nothing of the other layout is taken for a record"
+        );
+        assert_eq!(set.len(), HEAD + record_len(1, 8));
+        assert_eq!(new.find(&set, 42), Some(Record::fresh(42, &log, 9)));
+        assert_eq!(old.find(&set, 42), None, "and back");
     }
 }

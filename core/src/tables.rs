@@ -1,9 +1,10 @@
 //! The proxy-wide registry of key tables, and when an old one is emptied.
 //!
-//! A rule's key table lives in shared data under a prefix naming the rule and its shape
-//! ([`crate::table`]). A configuration that changes a rule's shape makes a new table; proxy-wasm
-//! cannot delete the old one's sets, but it can overwrite them with nothing, which frees their
-//! records (the host keeps only the keys).
+//! A rule's key table lives in shared data under a prefix naming the rule and its layout
+//! ([`crate::table`]). A configuration that changes a rule's layout makes a new table (a live
+//! override, the rule's one table for overridden layouts); proxy-wasm cannot delete the old one's
+//! sets, but it can overwrite them with nothing, which frees their records (the host keeps only
+//! the keys).
 //!
 //! Every root context stamps the tables its configuration uses (a heartbeat, at most every
 //! [`HEARTBEAT_EVERY_US`]); a root context lives as long as a filter chain using its
@@ -17,7 +18,11 @@
 //!
 //! The registry is one shared-data value of at most [`MAX_TABLES`] entries: an emptied table
 //! leaves it, and a table that finds it full is not tracked until room is made (it is then never
-//! emptied by mistake: only a registered table can be).
+//! emptied by mistake: only a registered table can be). A root context whose tables are not all
+//! tracked says so ([`Registry::untracked`]): a table that falls out of use untracked keeps its
+//! records until the proxy restarts. A configuration uses at most two tables a rule whatever the
+//! live overrides, so the registry fills only with more than 128 rules in the configurations in
+//! use at once (the current one and those still draining).
 
 /// The shared-data key of the registry.
 pub const REGISTRY_KEY: &str = "sluice/tables";
@@ -158,6 +163,16 @@ impl Registry {
             }
         }
         changed
+    }
+
+    /// The prefixes of `tables` the registry does not track (it was full, or the prefix is
+    /// longer than it keeps).
+    pub fn untracked<'a>(&self, tables: &[InUse<'a>]) -> Vec<&'a str> {
+        tables
+            .iter()
+            .filter(|t| !self.entries.iter().any(|e| e.prefix == t.prefix))
+            .map(|t| t.prefix)
+            .collect()
     }
 
     /// Claims the next sets to empty: of the first table not stamped for [`GRACE_US`], from
@@ -306,14 +321,19 @@ mod tests {
         registry.stamp(&tables, 0);
         assert_eq!(registry.entries.len(), MAX_TABLES);
         assert!(Registry::decode(&registry.encode()).entries.len() == MAX_TABLES);
+        // Said, not silent: the ones left out are named.
+        let left_out: Vec<&str> = names[MAX_TABLES..].iter().map(String::as_str).collect();
+        assert_eq!(registry.untracked(&tables), left_out);
         // The untracked ones are tracked once the stale ones are emptied.
         let late = &tables[MAX_TABLES..];
         while registry.claim(GRACE_US, SWEEP_BATCH.into()).is_some() {}
         assert!(registry.entries.is_empty());
         registry.stamp(late, GRACE_US);
         assert_eq!(registry.entries.len(), 10);
+        assert!(registry.untracked(late).is_empty());
         let long = "x".repeat(MAX_PREFIX + 1);
         assert!(!registry.stamp(&[in_use(&long, 1)], GRACE_US));
+        assert_eq!(registry.untracked(&[in_use(&long, 1)]), [long.as_str()]);
     }
 
     #[test]

@@ -727,8 +727,12 @@ fn store_corpus_never_panics() {
     for limits in limits() {
         let table = Table::new("r", &limits, 64, KeyHasher::new([1, 2]));
         for (_, bytes) in &files {
+            // As stored, and after the table's layout tag: read as a set of this layout.
+            let mut tagged = table.tag().to_le_bytes().to_vec();
+            tagged.extend_from_slice(bytes);
             for fp in [1, 2, 9, u64::MAX] {
                 read_set_every_way(&table, &limits, bytes, fp, T0);
+                read_set_every_way(&table, &limits, &tagged, fp, T0);
             }
             let _ = SyncState::decode(bytes);
             let _ = Gauge::decode(bytes);

@@ -304,3 +304,141 @@ fn remembered_denials_answer_exactly_as_the_table_would() {
         }
     }
 }
+
+/// The configured policy and `overrides` (target, limits) applied to it, as the filter builds a worker's limiter.
+fn overridden(
+    configured: &sluice_core::Policy,
+    overrides: &[(&str, serde_json::Value)],
+) -> Limiter {
+    let live = sluice_core::protocol::LiveOverrides {
+        version: 1,
+        limits: overrides
+            .iter()
+            .map(|(target, limits)| {
+                let limits = limits.as_array().cloned().unwrap_or_default();
+                (target.to_string(), limits)
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let (policy, problems) = sluice_core::overrides::apply(configured, &live);
+    assert!(problems.is_empty(), "{problems:?}");
+    Limiter::with_overrides(policy, configured, [3, 4])
+}
+
+/// Live overrides invite automation: whatever their sequence, a rule's keys stay in at most two tables (its
+/// configured layout's, and one for every layout an override gave it), so the store's keys (shared data, which
+/// proxy-wasm cannot delete) stay bounded. Each new limit used to make a table of its own: 300 overrides, 300 tables.
+#[test]
+fn any_sequence_of_overrides_keeps_a_rule_in_two_tables() {
+    use serde_json::json;
+    let configured = sluice_core::parse(
+        br#"{"max_keys": 64, "rules": [
+            {"name": "api", "key": ["client_ip"], "limits": [{"requests": 10, "per": "minute"}]},
+            {"name": "plans", "key": ["client_ip"], "tiers": {"from": "header:x-plan", "default": "free",
+                "limits": {"free": [{"requests": 5, "per": "minute"}], "pro": [{"requests": 50, "per": "minute"}]}}}]}"#,
+    )
+    .unwrap();
+    let sets = 64 / sluice_core::table::WAYS;
+    let mut store = MemoryStore::default();
+    let mut prefixes = std::collections::BTreeSet::new();
+    let mut send = |limiter: &Limiter, round: u32| {
+        for i in 0..40u32 {
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + round * 40 + i).to_string();
+            let plan = if i % 2 == 0 { "free" } else { "pro" };
+            let mut request = PlainRequest::get("/")
+                .from_ip(&ip)
+                .with_header("x-plan", plan);
+            limiter.decide(&mut request, at(T0 + u64::from(round) * SECOND), &mut store);
+        }
+    };
+    for round in 0..300u32 {
+        let n = u64::from(round) + 1;
+        // New numbers, then algorithms, sliding logs of every length, two limits, back to the configured layout.
+        let limits = match round % 6 {
+            0 | 1 => json!([{"requests": n, "per": "minute"}]),
+            2 => json!([{"requests": n, "per": "second", "algorithm": "gcra"}]),
+            3 => json!([{"requests": n % 900 + 1, "per": "hour", "algorithm": "sliding_log"}]),
+            4 => json!([{"requests": n, "per": "minute"}, {"requests": n * 10, "per": "day"}]),
+            _ => json!([{"requests": n, "per": "minute", "algorithm": "sliding_window"}]),
+        };
+        let limiter = overridden(
+            &configured,
+            &[("api", limits.clone()), ("plans/pro", limits)],
+        );
+        for rule in limiter.rules() {
+            prefixes.insert((rule.rule.name.clone(), rule.table.prefix().to_owned()));
+        }
+        send(&limiter, round);
+    }
+    for rule in ["api", "plans/free", "plans/pro"] {
+        let tables = prefixes.iter().filter(|(r, _)| r == rule).count();
+        let most = if rule == "plans/free" { 1 } else { 2 };
+        assert_eq!(tables, most, "{rule}: {prefixes:?}");
+    }
+    assert!(store.len() <= 5 * sets, "{} sets in the store", store.len());
+}
+
+/// An override of a rule's numbers keeps its table and the counts in it, read by the new limits: a key that spent
+/// its tokens stays denied when the limit is raised (refilling at the new rate), and a bucket never holds more
+/// than the new burst when it is lowered. Each new limit used to start every key afresh: a lowered limit handed an
+/// abusive key a full new burst.
+#[test]
+fn new_numbers_carry_a_keys_counts() {
+    use serde_json::json;
+    let configured = sluice_core::parse(
+        br#"{"rules": [{"name": "api", "key": ["client_ip"], "limits": [{"requests": 10, "per": "minute"}]}]}"#,
+    )
+    .unwrap();
+    let mut store = MemoryStore::default();
+    let admitted = |limiter: &Limiter, ip: &str, n: usize, store: &mut MemoryStore| {
+        let mut request = PlainRequest::get("/").from_ip(ip);
+        (0..n)
+            .filter(|_| allowed(&limiter.decide(&mut request, at(T0), store).decision))
+            .count()
+    };
+    let configured_limiter = Limiter::with_overrides(configured.clone(), &configured, [3, 4]);
+    assert_eq!(
+        admitted(&configured_limiter, "192.0.2.1", 11, &mut store),
+        10
+    );
+    assert_eq!(admitted(&configured_limiter, "192.0.2.2", 2, &mut store), 2);
+    let raised = overridden(
+        &configured,
+        &[("api", json!([{"requests": 100, "per": "minute"}]))],
+    );
+    assert_eq!(
+        raised.table(RuleId::new(0)),
+        configured_limiter.table(RuleId::new(0)),
+        "the same table"
+    );
+    assert_eq!(
+        admitted(&raised, "192.0.2.1", 5, &mut store),
+        0,
+        "its spent tokens stay spent"
+    );
+    let lowered = overridden(
+        &configured,
+        &[("api", json!([{"requests": 3, "per": "minute"}]))],
+    );
+    assert_eq!(
+        admitted(&lowered, "192.0.2.2", 10, &mut store),
+        3,
+        "8 left, at most 3 now"
+    );
+    // Another algorithm reads the state otherwise: the rule's table for overridden layouts, keys afresh.
+    let gcra = overridden(
+        &configured,
+        &[(
+            "api",
+            json!([{"requests": 4, "per": "minute", "algorithm": "gcra"}]),
+        )],
+    );
+    assert_ne!(
+        gcra.table(RuleId::new(0)),
+        configured_limiter.table(RuleId::new(0))
+    );
+    assert_eq!(admitted(&gcra, "192.0.2.1", 10, &mut store), 4);
+    // Back to the configured layout: its table, with what it held.
+    assert_eq!(admitted(&configured_limiter, "192.0.2.1", 5, &mut store), 0);
+}

@@ -28,6 +28,8 @@ pub struct Root {
     proxy_id: String,
     /// When this root context last stamped its key tables in the registry.
     tables_at_us: u64,
+    /// Its tables the registry did not track at the last stamp (it was full).
+    untracked: Vec<String>,
 }
 
 impl Context for Root {
@@ -121,8 +123,7 @@ impl RootContext for Root {
             ));
         }
         let now = crate::host::now_us();
-        crate::shared::keep_tables(&limiter, now);
-        self.tables_at_us = now;
+        self.keep_tables(&limiter, now);
         self.shared = Some(Rc::new(Shared::new(
             limiter,
             secret,
@@ -142,8 +143,7 @@ impl RootContext for Root {
             // A tick may come late or early by a little: stamp at 0.9 heartbeat or more.
             let every = sluice_core::tables::HEARTBEAT_EVERY_US / 10 * 9;
             if now.saturating_sub(self.tables_at_us) >= every {
-                self.tables_at_us = now;
-                crate::shared::keep_tables(&limiter, now);
+                self.keep_tables(&limiter, now);
             }
             if let (Some(shedder), Some(shedding)) =
                 (&shared.shedder, limiter.policy().shedding.as_ref())
@@ -163,6 +163,37 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+impl Root {
+    /// Stamps its key tables ([`crate::shared::keep_tables`]); says when the registry leaves
+    /// some untracked, and when they are tracked again.
+    fn keep_tables(&mut self, limiter: &Limiter, now: u64) {
+        self.tables_at_us = now;
+        let Some(untracked) = crate::shared::keep_tables(limiter, now) else {
+            return;
+        };
+        if untracked == self.untracked {
+            return;
+        }
+        if untracked.is_empty() {
+            crate::host::log_warn("sluice: every key table in use is tracked again");
+        } else {
+            crate::host::log_warn(&format!(
+                "sluice: the key table registry is full ({} tables): {} table(s) in use not tracked \
+                 until room is made, and not emptied if unused before that: {}",
+                sluice_core::tables::MAX_TABLES,
+                untracked.len(),
+                untracked
+                    .iter()
+                    .take(5)
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        self.untracked = untracked;
     }
 }
 

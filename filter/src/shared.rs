@@ -110,7 +110,9 @@ impl Shared {
 
     /// Builds the limiter again when the live overrides in shared data changed (their version
     /// in the sync state): the configured policy with the overrides applied. What cannot apply
-    /// is logged and left as configured.
+    /// is logged and left as configured. A rule keeps its table while its layout does (new
+    /// numbers read its counts); another layout counts in the rule's one table for overridden
+    /// layouts ([`Limiter::with_overrides`]), so overrides never add more than one table a rule.
     fn apply_overrides(&self, version: u64) {
         if version == self.overrides_version.get() {
             return;
@@ -124,11 +126,11 @@ impl Shared {
         let Some(live) = live else {
             return;
         };
-        let (policy, problems) = overrides::apply(policy, &live);
+        let (overridden, problems) = overrides::apply(policy, &live);
         for problem in &problems {
             crate::host::log_warn(&format!("sluice: live override not applied: {problem}"));
         }
-        let limiter = Limiter::with_secret(policy, *secret);
+        let limiter = Limiter::with_overrides(overridden, policy, *secret);
         prepare(&limiter);
         *self.limiter.borrow_mut() = Rc::new(limiter);
         let _ = proxy_wasm::hostcalls::log(
@@ -187,8 +189,9 @@ pub fn prepare(limiter: &Limiter) {
 
 /// Stamps the key tables `limiter` uses in the proxy-wide registry, and empties the next sets of
 /// a table no configuration stamped for the grace period ([`sluice_core::tables`]): at most
-/// [`sluice_core::tables::SWEEP_BYTES`] of full sets (and one set more) per call.
-pub fn keep_tables(limiter: &Limiter, now_us: u64) {
+/// [`sluice_core::tables::SWEEP_BYTES`] of full sets (and one set more) per call. Returns the
+/// prefixes of its tables the registry does not track (it is full), if it could read it.
+pub fn keep_tables(limiter: &Limiter, now_us: u64) -> Option<Vec<String>> {
     use sluice_core::tables::{InUse, Registry, REGISTRY_KEY};
     let in_use: Vec<InUse> = limiter
         .rules()
@@ -201,11 +204,15 @@ pub fn keep_tables(limiter: &Limiter, now_us: u64) {
     let mut store = SharedData;
     let mut budget = sluice_core::tables::SWEEP_BYTES;
     let mut stamp = true;
+    let mut untracked = None;
     // Stale tables are emptied one claim at a time, up to a batch of bytes per call.
     for _ in 0..MAX_CLAIMS {
         let sweep = sluice_core::store::update(&mut store, REGISTRY_KEY, |bytes| {
             let mut registry = Registry::decode(bytes);
             let stamped = stamp && registry.stamp(&in_use, now_us);
+            if stamp {
+                untracked = Some(registry.untracked(&in_use));
+            }
             let sweep = registry.claim(now_us, budget);
             let changed = stamped || sweep.is_some();
             if changed {
@@ -215,14 +222,15 @@ pub fn keep_tables(limiter: &Limiter, now_us: u64) {
         });
         stamp = false;
         let Ok(Some(sweep)) = sweep else {
-            return;
+            break;
         };
         budget = budget.saturating_sub(sweep.bytes.max(1));
         empty(&mut store, &sweep);
         if budget == 0 {
-            return;
+            break;
         }
     }
+    untracked.map(|prefixes| prefixes.into_iter().map(str::to_owned).collect())
 }
 
 /// Most registry claims of one [`keep_tables`] call.

@@ -242,6 +242,16 @@ impl Proxy {
         process.shared.get(&process.vm_id, key)
     }
 
+    /// Every shared-data key of this proxy's vm_id, sorted: an emptied value keeps its key, as in
+    /// Envoy, so this is what shared data holds however the filter empties it.
+    pub fn shared_data_keys(&self) -> Vec<String> {
+        let process = self.process();
+        let process = lock(&process);
+        let mut keys = process.shared.keys(&process.vm_id);
+        keys.sort();
+        keys
+    }
+
     /// Writes shared data `key` unconditionally (cas 0), as another VM of the process could.
     pub fn set_shared_data(&self, key: &str, value: &[u8]) {
         let process = self.process();

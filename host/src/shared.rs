@@ -31,6 +31,15 @@ impl SharedData {
             .cloned()
     }
 
+    /// Every key of `vm_id` (in no order): proxy-wasm cannot delete one, so they only grow.
+    pub(crate) fn keys(&self, vm_id: &str) -> Vec<String> {
+        self.entries
+            .keys()
+            .filter(|(vm, _)| vm == vm_id)
+            .map(|(_, key)| key.clone())
+            .collect()
+    }
+
     /// Writes `value`. `cas == 0` always succeeds; otherwise the key's current cas must equal
     /// `cas`. A key that does not exist yet is created whatever the cas.
     pub(crate) fn set(
