@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use sluice_core::exchange::WARN_HEADER;
 use sluice_core::matcher::HeaderTest;
-use sluice_core::policy::{HeaderStyle, KeyPart, Mode, Rule};
+use sluice_core::policy::{HeaderStyle, KeyPart, Mode, Rule, WhenMissing};
 
 use crate::config::{configured_name, Loaded};
 use crate::text;
@@ -89,17 +89,28 @@ pub fn markdown(loaded: &Loaded) -> String {
             text::key_part_for_consumers(&t.from),
         ));
     }
-    if policy.rules.iter().any(|r| {
-        r.key.iter().any(|p| {
-            matches!(
-                p,
-                KeyPart::Header(_) | KeyPart::Query(_) | KeyPart::Claim(_)
-            )
+    let keyed_by_request = |when: WhenMissing| {
+        policy.rules.iter().any(|r| {
+            r.when_missing == when
+                && r.key.iter().any(|p| {
+                    matches!(
+                        p,
+                        KeyPart::Header(_) | KeyPart::Query { .. } | KeyPart::Claim(_)
+                    )
+                })
         })
-    }) {
+    };
+    if keyed_by_request(WhenMissing::Count) {
         notes.push(
-            "A limit keyed by a header, a query parameter or a token claim does not apply to \
-             requests without it."
+            "Requests without the header, query parameter or token claim a limit is keyed by \
+             share one budget of that limit."
+                .to_string(),
+        );
+    }
+    if keyed_by_request(WhenMissing::Skip) {
+        notes.push(
+            "A limit keyed by a header, a query parameter or a token claim that skips requests \
+             without it does not apply to them."
                 .to_string(),
         );
     }

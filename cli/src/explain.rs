@@ -135,6 +135,8 @@ pub struct RuleReport {
     pub keys: Vec<String>,
     /// Why a rule that applies counts nothing.
     pub not_counted: Option<String>,
+    /// The key part the request does not have, when the rule counts it in its missing bucket.
+    pub missing: Option<String>,
     pub limits: Vec<LimitReport>,
     pub cost: u64,
     pub cost_header: Option<String>,
@@ -185,12 +187,16 @@ pub fn explain(loaded: &Loaded, args: &RequestArgs) -> Explanation {
     let peer = args.client_ip.as_deref().unwrap_or("");
     let xff = request.header("x-forwarded-for").join(",");
     let xff = (hops > 0 && !xff.is_empty()).then_some(xff);
-    let client = client_address(peer, xff.as_deref(), hops).to_string();
+    let client = client_address(peer, xff.as_deref(), hops).unwrap_or_default();
     let from_xff = xff
         .as_deref()
         .and_then(|x| x.rsplit(',').nth(hops as usize - 1))
         .is_some_and(|entry| !entry.trim().is_empty());
-    let client_ip_from = if from_xff {
+    let client_ip_from = if from_xff && client.is_empty() {
+        format!(
+            "none: X-Forwarded-For's entry {hops} from the right (client_ip.trusted_hops) is not an address"
+        )
+    } else if from_xff {
         format!("X-Forwarded-For, entry {hops} from the right (client_ip.trusted_hops)")
     } else if client.is_empty() {
         "none given (--client-ip)".to_string()
@@ -265,14 +271,22 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
     } else {
         Vec::new()
     };
+    let missing = applies
+        .then(|| {
+            rule.key
+                .iter()
+                .find(|part| part.values(request).is_empty())
+                .map(|part| part.name())
+        })
+        .flatten();
     let not_counted = (applies && keys.is_empty()).then(|| {
-        let missing = rule
-            .key
-            .iter()
-            .find(|part| part.values(request).is_empty())
-            .map(|part| part.name())
-            .unwrap_or_default();
-        format!("the request has no {missing}: the rule does not count it")
+        let missing = missing.clone().unwrap_or_default();
+        format!(
+            "the request has no {missing}: the rule does not count it (\"when_missing\": \"skip\")"
+        )
+    });
+    let missing = missing.filter(|_| !keys.is_empty()).map(|part| {
+        format!("the request has no {part}: counted with every such request, in the rule's missing bucket")
     });
     RuleReport {
         name: rule.name.clone(),
@@ -283,6 +297,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
         reason,
         keys: keys.iter().map(|k| text::key(k)).collect(),
         not_counted,
+        missing,
         limits: rule
             .limits
             .iter()
@@ -561,6 +576,9 @@ pub fn render(e: &Explanation) -> String {
                     "keys:"
                 };
                 let _ = writeln!(out, "   {label}        {}", rule.keys.join(", "));
+                if let Some(missing) = &rule.missing {
+                    let _ = writeln!(out, "   missing:     {missing}");
+                }
             }
         }
         let limits: Vec<&str> = rule.limits.iter().map(|l| l.text.as_str()).collect();

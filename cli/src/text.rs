@@ -142,7 +142,7 @@ pub fn key_part_for_consumers(part: &KeyPart) -> String {
         KeyPart::ClientIp => "client IP".to_string(),
         KeyPart::ClientIpPrefix { v4, v6 } => format!("client network (IPv4 /{v4}, IPv6 /{v6})"),
         KeyPart::Header(name) => format!("header `{name}`"),
-        KeyPart::Query(name) => format!("query parameter `{name}`"),
+        KeyPart::Query { name, .. } => format!("query parameter `{name}`"),
         KeyPart::Claim(name) => format!("token claim `{name}`"),
         KeyPart::Path => "path".to_string(),
         KeyPart::Method => "method".to_string(),

@@ -333,7 +333,7 @@ fn explain_names_a_missing_key_part_and_a_failed_match() {
         "{text}"
     );
 
-    // Matched on the normalized path; counted by nothing without a client address.
+    // Matched on the normalized path; without a client address, counted in the missing bucket.
     let output = sluice(
         &["explain", "-", "--path", "//api/../api/x?q=1"],
         TIERS.as_bytes(),
@@ -345,7 +345,7 @@ fn explain_names_a_missing_key_part_and_a_failed_match() {
     );
     assert!(
         text.contains(
-            "   key:         none: the request has no client_ip: the rule does not count it\n"
+            "   key:         per-ip:\\x1emissing\n   missing:     the request has no client_ip: counted with every such request, in the rule's missing bucket\n"
         ),
         "{text}"
     );
@@ -535,8 +535,10 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "match",
             "mode",
             "name",
+            "query_names",
             "ramp_percent",
-            "tiers"
+            "tiers",
+            "when_missing"
         ]
     );
     assert_eq!(rule["required"], serde_json::json!(["name", "key"]));

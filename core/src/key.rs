@@ -4,13 +4,18 @@ use std::fmt::Write;
 
 use sha2::{Digest, Sha256};
 
-use crate::policy::{KeyPart, Rule};
+use crate::policy::{KeyPart, Rule, WhenMissing};
 use crate::request::RequestView;
 
 /// Separates key parts; a control character no header value may hold.
 pub const SEPARATOR: char = sluice_protocol::KEY_PART_SEPARATOR;
-/// Starts what sluice writes into a key itself (digests, markers); no header value holds it.
+/// Starts what sluice writes into a key itself (digests, markers). A value a client sends that
+/// starts with it gets one more in front ([`unmarked`]), so no value equals a marker.
 pub const MARK: char = '\u{1e}';
+/// The value of a key part the request does not have (no such header, query parameter or verified
+/// claim, no client address): the request is counted in this one bucket of the rule (per value of
+/// the other parts), unless the rule says `"when_missing": "skip"`. Shown as `missing` in logs.
+pub const MISSING: &str = "\u{1e}missing";
 /// Distinct values of one repeated header a key is built from (the first ones and the last).
 pub use crate::policy::MAX_VALUES;
 /// Longest key sent anywhere: a longer one is replaced by its SHA-256 digest, so no client value
@@ -21,8 +26,8 @@ pub const MAX_KEYS: usize = 8;
 
 /// The rule's keys for this request (`rule name`, then each part): one, or one per value of a
 /// repeated header (the request is counted against each, so a junk first value cannot escape
-/// an exhausted real one), or none when a part is missing: such a request is not counted by the
-/// rule.
+/// an exhausted real one). A part the request does not have takes the value [`MISSING`]; with
+/// `"when_missing": "skip"`, there are no keys: the rule does not count the request.
 pub fn build(rule: &Rule, request: &mut dyn RequestView) -> Vec<String> {
     keys(rule, request).into_iter().collect()
 }
@@ -125,7 +130,7 @@ pub fn keys_in(rule: &Rule, request: &mut dyn RequestView, buffer: String) -> Ke
                     one(&mut keys, ip);
                     continue;
                 }
-                None => return Keys::Many(Vec::new()),
+                None => Vec::new(),
             },
             KeyPart::Path => {
                 one(&mut keys, request.normal_path());
@@ -157,7 +162,10 @@ pub fn keys_in(rule: &Rule, request: &mut dyn RequestView, buffer: String) -> Ke
             other => other.values(request),
         };
         match values.len() {
-            0 => return Keys::Many(Vec::new()),
+            0 => match rule.when_missing {
+                WhenMissing::Skip => return Keys::Many(Vec::new()),
+                WhenMissing::Count => one(&mut keys, MISSING),
+            },
             1 => one(&mut keys, &values[0]),
             n if keys.len() * n > MAX_KEYS => {
                 // Only a client repeating several key headers gets here: one shared bucket for
@@ -212,11 +220,11 @@ fn bounded(rule: &str, key: String) -> String {
     short
 }
 
-/// A header value as a key part: itself when it is UTF-8; otherwise [`MARK`], `hex:` and its
-/// bytes in hex, so that two different values never share a bucket.
+/// A header value as a key part: itself when it is UTF-8 ([`unmarked`]); otherwise [`MARK`],
+/// `hex:` and its bytes in hex, so that two different values never share a bucket.
 pub fn header_value(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
-        Ok(text) => text.to_string(),
+        Ok(text) => unmarked(text).into_owned(),
         Err(_) => {
             let mut out = String::with_capacity(5 + 2 * bytes.len());
             out.push(MARK);
@@ -226,5 +234,19 @@ pub fn header_value(bytes: &[u8]) -> String {
             }
             out
         }
+    }
+}
+
+/// A value a client sent, as a key part: itself, or when it starts with [`MARK`], one more
+/// [`MARK`] in front, so that it never equals a marker sluice writes itself ([`MISSING`], a
+/// digest, the hex of a value that is not UTF-8).
+pub fn unmarked(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.starts_with(MARK) {
+        let mut out = String::with_capacity(value.len() + MARK.len_utf8());
+        out.push(MARK);
+        out.push_str(value);
+        std::borrow::Cow::Owned(out)
+    } else {
+        std::borrow::Cow::Borrowed(value)
     }
 }

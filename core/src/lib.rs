@@ -3,6 +3,7 @@
 
 pub mod algorithm;
 pub mod bucket;
+pub mod claims;
 pub mod config;
 pub mod decision;
 pub mod exchange;

@@ -15,8 +15,8 @@ pub struct Matcher {
     pub templates: Vec<Template>,
     /// Upper-case method names.
     pub methods: Vec<String>,
-    /// Lower-case host names (`:authority` without its port); `*.example.com` matches any
-    /// subdomain.
+    /// Lower-case host names without a trailing dot (`:authority` without its port, lower case,
+    /// its trailing dot removed); `*.example.com` matches any subdomain.
     pub hosts: Vec<String>,
     /// Headers by lower-case name: present, absent, or equal to a value.
     pub headers: Vec<(String, HeaderTest)>,
@@ -142,8 +142,10 @@ impl Matcher {
     }
 }
 
-/// The host of an `:authority`, lower case, without its port (`[::1]:80` gives `[::1]`).
-fn host_name(authority: &str) -> String {
+/// The host of an `:authority`, lower case, without its port (`[::1]:80` gives `[::1]`) and
+/// without a trailing dot: `api.example.com.` (the fully qualified spelling, which DNS and
+/// upstreams take for `api.example.com`) is `api.example.com`.
+pub fn host_name(authority: &str) -> String {
     let host = if authority.starts_with('[') {
         authority
             .split_once(']')
@@ -151,7 +153,7 @@ fn host_name(authority: &str) -> String {
     } else {
         authority.split(':').next().unwrap_or(authority)
     };
-    host.to_ascii_lowercase()
+    host.trim_end_matches('.').to_ascii_lowercase()
 }
 
 fn host_matches(pattern: &str, host: &str) -> bool {
@@ -177,6 +179,21 @@ mod tests {
         assert!(!t.matches("/users/42/exports"));
         assert!(Template::parse("/users/{id/x").is_err());
         assert!(Template::parse("users/{id}").is_err());
+    }
+
+    #[test]
+    fn a_trailing_dot_is_the_same_host() {
+        for authority in [
+            "api.example.com.",
+            "API.Example.COM.:8443",
+            "api.example.com..",
+            "api.example.com",
+        ] {
+            assert_eq!(host_name(authority), "api.example.com", "{authority:?}");
+        }
+        assert!(host_matches("*.example.com", &host_name("a.example.com.")));
+        assert_eq!(host_name("[::1]:80"), "[::1]");
+        assert_eq!(host_name("."), "");
     }
 
     #[test]

@@ -161,11 +161,38 @@ pub fn forwarded_entry(xff: Option<&str>, trusted_hops: u32) -> Option<&str> {
     }
 }
 
-/// The client address: the peer when `trusted_hops` is 0, else the `trusted_hops`-th
-/// `X-Forwarded-For` entry from the right. When the header has fewer entries than trusted hops,
-/// the peer is used: a client must not be able to choose its own key.
-pub fn client_address<'a>(peer: &'a str, xff: Option<&'a str>, trusted_hops: u32) -> &'a str {
-    forwarded_entry(xff, trusted_hops).unwrap_or_else(|| strip_port(peer))
+/// The address an `X-Forwarded-For` entry names, as the text of a parsed address: `1.2.3.4`, and
+/// with a port (Azure Application Gateway writes `1.2.3.4:5678`) without it; `[2001:db8::1]:443`
+/// and `[2001:db8::1]` as `2001:db8::1`; `2001:DB8::1` as `2001:db8::1`. `None` when the entry is
+/// not an address (`unknown`, an obfuscated `_hidden`): the request then has no client address,
+/// which a rule keyed on it counts under its missing bucket, never as a fresh key per text.
+pub fn forwarded_address(entry: &str) -> Option<String> {
+    let entry = entry.trim();
+    let ip = match entry.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => match entry.parse::<SocketAddr>() {
+            Ok(socket) => socket.ip(),
+            Err(_) => entry
+                .strip_prefix('[')
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|inner| inner.parse::<std::net::Ipv6Addr>().ok())
+                .map(IpAddr::V6)?,
+        },
+    };
+    Some(ip.to_string())
+}
+
+/// The client address: the peer (without its port) when `trusted_hops` is 0, else the address of
+/// the `trusted_hops`-th `X-Forwarded-For` entry from the right ([`forwarded_address`]). When the
+/// header has fewer entries than trusted hops, the peer is used: a client must not be able to
+/// choose its own key. `None` when the trusted entry is not an address, or there is no peer.
+pub fn client_address(peer: &str, xff: Option<&str>, trusted_hops: u32) -> Option<String> {
+    match forwarded_entry(xff, trusted_hops) {
+        Some(entry) => forwarded_address(entry),
+        None => Some(strip_port(peer))
+            .filter(|peer| !peer.is_empty())
+            .map(str::to_string),
+    }
 }
 
 #[cfg(test)]
@@ -277,15 +304,57 @@ mod tests {
     #[test]
     fn forwarded_for_counts_trusted_hops_from_the_right() {
         let xff = Some("203.0.113.9, 198.51.100.2, 10.0.0.7");
-        assert_eq!(client_address("10.0.0.9:1", xff, 0), "10.0.0.9");
-        assert_eq!(client_address("10.0.0.9:1", xff, 1), "10.0.0.7");
-        assert_eq!(client_address("10.0.0.9:1", xff, 2), "198.51.100.2");
-        assert_eq!(client_address("10.0.0.9:1", xff, 3), "203.0.113.9");
+        let at = |hops| client_address("10.0.0.9:1", xff, hops);
+        assert_eq!(at(0).as_deref(), Some("10.0.0.9"));
+        assert_eq!(at(1).as_deref(), Some("10.0.0.7"));
+        assert_eq!(at(2).as_deref(), Some("198.51.100.2"));
+        assert_eq!(at(3).as_deref(), Some("203.0.113.9"));
         assert_eq!(
-            client_address("10.0.0.9:1", xff, 4),
-            "10.0.0.9",
+            at(4).as_deref(),
+            Some("10.0.0.9"),
             "fewer entries than hops: the peer, not a spoofable entry"
         );
-        assert_eq!(client_address("10.0.0.9:1", None, 1), "10.0.0.9");
+        assert_eq!(
+            client_address("10.0.0.9:1", None, 1).as_deref(),
+            Some("10.0.0.9")
+        );
+        assert_eq!(client_address("", None, 0), None, "no peer: no address");
+    }
+
+    #[test]
+    fn a_forwarded_entry_with_a_port_is_its_address() {
+        for (entry, address) in [
+            ("203.0.113.9", Some("203.0.113.9")),
+            ("203.0.113.9:5678", Some("203.0.113.9")),
+            (" 203.0.113.9:443 ", Some("203.0.113.9")),
+            ("[2001:db8::1]:443", Some("2001:db8::1")),
+            ("[2001:db8::1]", Some("2001:db8::1")),
+            ("2001:db8::1", Some("2001:db8::1")),
+            ("2001:DB8:0:0::1", Some("2001:db8::1")),
+            ("::ffff:203.0.113.9", Some("::ffff:203.0.113.9")),
+            ("unknown", None),
+            ("_hidden", None),
+            ("203.0.113.9:99999", None),
+            ("203.0.113.9:", None),
+            ("[203.0.113.9]", None),
+            ("[2001:db8::1]:", None),
+            ("", None),
+        ] {
+            assert_eq!(forwarded_address(entry).as_deref(), address, "{entry:?}");
+        }
+        // Every source port of one client is one address.
+        let xff = |port: u16| format!("198.18.0.1, 203.0.113.9:{port}");
+        let ports: Vec<_> = (1000..1010)
+            .map(|port| client_address("10.0.0.9:1", Some(&xff(port)), 1))
+            .collect();
+        assert!(
+            ports.iter().all(|a| a.as_deref() == Some("203.0.113.9")),
+            "{ports:?}"
+        );
+        assert_eq!(
+            client_address("10.0.0.9:1", Some("198.18.0.1, unknown"), 1),
+            None,
+            "a trusted entry that is no address: no address, not the peer and not the text"
+        );
     }
 }

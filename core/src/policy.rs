@@ -103,6 +103,20 @@ pub struct Rule {
     pub cost_header: Option<String>,
     /// The tier this rule counts, for a rule with tiers.
     pub tier: Option<TierOf>,
+    /// What a request missing a key part gets.
+    pub when_missing: WhenMissing,
+}
+
+/// What a rule does with a request that does not have one of its key parts (no such header,
+/// query parameter or verified claim, no readable client address).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WhenMissing {
+    /// Counts it with every such request of the rule, the part's value being
+    /// [`crate::key::MISSING`]: a part nobody can read never exempts anyone.
+    #[default]
+    Count,
+    /// Does not count it (the rule is meant only for requests that have the part).
+    Skip,
 }
 
 /// Which tier's requests a rule (one tier of a configured rule) counts.
@@ -149,10 +163,14 @@ pub enum KeyPart {
         v4: u8,
         v6: u8,
     },
-    /// A request header, by lower-case name. A request without it is not counted by the rule.
+    /// A request header, by lower-case name.
     Header(String),
-    /// A query parameter, by name.
-    Query(String),
+    /// A query parameter, by name: any case of it (`API_KEY` for `api_key`), or with `exact`, the
+    /// name exactly as configured (the rule's `query_names`).
+    Query {
+        name: String,
+        exact: bool,
+    },
     /// A claim of the JWT `jwt_authn` verified (never of an unverified token).
     Claim(String),
     Path,
@@ -169,7 +187,7 @@ impl KeyPart {
             KeyPart::ClientIp => "client_ip".into(),
             KeyPart::ClientIpPrefix { v4, v6 } => format!("client_ip/{v4}/{v6}"),
             KeyPart::Header(n) => format!("header:{n}"),
-            KeyPart::Query(n) => format!("query:{n}"),
+            KeyPart::Query { name, .. } => format!("query:{name}"),
             KeyPart::Claim(n) => format!("jwt:{n}"),
             KeyPart::Path => "path".into(),
             KeyPart::Method => "method".into(),
@@ -300,7 +318,10 @@ impl KeyPart {
             KeyPart::Method => vec![request.method().to_string()],
             KeyPart::Const(value) => vec![value.clone()],
             KeyPart::Header(name) => distinct(request.header(name)),
-            KeyPart::Query(name) => distinct(request.query(name)),
+            KeyPart::Query { name, exact } => match request.query_string() {
+                Some(query) => crate::request::query_values(query, name, *exact),
+                None => Vec::new(),
+            },
             KeyPart::Claim(name) => request.claim(name).into_iter().collect(),
             KeyPart::First(alternatives) => alternatives
                 .iter()
@@ -348,14 +369,26 @@ fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> String {
 pub const MAX_VALUES: usize = 4;
 
 pub(crate) fn distinct(values: Vec<String>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(values.len().min(MAX_VALUES));
-    let last = values.last().cloned();
+    distinct_of(values)
+}
+
+/// [`distinct`] of values as they come, holding at most [`MAX_VALUES`] of them and the last (a
+/// query of thousands of repeated parameters is read once, not collected).
+pub(crate) fn distinct_of(values: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut more = false;
+    let mut last = None;
     for value in values {
         if !out.contains(&value) {
-            out.push(value);
+            if out.len() < MAX_VALUES {
+                out.push(value.clone());
+            } else {
+                more = true;
+            }
         }
+        last = Some(value);
     }
-    if out.len() > MAX_VALUES {
+    if more {
         out.truncate(MAX_VALUES - 1);
         if let Some(last) = last {
             if !out.contains(&last) {

@@ -15,19 +15,47 @@ pub trait RequestView {
     fn header(&mut self, name: &str) -> Vec<String>;
     /// The `:authority` (host and port) as sent.
     fn host(&mut self) -> Option<&str>;
-    /// Every value of a query parameter, percent-decoded, in order (empty when absent).
-    fn query(&mut self, name: &str) -> Vec<String>;
-    /// A claim of the JWT Envoy's `jwt_authn` filter verified for this request (a string; a
-    /// dotted name walks into objects), `None` when no verified token carries it.
+    /// The query string as sent (after `?`, without it), if any: [`query_values`] reads it.
+    fn query_string(&self) -> Option<&str>;
+    /// A claim of the JWT Envoy's `jwt_authn` filter verified for this request, as its canonical
+    /// text ([`crate::claims`]; a dotted name walks into objects), `None` when no verified token
+    /// carries it or it cannot be read.
     fn claim(&mut self, name: &str) -> Option<String>;
 }
 
-/// The values of `name` in a query string (`a=1&b=2`), percent-decoded.
-pub fn query_values(query: &str, name: &str) -> Vec<String> {
-    form_urlencoded::parse(query.as_bytes())
-        .filter(|(k, _)| k == name)
-        .map(|(_, v)| v.into_owned())
-        .collect()
+/// The distinct values (at most [`crate::policy::MAX_VALUES`]: the first ones and the last) of
+/// parameter `name` in a query string, percent-decoded. Parameters are separated by `&` or `;`
+/// (`a=1;b=2`: Rack and other frameworks split on both). With `exact`, a name matches only as
+/// written; otherwise in any case (`API_KEY`, `Api_Key` for `api_key`, as ASP.NET Core matches
+/// them). Names are percent-decoded first (`api%5Fkey` is `api_key`). One pass, whatever the
+/// number of parameters.
+pub fn query_values(query: &str, name: &str, exact: bool) -> Vec<String> {
+    let values = query
+        .split(['&', ';'])
+        .flat_map(|segment| form_urlencoded::parse(segment.as_bytes()))
+        .filter(|(k, _)| {
+            if exact {
+                k == name
+            } else {
+                same_name_any_case(k, name)
+            }
+        })
+        .map(|(_, v)| crate::key::unmarked(&v).into_owned());
+    crate::policy::distinct_of(values)
+}
+
+/// Whether two names are the same in any case: ASCII without allocation; otherwise by Unicode
+/// lower case or upper case (the Kelvin sign `K` is `k` in lower case), either way.
+fn same_name_any_case(a: &str, b: &str) -> bool {
+    if a.eq_ignore_ascii_case(b) {
+        return true;
+    }
+    if a.is_ascii() && b.is_ascii() {
+        return false;
+    }
+    let lower = |s: &str| s.chars().flat_map(char::to_lowercase).collect::<Vec<_>>();
+    let upper = |s: &str| s.chars().flat_map(char::to_uppercase).collect::<Vec<_>>();
+    lower(a) == lower(b) || upper(a) == upper(b)
 }
 
 /// A request as plain values, for tests and tools.
@@ -37,7 +65,8 @@ pub struct PlainRequest {
     pub path: String,
     pub client_ip: Option<String>,
     pub headers: Vec<(String, String)>,
-    /// Verified JWT claims (what `jwt_authn` would have written), by name.
+    /// Verified JWT claims (what `jwt_authn` would have written), by name, as their canonical
+    /// text ([`crate::claims`]: a number `12345`, an object `{"id":1}`).
     pub claims: Vec<(String, String)>,
     /// The normalized path, made once when a rule asks.
     pub normal: std::cell::OnceCell<String>,
@@ -92,7 +121,7 @@ impl RequestView for PlainRequest {
         self.headers
             .iter()
             .filter(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| crate::key::header_value(v.as_bytes()))
             .collect()
     }
 
@@ -103,11 +132,8 @@ impl RequestView for PlainRequest {
             .map(|(_, v)| v.as_str())
     }
 
-    fn query(&mut self, name: &str) -> Vec<String> {
-        self.path
-            .split_once('?')
-            .map(|(_, q)| query_values(q, name))
-            .unwrap_or_default()
+    fn query_string(&self) -> Option<&str> {
+        self.path.split_once('?').map(|(_, q)| q)
     }
 
     fn claim(&mut self, name: &str) -> Option<String> {
@@ -115,5 +141,6 @@ impl RequestView for PlainRequest {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
     }
 }

@@ -1061,16 +1061,24 @@ fn check_keys(
         path
     );
     let client = sluice_core::net::client_address(address, Some(value), 1);
+    if let Some(client) = &client {
+        prop_assert!(
+            client.parse::<std::net::IpAddr>().is_ok() || address.contains(client.as_str())
+        );
+    }
+    let _ = sluice_core::net::forwarded_address(value);
     let _ = sluice_core::net::strip_port(address);
+    let _ = sluice_core::request::query_values(path, value, false);
+    let _ = sluice_core::claims::Payload::from_metadata(value.as_bytes(), "jwt_payload");
     let _ = sluice_core::net::Cidr::parse(value);
     let _ = sluice_core::net::Cidr::parse(address);
     let mut request = PlainRequest::get(path)
-        .from_ip(client)
         .with_header("x-a", value)
         .with_header("x-a", address)
         .with_header("x-c", value)
         .with_claim("sub", value);
     request.method = value.to_string();
+    request.client_ip = client;
     for rule in &policy.rules {
         let _ = rule.applies(&mut request as &mut dyn RequestView);
         let keys = sluice_core::key::build(rule, &mut request);

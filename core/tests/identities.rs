@@ -3,7 +3,9 @@
 //! answer of a limiter that cannot decide.
 
 use sluice_core::exchange::{Effect, Exchange, Moment, Step, WARN_HEADER};
+use sluice_core::key::MISSING;
 use sluice_core::protocol::KeyAction;
+use sluice_core::request::query_values;
 use sluice_core::{Decision, Limiter, MemoryStore, Outcome, PlainRequest, RequestView};
 
 const T0: u64 = 1_795_996_800_000_000;
@@ -48,9 +50,9 @@ fn key_parts_read_verified_claims_queries_networks_and_the_first_present() {
     ));
     let mut r = PlainRequest::get("/x?tenant=a%20b&tenant=c").with_claim("sub", "alice");
     assert_eq!(keys(&l, &mut r), ["api:alice:a b", "api:alice:c"]);
-    // No verified token: the rule does not count the request by that part.
+    // No verified token: counted in the rule's missing bucket for that part.
     let mut anonymous = PlainRequest::get("/x?tenant=a");
-    assert!(keys(&l, &mut anonymous).is_empty());
+    assert_eq!(keys(&l, &mut anonymous), ["api:\u{1e}missing:a"]);
 
     let l = limiter(&rule(
         r#""key": ["client_ip/24"], "limits": [{"requests": 5, "per": "minute"}]"#,
@@ -374,6 +376,10 @@ fn configuration_errors_name_the_field() {
         (rule(r#""key": ["client_ip"], "mode": "loud", "limits": [{"requests": 10, "per": "minute"}]"#), "rules[0].mode"),
         (rule(r#""key": ["client_ip"], "mode": "warn", "ramp_percent": 10, "limits": [{"requests": 10, "per": "minute"}]"#), "rules[0].ramp_percent"),
         (rule(r#""key": ["client_ip"], "ramp_percent": 101, "limits": [{"requests": 10, "per": "minute"}]"#), "rules[0].ramp_percent"),
+        (rule(r#""key": ["client_ip"], "when_missing": "ignore", "limits": [{"requests": 10, "per": "minute"}]"#), "rules[0].when_missing"),
+        (rule(r#""key": ["client_ip"], "when_missing": null, "query_names": "CaseFold", "limits": [{"requests": 10, "per": "minute"}]"#), "rules[0].query_names"),
+        (rule(r#""key": ["client_ip"], "when_missing": 1, "limits": [{"requests": 10, "per": "minute"}]"#), "rules[0].when_missing"),
+        (rule(r#""key": ["client_ip"], "match": {"hosts": ["..."]}, "limits": [{"requests": 1, "per": "minute"}]"#), "rules[0].match.hosts[0]"),
         (
             r#"{"service": {"cluster": "c"}, "rules": [{"name": "api", "key": ["client_ip"], "consistency": "strict", "cost_header": "x-cost", "limits": [{"requests": 10, "per": "minute"}]}]}"#.to_string(),
             "rules[0].cost_header",
@@ -390,9 +396,209 @@ fn plain_requests_answer_hosts_queries_and_claims() {
     let mut r = PlainRequest::get("/x?a=1&b=%2F&a=2")
         .with_header(":authority", "example.com")
         .with_claim("org.id", "acme");
-    assert_eq!(r.query("a"), ["1", "2"]);
-    assert_eq!(r.query("b"), ["/"]);
+    let query = r.query_string().unwrap_or_default().to_string();
+    assert_eq!(query_values(&query, "a", true), ["1", "2"]);
+    assert_eq!(query_values(&query, "b", true), ["/"]);
     assert_eq!(r.host(), Some("example.com"));
     assert_eq!(r.claim("org.id").as_deref(), Some("acme"));
     assert_eq!(r.claim("sub"), None);
+}
+
+/// Requests of `make` admitted by rule 0 of `json` (5 a minute per key), of `n` at one moment.
+fn admitted_of(json: &str, n: usize, make: impl Fn() -> PlainRequest) -> usize {
+    let l = limiter(json);
+    let mut store = MemoryStore::default();
+    admitted(&l, &mut store, n, make)
+}
+
+#[test]
+fn a_missing_part_is_counted_in_one_bucket_unless_the_rule_skips() {
+    for key in [
+        r#"["header:x-api-key"]"#,
+        r#"["query:api_key"]"#,
+        r#"["jwt:sub"]"#,
+        r#"["client_ip"]"#,
+        r#"["client_ip/24"]"#,
+        r#"["jwt:sub|header:x-user"]"#,
+    ] {
+        let json = rule(&format!(
+            r#""key": {key}, "limits": [{{"requests": 3, "per": "minute"}}]"#
+        ));
+        // None of them has the part: one bucket of 3 for all of them.
+        assert_eq!(
+            admitted_of(&json, 6, || PlainRequest::get("/x")),
+            3,
+            "{key}"
+        );
+        let l = limiter(&json);
+        assert_eq!(
+            keys(&l, &mut PlainRequest::get("/x")),
+            [format!("api:{MISSING}")],
+            "{key}"
+        );
+        let skip = rule(&format!(
+            r#""key": {key}, "when_missing": "skip", "limits": [{{"requests": 3, "per": "minute"}}]"#
+        ));
+        assert_eq!(
+            admitted_of(&skip, 6, || PlainRequest::get("/x")),
+            6,
+            "{key}: skip"
+        );
+    }
+    // The other parts still key: per path, for requests without the header.
+    let l = limiter(&rule(
+        r#""key": ["header:x-user", "path"], "limits": [{"requests": 3, "per": "minute"}]"#,
+    ));
+    assert_eq!(
+        keys(&l, &mut PlainRequest::get("/a")),
+        [format!("api:{MISSING}:/a")]
+    );
+    // A client address that is not one keys as missing under a prefix, never escapes.
+    let json = rule(r#""key": ["client_ip/24"], "limits": [{"requests": 3, "per": "minute"}]"#);
+    assert_eq!(
+        admitted_of(&json, 6, || PlainRequest::get("/")
+            .from_ip("not-an-address")),
+        3
+    );
+}
+
+#[test]
+fn no_value_a_client_sends_equals_the_missing_marker() {
+    let l = limiter(&rule(
+        r#""key": ["query:k", "header:x-k"], "limits": [{"requests": 1, "per": "minute"}]"#,
+    ));
+    let mut marked = PlainRequest::get("/?k=%1Emissing").with_header("x-k", "\u{1e}missing");
+    let mut missing = PlainRequest::get("/");
+    let marked_keys = keys(&l, &mut marked);
+    assert_eq!(marked_keys, ["api:\u{1e}\u{1e}missing:\u{1e}\u{1e}missing"]);
+    assert_ne!(marked_keys, keys(&l, &mut missing));
+    // Nor the hex of a value that is not UTF-8.
+    assert_eq!(
+        sluice_core::key::header_value("\u{1e}hex:ff".as_bytes()),
+        "\u{1e}\u{1e}hex:ff"
+    );
+    assert_ne!(
+        sluice_core::key::header_value("\u{1e}hex:ff".as_bytes()),
+        sluice_core::key::header_value(b"\xff")
+    );
+}
+
+#[test]
+fn query_parameters_split_on_semicolons_and_match_names_in_any_case() {
+    let json = rule(r#""key": ["query:api_key"], "limits": [{"requests": 3, "per": "minute"}]"#);
+    let l = limiter(&json);
+    for path in [
+        "/x?api_key=abc",
+        "/x?x=1;api_key=abc",
+        "/x?API_KEY=abc",
+        "/x?Api_Key=abc&x=2",
+        "/x?api%5Fkey=abc",
+        "/x?API%5fKEY=abc",
+        "/x?x=1;API_KEY=abc;y=2",
+    ] {
+        assert_eq!(
+            keys(&l, &mut PlainRequest::get(path)),
+            ["api:abc"],
+            "{path}"
+        );
+    }
+    // Every spelling of one key spends one bucket.
+    let spellings = [
+        "/x?api_key=abc",
+        "/x?x=1;api_key=abc",
+        "/x?API_KEY=abc",
+        "/x?api%5Fkey=abc",
+    ];
+    let next = std::cell::Cell::new(0);
+    let admitted = admitted_of(&json, 8, || {
+        next.set(next.get() + 1);
+        PlainRequest::get(spellings[next.get() % spellings.len()])
+    });
+    assert_eq!(admitted, 3);
+    // Repeated names, any case: each distinct value, as for a repeated header.
+    assert_eq!(
+        keys(&l, &mut PlainRequest::get("/x?api_key=junk;API_KEY=abc")),
+        ["api:junk", "api:abc"]
+    );
+    // Unicode case: the Kelvin sign is a k in lower case.
+    assert_eq!(
+        keys(&l, &mut PlainRequest::get("/x?api_%E2%84%AAey=abc")),
+        ["api:abc"]
+    );
+    // Exact names: only as written; the others are missing the part, counted together.
+    let exact = limiter(&rule(
+        r#""key": ["query:api_key"], "query_names": "exact", "limits": [{"requests": 3, "per": "minute"}]"#,
+    ));
+    assert_eq!(
+        keys(&exact, &mut PlainRequest::get("/x?x=1;api_key=abc")),
+        ["api:abc"]
+    );
+    assert_eq!(
+        keys(&exact, &mut PlainRequest::get("/x?API_KEY=abc")),
+        [format!("api:{MISSING}")]
+    );
+}
+
+#[test]
+fn a_query_of_thousands_of_parameters_yields_at_most_four_values() {
+    let l = limiter(&rule(
+        r#""key": ["query:k"], "limits": [{"requests": 3, "per": "minute"}]"#,
+    ));
+    let mut path = String::from("/x?");
+    for i in 0..20_000 {
+        path.push_str(&format!("k={i}&K={i};junk{i}=x&"));
+    }
+    path.push_str("k=last");
+    let built = keys(&l, &mut PlainRequest::get(&path));
+    // More than four distinct values: the first three and the last, past eight keys in all one
+    // shared bucket of the rule; at most four either way.
+    assert!(built.len() <= 4, "{built:?}");
+    assert_eq!(built, ["api:0", "api:1", "api:2", "api:last"]);
+    let values = query_values(&path[3..], "k", false);
+    assert_eq!(values, ["0", "1", "2", "last"]);
+    assert_eq!(query_values("k=1&k=1;K=1", "k", false), ["1"]);
+    assert_eq!(query_values("a=1;;&&b", "b", false), [""]);
+    assert!(query_values("", "k", false).is_empty());
+}
+
+#[test]
+fn claims_of_every_json_type_key_each_value_apart() {
+    let l = limiter(&rule(
+        r#""key": ["jwt:uid"], "limits": [{"requests": 3, "per": "minute"}]"#,
+    ));
+    let mut store = MemoryStore::default();
+    // As the filter reads them: canonical text from the payload.
+    let with = |uid: serde_json::Value| {
+        let claims = serde_json::json!({ "uid": uid });
+        let payload = sluice_core::claims::Payload::from_json(claims.as_object().unwrap());
+        let text = payload.claim("uid");
+        move || {
+            let mut r = PlainRequest::get("/");
+            if let Some(text) = &text {
+                r = r.with_claim("uid", text);
+            }
+            r
+        }
+    };
+    for uid in [
+        serde_json::json!(12345),
+        serde_json::json!(12346),
+        serde_json::json!(1.5),
+        serde_json::json!(null),
+        serde_json::json!(true),
+        serde_json::json!(0),
+        serde_json::json!({"id": 1}),
+        serde_json::json!({"id": 2}),
+        serde_json::json!([1, 2]),
+        serde_json::json!("alice"),
+    ] {
+        assert_eq!(admitted(&l, &mut store, 6, with(uid.clone())), 3, "{uid}");
+    }
+    // Without the claim: the missing bucket, also 3.
+    assert_eq!(admitted(&l, &mut store, 6, with(serde_json::json!(""))), 3);
+    assert_eq!(
+        admitted(&l, &mut store, 6, || PlainRequest::get("/")),
+        0,
+        "the same bucket"
+    );
 }

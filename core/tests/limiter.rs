@@ -109,17 +109,36 @@ fn every_limit_of_a_rule_is_enforced() {
 }
 
 #[test]
-fn a_request_without_the_key_header_is_not_counted() {
-    let limiter = limiter(
+fn a_request_without_the_key_header_is_counted_in_the_missing_bucket_or_skipped() {
+    let counted = limiter(
         r#"{"rules": [{"name": "per-key", "key": ["header:x-api-key"],
         "limits": [{"requests": 1, "per": "hour"}]}]}"#,
     );
     let mut store = MemoryStore::default();
+    let decisions: Vec<bool> = (0..3)
+        .map(|_| {
+            allowed(
+                &counted
+                    .decide(&mut PlainRequest::get("/"), at(T0), &mut store)
+                    .decision,
+            )
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [true, false, false],
+        "one bucket for every request without a key"
+    );
+    let skipped = limiter(
+        r#"{"rules": [{"name": "per-key", "key": ["header:x-api-key"], "when_missing": "skip",
+        "limits": [{"requests": 1, "per": "hour"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
     for _ in 0..3 {
-        let e = limiter.decide(&mut PlainRequest::get("/"), at(T0), &mut store);
+        let e = skipped.decide(&mut PlainRequest::get("/"), at(T0), &mut store);
         assert_eq!(e.decision, Decision::Allow { quota: None });
     }
-    assert!(store.is_empty(), "nothing stored for unkeyed requests");
+    assert!(store.is_empty(), "nothing stored for skipped requests");
 }
 
 #[test]

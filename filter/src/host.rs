@@ -5,6 +5,7 @@ use std::cell::OnceCell;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, Status};
+use sluice_core::claims::Payload;
 use sluice_core::{key, RequestView, Store, StoreError};
 
 /// proxy-wasm shared data: one map per VM id, shared by every worker of the proxy.
@@ -125,7 +126,11 @@ pub fn log_warn(message: &str) {
 /// The peer's address (`source.address`), read with a path serialized once, not per request.
 pub fn source_address() -> Option<String> {
     // The SDK's getter takes the path as a vector and serializes it: two allocations.
-    const PATH: &[u8] = b"source\0address";
+    String::from_utf8(property_bytes(b"source\0address")?).ok()
+}
+
+/// A property by its path, already serialized (segments joined by NUL), as the host's bytes.
+fn property_bytes(path: &[u8]) -> Option<Vec<u8>> {
     #[link(wasm_import_module = "env")]
     extern "C" {
         fn proxy_get_property(
@@ -136,10 +141,9 @@ pub fn source_address() -> Option<String> {
         ) -> Status;
     }
     // SAFETY: `proxy_get_property` writes a buffer the host allocated, or nothing.
-    let bytes = unsafe {
-        take_host_buffer(|data, size| proxy_get_property(PATH.as_ptr(), PATH.len(), data, size))
-    }?;
-    String::from_utf8(bytes).ok()
+    unsafe {
+        take_host_buffer(|data, size| proxy_get_property(path.as_ptr(), path.len(), data, size))
+    }
 }
 
 /// A local reply (a 429, a 503), its headers handed over as the reply holds them, already
@@ -176,11 +180,11 @@ pub fn respond(reply: &sluice_core::Reply) {
     };
 }
 
-pub fn property(path: Vec<&str>) -> Option<String> {
-    hostcalls::get_property(path)
-        .ok()
-        .flatten()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
+/// The request's dynamic metadata (the property `metadata`), as Envoy serializes it: the
+/// `envoy.config.core.v3.Metadata` message, every filter's entry with its values' JSON types
+/// (a claim read by its own path comes as bare bytes: see `sluice_core::claims`).
+pub fn dynamic_metadata() -> Option<Vec<u8>> {
+    property_bytes(b"metadata")
 }
 
 /// Every request header as (name, value) pairs, in order.
@@ -241,6 +245,8 @@ pub struct HostRequest<'a> {
     pub host: OnceCell<Option<String>>,
     /// Where `jwt_authn` writes the verified payload (`payload_in_metadata`).
     pub jwt_payload: &'a str,
+    /// The verified payload, read and decoded once, when a rule first asks for a claim.
+    pub claims: OnceCell<Option<Payload>>,
 }
 
 impl RequestView for HostRequest<'_> {
@@ -277,24 +283,20 @@ impl RequestView for HostRequest<'_> {
             .as_deref()
     }
 
-    fn query(&mut self, name: &str) -> Vec<String> {
-        self.query
-            .as_deref()
-            .map(|q| sluice_core::request::query_values(q, name))
-            .unwrap_or_default()
+    fn query_string(&self) -> Option<&str> {
+        self.query.as_deref()
     }
 
     fn claim(&mut self, name: &str) -> Option<String> {
         // Only what jwt_authn wrote after verifying the token's signature: dynamic metadata,
-        // which no client can set. A claim that is not a string is not read.
-        let mut path = vec![
-            "metadata",
-            "filter_metadata",
-            "envoy.filters.http.jwt_authn",
-            self.jwt_payload,
-        ];
-        path.extend(name.split('.'));
-        property(path).filter(|value| !value.is_empty())
+        // which no client can set. Read whole, once: a claim of any JSON type keys by its text.
+        let jwt_payload = self.jwt_payload;
+        self.claims
+            .get_or_init(|| {
+                dynamic_metadata().and_then(|bytes| Payload::from_metadata(&bytes, jwt_payload))
+            })
+            .as_ref()?
+            .claim(name)
     }
 }
 

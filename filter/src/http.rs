@@ -8,7 +8,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_core::exchange::overloaded;
-use sluice_core::net::{forwarded_entry, strip_port_range};
+use sluice_core::net::{forwarded_address, forwarded_entry, strip_port_range};
 use sluice_core::protocol::CheckResponse;
 use sluice_core::shed::ShedReason;
 use sluice_core::{proxy_sync, Effect, Exchange, Moment, Step};
@@ -78,7 +78,7 @@ impl Request {
             path.truncate(at);
         }
         let headers = std::cell::OnceCell::new();
-        let client_ip = limiter.needs_client_ip().then(|| {
+        let client_ip = limiter.needs_client_ip().then(|| -> Option<String> {
             let mut peer = host::source_address().unwrap_or_default();
             let hops = policy.client_ip.trusted_hops;
             // A repeated X-Forwarded-For is one list (RFC 9110 5.3): counted from the right
@@ -93,8 +93,10 @@ impl Request {
                     .join(",")
             });
             let xff = xff.filter(|xff| !xff.is_empty());
+            // The trusted entry's address, without a port (`1.2.3.4:5678`); none when it is no
+            // address: then the rules count the request under their missing bucket.
             if let Some(entry) = forwarded_entry(xff.as_deref(), hops) {
-                return entry.to_string();
+                return forwarded_address(entry);
             }
             // The peer's address, cut out of the host's string rather than copied.
             let address = strip_port_range(&peer);
@@ -105,17 +107,18 @@ impl Request {
                     peer.drain(..address.start);
                 }
             }
-            peer
+            Some(peer).filter(|peer| !peer.is_empty())
         });
         HostRequest {
             method: Default::default(),
             path,
             normal: Default::default(),
-            client_ip,
+            client_ip: client_ip.flatten(),
             headers,
             query,
             host: Default::default(),
             jwt_payload: &policy.jwt_payload_in_metadata,
+            claims: Default::default(),
         }
     }
 

@@ -297,3 +297,67 @@ fn monitor_and_warn_admit_and_say_so_and_a_ramp_denies_its_share() {
         200 - denied
     );
 }
+
+/// A claim of any JSON type keys its users, read through the real `jwt_authn` (which hands a number over as a
+/// double): each value its own bucket of 3, and a token without the claim in the rule's one missing bucket.
+#[test]
+fn claims_of_every_json_type_key_their_users_and_a_missing_claim_is_counted() {
+    let envoy = start(
+        json!([{"name": "uid", "key": ["jwt:uid"], "limits": [{"requests": 3, "per": "minute"}]}]),
+        2,
+    );
+    let values = [
+        json!(12345),
+        json!(12346),
+        json!(1.5),
+        json!(null),
+        json!(true),
+        json!(0),
+        json!({"org": "acme", "id": 7}),
+        json!(["a", "b"]),
+        json!("12345678"),
+    ];
+    for (n, uid) in values.iter().enumerate() {
+        // Two tokens per value (another subject, another issue time): the same user, one bucket.
+        let first = bearer(&token(KEY, json!({"sub": format!("s{n}"), "uid": uid})));
+        let again = bearer(&token(KEY, json!({"sub": format!("t{n}"), "uid": uid})));
+        let mut got = statuses(&envoy, "/x", &[("authorization", &first)], 3);
+        got.extend(statuses(&envoy, "/x", &[("authorization", &again)], 3));
+        assert_eq!(
+            got,
+            [200, 200, 200, 429, 429, 429],
+            "uid {uid}: a limit of 3 admits 3 of 6; {:?}",
+            envoy.sluice_stats()
+        );
+    }
+    // No uid in the token, or no token: one bucket for all of them, never unlimited.
+    let without = bearer(&token(KEY, json!({"sub": "nouid"})));
+    let other = bearer(&token(KEY, json!({"sub": "nouid-2"})));
+    let mut missing = statuses(&envoy, "/x", &[("authorization", &without)], 4);
+    missing.extend(statuses(&envoy, "/x", &[("authorization", &other)], 1));
+    missing.extend(statuses(&envoy, "/x", &[], 1));
+    assert_eq!(missing, [200, 200, 200, 429, 429, 429], "{missing:?}");
+    let stats = envoy.sluice_stats();
+    assert_eq!(
+        envoy.stat_reaching("wasmcustom.sluice.rule.uid.allowed", 30),
+        30,
+        "3 for each of 9 values and 3 for the missing claim; {stats:?}"
+    );
+}
+
+/// A rule for authenticated users only says so (`when_missing: skip`): requests without the claim pass it, and the
+/// users still have their buckets.
+#[test]
+fn a_rule_that_skips_a_missing_claim_counts_only_the_users() {
+    let envoy = start(
+        json!([{"name": "users", "key": ["jwt:uid"], "when_missing": "skip",
+                "limits": [{"requests": 2, "per": "minute"}]}]),
+        2,
+    );
+    let user = bearer(&token(KEY, json!({"sub": "u", "uid": 42})));
+    assert_eq!(
+        statuses(&envoy, "/x", &[("authorization", &user)], 3),
+        [200, 200, 429]
+    );
+    assert_eq!(statuses(&envoy, "/x", &[], 4), [200; 4], "skipped");
+}

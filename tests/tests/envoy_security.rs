@@ -997,3 +997,183 @@ mod key_headers {
         );
     }
 }
+
+/// Requests an upstream reads as the same client, key or host, spelled so that a stricter parser would miss them:
+/// `;` between query parameters (Rack), a name in another case (ASP.NET Core), a host with a trailing dot, an
+/// `X-Forwarded-For` entry with a port (Azure Application Gateway). Every one is counted where it belongs.
+mod parser_differences {
+    use super::*;
+    use sluice_tests::envoy::raw_get_to;
+
+    /// The shipped `sluice.yaml.tmpl` with one rule of 3 a minute.
+    fn one_rule(rule: Value) -> Envoy {
+        start(
+            Template::Sluice,
+            json!({"headers": "both", "rules": [rule]}).to_string(),
+            &[],
+        )
+    }
+
+    fn status(envoy: &Envoy, target: &str, host: Option<&str>, headers: &[(&str, &str)]) -> u16 {
+        let host = host
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("127.0.0.1:{}", envoy.listen_port));
+        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+        raw_get_to(envoy.listen_port, target, &host, &headers)
+            .unwrap()
+            .status
+    }
+
+    #[test]
+    fn a_query_key_is_counted_however_its_parameter_is_spelled() {
+        let envoy = one_rule(json!({
+            "name": "per-key", "key": ["query:api_key"],
+            "limits": [{"requests": 3, "per": "minute", "burst": 3}],
+        }));
+        let spent: Vec<u16> = (0..3)
+            .map(|_| status(&envoy, "/api/x?api_key=abc", None, &[]))
+            .collect();
+        assert_eq!(spent, [200; 3], "api_key=abc spends its 3");
+        for target in [
+            "/api/x?x=1;api_key=abc",
+            "/api/x?API_KEY=abc",
+            "/api/x?Api_Key=abc&x=1",
+            "/api/x?api%5Fkey=abc",
+            "/api/x?x=1;API_KEY=abc;y=2",
+            "/api/x?api_key=junk;api_key=abc",
+        ] {
+            assert_eq!(
+                status(&envoy, target, None, &[]),
+                429,
+                "{target}: the same key as api_key=abc; {:?}",
+                envoy.sluice_stats()
+            );
+        }
+        assert_eq!(
+            status(&envoy, "/api/x?api_key=other", None, &[]),
+            200,
+            "another key has its own bucket"
+        );
+        // No key at all, however often: one shared bucket of 3, never unlimited.
+        let anonymous: Vec<u16> = (0..5)
+            .map(|i| status(&envoy, &format!("/api/x?apikey{i}=abc"), None, &[]))
+            .collect();
+        assert_eq!(anonymous, [200, 200, 200, 429, 429], "{anonymous:?}");
+    }
+
+    #[test]
+    fn a_host_with_a_trailing_dot_is_matched() {
+        let envoy = one_rule(json!({
+            "name": "api-host", "match": {"hosts": ["api.example.com"]}, "key": ["const:all"],
+            "limits": [{"requests": 3, "per": "minute", "burst": 3}],
+        }));
+        assert_eq!(
+            status(&envoy, "/api/x", Some("other.example.com"), &[]),
+            200,
+            "another host: not the rule's"
+        );
+        let spent: Vec<u16> = (0..3)
+            .map(|_| status(&envoy, "/api/x", Some("api.example.com"), &[]))
+            .collect();
+        assert_eq!(spent, [200; 3]);
+        for (target, host) in [
+            ("/api/x", "api.example.com."),
+            ("/api/x", "API.Example.com.:8080"),
+            // Absolute form: Envoy takes the URI's host for :authority, whatever Host says.
+            ("http://api.example.com./api/x", "other.example.com"),
+            ("http://api.example.com/api/x", "other.example.com"),
+        ] {
+            assert_eq!(
+                status(&envoy, target, Some(host), &[]),
+                429,
+                "{target} with Host {host}: the rule's host; {:?}",
+                envoy.sluice_stats()
+            );
+        }
+        assert_eq!(
+            status(
+                &envoy,
+                "http://other.example.com./api/x",
+                Some("api.example.com"),
+                &[]
+            ),
+            200,
+            "an absolute URI's host is the request's host"
+        );
+    }
+
+    /// `sluice.yaml.tmpl` as shipped appends the peer: the test client plays a load balancer that wrote the
+    /// client as `ip:port`, so the client is the second entry from the right (`trusted_hops: 2`).
+    fn behind_a_load_balancer(key: &str) -> Envoy {
+        start(
+            Template::Sluice,
+            json!({
+                "client_ip": {"trusted_hops": 2},
+                "rules": [{"name": "per-ip", "key": [key],
+                           "limits": [{"requests": 3, "per": "minute", "burst": 3}]}],
+            })
+            .to_string(),
+            &[],
+        )
+    }
+
+    fn from(envoy: &Envoy, xff: &str) -> u16 {
+        status(envoy, "/api/x", None, &[("X-Forwarded-For", xff)])
+    }
+
+    #[test]
+    fn forwarded_entries_with_a_port_key_the_address() {
+        let envoy = behind_a_load_balancer("client_ip");
+        let statuses: Vec<u16> = (0..6)
+            .map(|port| from(&envoy, &format!("203.0.113.7:{}", 40_000 + port)))
+            .collect();
+        assert_eq!(
+            statuses,
+            [200, 200, 200, 429, 429, 429],
+            "one client, a new source port each time: one bucket; {:?}",
+            envoy.sluice_stats()
+        );
+        assert_eq!(from(&envoy, "203.0.113.7"), 429, "with or without its port");
+        assert_eq!(
+            from(&envoy, "[2001:db8::7]:443"),
+            200,
+            "an IPv6 client in brackets with a port"
+        );
+        for _ in 0..2 {
+            assert_eq!(from(&envoy, "2001:db8::7"), 200);
+        }
+        assert_eq!(
+            from(&envoy, "[2001:DB8::7]:444"),
+            429,
+            "the same IPv6 client"
+        );
+        // Entries that are no address: one missing bucket for all of them, never a key each.
+        let junk: Vec<u16> = (0..5)
+            .map(|i| from(&envoy, &format!("unknown-{i}")))
+            .collect();
+        assert_eq!(junk, [200, 200, 200, 429, 429], "{junk:?}");
+    }
+
+    #[test]
+    fn forwarded_entries_with_a_port_key_the_network() {
+        let envoy = behind_a_load_balancer("client_ip/24");
+        let statuses: Vec<u16> = (0..6)
+            .map(|i| from(&envoy, &format!("203.0.113.{}:{}", 10 + i, 40_000 + i)))
+            .collect();
+        assert_eq!(
+            statuses,
+            [200, 200, 200, 429, 429, 429],
+            "one /24, entries with ports: one bucket; {:?}",
+            envoy.sluice_stats()
+        );
+        assert_eq!(from(&envoy, "198.51.100.1:1"), 200, "another network");
+        let junk: Vec<u16> = (0..5)
+            .map(|i| from(&envoy, &format!("_hidden{i}")))
+            .collect();
+        assert_eq!(
+            junk,
+            [200, 200, 200, 429, 429],
+            "not an address: counted, once; {junk:?}"
+        );
+    }
+}

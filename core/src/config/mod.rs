@@ -13,7 +13,7 @@ use crate::matcher::{HeaderTest, Template};
 use crate::net::Cidr;
 use crate::policy::{
     Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy, Rule,
-    Service, TierOf,
+    Service, TierOf, WhenMissing,
 };
 
 /// Default per-rule key capacity of one proxy.
@@ -162,6 +162,14 @@ struct RawRule {
     /// A response header whose value (whole tokens) is charged after the response.
     #[serde(default)]
     cost_header: Option<String>,
+    /// A request without one of the key's parts (no such header, query parameter or verified claim, no readable client address): count (the default) counts it with all such requests of the rule, the part's value being the missing marker; skip does not count it.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["count", "skip", null])))]
+    when_missing: Option<String>,
+    /// How query:NAME parts match parameter names: any_case (the default; API_KEY for api_key) or exact.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["any_case", "exact", null])))]
+    query_names: Option<String>,
 }
 
 /// A rule's limits per tier: each tier is a rule of its own, named rule/tier.
@@ -522,7 +530,9 @@ pub(crate) fn matcher(at: &str, raw: Option<RawMatch>) -> Result<Matcher, Config
         .collect::<Result<Vec<_>, _>>()?;
     let mut hosts = Vec::with_capacity(m.hosts.len());
     for (j, host) in m.hosts.iter().enumerate() {
-        let name = host.strip_prefix("*.").unwrap_or(host);
+        // `api.example.com.` is `api.example.com`, as a request's host is (see `matcher::host_name`).
+        let trimmed = host.trim_end_matches('.');
+        let name = trimmed.strip_prefix("*.").unwrap_or(trimmed);
         let ok = !name.is_empty()
             && name
                 .bytes()
@@ -535,7 +545,7 @@ pub(crate) fn matcher(at: &str, raw: Option<RawMatch>) -> Result<Matcher, Config
                 ),
             ));
         }
-        hosts.push(host.to_ascii_lowercase());
+        hosts.push(trimmed.to_ascii_lowercase());
     }
     let mut headers = Vec::with_capacity(m.headers.len());
     for (name, test) in m.headers {
@@ -599,11 +609,31 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Vec<Rule>, ConfigE
             "must hold at least one part (use [\"const:all\"] for one shared bucket)",
         ));
     }
+    let when_missing = match raw.when_missing.as_deref().unwrap_or("count") {
+        "count" => WhenMissing::Count,
+        "skip" => WhenMissing::Skip,
+        other => {
+            return Err(err(
+                format!("{at}.when_missing"),
+                format!("expected count (the default) or skip, got {other:?}"),
+            ))
+        }
+    };
+    let exact = match raw.query_names.as_deref().unwrap_or("any_case") {
+        "any_case" => false,
+        "exact" => true,
+        other => {
+            return Err(err(
+                format!("{at}.query_names"),
+                format!("expected any_case (the default) or exact, got {other:?}"),
+            ))
+        }
+    };
     let key = raw
         .key
         .iter()
         .enumerate()
-        .map(|(j, part)| key_part(part).map_err(|p| err(format!("{at}.key[{j}]"), p)))
+        .map(|(j, part)| key_part(part, exact).map_err(|p| err(format!("{at}.key[{j}]"), p)))
         .collect::<Result<Vec<_>, _>>()?;
 
     let mode = match raw.mode.as_deref().unwrap_or("enforce") {
@@ -682,7 +712,8 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Vec<Rule>, ConfigE
         match (&raw.limits, &raw.tiers) {
             (Some(limits), None) => vec![(None, raw.name.clone(), format!("{at}.limits"), limits)],
             (None, Some(t)) => {
-                let from = key_part(&t.from).map_err(|p| err(format!("{at}.tiers.from"), p))?;
+                let from =
+                    key_part(&t.from, exact).map_err(|p| err(format!("{at}.tiers.from"), p))?;
                 if t.limits.is_empty() {
                     return Err(err(
                         format!("{at}.tiers.limits"),
@@ -782,6 +813,7 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Vec<Rule>, ConfigE
             cost,
             cost_header: cost_header.clone(),
             tier,
+            when_missing,
         });
     }
     Ok(rules)
@@ -1018,11 +1050,12 @@ fn valid_header_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
 }
 
-fn key_part(part: &str) -> Result<KeyPart, String> {
+/// A key part as configured; `exact`: the rule's `query_names` is `exact`.
+fn key_part(part: &str, exact: bool) -> Result<KeyPart, String> {
     if part.contains('|') {
         let alternatives = part
             .split('|')
-            .map(|alt| match key_part(alt.trim())? {
+            .map(|alt| match key_part(alt.trim(), exact)? {
                 KeyPart::First(_) => Err(format!("{part:?}: alternatives do not nest")),
                 one => Ok(one),
             })
@@ -1053,7 +1086,10 @@ fn key_part(part: &str) -> Result<KeyPart, String> {
         if name.is_empty() {
             return Err(format!("{part:?} does not name a query parameter"));
         }
-        return Ok(KeyPart::Query(name.to_string()));
+        return Ok(KeyPart::Query {
+            name: name.to_string(),
+            exact,
+        });
     }
     if let Some(name) = part.strip_prefix("jwt:") {
         let ok = !name.is_empty()

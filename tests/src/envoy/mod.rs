@@ -42,7 +42,7 @@ pub use load::{burst, Burst};
 pub use paths::{envoy_binary, repo_root, wasm_path};
 pub use ports::free_ports;
 pub use process::{Envoy, EnvoyOptions, EnvoyRefusal};
-pub use raw::{raw_get, raw_get_bytes};
+pub use raw::{raw_get, raw_get_bytes, raw_get_to};
 pub use shipped::{replace_exactly, Demo, DerivedTemplate};
 pub use stats::Stats;
 pub use sustain::{sustain, sustain_until, Load, Sample, Sustained};

@@ -19,12 +19,17 @@ pub fn raw_get(port: u16, target: &str, headers: &[(&str, &str)]) -> Result<Repl
 
 /// [`raw_get`] with header values as bytes: values that are not UTF-8, or a header repeated.
 pub fn raw_get_bytes(port: u16, target: &str, headers: &[(&str, &[u8])]) -> Result<Reply> {
-    let what = format!("raw GET {target} on port {port}");
+    raw_get_to(port, target, &format!("127.0.0.1:{port}"), headers)
+}
+
+/// [`raw_get_bytes`] with `Host: host` (`api.example.com.`, a host with a trailing dot).
+pub fn raw_get_to(port: u16, target: &str, host: &str, headers: &[(&str, &[u8])]) -> Result<Reply> {
+    let what = format!("raw GET {target} (Host {host}) on port {port}");
     let mut stream =
         TcpStream::connect(("127.0.0.1", port)).with_context(|| format!("{what}: connecting"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    let mut request = format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n").into_bytes();
+    let mut request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\n").into_bytes();
     for (name, value) in headers {
         request.extend_from_slice(name.as_bytes());
         request.extend_from_slice(b": ");
