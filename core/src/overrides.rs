@@ -450,7 +450,7 @@ mod tests {
              for max_keys 65536, more than the 64 MiB a rule may take; lower requests or max_keys"
         );
         let expected = configured.replacen("rules[0].limits", "limits.api", 1);
-        assert_eq!(problems, [expected.clone()]);
+        assert_eq!(problems, [expected]);
         // The counter service, given the proxies' configuration, says the same of the same.
         let service = check_limits(&policy, "api", big.as_array().unwrap(), "target", "limits")
             .unwrap_err()

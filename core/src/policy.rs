@@ -46,8 +46,12 @@ pub struct RuleBareKeys {
     names: Vec<Vec<String>>,
     /// By the key with every first-present part reduced to its value: per part, the
     /// alternative it must come from (`None`: any), and the action.
-    keys: BTreeMap<String, Vec<(Vec<Option<usize>>, KeyAction)>>,
+    keys: BTreeMap<String, Vec<BareKey>>,
 }
+
+/// One override in [`RuleBareKeys`]: per part, the alternative it names (`None`: any), and
+/// what it does.
+type BareKey = (Vec<Option<usize>>, KeyAction);
 
 impl BareKeys {
     pub fn is_empty(&self) -> bool {
