@@ -24,9 +24,120 @@ pub struct Policy {
     /// Keys an operator blocked or allowed through the counter service (live overrides):
     /// configured rule name, then the key's parts joined by [`crate::key::SEPARATOR`].
     pub key_overrides: BTreeMap<String, BTreeMap<String, KeyAction>>,
+    /// The key overrides that name a first-present part by the value a client sent
+    /// (`["127.0.0.1"]` for `header:x-user|client_ip`), built from [`Policy::key_overrides`] by
+    /// [`crate::overrides::apply`]: they match that value from whichever alternative supplied it.
+    pub bare_key_overrides: BareKeys,
     /// Where Envoy's `jwt_authn` writes a verified token's payload (its `payload_in_metadata`),
     /// which `jwt:CLAIM` key parts read.
     pub jwt_payload_in_metadata: String,
+}
+
+/// Per configured rule, its key overrides that give a first-present part the value a client sent
+/// rather than `alternative=value` as the filter writes it (see [`Policy::bare_key_overrides`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BareKeys(BTreeMap<String, RuleBareKeys>);
+
+/// One rule's [`BareKeys`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuleBareKeys {
+    /// Per part of the rule's key, the names of its alternatives (none for a part that is not
+    /// first-present), as the filter writes them before `=`.
+    names: Vec<Vec<String>>,
+    /// By the key with every first-present part reduced to its value: per part, the
+    /// alternative it must come from (`None`: any), and the action.
+    keys: BTreeMap<String, Vec<BareKey>>,
+}
+
+/// One override in [`RuleBareKeys`]: per part, the alternative it names (`None`: any), and
+/// what it does.
+type BareKey = (Vec<Option<usize>>, KeyAction);
+
+impl BareKeys {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn get(&self, rule: &str) -> Option<&RuleBareKeys> {
+        self.0.get(rule)
+    }
+
+    /// Adds rule `rule` (keyed by `key`)'s override: per part, the alternative it names (`None`:
+    /// any, or a part that is not first-present) and its value.
+    pub fn insert(
+        &mut self,
+        rule: &str,
+        key: &[KeyPart],
+        parts: &[(Option<usize>, String)],
+        action: KeyAction,
+    ) {
+        let entry = self
+            .0
+            .entry(rule.to_string())
+            .or_insert_with(|| RuleBareKeys {
+                names: key
+                    .iter()
+                    .map(|part| match part {
+                        KeyPart::First(alternatives) => {
+                            alternatives.iter().map(KeyPart::name).collect()
+                        }
+                        _ => Vec::new(),
+                    })
+                    .collect(),
+                keys: BTreeMap::new(),
+            });
+        let values: Vec<&str> = parts.iter().map(|(_, value)| value.as_str()).collect();
+        let from = parts.iter().map(|(alternative, _)| *alternative).collect();
+        entry
+            .keys
+            .entry(values.join(&crate::protocol::KEY_PART_SEPARATOR.to_string()))
+            .or_default()
+            .push((from, action));
+    }
+}
+
+impl RuleBareKeys {
+    /// The override of a key's `parts` (as the filter joined them): the most specific of those
+    /// whose values and named alternatives it has.
+    fn find(&self, parts: &str) -> Option<KeyAction> {
+        let mut values = String::with_capacity(parts.len());
+        let mut from = Vec::with_capacity(self.names.len());
+        let mut pieces = parts.split(crate::protocol::KEY_PART_SEPARATOR);
+        for (j, names) in self.names.iter().enumerate() {
+            let piece = pieces.next()?;
+            if j > 0 {
+                values.push(crate::protocol::KEY_PART_SEPARATOR);
+            }
+            if names.is_empty() {
+                values.push_str(piece);
+                from.push(0);
+                continue;
+            }
+            // `alternative=value`, as the key was built.
+            let (alternative, value) = names.iter().enumerate().find_map(|(a, name)| {
+                piece
+                    .strip_prefix(name.as_str())?
+                    .strip_prefix('=')
+                    .map(|value| (a, value))
+            })?;
+            values.push_str(value);
+            from.push(alternative);
+        }
+        if pieces.next().is_some() {
+            return None;
+        }
+        self.keys
+            .get(&values)?
+            .iter()
+            .filter(|(wanted, _)| {
+                wanted
+                    .iter()
+                    .zip(&from)
+                    .all(|(want, got)| want.is_none_or(|want| want == *got))
+            })
+            .min_by_key(|(wanted, _)| std::cmp::Reverse(wanted.iter().flatten().count()))
+            .map(|(_, action)| *action)
+    }
 }
 
 /// Which rate-limit headers go on responses.
@@ -263,7 +374,14 @@ impl Policy {
         let parts = key
             .strip_prefix(rule.name.as_str())?
             .strip_prefix(crate::protocol::KEY_PART_SEPARATOR)?;
-        self.key_overrides.get(configured)?.get(parts).copied()
+        let exact = self
+            .key_overrides
+            .get(configured)
+            .and_then(|keys| keys.get(parts));
+        if let Some(action) = exact {
+            return Some(*action);
+        }
+        self.bare_key_overrides.get(configured)?.find(parts)
     }
 
     /// The rule `id` names.
@@ -333,7 +451,7 @@ impl KeyPart {
 }
 
 /// The network of `ip` at the part's prefix length, as `network/length`.
-fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> String {
+pub(crate) fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> String {
     let ip = match ip {
         IpAddr::V6(v6addr) => v6addr
             .to_ipv4_mapped()

@@ -403,7 +403,7 @@ fn configuration_names_the_field_of_every_algorithm_mistake() {
                 r#"[{"requests": 1000, "per": "hour", "algorithm": "sliding_log"}]"#,
                 r#", "consistency": "local""#,
             ),
-            "rules[0].limits",
+            "rules[0].limits[0].requests",
         ),
         (
             rule(

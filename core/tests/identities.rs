@@ -602,3 +602,90 @@ fn claims_of_every_json_type_key_each_value_apart() {
         "the same bucket"
     );
 }
+
+#[test]
+fn a_key_override_names_a_first_present_part_by_the_value_a_client_sent() {
+    let policy = sluice_core::parse(
+        rule(r#""key": ["header:x-user|client_ip"], "limits": [{"requests": 2, "per": "minute"}]"#)
+            .as_bytes(),
+    )
+    .unwrap();
+    let live = |keys: &[(&str, KeyAction)]| sluice_core::protocol::LiveOverrides {
+        version: 1,
+        keys: [(
+            "api".to_string(),
+            keys.iter().map(|(k, a)| (k.to_string(), *a)).collect(),
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let anonymous = |ip: &'static str| move || PlainRequest::get("/").from_ip(ip);
+    let user = |u: &'static str| {
+        move || {
+            PlainRequest::get("/")
+                .from_ip("10.0.0.9")
+                .with_header("x-user", u)
+        }
+    };
+
+    // The address as a client sees it: the client without x-user is blocked by it.
+    let (blocked, problems) = sluice_core::overrides::apply(
+        &policy,
+        &live(&[
+            ("127.0.0.1", KeyAction::Block),
+            ("mallory", KeyAction::Block),
+        ]),
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    let l = Limiter::new(blocked);
+    let mut store = MemoryStore::default();
+    assert_eq!(admitted(&l, &mut store, 5, anonymous("127.0.0.1")), 0);
+    assert_eq!(admitted(&l, &mut store, 5, user("mallory")), 0);
+    assert_eq!(admitted(&l, &mut store, 5, anonymous("127.0.0.2")), 2);
+    assert_eq!(admitted(&l, &mut store, 5, user("alice")), 2);
+    // A bare value matches it from whichever alternative supplied it: a user named so too.
+    assert_eq!(admitted(&l, &mut store, 5, user("127.0.0.1")), 0);
+
+    // Named as the filter writes it: that alternative only; it wins over a bare value.
+    let (named, problems) = sluice_core::overrides::apply(
+        &policy,
+        &live(&[
+            ("client_ip=127.0.0.1", KeyAction::Block),
+            ("mallory", KeyAction::Block),
+            ("header:x-user=mallory", KeyAction::Allow),
+        ]),
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    let l = Limiter::new(named);
+    let mut store = MemoryStore::default();
+    assert_eq!(admitted(&l, &mut store, 5, anonymous("127.0.0.1")), 0);
+    assert_eq!(admitted(&l, &mut store, 5, user("127.0.0.1")), 2);
+    assert_eq!(admitted(&l, &mut store, 5, user("mallory")), 5);
+
+    // Two first-present parts, one named and one bare.
+    let policy = sluice_core::parse(
+        rule(r#""key": ["header:x-user|client_ip", "header:x-org|const:none"], "limits": [{"requests": 2, "per": "minute"}]"#)
+            .as_bytes(),
+    )
+    .unwrap();
+    let sep = sluice_core::key::SEPARATOR;
+    let key = format!("client_ip=127.0.0.1{sep}none");
+    let (mixed, problems) =
+        sluice_core::overrides::apply(&policy, &live(&[(&key, KeyAction::Block)]));
+    assert!(problems.is_empty(), "{problems:?}");
+    let l = Limiter::new(mixed);
+    let mut store = MemoryStore::default();
+    assert_eq!(admitted(&l, &mut store, 5, anonymous("127.0.0.1")), 0);
+    let org = || {
+        PlainRequest::get("/")
+            .from_ip("127.0.0.1")
+            .with_header("x-org", "none")
+    };
+    assert_eq!(admitted(&l, &mut store, 5, org), 0);
+    let other = || {
+        PlainRequest::get("/")
+            .from_ip("127.0.0.1")
+            .with_header("x-org", "acme")
+    };
+    assert_eq!(admitted(&l, &mut store, 5, other), 2);
+}

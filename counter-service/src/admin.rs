@@ -142,6 +142,10 @@ pub async fn put_limits(
     target_name("target", &target)?;
     sluice_core::config::parse_limits("limits", &body.limits)
         .map_err(|error| AppError::invalid(error.field, error.problem))?;
+    if let Some(policy) = &state.policy {
+        sluice_core::overrides::check_limits(policy, &target, &body.limits, "target", "limits")
+            .map_err(|error| AppError::invalid(error.field, error.problem))?;
+    }
     let note = note(body.ttl_s, body.reason)?;
     let fields = json!({"target": target, "limits": body.limits});
     let change = Change::SetLimits {
@@ -172,6 +176,7 @@ pub async fn put_key(
 ) -> Result<Json<Value>, AppError> {
     rule_name("rule", &rule)?;
     let key = key_parts(&body.key, &rule, &state.settings)?;
+    matchable(&key, &body.key, &rule, state.policy.as_deref())?;
     let note = note(body.ttl_s, body.reason)?;
     let fields = json!({"rule": rule, "key": key, "action": body.action});
     let change = Change::SetKey {
@@ -426,6 +431,41 @@ pub fn key_parts(key: &Value, rule: &str, settings: &Settings) -> Result<Vec<Str
         ));
     }
     Ok(parts)
+}
+
+/// Whether a key override can match a request: with the proxies' configuration, checked against
+/// the rule's key as the proxies check it ([`sluice_core::overrides::check_key`]); without it,
+/// only its length (the filter replaces a key over [`sluice_protocol::MAX_KEY_BYTES`] by its
+/// digest, so no override names it). `given` is the key as sent (one string: named `key`).
+pub fn matchable(
+    key: &[String],
+    given: &Value,
+    rule: &str,
+    policy: Option<&sluice_core::policy::Policy>,
+) -> Result<(), AppError> {
+    let length = overrides::key_field(rule, key).len();
+    if length > sluice_protocol::MAX_KEY_BYTES {
+        return Err(AppError::invalid(
+            "key",
+            format!(
+                "the rule's key would be {length} bytes (its name and the parts, joined by \
+                 U+001F): the filter replaces a key over {} bytes by its digest, so no override \
+                 can name it",
+                sluice_protocol::MAX_KEY_BYTES
+            ),
+        ));
+    }
+    let Some(policy) = policy else {
+        return Ok(());
+    };
+    sluice_core::overrides::check_key(policy, rule, key).map_err(|error| {
+        let field = match given {
+            Value::String(_) if error.field == "key[0]" => "key".to_string(),
+            _ => error.field,
+        };
+        AppError::invalid(field, error.problem)
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]

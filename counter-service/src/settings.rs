@@ -55,6 +55,15 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_ADMIN_TOKENS_FILE", value_name = "PATH")]
     pub admin_tokens_file: Option<PathBuf>,
 
+    /// The filter configuration the proxies run (the JSON of the plugin's `configuration`). With
+    /// it, every admin PUT of limits or keys is checked as the proxies check it (an unknown rule
+    /// or tier, limits a rule refuses, the memory their sliding logs take, a key that can match
+    /// nothing) and refused with 400 naming the field. Without it the proxies are the check: they
+    /// log what they do not apply and keep their configuration. A file that does not parse stops
+    /// the service at start.
+    #[arg(long, env = "SLUICE_POLICY", value_name = "PATH")]
+    pub policy: Option<PathBuf>,
+
     /// Accept requests without a token (local experiments only).
     #[arg(long, env = "SLUICE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -255,6 +264,21 @@ impl Settings {
         Credentials::per_proxy(&text)
             .map(Some)
             .map_err(|reason| format!("--admin-tokens-file {}: {reason}", path.display()))
+    }
+}
+
+impl Settings {
+    /// The proxies' configuration (`--policy`), parsed by the filter's own parser; `None` without
+    /// the flag. The reason names the flag and the configuration's field when it fails.
+    pub fn policy(&self) -> Result<Option<sluice_core::policy::Policy>, String> {
+        let Some(path) = &self.policy else {
+            return Ok(None);
+        };
+        let bytes =
+            std::fs::read(path).map_err(|error| format!("--policy {}: {error}", path.display()))?;
+        sluice_core::parse(&bytes)
+            .map(Some)
+            .map_err(|error| format!("--policy {}: {error}", path.display()))
     }
 }
 

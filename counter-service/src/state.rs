@@ -10,6 +10,7 @@ use crate::metrics::Metrics;
 use crate::override_cache;
 use crate::scripts::Scripts;
 use crate::settings::Settings;
+use sluice_core::policy::Policy;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -17,6 +18,8 @@ pub struct AppState {
     pub credentials: Arc<Credentials>,
     /// Who may call the admin API (`--admin-tokens-file`); `None`: it is disabled.
     pub admin: Option<Arc<Credentials>>,
+    /// The proxies' configuration (`--policy`): admin changes are checked against it.
+    pub policy: Option<Arc<Policy>>,
     pub backend: Arc<Backend>,
     pub scripts: Arc<Scripts>,
     pub metrics: Arc<Metrics>,
@@ -44,12 +47,14 @@ impl AppState {
                 );
             }
         }
+        let policy = settings.policy().map_err(StartError::Settings)?;
         let metrics = Arc::new(Metrics::new());
         let backend = Backend::new(&settings, metrics.clone()).map_err(StartError::Redis)?;
         Ok(AppState {
             settings: Arc::new(settings),
             credentials: Arc::new(credentials),
             admin: admin.map(Arc::new),
+            policy: policy.map(Arc::new),
             backend: Arc::new(backend),
             scripts: Arc::new(Scripts::new()),
             metrics,

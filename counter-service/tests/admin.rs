@@ -1345,3 +1345,317 @@ fn the_binary_serves_the_admin_api() {
     let status = service.terminate(Duration::from_secs(10)).unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// The proxies' configuration for `--policy`: a local sliding log keyed on the user or the
+/// address, a cached rule with tiers, and one keyed on the user or the client's network.
+const POLICY: &str = r#"{"service": {"cluster": "sluice_service"}, "rules": [
+    {"name": "api", "key": ["header:x-user|client_ip"], "consistency": "local",
+     "limits": [{"requests": 5, "per": "minute", "algorithm": "sliding_log"}]},
+    {"name": "plans", "key": ["header:x-user"], "tiers": {"from": "header:x-plan", "default": "free",
+     "limits": {"free": [{"requests": 5, "per": "minute"}], "pro": [{"requests": 50, "per": "minute"}]}}},
+    {"name": "net", "key": ["jwt:sub|client_ip/24", "method"], "limits": [{"requests": 5, "per": "minute"}]}
+]}"#;
+
+/// A file holding `text`, removed on drop.
+struct TextFile(std::path::PathBuf);
+
+impl TextFile {
+    fn new(text: &str) -> TextFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "sluice-{}-{}-policy.json",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).unwrap();
+        TextFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TextFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// With `--policy`, a limit or key override is checked as the proxies check it, with their
+/// configuration's own messages: what would be refused by every proxy (or match nothing) is
+/// refused here, 400 naming the field, and never stored.
+#[tokio::test]
+async fn with_the_proxies_configuration_an_override_is_checked_as_they_check_it() {
+    let redis = Redis::start().unwrap();
+    let policy = TextFile::new(POLICY);
+    let state = admin_state_with(&redis.url(), &["--policy", policy.path()]);
+    let refused = |path: &'static str, body: Value| {
+        let state = state.clone();
+        async move { admin(&state, "PUT", path, Some(body)).await }
+    };
+
+    // The memory bound: the same message as the configuration's for the same limits.
+    let big = json!({"requests": 1000, "per": "minute", "algorithm": "sliding_log"});
+    let configured = sluice_core::parse(
+        POLICY
+            .replace(
+                r#""requests": 5, "per": "minute", "algorithm": "sliding_log""#,
+                r#""requests": 1000, "per": "minute", "algorithm": "sliding_log""#,
+            )
+            .as_bytes(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        configured.starts_with("rules[0].limits[0].requests: its sliding logs keep 1000"),
+        "{configured}"
+    );
+    let answer = refused("/admin/v1/overrides/limits/api", json!({"limits": [big]})).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "limits[0].requests: its sliding logs keep 1000 timestamps per key: 500 MiB for max_keys 65536",
+    );
+    assert_eq!(
+        answer.body["message"],
+        configured.replacen("rules[0].", "", 1)
+    );
+    // Every tier of a whole rule, and the cost, as the configuration checks them.
+    let answer = refused(
+        "/admin/v1/overrides/limits/plans",
+        json!({"limits": [{"requests": 2, "per": "second", "algorithm": "sliding_log"}]}),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "limits[0].algorithm: sliding_log is exact, so it is decided per request",
+    );
+    // Unknown targets.
+    for path in [
+        "/admin/v1/overrides/limits/nope",
+        "/admin/v1/overrides/limits/plans/gold",
+        "/admin/v1/overrides/limits/api/pro",
+    ] {
+        let answer = refused(path, json!({"limits": [{"requests": 1, "per": "second"}]})).await;
+        assert_error(
+            &answer,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "target: no rule or tier named",
+        );
+    }
+    // Keys that can match nothing, with the form they need.
+    let keys = "/admin/v1/overrides/keys/api";
+    let cases = [
+        (
+            json!(["127.0.0.1", "GET"]),
+            "key: rule \"api\" is keyed by 1 part(s), [header:x-user|client_ip]",
+        ),
+        (
+            json!(["client_ip=localhost"]),
+            "key[0]: client_ip: the part is client_ip: expected a client address",
+        ),
+        (
+            json!("client_ip=localhost"),
+            "key: client_ip: the part is client_ip: expected a client address",
+        ),
+    ];
+    for (key, message) in cases {
+        let answer = refused(keys, json!({"key": key, "action": "block"})).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request", message);
+    }
+    let answer = refused(
+        "/admin/v1/overrides/keys/net",
+        json!({"key": ["198.51.100.7", "GET"], "action": "block"}),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key[0]: the part is client_ip/24/64, the client's network: expected \"198.51.100.0/24\"",
+    );
+    let answer = refused(
+        "/admin/v1/overrides/keys/net",
+        json!({"key": ["alice", "get it"], "action": "block"}),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key[1]: the part is the method",
+    );
+    let answer = refused(
+        "/admin/v1/overrides/keys/nope",
+        json!({"key": "alice", "action": "block"}),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "rule: no rule named \"nope\"",
+    );
+    // Hostile bodies: as many parts as the body holds; nine limits; a tier's name as a rule.
+    let many: Vec<String> = (0..5_000).map(|i| format!("{i}")).collect();
+    let answer = refused(keys, json!({"key": many, "action": "block"})).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    let nine: Vec<Value> = (0..9)
+        .map(|_| json!({"requests": 1, "per": "second"}))
+        .collect();
+    let answer = refused("/admin/v1/overrides/limits/api", json!({"limits": nine})).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "limits: must hold at most 8 limits",
+    );
+    let answer = refused(
+        "/admin/v1/overrides/keys/plans",
+        json!({"key": ["alice"], "action": "block", "ttl_s": 0}),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "ttl_s: must be between 1",
+    );
+    // Nothing refused was stored, nor audited.
+    let view = admin(&state, "GET", "/admin/v1/overrides", None).await;
+    assert_eq!(view.body["version"], 0, "{view:?}");
+    assert!(audit_log(&redis).is_empty());
+
+    // What can match is set: the value a client sends, or the alternative named.
+    for (path, key) in [
+        (keys, json!(["127.0.0.1"])),
+        (keys, json!("client_ip=127.0.0.2")),
+        (keys, json!(["header:x-user=mallory"])),
+        (
+            "/admin/v1/overrides/keys/net",
+            json!(["198.51.100.0/24", "GET"]),
+        ),
+        (
+            "/admin/v1/overrides/keys/net",
+            json!(["jwt:sub=198.51.100.7", "GET"]),
+        ),
+        ("/admin/v1/overrides/keys/plans", json!("alice")),
+    ] {
+        put(&state, path, json!({"key": key, "action": "block"})).await;
+    }
+    put(
+        &state,
+        "/admin/v1/overrides/limits/plans/pro",
+        json!({"limits": [{"requests": 500, "per": "minute"}]}),
+    )
+    .await;
+    put(
+        &state,
+        "/admin/v1/overrides/limits/api",
+        json!({"limits": [{"requests": 100, "per": "minute", "algorithm": "sliding_log"}]}),
+    )
+    .await;
+    // A delete is not checked: what was set before the policy changed can always go.
+    let answer = admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/keys/nope?key=alice",
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
+}
+
+/// Without `--policy` the service checks what needs no configuration: a key longer than the
+/// filter ever matches is refused all the same.
+#[tokio::test]
+async fn without_the_proxies_configuration_a_key_too_long_to_match_is_refused() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    // "api" + U+001F + 252 bytes = 256: the longest key the filter keeps whole.
+    let answer = admin(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/keys/api",
+        Some(json!({"key": "k".repeat(253), "action": "block"})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key: the rule's key would be 257 bytes",
+    );
+    put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": "k".repeat(252), "action": "block"}),
+    )
+    .await;
+    // With no configuration to check against, the value is taken as given: the proxy checks it.
+    put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": ["127.0.0.1"], "action": "block"}),
+    )
+    .await;
+}
+
+/// A `--policy` that does not parse stops the service at start, naming the flag and the field.
+#[test]
+fn a_policy_that_does_not_parse_stops_the_service_at_start() {
+    let bad = TextFile::new(
+        r#"{"rules": [{"name": "api", "key": ["client_ip"], "limits": [{"requests": 5, "per": "fortnight"}]}]}"#,
+    );
+    let settings = common::settings("redis://127.0.0.1:1", &["--policy", bad.path()]);
+    let Err(error) = AppState::new(settings) else {
+        panic!("a bad --policy was accepted")
+    };
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "--policy {}: rules[0].limits[0].per: expected one of second, minute, hour, day, week, month, got \"fortnight\"",
+            bad.path()
+        )
+    );
+    let settings = common::settings(
+        "redis://127.0.0.1:1",
+        &["--policy", "/nonexistent/policy.json"],
+    );
+    let Err(error) = AppState::new(settings) else {
+        panic!("a missing --policy was accepted")
+    };
+    assert!(
+        error
+            .to_string()
+            .starts_with("--policy /nonexistent/policy.json: "),
+        "{error}"
+    );
+    // The binary: exit status 2 and the reason on stderr, before it listens.
+    let binary = sluice_tests::service::service_binary().unwrap();
+    let output = std::process::Command::new(binary)
+        .args([
+            "--token",
+            "t",
+            "--bind",
+            "127.0.0.1:0",
+            "--policy",
+            bad.path(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--policy {}: rules[0].limits[0].per: ",
+            bad.path()
+        )),
+        "{stderr}"
+    );
+}

@@ -216,7 +216,8 @@ fn admin_bodies(target: &str, bytes: &[u8]) -> Result<(), TestCaseError> {
     // keys
     let key = body::parse::<KeyBody>(bytes).and_then(|body| {
         admin::rule_name("rule", target)?;
-        admin::key_parts(&body.key, target, settings())?;
+        let key = admin::key_parts(&body.key, target, settings())?;
+        admin::matchable(&key, &body.key, target, None)?;
         Ok(body)
     });
     match key {

@@ -79,6 +79,7 @@ pub struct Metrics {
     breaker_open: u32,
     check_sent: u32,
     check_failed: u32,
+    overrides_not_applied: u32,
 }
 
 fn define(kind: MetricType, name: &str) -> u32 {
@@ -134,6 +135,8 @@ impl Metrics {
             metrics.breaker_open = define(MetricType::Gauge, "sluice.breaker.open");
             metrics.check_sent = counter("sluice.check.sent");
             metrics.check_failed = counter("sluice.check.failed");
+            metrics.overrides_not_applied =
+                define(MetricType::Gauge, "sluice.overrides.not_applied");
         }
         metrics
     }
@@ -217,5 +220,10 @@ impl Metrics {
 
     pub fn check_failed(&self) {
         bump(self.check_failed);
+    }
+
+    /// Entries of the live overrides in force that this proxy did not apply (each logged).
+    pub fn overrides_not_applied(&self, entries: usize) {
+        let _ = hostcalls::record_metric(self.overrides_not_applied, entries as u64);
     }
 }

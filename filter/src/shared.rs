@@ -127,9 +127,16 @@ impl Shared {
             return;
         };
         let (overridden, problems) = overrides::apply(policy, &live);
-        for problem in &problems {
+        for problem in problems.iter().take(overrides::MAX_LOGGED_PROBLEMS) {
             crate::host::log_warn(&format!("sluice: live override not applied: {problem}"));
         }
+        if problems.len() > overrides::MAX_LOGGED_PROBLEMS {
+            crate::host::log_warn(&format!(
+                "sluice: live overrides: {} more not applied",
+                problems.len() - overrides::MAX_LOGGED_PROBLEMS
+            ));
+        }
+        self.metrics.overrides_not_applied(problems.len());
         let limiter = Limiter::with_overrides(overridden, policy, *secret);
         prepare(&limiter);
         *self.limiter.borrow_mut() = Rc::new(limiter);

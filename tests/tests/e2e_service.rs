@@ -1143,3 +1143,170 @@ fn limit_overrides_churned_keep_the_proxy_heap_bounded() {
         growth as f64 / MIB
     );
 }
+
+/// The counter service with the admin API (token `s3cret-admin-token`) on `redis`, and the file of its admins.
+fn admin_service(redis: &Redis, dir: &tempfile::TempDir) -> Service {
+    let admin_file = dir.path().join("admins");
+    std::fs::write(&admin_file, "oncall s3cret-admin-token\n").unwrap();
+    Service::start_with(
+        ServiceOptions::new(redis.url())
+            .arg(format!("--admin-tokens-file={}", admin_file.display())),
+    )
+    .unwrap()
+}
+
+/// A rule keyed on the user, else the client's address (the shape of the README's `jwt:sub|client_ip/24`): a
+/// block given as a client sees the key, `["127.0.0.1"]`, denies the client from 127.0.0.1 without a user, and
+/// only it. It used to answer 200 and match nothing: the filter keys such a part `client_ip=127.0.0.1`.
+#[test]
+fn a_block_on_a_first_present_key_denies_the_client_it_names() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = admin_service(&redis, &dir);
+    // A limit no request of the test reaches: a 429 is the block.
+    let rules = json!([
+        {"name": "api", "key": ["header:x-user|client_ip"], "consistency": "local",
+         "limits": [{"requests": 1_000_000, "per": "minute"}]},
+    ]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 2);
+    assert!(eventually(Duration::from_secs(3), || envoy
+        .stat("wasmcustom.sluice.sync.ok")
+        > 0));
+    let client = agent();
+    let url = envoy.url("/api/x");
+    let admitted = |headers: &[(&str, &str)]| {
+        (0..5)
+            .filter(|_| get(&client, &url, headers).unwrap().status == 200)
+            .count()
+    };
+    assert_eq!(admitted(&[]), 5, "before the block");
+
+    let block = service
+        .request(
+            "PUT",
+            "/admin/v1/overrides/keys/api",
+            Some("s3cret-admin-token"),
+            Some(r#"{"key": ["127.0.0.1"], "action": "block", "reason": "abuse"}"#),
+        )
+        .unwrap();
+    assert_eq!(block.status, 200, "{block:?}");
+    let denied = eventually(Duration::from_secs(3), || {
+        get(&client, &url, &[]).unwrap().status == 429
+    });
+    assert!(denied, "never blocked; Envoy log:\n{}", envoy.log());
+    assert_eq!(
+        admitted(&[]),
+        0,
+        "the client from 127.0.0.1 without x-user is still admitted"
+    );
+    // The same address behind a user is that user's key, not blocked; so is any other user.
+    assert_eq!(admitted(&[("x-user", "alice")]), 5);
+    assert!(
+        !envoy.log().contains("live override not applied"),
+        "{}",
+        envoy.log()
+    );
+}
+
+/// A `sliding_log` of 1,000 a minute is refused in a configuration with 65,536 keys a rule (500 MiB of
+/// timestamps, over the 64 MiB bound). Pushed as a live override by a service that cannot check it (no
+/// `--policy`), the proxy refuses it the same way: the rule keeps its 5 a minute, says why in the log and
+/// counts it, and 6,000 unique keys leave Envoy's heap (admin `/memory`, `allocated`) well under 16 MiB
+/// bigger. When the override applied, each key took a record of 1,000 timestamps (8 KB): the same keys grew
+/// it by about 50 MiB.
+#[test]
+fn a_limit_override_over_the_memory_bound_is_refused_by_the_proxy() {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = admin_service(&redis, &dir);
+    let rules = json!([
+        {"name": "logs", "key": ["header:x-user"], "consistency": "local",
+         "limits": [{"requests": 5, "per": "minute", "algorithm": "sliding_log"}]},
+    ]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 2);
+    assert!(eventually(Duration::from_secs(3), || envoy
+        .stat("wasmcustom.sluice.sync.ok")
+        > 0));
+    let set = service
+        .request(
+            "PUT",
+            "/admin/v1/overrides/limits/logs",
+            Some("s3cret-admin-token"),
+            Some(
+                r#"{"limits": [{"requests": 1000, "per": "minute", "algorithm": "sliding_log"}]}"#,
+            ),
+        )
+        .unwrap();
+    assert_eq!(
+        set.status, 200,
+        "without --policy the service cannot check it: {set:?}"
+    );
+    // Every worker read the set (each logs the version it rebuilt its limiter from).
+    let read = eventually(Duration::from_secs(5), || {
+        envoy.log().matches("live overrides version").count() >= 2
+    });
+    assert!(read, "the set never reached the proxy:\n{}", envoy.log());
+
+    let unique = |prefix: &str, count: usize| {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    let client = agent();
+                    let url = envoy.url("/api/x");
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= count {
+                            break;
+                        }
+                        let user = format!("{prefix}-{i:06}");
+                        let reply = get(&client, &url, &[("x-user", &user)]).unwrap();
+                        assert_eq!(reply.status, 200, "{user}: {reply:?}");
+                    }
+                });
+            }
+        });
+    };
+    // Warm up: allocator caches and Envoy's buffers settle.
+    unique("warm", 200);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = envoy.allocated_bytes().unwrap();
+    unique("load", 6_000);
+    std::thread::sleep(Duration::from_secs(1));
+    let after = envoy.allocated_bytes().unwrap();
+    let growth = after.saturating_sub(before);
+    eprintln!(
+        "memory: 6,000 unique keys after a sliding_log 1000 override: Envoy heap allocated {:.1} -> {:.1} MiB (+{:.1})",
+        before as f64 / MIB,
+        after as f64 / MIB,
+        growth as f64 / MIB
+    );
+    assert!(
+        growth < 16 << 20,
+        "Envoy's heap grew by {:.1} MiB over 6,000 unique keys: the override's sliding logs were kept; {:?}",
+        growth as f64 / MIB,
+        envoy.sluice_stats()
+    );
+    // The rule kept its configured limits: 5 a minute.
+    let client = agent();
+    let statuses: Vec<u16> = (0..6)
+        .map(|_| {
+            get(&client, &envoy.url("/api/x"), &[("x-user", "one")])
+                .unwrap()
+                .status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    let log = envoy.log();
+    assert!(
+        log.contains(
+            "live override not applied: limits.logs[0].requests: its sliding logs keep 1000 timestamps per key: \
+             500 MiB for max_keys 65536"
+        ),
+        "{log}"
+    );
+    assert_eq!(envoy.stat("wasmcustom.sluice.overrides.not_applied"), 1);
+}

@@ -458,24 +458,12 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
                 format!("{name:?} is used by an earlier rule; names must be unique"),
             ));
         }
-        for rule in rule(&format!("rules[{i}]"), r, service.is_some())? {
-            let log: usize = crate::limiter::bucket_limits(&rule)
-                .iter()
-                .map(Limit::log_len)
-                .sum();
-            let bytes = max_keys as u64 * 8 * log as u64;
-            if bytes > MAX_LOG_BYTES {
-                return Err(err(
-                format!("rules[{i}].limits"),
-                format!(
-                    "its sliding logs keep {log} timestamps per key: {} MiB for max_keys {max_keys}, more than the {} MiB a rule may take; lower requests or max_keys",
-                    bytes >> 20,
-                    MAX_LOG_BYTES >> 20
-                ),
-            ));
-            }
-            rules.push(rule);
-        }
+        rules.extend(rule(
+            &format!("rules[{i}]"),
+            r,
+            service.is_some(),
+            max_keys,
+        )?);
     }
 
     Ok(Policy {
@@ -487,6 +475,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         service,
         shedding,
         key_overrides: Default::default(),
+        bare_key_overrides: Default::default(),
         jwt_payload_in_metadata,
     })
 }
@@ -584,7 +573,12 @@ pub(crate) fn matcher(at: &str, raw: Option<RawMatch>) -> Result<Matcher, Config
 }
 
 /// One configured rule: one [`Rule`], or one per tier (`name/tier`).
-fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Vec<Rule>, ConfigError> {
+fn rule(
+    at: &str,
+    raw: RawRule,
+    have_service: bool,
+    max_keys: u32,
+) -> Result<Vec<Rule>, ConfigError> {
     let name_ok = !raw.name.is_empty()
         && raw.name.len() <= 64
         && raw
@@ -782,26 +776,7 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Vec<Rule>, ConfigE
     for (tier, name, limits_at, raw_limits) in tiers {
         let limits = limits(&limits_at, raw_limits)?;
         let fallback = fallback(at, raw.fallback.as_ref(), &limits)?;
-        checks(at, &limits_at, consistency, &limits, &fallback)?;
-        if let Some(least) = limits.iter().map(Limit::burst).min() {
-            if cost > least {
-                return Err(err(
-                    format!("{at}.cost"),
-                    format!("{cost} is more than {limits_at} ever admits at once ({least}): no request could pass"),
-                ));
-            }
-        }
-        if cost_header.is_some()
-            && limits
-                .iter()
-                .any(|l| l.algorithm() == Algorithm::LeakyBucket)
-        {
-            return Err(err(
-                format!("{at}.cost_header"),
-                "a leaky_bucket sends a request on its schedule before the response: it cannot charge after the fact",
-            ));
-        }
-        rules.push(Rule {
+        let rule = Rule {
             name,
             matcher: matcher.clone(),
             key: key.clone(),
@@ -814,7 +789,13 @@ fn rule(at: &str, raw: RawRule, have_service: bool) -> Result<Vec<Rule>, ConfigE
             cost_header: cost_header.clone(),
             tier,
             when_missing,
-        });
+        };
+        let fields = RuleAt::Config {
+            rule: at,
+            limits: &limits_at,
+        };
+        check_rule(&rule, max_keys, &fields)?;
+        rules.push(rule);
     }
     Ok(rules)
 }
@@ -850,50 +831,127 @@ fn fallback(
     })
 }
 
-/// Whether `limits` may replace rule `name`'s (a live override): what its consistency allows.
-pub fn allowed(
-    name: &str,
-    consistency: Consistency,
-    limits: &[Limit],
-    fallback: &Fallback,
-) -> Result<(), ConfigError> {
-    checks(name, name, consistency, limits, fallback)
+/// Where the fields a [`check_rule`] error names are.
+#[derive(Debug, Clone, Copy)]
+pub enum RuleAt<'a> {
+    /// A configured rule: its own fields under `rule` (`rules[0]` → `rules[0].consistency`),
+    /// its limits at `limits` (`rules[0].limits`, `rules[0].tiers.limits.pro`).
+    Config { rule: &'a str, limits: &'a str },
+    /// A live override's limits at `limits` (`limits` in the admin API, `limits.api` in the
+    /// proxy): what the rule refuses of them is named on the limit at fault.
+    Override { limits: &'a str },
 }
 
-/// What a consistency allows of the algorithms.
-fn checks(
-    at: &str,
-    limits_at: &str,
-    consistency: Consistency,
-    limits: &[Limit],
-    fallback: &Fallback,
-) -> Result<(), ConfigError> {
-    let _ = limits_at;
+impl RuleAt<'_> {
+    /// A field of the rule (`consistency`), or for an override, `field` of its limit `k`.
+    fn rule_field(&self, name: &str, k: usize, field: &str) -> String {
+        match self {
+            RuleAt::Config { rule, .. } => format!("{rule}.{name}"),
+            RuleAt::Override { limits } => limit_field(limits, k, field),
+        }
+    }
+
+    fn limits(&self) -> &str {
+        match self {
+            RuleAt::Config { limits, .. } | RuleAt::Override { limits } => limits,
+        }
+    }
+
+    /// The field of the limits a rule's local buckets follow: its own, or its fallback's.
+    fn bucket_limits(&self, own: bool) -> String {
+        match self {
+            RuleAt::Config { rule, .. } if !own => format!("{rule}.fallback.limits"),
+            _ => self.limits().to_string(),
+        }
+    }
+}
+
+fn limit_field(limits: &str, k: usize, field: &str) -> String {
+    if field.is_empty() {
+        format!("{limits}[{k}]")
+    } else {
+        format!("{limits}[{k}].{field}")
+    }
+}
+
+/// What a rule may be, beyond each of its parts' own form: its algorithms against its
+/// consistency and fallback, its cost against its limits, the memory its sliding logs take
+/// with `max_keys` keys. The configuration checks every rule (every tier) with it, and a live
+/// override every rule it changes, in the proxy and, given the proxies' configuration, in the
+/// counter service: one code path, one message.
+pub fn check_rule(rule: &Rule, max_keys: u32, at: &RuleAt<'_>) -> Result<(), ConfigError> {
+    let limits = &rule.limits;
+    let consistency = rule.consistency;
+    let position =
+        |l: &[Limit], algorithm: Algorithm| l.iter().position(|l| l.algorithm() == algorithm);
     // A shaper holds requests in one proxy: it has no meaning across proxies.
-    let shaped = |l: &[Limit]| l.iter().any(|l| l.algorithm() == Algorithm::LeakyBucket);
-    if consistency != Consistency::Local && shaped(limits) {
-        return Err(err(
-            format!("{at}.consistency"),
-            "leaky_bucket shapes the traffic of one proxy: local consistency only",
-        ));
+    if consistency != Consistency::Local {
+        if let Some(k) = position(limits, Algorithm::LeakyBucket) {
+            return Err(err(
+                at.rule_field("consistency", k, "algorithm"),
+                "leaky_bucket shapes the traffic of one proxy: local consistency only",
+            ));
+        }
     }
     // A log is one timestamp per request: it is decided request by request, never leased.
-    let logged = limits
-        .iter()
-        .any(|l| l.algorithm() == Algorithm::SlidingLog);
-    if consistency == Consistency::Cached && logged {
-        return Err(err(
-            format!("{at}.consistency"),
-            "sliding_log is exact, so it is decided per request: set consistency to strict (across proxies) or local; for a cached limit use sliding_window",
-        ));
-    }
-    if let Fallback::Open(fallback) = fallback {
-        if consistency != Consistency::Local && shaped(fallback) {
+    if consistency == Consistency::Cached {
+        if let Some(k) = position(limits, Algorithm::SlidingLog) {
             return Err(err(
-                format!("{at}.fallback.limits"),
+                at.rule_field("consistency", k, "algorithm"),
+                "sliding_log is exact, so it is decided per request: set consistency to strict (across proxies) or local; for a cached limit use sliding_window",
+            ));
+        }
+    }
+    if let Fallback::Open(fallback) = &rule.fallback {
+        if consistency != Consistency::Local && position(fallback, Algorithm::LeakyBucket).is_some()
+        {
+            return Err(err(
+                at.bucket_limits(false),
                 "leaky_bucket shapes the traffic of one proxy: it cannot stand in for a shared limit",
             ));
         }
+    }
+    let least = limits.iter().enumerate().min_by_key(|(_, l)| l.burst());
+    if let Some((k, least)) = least {
+        let cost = rule.cost;
+        if cost > least.burst() {
+            return Err(err(
+                at.rule_field("cost", k, ""),
+                format!(
+                    "{cost} is more than {} ever admits at once ({}): no request could pass",
+                    at.limits(),
+                    least.burst()
+                ),
+            ));
+        }
+    }
+    if rule.cost_header.is_some() {
+        if let Some(k) = position(limits, Algorithm::LeakyBucket) {
+            return Err(err(
+                at.rule_field("cost_header", k, "algorithm"),
+                "a leaky_bucket sends a request on its schedule before the response: it cannot charge after the fact",
+            ));
+        }
+    }
+    // The local buckets keep a sliding log's timestamps for every key a proxy remembers.
+    let buckets = crate::limiter::bucket_limits(rule);
+    let log: usize = buckets.iter().map(Limit::log_len).sum();
+    let bytes = max_keys as u64 * 8 * log as u64;
+    if bytes > MAX_LOG_BYTES {
+        let own = buckets == limits.as_slice();
+        let k = buckets
+            .iter()
+            .enumerate()
+            .max_by_key(|(k, l)| (l.log_len(), std::cmp::Reverse(*k)))
+            .map_or(0, |(k, _)| k);
+        return Err(err(
+            limit_field(&at.bucket_limits(own), k, "requests"),
+            format!(
+                "its sliding logs keep {log} timestamps per key: {} MiB for max_keys {max_keys}, more than the {} MiB a rule may take; lower requests or max_keys",
+                bytes >> 20,
+                MAX_LOG_BYTES >> 20
+            ),
+        ));
     }
     Ok(())
 }
