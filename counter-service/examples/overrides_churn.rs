@@ -1,14 +1,15 @@
 //! What a large set of live overrides costs the sync while operators change it: a real
 //! `redis-server` on loopback, the service's own code in process (no HTTP), the set filled with
 //! `--keys` key overrides, then for `--seconds` one change every `--change-ms` (a key blocked,
-//! then lifted) while `--proxies` simulated proxies sync back to back, each from the version it
-//! last took. Run twice: proxies that take deltas (as this version's filter), and proxies that
+//! then lifted) while `--proxies` simulated proxies sync every `--interval-ms`, each from the
+//! version it last took. Run twice: proxies that take deltas (as this version's filter), and proxies that
 //! do not (as older filters, and as every proxy was answered before deltas: the whole set after
 //! every change). Prints, per mode, the sync rounds done, the answers that carried the whole set
-//! or a delta, their JSON bytes, and the time to build and serialize one answer (median, max).
+//! or a delta, their JSON bytes, and the time to build and serialize one answer that carried
+//! overrides (median, max).
 //!
 //! `cargo run --release -p sluice-counter-service --example overrides_churn -- [--keys N]
-//! [--key-bytes N] [--seconds N] [--change-ms N] [--proxies N]` (needs `redis-server`;
+//! [--key-bytes N] [--seconds N] [--change-ms N] [--proxies N] [--interval-ms N]` (needs `redis-server`;
 //! `SLUICE_REDIS_SERVER` names it if it is not on the `PATH`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,9 +36,12 @@ struct Args {
     /// One admin change every this many milliseconds.
     #[arg(long, default_value_t = 20)]
     change_ms: u64,
-    /// Proxies syncing back to back.
+    /// Proxies syncing.
     #[arg(long, default_value_t = 4)]
     proxies: usize,
+    /// Each proxy's sync interval (the next sync starts this long after an answer).
+    #[arg(long, default_value_t = 10)]
+    interval_ms: u64,
 }
 
 fn block(key: String) -> Change {
@@ -87,6 +91,7 @@ async fn churn(state: &AppState, args: &Args, delta: bool) -> Run {
     let proxies: Vec<_> = (0..args.proxies)
         .map(|_| {
             let (state, stop) = (state.clone(), stop.clone());
+            let interval = Duration::from_millis(args.interval_ms);
             tokio::spawn(async move {
                 let mut run = Run::default();
                 let mut version = 0;
@@ -94,8 +99,11 @@ async fn churn(state: &AppState, args: &Args, delta: bool) -> Run {
                     let started = Instant::now();
                     let answer = overrides::for_sync(&state, version, delta, 0).await;
                     let bytes = serde_json::to_vec(&answer).map_or(0, |json| json.len() as u64);
-                    run.build_us.push(started.elapsed().as_micros() as u64);
+                    let took_us = started.elapsed().as_micros() as u64;
                     run.rounds += 1;
+                    if answer.live.is_some() || answer.delta.is_some() {
+                        run.build_us.push(took_us);
+                    }
                     if let Some(live) = &answer.live {
                         version = live.version;
                         run.whole += 1;
@@ -105,6 +113,7 @@ async fn churn(state: &AppState, args: &Args, delta: bool) -> Run {
                         run.deltas += 1;
                         run.delta_bytes += bytes;
                     }
+                    tokio::time::sleep(interval).await;
                 }
                 run
             })
@@ -149,8 +158,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let whole = overrides::for_sync(&state, 0, false, 0).await;
     let set_bytes = serde_json::to_vec(&whole)?.len();
     println!(
-        "{} key overrides of {} bytes: the whole set is {set_bytes} bytes of JSON; {} s of one change every {} ms, {} proxies syncing back to back",
-        args.keys, args.key_bytes, args.seconds, args.change_ms, args.proxies
+        "{} key overrides of {} bytes: the whole set is {set_bytes} bytes of JSON; {} s of one change every {} ms, {} proxies syncing every {} ms",
+        args.keys, args.key_bytes, args.seconds, args.change_ms, args.proxies, args.interval_ms
     );
     println!(
         "| proxies | sync rounds | whole sets | bytes | deltas | bytes | build µs, median | max |"
