@@ -10,11 +10,19 @@
 --       5 meta: a hash, entry -> "set_at_ms expires_at_ms json" (expires_at_ms 0: never; the
 --         json says who set it and why);
 --       6 expiry: a sorted set, entry -> expires_at_ms, of the entries set with a ttl;
---       7 audit: a list of JSON entries, newest first, capped.
+--       7 audit: a list of JSON entries, newest first, capped;
+--       8 log: the change log, a list, newest first: "version entry", one per entry of the set
+--         (limits or keys) a call changed, the version being the one after that call;
+--       9 sizes: a hash: set_bytes (the set's size, see below; counted from the hashes when
+--         absent), log_bytes (the log's), log_from (the log holds every change after this
+--         version: a proxy at log_from or later can be answered a delta).
 --       An entry is named "bypass", "limits" U+001F target, or "keys" U+001F its keys field.
--- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), audit_cap, op,
---       then per op:
---   read: cached_version, proxy_version, with_meta ("1": also answer the meta hash);
+-- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), audit_cap,
+--       max_set_bytes (most bytes of the set), max_entry_bytes (most bytes of one entry),
+--       log_cap (most entries of the log), log_max_bytes (most bytes of the log), op, then per
+--       op:
+--   read: cached_version, proxy_version, with_meta ("1": also answer the meta hash), delta
+--         ("1": the proxy takes deltas);
 --   set: kind ("bypass", "limits" or "keys"), field (unused for bypass), value, ttl_ms (0: no
 --        expiry), meta json, max_entries (most entries of the kind; 0: no bound), audit json;
 --   delete: kind, field, audit json.
@@ -22,28 +30,46 @@
 --   puts at_ms and the version in front.
 -- Returns: {version, expired, ...}: the version after the call (a string), and the entries it
 --   found expired and removed; then per op:
---   read: bypass (the bypass value, "" if not set), fresh, limits, keys, meta: fresh is 0 and
---     the three lists empty when the version is cached_version or proxy_version (the caller has
---     the set, or needs none); else 1 and the flat HGETALL replies (meta empty unless with_meta);
---   set: done (1; 0 when a new entry would exceed max_entries: nothing is set), set_at_ms,
---     expires_at_ms (0: no expiry);
+--   read: bypass (the bypass value, "" if not set), answer, limits, keys, more, set_bytes,
+--     log_from ("" if none):
+--     answer 0: nothing (the version is proxy_version, or cached_version and no delta is
+--       answered): the three lists empty;
+--     answer 1: the whole set: the flat HGETALL replies of limits and keys, and more the meta
+--       hash's (empty unless with_meta);
+--     answer 2: a delta from proxy_version (answered when delta is "1", proxy_version is neither
+--       0 nor the version, the log holds every change since it, and the delta is not larger
+--       than the set, or 1 KiB): limits and keys the entries changed since then, as they are now (flat
+--       field, value), more the names of those removed;
+--   set: done, set_at_ms, expires_at_ms (0: no expiry), bytes: done 1; 0 when a new entry would
+--     exceed max_entries; -1 when the entry takes more than max_entry_bytes (bytes: its size);
+--     -2 when the set would take more than max_set_bytes (bytes: what it would take). Refused,
+--     nothing is set;
 --   delete: done (1; 0 when there was no such entry).
+--
+-- Sizes: an entry's size is what it adds to the set's JSON as proxies receive it: its name and
+-- value JSON-escaped (cjson escapes '/' too, so this is at least what serde_json sends), a colon
+-- and a comma; a key's name counts its rule too, which covers the rule's own name and braces in
+-- the JSON. The set's size is the sum over its entries; a set (a new entry, or a larger value)
+-- that would take it past max_set_bytes is refused, a smaller one is always taken.
 --
 -- Expiry: every call first removes the entries whose expires_at_ms is at or before now, so an
 -- expired entry is never answered. Every change, an expiry included, increments the version in
--- the same call (a reader never sees a new set with an old version), and is appended to the
--- audit list, capped at audit_cap entries; an expiry is recorded as done by "(ttl)", a name no
--- credential can have. The version starts from the clock in milliseconds the first time (when
--- the key is absent), so a Redis that lost its data never hands out again a version a proxy
--- already holds.
+-- the same call (a reader never sees a new set with an old version), is appended to the
+-- audit list, capped at audit_cap entries, and (a change of the set) to the log, trimmed from its
+-- oldest end to log_cap entries and log_max_bytes; an expiry is recorded as done by "(ttl)", a
+-- name no credential can have. The version starts from the clock in milliseconds the first time
+-- (when the key is absent), so a Redis that lost its data never hands out again a version a
+-- proxy already holds.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock.
 
 local now_ms = math.floor(clock(ARGV[1]) / 1000)
 local audit_cap = tonumber(ARGV[2])
-local op = ARGV[3]
+local max_set_bytes, max_entry_bytes = tonumber(ARGV[3]), tonumber(ARGV[4])
+local log_cap, log_max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
+local op = ARGV[7]
 local SEP = '\31'
 local VERSION, BYPASS, LIMITS, KEYS_HASH = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local META, EXPIRY, AUDIT = KEYS[5], KEYS[6], KEYS[7]
+local META, EXPIRY, AUDIT, LOG, SIZES = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 
 -- An integer as JSON and Redis take it (never in exponent notation).
 local function int(n)
@@ -64,6 +90,56 @@ local function entry_name(kind, field)
   return kind .. SEP .. field
 end
 
+-- The kind and field of an entry's name.
+local function parse_name(name)
+  local kind, field = string.match(name, '^([^' .. SEP .. ']+)' .. SEP .. '(.*)$')
+  if kind == nil then
+    return name, ''
+  end
+  return kind, field
+end
+
+-- What an entry adds to the set's JSON (see Sizes above); the bypass is not in the set.
+local function entry_bytes(kind, field, value)
+  if kind == 'limits' then
+    return #cjson.encode(field) + #value + 2
+  elseif kind == 'keys' then
+    return #cjson.encode(field) + #value + 4
+  end
+  return 0
+end
+
+-- The set's size, read (or counted from the hashes) once per call, before any change.
+local set_bytes = nil
+local function set_size()
+  if set_bytes == nil then
+    set_bytes = tonumber(redis.call('HGET', SIZES, 'set_bytes'))
+    if set_bytes == nil then
+      set_bytes = 0
+      for _, kind in ipairs({'limits', 'keys'}) do
+        local flat = redis.call('HGETALL', hash_of(kind))
+        for i = 1, #flat, 2 do
+          set_bytes = set_bytes + entry_bytes(kind, flat[i], flat[i + 1])
+        end
+      end
+      if set_bytes > 0 then
+        -- kept, so later calls do not count again (an empty set is counted at no cost)
+        redis.call('HSET', SIZES, 'set_bytes', int(set_bytes))
+      end
+    end
+  end
+  return set_bytes
+end
+
+-- Called before a change of the set by `by` bytes.
+local function resize(by)
+  set_bytes = set_size() + by
+  redis.call('HSET', SIZES, 'set_bytes', int(set_bytes))
+end
+
+-- The names of the entries of the set this call changed, for the log.
+local changed = {}
+
 local function exists(kind, field)
   if kind == 'bypass' then
     return redis.call('EXISTS', BYPASS) == 1
@@ -75,7 +151,12 @@ local function remove(kind, field)
   if kind == 'bypass' then
     redis.call('DEL', BYPASS)
   else
+    local old = redis.call('HGET', hash_of(kind), field)
+    if old then
+      resize(-entry_bytes(kind, field, old))
+    end
     redis.call('HDEL', hash_of(kind), field)
+    changed[#changed + 1] = entry_name(kind, field)
   end
   local name = entry_name(kind, field)
   redis.call('HDEL', META, name)
@@ -97,10 +178,7 @@ local changes = {}
 -- 1. the expired entries are removed
 local expired = redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', int(now_ms))
 for _, name in ipairs(expired) do
-  local kind, field = string.match(name, '^([^' .. SEP .. ']+)' .. SEP .. '(.*)$')
-  if kind == nil then
-    kind, field = name, ''
-  end
+  local kind, field = parse_name(name)
   remove(kind, field)
   local target, value = 'bypass', 'null'
   if kind == 'limits' then
@@ -118,7 +196,37 @@ for _, name in ipairs(expired) do
     cjson.encode(target) .. ',"value":' .. value .. '}'
 end
 
--- The version after this call: incremented once if anything changed, with the audit entries.
+-- Appends this call's changes of the set to the log under `version`, and trims it.
+local function log_changes(version)
+  if #changed == 0 then
+    return
+  end
+  if redis.call('HEXISTS', SIZES, 'log_from') == 0 then
+    -- the log starts here: it holds every change after the version before this call
+    redis.call('HSET', SIZES, 'log_from', int(tonumber(version) - 1))
+  end
+  local log_bytes = tonumber(redis.call('HGET', SIZES, 'log_bytes')) or 0
+  for _, name in ipairs(changed) do
+    local item = version .. ' ' .. name
+    redis.call('LPUSH', LOG, item)
+    log_bytes = log_bytes + #item
+  end
+  local length = redis.call('LLEN', LOG)
+  local from = nil
+  while length > 0 and (length > log_cap or log_bytes > log_max_bytes) do
+    local oldest = redis.call('RPOP', LOG)
+    log_bytes = log_bytes - #oldest
+    length = length - 1
+    from = string.match(oldest, '^(%d+) ')
+  end
+  if from ~= nil then
+    redis.call('HSET', SIZES, 'log_from', from)
+  end
+  redis.call('HSET', SIZES, 'log_bytes', int(log_bytes))
+end
+
+-- The version after this call: incremented once if anything changed, with the audit entries
+-- and the log.
 local function finish()
   if #changes == 0 then
     return redis.call('GET', VERSION) or '0'
@@ -132,33 +240,112 @@ local function finish()
       change)
   end
   redis.call('LTRIM', AUDIT, 0, audit_cap - 1)
+  log_changes(version)
   return version
+end
+
+-- The changes since version `since` as a delta {limits, keys, removed}, or nil when the log
+-- does not hold them all or the delta would be larger than the set. Reads the log newest
+-- first, a page at a time, down to `since`.
+local function delta_since(since)
+  local from = tonumber(redis.call('HGET', SIZES, 'log_from'))
+  if from == nil or since < from then
+    return nil
+  end
+  local seen, names = {}, {}
+  local page, start, done = 64, 0, false
+  while not done do
+    local items = redis.call('LRANGE', LOG, start, start + page - 1)
+    for _, item in ipairs(items) do
+      local version, name = string.match(item, '^(%d+) (.*)$')
+      if version == nil or tonumber(version) <= since then
+        done = true
+        break
+      end
+      if not seen[name] then
+        seen[name] = true
+        names[#names + 1] = name
+      end
+    end
+    if #items < page then
+      done = true
+    end
+    start = start + page
+  end
+  local limits, keys, removed, bytes = {}, {}, {}, 0
+  for _, name in ipairs(names) do
+    local kind, field = parse_name(name)
+    local value = redis.call('HGET', hash_of(kind), field)
+    if value then
+      local into = keys
+      if kind == 'limits' then
+        into = limits
+      end
+      into[#into + 1] = field
+      into[#into + 1] = value
+      bytes = bytes + entry_bytes(kind, field, value)
+    else
+      removed[#removed + 1] = name
+      bytes = bytes + #cjson.encode(name) + 1
+    end
+  end
+  if bytes > math.max(set_size(), 1024) then
+    return nil
+  end
+  return {limits, keys, removed}
 end
 
 -- 2. the operation
 if op == 'read' then
+  local cached, proxy, with_meta, delta = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
   local version = finish()
   local bypass = redis.call('GET', BYPASS) or ''
-  if version == ARGV[4] or version == ARGV[5] then
-    return {version, expired, bypass, 0, {}, {}, {}}
+  local log_from = redis.call('HGET', SIZES, 'log_from') or ''
+  if version == proxy then
+    return {version, expired, bypass, 0, {}, {}, {}, set_size(), log_from}
+  end
+  local since = tonumber(proxy)
+  if delta == '1' and since ~= nil and since > 0 and since < tonumber(version) then
+    local changes_since = delta_since(since)
+    if changes_since ~= nil then
+      return {version, expired, bypass, 2, changes_since[1], changes_since[2], changes_since[3],
+        set_size(), log_from}
+    end
+  end
+  if version == cached then
+    return {version, expired, bypass, 0, {}, {}, {}, set_size(), log_from}
   end
   local meta = {}
-  if ARGV[6] == '1' then
+  if with_meta == '1' then
     meta = redis.call('HGETALL', META)
   end
   return {version, expired, bypass, 1, redis.call('HGETALL', LIMITS),
-    redis.call('HGETALL', KEYS_HASH), meta}
+    redis.call('HGETALL', KEYS_HASH), meta, set_size(), log_from}
 elseif op == 'set' then
-  local kind, field, value = ARGV[4], ARGV[5], ARGV[6]
-  local ttl_ms, meta, max_entries = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
-  if kind ~= 'bypass' and max_entries > 0 and not exists(kind, field)
-      and redis.call('HLEN', hash_of(kind)) >= max_entries then
-    return {finish(), expired, 0, 0, 0}
-  end
+  local kind, field, value = ARGV[8], ARGV[9], ARGV[10]
+  local ttl_ms, meta, max_entries = tonumber(ARGV[11]), ARGV[12], tonumber(ARGV[13])
   if kind == 'bypass' then
     redis.call('SET', BYPASS, value)
   else
+    local bytes = entry_bytes(kind, field, value)
+    if bytes > max_entry_bytes then
+      return {finish(), expired, -1, 0, 0, bytes}
+    end
+    local old = redis.call('HGET', hash_of(kind), field)
+    if not old and max_entries > 0 and redis.call('HLEN', hash_of(kind)) >= max_entries then
+      return {finish(), expired, 0, 0, 0, 0}
+    end
+    local old_bytes = 0
+    if old then
+      old_bytes = entry_bytes(kind, field, old)
+    end
+    local total = set_size() - old_bytes + bytes
+    if bytes > old_bytes and total > max_set_bytes then
+      return {finish(), expired, -2, 0, 0, total}
+    end
+    resize(bytes - old_bytes)
     redis.call('HSET', hash_of(kind), field, value)
+    changed[#changed + 1] = entry_name(kind, field)
   end
   local name = entry_name(kind, field)
   local expires_at_ms = 0
@@ -169,15 +356,15 @@ elseif op == 'set' then
     redis.call('ZREM', EXPIRY, name)
   end
   redis.call('HSET', META, name, int(now_ms) .. ' ' .. int(expires_at_ms) .. ' ' .. meta)
-  changes[#changes + 1] = ARGV[10]
-  return {finish(), expired, 1, now_ms, expires_at_ms}
+  changes[#changes + 1] = ARGV[14]
+  return {finish(), expired, 1, now_ms, expires_at_ms, 0}
 elseif op == 'delete' then
-  local kind, field = ARGV[4], ARGV[5]
+  local kind, field = ARGV[8], ARGV[9]
   if not exists(kind, field) then
     return {finish(), expired, 0}
   end
   remove(kind, field)
-  changes[#changes + 1] = ARGV[6]
+  changes[#changes + 1] = ARGV[10]
   return {finish(), expired, 1}
 end
 return redis.error_reply('overrides.lua: unknown op ' .. tostring(op))

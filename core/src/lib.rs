@@ -11,6 +11,7 @@ pub mod headers;
 pub mod key;
 pub mod limit;
 pub mod limiter;
+pub mod live;
 pub mod log;
 pub mod matcher;
 pub mod net;

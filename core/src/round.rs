@@ -83,11 +83,23 @@ fn same(a: &(usize, SyncEntry), rule: RuleId, entry: &SyncEntry) -> bool {
 }
 
 /// How an answer was settled.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
     /// Entries the service refused alone (their counts are dropped), and the first reason.
     pub refused: usize,
     pub reason: Option<String>,
+    /// What became of the live overrides the answer carried.
+    pub overrides: crate::live::Taken,
+}
+
+impl Default for Settled {
+    fn default() -> Settled {
+        Settled {
+            refused: 0,
+            reason: None,
+            overrides: crate::live::Taken::Nothing,
+        }
+    }
 }
 
 /// Why an answer could not be settled: the batch must be undone.
@@ -176,6 +188,7 @@ pub fn compose(
             entries,
             load,
             overrides_version: state.overrides_version,
+            overrides_delta: true,
         },
         replayed,
     })
@@ -225,13 +238,9 @@ pub fn settle(
         });
     }
     let hints = &response.hints;
-    if let Some(live) = &hints.overrides.live {
-        // The set first, then its version: a worker that sees the version finds the set.
-        let _ = crate::store::update(store, crate::overrides::OVERRIDES_KEY, |bytes| {
-            *bytes = crate::overrides::encode(live);
-            ((), true)
-        });
-    }
+    // The set first, then its version: a worker that sees the version finds the set.
+    let taken = crate::live::take(&hints.overrides, store);
+    settled.overrides = taken.clone();
     let _ = proxy_sync::update_state(store, |s| {
         s.breaker.succeeded();
         s.busy_until_us = 0;
@@ -246,8 +255,11 @@ pub fn settle(
         }
         s.bypass = hints.overrides.bypass;
         s.fleet = proxy_sync::Fleet::heard(hints.overrides.load_level, now_us);
-        if let Some(live) = &hints.overrides.live {
-            s.overrides_version = live.version;
+        match taken {
+            crate::live::Taken::Kept { version, .. } => s.overrides_version = version,
+            // The next round asks for the whole set.
+            crate::live::Taken::Gap { .. } => s.overrides_version = 0,
+            crate::live::Taken::Nothing | crate::live::Taken::TooLarge { .. } => {}
         }
     });
     Ok(settled)

@@ -239,7 +239,7 @@ pub async fn audit(State(state): State<AppState>, uri: Uri) -> Result<Json<Value
 }
 
 /// Sets an entry: answers it as set (`fields`, then who, why, when, until when) with the new
-/// version; 400 when its kind is full.
+/// version; 400 when its kind is full, or past a bound in bytes.
 async fn set(
     state: &AppState,
     admin: &Admin,
@@ -247,23 +247,9 @@ async fn set(
     fields: Value,
 ) -> Result<Json<Value>, AppError> {
     let written = overrides::write(state, &admin.name, &change, 0).await?;
-    if !written.done {
-        return Err(match change {
-            Change::SetLimits { .. } => AppError::invalid(
-                "target",
-                format!(
-                    "at most {} limit overrides are kept: delete one first",
-                    overrides::MAX_LIMIT_OVERRIDES
-                ),
-            ),
-            _ => AppError::invalid(
-                "key",
-                format!(
-                    "at most {} key overrides are kept: delete one first",
-                    overrides::MAX_KEY_OVERRIDES
-                ),
-            ),
-        });
+    if let Some(refused) = written.refused {
+        let bound = state.settings.overrides_max_bytes;
+        return Err(overrides::refusal(&change, refused, bound));
     }
     let reason = match &change {
         Change::SetBypass { note, .. }

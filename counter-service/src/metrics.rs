@@ -68,6 +68,13 @@ pub struct Metrics {
     pub overrides_reads_shared: Counter,
     /// The version of the live overrides this replica last read or wrote.
     pub overrides_version: Gauge,
+    /// Sync answers that carried a delta of the live overrides (the changes since the proxy's
+    /// version).
+    pub overrides_deltas_sent: Counter,
+    /// Bytes of the live overrides sync answers carried (their JSON), by kind (`whole`, `delta`).
+    overrides_answered_bytes: Family<Labels, Counter>,
+    /// The size of the live overrides as the last read found it, as proxies receive them.
+    pub overrides_bytes: Gauge,
     /// Redis latency, moving average, for backpressure.
     pub redis_latency: Ewma,
 }
@@ -105,6 +112,9 @@ impl Metrics {
             overrides_sent: Counter::default(),
             overrides_reads_shared: Counter::default(),
             overrides_version: Gauge::default(),
+            overrides_deltas_sent: Counter::default(),
+            overrides_answered_bytes: Family::default(),
+            overrides_bytes: Gauge::default(),
             redis_latency: Ewma::new(0.2),
             registry: Registry::default(),
         };
@@ -216,6 +226,21 @@ impl Metrics {
             "The version of the live overrides this replica last read or wrote",
             metrics.overrides_version.clone(),
         );
+        registry.register(
+            "overrides_deltas_sent",
+            "Sync answers that carried a delta of the live overrides",
+            metrics.overrides_deltas_sent.clone(),
+        );
+        registry.register(
+            "overrides_answered_bytes",
+            "Bytes of live overrides sync answers carried, by kind (whole, delta)",
+            metrics.overrides_answered_bytes.clone(),
+        );
+        registry.register(
+            "overrides_bytes",
+            "The size of the live overrides as proxies receive them, at the last read",
+            metrics.overrides_bytes.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -251,6 +276,13 @@ impl Metrics {
     }
 
     /// A change made through the admin API (`set_limits`, `delete_key`, …).
+    /// Bytes of live overrides answered to a sync, as a whole set or a delta.
+    pub fn overrides_answered_bytes(&self, kind: &'static str, bytes: u64) {
+        self.overrides_answered_bytes
+            .get_or_create(&vec![("kind", kind)])
+            .inc_by(bytes);
+    }
+
     pub fn admin_changed(&self, action: &'static str) {
         self.admin_changes
             .get_or_create(&vec![("action", action)])

@@ -33,9 +33,11 @@ use std::time::Instant;
 
 use redis::ScriptInvocation;
 use serde_json::{json, Map, Value};
-use sluice_protocol::{KeyAction, LiveOverrides, KEY_PART_SEPARATOR};
+use sluice_protocol::{KeyAction, LiveOverrides, Overrides, OverridesDelta, KEY_PART_SEPARATOR};
 
 use crate::backend::BackendError;
+use crate::error::AppError;
+use crate::override_cache::Built;
 use crate::state::AppState;
 
 /// The version of the set (a string; absent: 0).
@@ -52,8 +54,14 @@ pub const META_KEY: &str = "sluice:{overrides}:meta";
 pub const EXPIRY_KEY: &str = "sluice:{overrides}:expiry";
 /// A list of JSON entries, newest first: the audit log.
 pub const AUDIT_KEY: &str = "sluice:{overrides}:audit";
+/// A list, newest first: the change log, `"<version> <entry>"` for every entry of the set a
+/// change touched, from which syncs are answered deltas.
+pub const LOG_KEY: &str = "sluice:{overrides}:log";
+/// A hash: `set_bytes` (the set's size as proxies receive it), `log_bytes`, `log_from` (the log
+/// holds every change after this version).
+pub const SIZES_KEY: &str = "sluice:{overrides}:sizes";
 /// Every key of the live overrides, in the order `lua/overrides.lua` takes them.
-pub const KEYS: [&str; 7] = [
+pub const KEYS: [&str; 9] = [
     VERSION_KEY,
     BYPASS_KEY,
     LIMITS_KEY,
@@ -61,6 +69,8 @@ pub const KEYS: [&str; 7] = [
     META_KEY,
     EXPIRY_KEY,
     AUDIT_KEY,
+    LOG_KEY,
+    SIZES_KEY,
 ];
 
 /// Most keys overridden at once (over every rule).
@@ -69,6 +79,14 @@ pub const MAX_KEY_OVERRIDES: u64 = 10_000;
 pub const MAX_LIMIT_OVERRIDES: u64 = 1_000;
 /// Most entries the audit log keeps.
 pub const AUDIT_CAP: u64 = 1_000;
+/// Most bytes one entry may add to the set as proxies receive it (its name and value,
+/// JSON-escaped): the longest key `--max-key-bytes` allows by default (512 bytes, each escaped
+/// to at most 6) fits, and so do 8 limits.
+pub const MAX_ENTRY_BYTES: u64 = 4 << 10;
+/// Most entries the change log keeps: a proxy more changes behind gets the whole set.
+pub const LOG_CAP: u64 = 1_000;
+/// Most bytes the change log keeps (its entries' versions and names).
+pub const LOG_MAX_BYTES: u64 = 256 << 10;
 /// Who the audit log says removed an entry whose ttl ran out (no credential name has
 /// parentheses).
 pub const EXPIRED_BY: &str = "(ttl)";
@@ -189,11 +207,62 @@ pub struct Written {
     /// The version after the call (unchanged when nothing was done).
     pub version: u64,
     /// Whether it was done: a set is refused when its kind holds its most entries
-    /// ([`MAX_KEY_OVERRIDES`], [`MAX_LIMIT_OVERRIDES`]); a delete finds no such entry.
+    /// ([`MAX_KEY_OVERRIDES`], [`MAX_LIMIT_OVERRIDES`]) or past a bound in bytes (`refused`);
+    /// a delete finds no such entry.
     pub done: bool,
+    /// Why a set was refused.
+    pub refused: Option<Refused>,
     /// When a set was done, on the Redis clock, in ms since the epoch.
     pub set_at_ms: u64,
     pub expires_at_ms: Option<u64>,
+}
+
+/// Why a set was refused (nothing was written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its kind holds its most entries.
+    Full,
+    /// The entry takes this many bytes, more than [`MAX_ENTRY_BYTES`].
+    EntryBytes(u64),
+    /// The set would take this many bytes, more than `--overrides-max-bytes`.
+    SetBytes(u64),
+}
+
+/// The admin API's answer to a refused set: 400 naming the field and the bound.
+pub fn refusal(change: &Change, refused: Refused, max_set_bytes: u64) -> AppError {
+    let field = match change {
+        Change::SetLimits { .. } => "target",
+        _ => "key",
+    };
+    match refused {
+        Refused::Full => match change {
+            Change::SetLimits { .. } => AppError::invalid(
+                field,
+                format!("at most {MAX_LIMIT_OVERRIDES} limit overrides are kept: delete one first"),
+            ),
+            _ => AppError::invalid(
+                field,
+                format!("at most {MAX_KEY_OVERRIDES} key overrides are kept: delete one first"),
+            ),
+        },
+        Refused::EntryBytes(bytes) => AppError::invalid(
+            match change {
+                Change::SetLimits { .. } => "limits",
+                _ => "key",
+            },
+            format!(
+                "the entry takes {bytes} bytes as proxies receive it (JSON-escaped), more than \
+                 {MAX_ENTRY_BYTES}"
+            ),
+        ),
+        Refused::SetBytes(bytes) => AppError::invalid(
+            field,
+            format!(
+                "the live overrides would take {bytes} bytes as proxies receive them, more than \
+                 --overrides-max-bytes {max_set_bytes}: delete some first"
+            ),
+        ),
+    }
 }
 
 /// Applies one change for `who` (the admin credential's name): one `lua/overrides.lua` call,
@@ -226,6 +295,7 @@ pub async fn write(
             Written {
                 version: parse_version(&version)?,
                 done: done == 1,
+                refused: None,
                 set_at_ms: 0,
                 expires_at_ms: None,
             }
@@ -251,17 +321,25 @@ pub async fn write(
                 .arg(meta)
                 .arg(max_entries)
                 .arg(audit);
-            let (version, expired, done, set_at_ms, expires_at_ms): (
+            let (version, expired, done, set_at_ms, expires_at_ms, bytes): (
                 String,
                 Vec<String>,
                 i64,
                 i64,
                 i64,
+                i64,
             ) = state.backend.invoke("overrides", &invocation).await?;
             noted_expired(state, &expired);
+            let bytes = u64::try_from(bytes).unwrap_or(0);
             Written {
                 version: parse_version(&version)?,
                 done: done == 1,
+                refused: match done {
+                    1 => None,
+                    -1 => Some(Refused::EntryBytes(bytes)),
+                    -2 => Some(Refused::SetBytes(bytes)),
+                    _ => Some(Refused::Full),
+                },
                 set_at_ms: u64::try_from(set_at_ms).unwrap_or(0),
                 expires_at_ms: u64::try_from(expires_at_ms).ok().filter(|&at| at > 0),
             }
@@ -304,7 +382,13 @@ fn invocation(state: &AppState, now_override_us: u64) -> ScriptInvocation<'_> {
     for key in KEYS {
         invocation.key(key);
     }
-    invocation.arg(now_override_us).arg(AUDIT_CAP);
+    invocation
+        .arg(now_override_us)
+        .arg(AUDIT_CAP)
+        .arg(state.settings.overrides_max_bytes)
+        .arg(MAX_ENTRY_BYTES)
+        .arg(LOG_CAP)
+        .arg(LOG_MAX_BYTES);
     state.metrics.script_called("overrides", 1);
     invocation
 }
@@ -341,8 +425,11 @@ struct Read {
     version: u64,
     /// The bypass value: `"1"`, `"0"`, or `""` when not set.
     bypass: String,
-    /// The set, when the script answered it.
-    set: Option<Stored>,
+    /// What the script answered of the set.
+    answer: Answer,
+    /// The change log holds every change after this version (a proxy there or later can be
+    /// answered a delta).
+    log_from: Option<u64>,
 }
 
 impl Read {
@@ -351,7 +438,17 @@ impl Read {
     }
 }
 
-/// The stored set: flat hashes, field then value.
+/// What a read answered of the set.
+enum Answer {
+    /// Nothing: the version is the proxy's, or the one this replica holds.
+    Nothing,
+    Whole(Stored),
+    /// The entries changed since the proxy's version: as they are now, and the names of those
+    /// removed.
+    Delta(Stored, Vec<String>),
+}
+
+/// The stored set, or its entries a delta sets: flat hashes, field then value.
 struct Stored {
     limits: Vec<String>,
     keys: Vec<String>,
@@ -359,11 +456,13 @@ struct Stored {
 }
 
 /// Reads the version and the bypass, and the whole set unless the version is `cached` or
-/// `proxy` (`None`: any version). `with_meta` also reads who set each entry.
+/// `proxy` (`None`: any version); with `delta`, the changes since `proxy` when the log holds
+/// them. `with_meta` also reads who set each entry.
 async fn read(
     state: &AppState,
     cached: Option<u64>,
     proxy: Option<u64>,
+    delta: bool,
     with_meta: bool,
     now_override_us: u64,
 ) -> Result<Read, BackendError> {
@@ -373,7 +472,8 @@ async fn read(
         .arg("read")
         .arg(version(cached))
         .arg(version(proxy))
-        .arg(if with_meta { "1" } else { "0" });
+        .arg(if with_meta { "1" } else { "0" })
+        .arg(if delta { "1" } else { "0" });
     type Reply = (
         String,
         Vec<String>,
@@ -382,20 +482,40 @@ async fn read(
         Vec<String>,
         Vec<String>,
         Vec<String>,
+        i64,
+        String,
     );
-    let (version, expired, bypass, fresh, limits, keys, meta): Reply =
+    let (version, expired, bypass, answer, limits, keys, more, set_bytes, log_from): Reply =
         state.backend.invoke("overrides", &invocation).await?;
     noted_expired(state, &expired);
+    let answer = match answer {
+        1 => Answer::Whole(Stored {
+            limits,
+            keys,
+            meta: more,
+        }),
+        2 => Answer::Delta(
+            Stored {
+                limits,
+                keys,
+                meta: Vec::new(),
+            },
+            more,
+        ),
+        _ => Answer::Nothing,
+    };
     let read = Read {
         version: parse_version(&version)?,
         bypass,
-        set: (fresh == 1).then_some(Stored { limits, keys, meta }),
+        answer,
+        log_from: log_from.parse().ok(),
     };
     state.metrics.overrides_version.set(gauge(read.version));
+    state.metrics.overrides_bytes.set(set_bytes);
     state.overrides.set_bypass(read.bypass());
     state
         .overrides
-        .set_head(read.version, read.bypass(), Instant::now());
+        .set_head(read.version, read.bypass(), read.log_from, Instant::now());
     Ok(read)
 }
 
@@ -410,10 +530,18 @@ fn live(version: u64, stored: &Stored) -> LiveOverrides {
         version,
         ..LiveOverrides::default()
     };
+    (live.limits, live.keys) = entries(stored);
+    live
+}
+
+/// The limits and the keys of a stored set (or delta), as proxies take them.
+fn entries(stored: &Stored) -> (Limits, KeysByRule) {
+    let mut limits = Limits::new();
+    let mut keys = KeysByRule::new();
     for (target, json) in pairs(&stored.limits) {
         match serde_json::from_str::<Vec<Value>>(json) {
-            Ok(limits) => {
-                live.limits.insert(target.to_owned(), limits);
+            Ok(parsed) => {
+                limits.insert(target.to_owned(), parsed);
             }
             Err(error) => tracing::warn!(target, "stored limits override left out: {error}"),
         }
@@ -421,39 +549,86 @@ fn live(version: u64, stored: &Stored) -> LiveOverrides {
     for (field, action) in pairs(&stored.keys) {
         match (field.split_once(KEY_PART_SEPARATOR), parse_action(action)) {
             (Some((rule, key)), Some(action)) => {
-                live.keys
-                    .entry(rule.to_owned())
+                keys.entry(rule.to_owned())
                     .or_default()
                     .insert(key.to_owned(), action);
             }
             _ => tracing::warn!(field, action, "stored key override left out"),
         }
     }
-    live
+    (limits, keys)
 }
 
-/// What a sync is answered: the current bypass, and the whole set when `proxy_version` is not
-/// the current version. When Redis fails, the last bypass this replica read and no set (logged:
-/// the proxy keeps the set it has). `now_override_us` is 0 in service; tests pass a fake time.
+type Limits = BTreeMap<String, Vec<Value>>;
+type KeysByRule = BTreeMap<String, BTreeMap<String, KeyAction>>;
+
+/// The delta from `from` to `version`: the entries set, and those removed (by name).
+fn delta(from: u64, version: u64, stored: &Stored, removed: &[String]) -> OverridesDelta {
+    let (limits, keys) = entries(stored);
+    let mut delta = OverridesDelta {
+        from,
+        version,
+        limits,
+        keys,
+        ..OverridesDelta::default()
+    };
+    for name in removed {
+        match name.split_once('\u{1f}') {
+            Some(("limits", target)) => delta.removed_limits.push(target.to_owned()),
+            Some(("keys", field)) => match field.split_once(KEY_PART_SEPARATOR) {
+                Some((rule, key)) => delta
+                    .removed_keys
+                    .entry(rule.to_owned())
+                    .or_default()
+                    .push(key.to_owned()),
+                None => tracing::warn!(name, "logged key override left out"),
+            },
+            _ => tracing::warn!(name, "logged override left out"),
+        }
+    }
+    delta
+}
+
+/// What a sync is answered: the current bypass, and, when `proxy_version` is not the current
+/// version, the changes since it (`delta`: the proxy takes deltas, and the change log holds
+/// them) or else the whole set. When Redis fails, the last bypass this replica read and no set
+/// (logged: the proxy keeps the set it has). `now_override_us` is 0 in service; tests pass a
+/// fake time.
 pub async fn for_sync(
     state: &AppState,
     proxy_version: u64,
+    delta_ok: bool,
     now_override_us: u64,
-) -> (bool, Option<LiveOverrides>) {
-    let cached = state.overrides.current();
+) -> Overrides {
+    let cache = &state.overrides;
+    let cached = cache.current();
+    let delta_ok = delta_ok && proxy_version != 0;
     // Syncs close together share one read: within --overrides-refresh-ms of the last, the
-    // version it found (and the set, when this replica holds it) answers without Redis.
+    // version it found (and the set or the delta, when this replica holds it) answers without
+    // Redis.
     let refresh = state.settings.overrides_refresh();
     if !refresh.is_zero() && now_override_us == 0 {
-        if let Some(head) = state.overrides.fresh_head(refresh, Instant::now()) {
+        if let Some(head) = cache.fresh_head(refresh, Instant::now()) {
             if head.version == proxy_version {
                 state.metrics.overrides_reads_shared.inc();
-                return (head.bypass, None);
+                return answer(state, head.bypass, None, None);
             }
-            if let Some(set) = cached.as_ref().filter(|set| set.version == head.version) {
+            if delta_ok {
+                if let Some(delta) = cache.delta(proxy_version, head.version) {
+                    state.metrics.overrides_reads_shared.inc();
+                    return answer(state, head.bypass, None, Some(delta));
+                }
+            }
+            // a delta the log cannot serve: the whole set
+            let whole = !delta_ok
+                || proxy_version > head.version
+                || head.log_from.is_none_or(|from| proxy_version < from);
+            if let Some(set) = cached
+                .as_ref()
+                .filter(|set| whole && set.version == head.version)
+            {
                 state.metrics.overrides_reads_shared.inc();
-                state.metrics.overrides_sent.inc();
-                return (head.bypass, Some(LiveOverrides::clone(set)));
+                return answer(state, head.bypass, Some(set.clone()), None);
             }
         }
     }
@@ -461,6 +636,7 @@ pub async fn for_sync(
         state,
         cached.as_ref().map(|set| set.version),
         Some(proxy_version),
+        delta_ok,
         false,
         now_override_us,
     )
@@ -469,38 +645,77 @@ pub async fn for_sync(
         Ok(read) => read,
         Err(error) => {
             tracing::warn!("live overrides not answered: {error}");
-            return (state.overrides.last_bypass(), None);
+            return answer(state, cache.last_bypass(), None, None);
         }
     };
     if read.version == proxy_version {
-        return (read.bypass(), None);
+        return answer(state, read.bypass(), None, None);
     }
-    let set = match (&read.set, cached) {
-        (Some(stored), _) => {
-            let set = Arc::new(live(read.version, stored));
-            state.overrides.store(set.clone());
-            set
+    match (&read.answer, cached) {
+        (Answer::Delta(stored, removed), _) => {
+            let built = Arc::new(Built::new(delta(
+                proxy_version,
+                read.version,
+                stored,
+                removed,
+            )));
+            cache.store_delta(built.clone());
+            answer(state, read.bypass(), None, Some(built))
         }
-        (None, Some(cached)) if cached.version == read.version => cached,
+        (Answer::Whole(stored), _) => {
+            let set = Arc::new(Built::new(live(read.version, stored)));
+            cache.store(set.clone());
+            answer(state, read.bypass(), Some(set), None)
+        }
+        (Answer::Nothing, Some(cached)) if cached.version == read.version => {
+            answer(state, read.bypass(), Some(cached), None)
+        }
         // (the script answers the set unless the version is the cached one)
-        (None, _) => return (read.bypass(), None),
-    };
-    state.metrics.overrides_sent.inc();
-    (read.bypass(), Some(LiveOverrides::clone(&set)))
+        (Answer::Nothing, _) => answer(state, read.bypass(), None, None),
+    }
+}
+
+/// The overrides of a sync answer, counted.
+fn answer(
+    state: &AppState,
+    bypass: bool,
+    set: Option<Arc<Built<LiveOverrides>>>,
+    delta: Option<Arc<Built<OverridesDelta>>>,
+) -> Overrides {
+    let metrics = &state.metrics;
+    if let Some(set) = &set {
+        metrics.overrides_sent.inc();
+        metrics.overrides_answered_bytes("whole", set.bytes);
+    }
+    if let Some(delta) = &delta {
+        metrics.overrides_deltas_sent.inc();
+        metrics.overrides_answered_bytes("delta", delta.bytes);
+    }
+    Overrides {
+        bypass,
+        load_level: None,
+        live: set.map(|set| set.value.clone()),
+        delta: delta.map(|delta| delta.value.clone()),
+    }
 }
 
 /// The whole set as the admin API shows it (`GET /admin/v1/overrides`): the version, the
 /// bypass, the limits by target and the keys by rule, each with who set it, when, why and
 /// when it expires.
 pub async fn view(state: &AppState, now_override_us: u64) -> Result<Value, BackendError> {
-    let read = read(state, None, None, true, now_override_us).await?;
+    let read = read(state, None, None, false, true, now_override_us).await?;
     let empty = Stored {
         limits: Vec::new(),
         keys: Vec::new(),
         meta: Vec::new(),
     };
-    let stored = read.set.as_ref().unwrap_or(&empty);
-    state.overrides.store(Arc::new(live(read.version, stored)));
+    let stored = match &read.answer {
+        Answer::Whole(stored) => stored,
+        _ => &empty,
+    };
+    state
+        .overrides
+        .store(Arc::new(Built::new(live(read.version, stored))));
     let meta: HashMap<&str, &str> = pairs(&stored.meta).collect();
     let record = |entry: &str, fields: Value| record(fields, meta.get(entry).copied());
 

@@ -118,6 +118,12 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_OVERRIDES_REFRESH_MS", default_value_t = 50)]
     pub overrides_refresh_ms: u64,
 
+    /// Most bytes of live overrides kept, as proxies receive them (each entry's name and value
+    /// JSON-escaped): a change that would take the set past it is refused. At most 4 MiB (the
+    /// most a proxy keeps).
+    #[arg(long, env = "SLUICE_OVERRIDES_MAX_BYTES", default_value_t = 1 << 20)]
+    pub overrides_max_bytes: u64,
+
     /// Most connections open at once; more wait in the listen backlog until one closes.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4_096)]
     pub max_connections: usize,
@@ -161,6 +167,7 @@ impl Settings {
             ("--max-sync-interval-ms", self.max_sync_interval_ms),
             ("--header-read-timeout-ms", self.header_read_timeout_ms),
             ("--max-connections", self.max_connections as u64),
+            ("--overrides-max-bytes", self.overrides_max_bytes),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -175,6 +182,12 @@ impl Settings {
         if self.max_sync_interval_ms > MAX_SYNC_INTERVAL_MS {
             return Err(format!(
                 "--max-sync-interval-ms must be at most {MAX_SYNC_INTERVAL_MS}"
+            ));
+        }
+        let most = sluice_protocol::MAX_OVERRIDES_BYTES as u64;
+        if self.overrides_max_bytes > most {
+            return Err(format!(
+                "--overrides-max-bytes must be at most {most} (what a proxy keeps)"
             ));
         }
         if self.min_sync_interval_ms > self.max_sync_interval_ms {
@@ -399,6 +412,21 @@ mod tests {
         );
         let caller = admins.authenticate(Some(b"Bearer a-token")).unwrap();
         assert_eq!(caller.name.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn the_overrides_bound_is_at_most_what_a_proxy_keeps() {
+        let bound = |bytes: &str| parse(&["--token", "t", "--overrides-max-bytes", bytes]);
+        assert_eq!(parse(&["--token", "t"]).overrides_max_bytes, 1 << 20);
+        assert!(bound("4194304").validate().is_ok());
+        assert_eq!(
+            bound("4194305").validate().unwrap_err(),
+            "--overrides-max-bytes must be at most 4194304 (what a proxy keeps)"
+        );
+        assert_eq!(
+            bound("0").validate().unwrap_err(),
+            "--overrides-max-bytes must be at least 1"
+        );
     }
 
     #[test]

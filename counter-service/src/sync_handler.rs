@@ -3,15 +3,16 @@
 //! and `sliding_window`) and the entry is answered with a lease, one script call per Redis
 //! Cluster hash slot and script, the calls of one batch in parallel. An entry out of bounds is refused alone. A batch that
 //! carries the proxy's load is also answered the fleet's load level ([`fleet`]). Every batch is
-//! answered the bypass, and the live overrides when the proxy's version is not the current one
-//! ([`overrides`]).
+//! answered the bypass, and the live overrides when the proxy's version is not the current one:
+//! the changes since it when the proxy takes deltas and the change log holds them, else the
+//! whole set ([`overrides`]).
 
 use std::collections::HashMap;
 
 use axum::extract::State;
 use axum::{Extension, Json};
 use futures_util::future::try_join_all;
-use sluice_protocol::{Grant, Hints, Overrides, SyncEntry, SyncRequest, SyncResponse};
+use sluice_protocol::{Grant, Hints, SyncEntry, SyncRequest, SyncResponse};
 
 use crate::backend::BackendError;
 use crate::backpressure;
@@ -49,9 +50,14 @@ pub async fn handle(
         state.in_flight(),
         settings.max_concurrency,
     );
-    let (grants, (bypass, live)) = tokio::join!(
+    let (grants, mut overrides) = tokio::join!(
         apply_as(&state, &proxy, &request, next_sync_ms, 0),
-        overrides::for_sync(&state, request.overrides_version, 0)
+        overrides::for_sync(
+            &state,
+            request.overrides_version,
+            request.overrides_delta,
+            0
+        )
     );
     let grants = grants?;
 
@@ -68,7 +74,7 @@ pub async fn handle(
     metrics.next_sync_ms.set(next_sync_ms as i64);
     // A sync without a report leaves the fleet alone and gets no level: only a proxy that sheds
     // reports its load, and only it uses the level.
-    let load_level = match &request.load {
+    overrides.load_level = match &request.load {
         Some(load) => fleet::level(&state, &proxy, load, next_sync_ms).await,
         None => None,
     };
@@ -76,11 +82,7 @@ pub async fn handle(
         grants,
         hints: Hints {
             next_sync_ms,
-            overrides: Overrides {
-                bypass,
-                load_level,
-                live,
-            },
+            overrides,
         },
     }))
 }

@@ -271,6 +271,7 @@ mod tests {
             entries: vec![entry("a", vec![TEN]), entry(&"k".repeat(513), vec![TEN])],
             load: None,
             overrides_version: 0,
+            overrides_delta: false,
         };
         assert_eq!(message(&request), "entries[1].key: longer than 512 bytes");
         request.entries[1] = entry("b", vec![]);
@@ -322,6 +323,7 @@ mod tests {
             entries: vec![entry("a", vec![TEN])],
             load: Some(fine),
             overrides_version: 0,
+            overrides_delta: false,
         };
         assert_eq!(message(&request), "");
         // the bounds themselves are fine: a brief overload, nothing shed or all, an hour
@@ -503,6 +505,7 @@ mod tests {
             entries: vec![entry("a", vec![TEN]), entry("b", vec![log])],
             load: None,
             overrides_version: 0,
+            overrides_delta: false,
         };
         assert_eq!(
             message(&logged),
@@ -515,6 +518,7 @@ mod tests {
             entries: vec![entry("a", vec![TEN]), entry("b", vec![sliding, sliding])],
             load: None,
             overrides_version: 0,
+            overrides_delta: false,
         };
         assert_eq!(message(&request), "");
         request.entries[1] = entry(

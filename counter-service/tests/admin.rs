@@ -671,8 +671,8 @@ async fn each_kind_is_set_read_deleted_and_audited() {
         view.body,
         json!({"version": v1 + 8, "bypass": null, "limits": {}, "keys": {}})
     );
-    // only the version and the audit log are left
-    assert_eq!(redis.text(&["DBSIZE"]).unwrap(), "2");
+    // only the version, the audit log, the change log and the sizes are left
+    assert_eq!(redis.text(&["DBSIZE"]).unwrap(), "4");
 
     // the audit log: newest first, who, what, on what, with which value
     let answer = admin(&state, "GET", "/admin/v1/audit?limit=3", None).await;
@@ -924,7 +924,10 @@ async fn an_expiry_changes_what_the_next_sync_sees() {
 
     let sync_at = |version: u64, ms: u64| {
         let state = state.clone();
-        async move { overrides::for_sync(&state, version, at(ms)).await }
+        async move {
+            let answer = overrides::for_sync(&state, version, false, at(ms)).await;
+            (answer.bypass, answer.live)
+        }
     };
     let keys = |live: &sluice_protocol::LiveOverrides| -> Vec<String> {
         live.keys["api"].keys().cloned().collect()
@@ -1239,7 +1242,7 @@ async fn live_overrides_on_a_cluster() {
     assert_eq!(holding.iter().filter(|&&n| n > 0).count(), 1, "{holding:?}");
     assert_eq!(
         holding.iter().sum::<usize>(),
-        7,
+        9,
         "every key of the set: {holding:?}"
     );
 
@@ -1657,5 +1660,441 @@ fn a_policy_that_does_not_parse_stops_the_service_at_start() {
             bad.path()
         )),
         "{stderr}"
+    );
+}
+
+/// A sync of one entry from a proxy that holds `overrides_version` and takes deltas.
+async fn sync_delta(state: &AppState, overrides_version: u64) -> Answer {
+    let body = json!({
+        "proxy": "p1",
+        "interval_ms": 100,
+        "entries": [],
+        "overrides_version": overrides_version,
+        "overrides_delta": true,
+    });
+    let answer = post(state, "/v1/sync", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    answer
+}
+
+/// A metric's value in the text of `/metrics` (0 if absent).
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn block(key: &str) -> Value {
+    json!({"key": key, "action": "block"})
+}
+
+/// The set is bounded in bytes as proxies receive it (JSON-escaped), atomically in the script: a
+/// PUT that would take it past `--overrides-max-bytes` is refused naming the field and the bound,
+/// and nothing of it is written (no entry, no version, no audit or log entry); a replacement that
+/// does not grow and a delete are taken; one entry past its own bound is refused. Replicas racing
+/// on one Redis cannot pass the bound together.
+#[tokio::test]
+async fn the_set_is_bounded_in_bytes_atomically() {
+    let redis = Redis::start().unwrap();
+    let bound = ["--overrides-max-bytes", "2000", "--max-key-bytes", "8192"];
+    let state = admin_state_with(&redis.url(), &bound);
+    // "api" U+001F "user-NN" escaped: 2 quotes + 3 + 6 (\u001f) + 7, then "block" + 4: 27 bytes
+    let mut v = 0;
+    for i in 0..74 {
+        v = version(
+            &put(
+                &state,
+                "/admin/v1/overrides/keys/api",
+                block(&format!("user-{i:02}")),
+            )
+            .await,
+        );
+    }
+    assert_eq!(
+        redis
+            .text(&["HGET", overrides::SIZES_KEY, "set_bytes"])
+            .unwrap(),
+        "1998"
+    );
+    let stored = |redis: &Redis| {
+        (
+            redis.text(&["HLEN", KEYS_KEY]).unwrap(),
+            redis.text(&["GET", VERSION_KEY]).unwrap(),
+            redis.text(&["LLEN", AUDIT_KEY]).unwrap(),
+            redis.text(&["LLEN", overrides::LOG_KEY]).unwrap(),
+            redis
+                .text(&["HGET", overrides::SIZES_KEY, "set_bytes"])
+                .unwrap(),
+        )
+    };
+    let before = stored(&redis);
+    let answer = admin(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/keys/api",
+        Some(block("user-74")),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key: the live overrides would take 2025 bytes as proxies receive them, more than \
+         --overrides-max-bytes 2000: delete some first",
+    );
+    // a control character is counted escaped: 6 bytes
+    let answer = admin(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/keys/api",
+        Some(block("\u{1}")),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key: the live overrides would take 2024 bytes",
+    );
+    let answer = admin(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/limits/api",
+        Some(json!({"limits": [{"requests": 1, "per": "second"}]})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "target: the live overrides would take",
+    );
+    assert_eq!(
+        stored(&redis),
+        before,
+        "nothing of a refused PUT is written"
+    );
+    // the same size again: taken; a delete makes room
+    let changed = put(
+        &state,
+        "/admin/v1/overrides/keys/api",
+        json!({"key": "user-00", "action": "allow"}),
+    )
+    .await;
+    assert_eq!(version(&changed), v + 1);
+    admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/keys/api?key=user-01",
+        None,
+    )
+    .await;
+    put(&state, "/admin/v1/overrides/keys/api", block("user-74")).await;
+    // what a proxy receives is within what the service counts
+    let answer = sync(&state, 0).await;
+    let sent = hinted(&answer)["live"].to_string().len();
+    assert!(sent <= 1998 + 64, "{sent}");
+    // one entry past its own bound (4 KiB), whatever the set's
+    let roomy = admin_state_with(
+        &redis.url(),
+        &[
+            "--overrides-max-bytes",
+            "4194304",
+            "--max-key-bytes",
+            "8192",
+        ],
+    );
+    let answer = admin(
+        &roomy,
+        "PUT",
+        "/admin/v1/overrides/keys/api",
+        Some(block(&"\u{1}".repeat(700))),
+    )
+    .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "key: the entry takes 4220 bytes as proxies receive it (JSON-escaped), more than 4096",
+    );
+
+    // two replicas racing: exactly the entries that fit are taken
+    redis.query(&["FLUSHALL"]).unwrap();
+    let a = admin_state_with(&redis.url(), &bound);
+    let b = admin_state_with(&redis.url(), &bound);
+    let puts = (0..120).map(|i| {
+        let state = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move {
+            admin(
+                &state,
+                "PUT",
+                "/admin/v1/overrides/keys/api",
+                Some(block(&format!("user-{i:03}"))),
+            )
+            .await
+            .status
+        }
+    });
+    let statuses = futures_util::future::join_all(puts).await;
+    let taken = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::BAD_REQUEST)
+        .count();
+    // 28 bytes a key (three digits): 71 fit in 2000
+    assert_eq!((taken, refused), (71, 49), "{statuses:?}");
+    assert_eq!(redis.text(&["HLEN", KEYS_KEY]).unwrap(), "71");
+    assert_eq!(
+        redis
+            .text(&["HGET", overrides::SIZES_KEY, "set_bytes"])
+            .unwrap(),
+        "1988"
+    );
+}
+
+/// A proxy that takes deltas and is one version behind is answered exactly the change since its
+/// version; a few versions behind, the changes merged (an entry set then removed is removed); a
+/// proxy that does not announce deltas (an older one) is answered the whole set at the same
+/// version. Within --overrides-refresh-ms a replica answers the same delta from memory.
+#[tokio::test]
+async fn a_proxy_one_version_behind_gets_a_delta_of_that_change() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state_with(&redis.url(), &["--overrides-refresh-ms", "0"]);
+    put(&state, "/admin/v1/overrides/keys/api", block("alice")).await;
+    put(
+        &state,
+        "/admin/v1/overrides/limits/api",
+        json!({"limits": [{"requests": 5, "per": "second"}]}),
+    )
+    .await;
+    let v = version(&put(&state, "/admin/v1/overrides/keys/api", block("bob")).await);
+    assert_eq!(
+        hinted(&sync_delta(&state, v).await),
+        &json!({"bypass": false})
+    );
+
+    let v1 = version(
+        &put(
+            &state,
+            "/admin/v1/overrides/keys/login",
+            json!({"key": ["10.0.0.1", "GET"], "action": "allow"}),
+        )
+        .await,
+    );
+    assert_eq!(v1, v + 1);
+    assert_eq!(
+        hinted(&sync_delta(&state, v).await),
+        &json!({"bypass": false, "delta": {"from": v, "version": v1,
+            "keys": {"login": {"10.0.0.1\u{1f}GET": "allow"}}}})
+    );
+    // an older proxy at the same version: the whole set
+    assert_eq!(
+        hinted(&sync(&state, v).await),
+        &json!({"bypass": false, "live": {"version": v1,
+            "limits": {"api": [{"requests": 5, "per": "second"}]},
+            "keys": {"api": {"alice": "block", "bob": "block"}, "login": {"10.0.0.1\u{1f}GET": "allow"}}}})
+    );
+    let v2 = version(
+        &admin(
+            &state,
+            "DELETE",
+            "/admin/v1/overrides/keys/api?key=alice",
+            None,
+        )
+        .await
+        .body,
+    );
+    let v3 = version(
+        &admin(&state, "DELETE", "/admin/v1/overrides/limits/api", None)
+            .await
+            .body,
+    );
+    let v4 = version(
+        &put(
+            &state,
+            "/admin/v1/overrides/bypass",
+            json!({"enabled": true}),
+        )
+        .await,
+    );
+    let v5 = version(
+        &admin(
+            &state,
+            "DELETE",
+            "/admin/v1/overrides/keys/login",
+            Some(json!({"key": ["10.0.0.1", "GET"]})),
+        )
+        .await
+        .body,
+    );
+    assert_eq!(v5, v + 5);
+    assert_eq!(
+        hinted(&sync_delta(&state, v1).await),
+        &json!({"bypass": true, "delta": {"from": v1, "version": v5,
+            "removed_limits": ["api"],
+            "removed_keys": {"api": ["alice"], "login": ["10.0.0.1\u{1f}GET"]}}})
+    );
+    // the bypass alone: a delta of no entry
+    assert_eq!(
+        hinted(&sync_delta(&state, v3).await),
+        &json!({"bypass": true, "delta": {"from": v3, "version": v5,
+            "removed_keys": {"login": ["10.0.0.1\u{1f}GET"]}}})
+    );
+    let _ = (v2, v4);
+    // set, then removed, then set again: as it is now
+    put(&state, "/admin/v1/overrides/keys/api", block("carol")).await;
+    admin(
+        &state,
+        "DELETE",
+        "/admin/v1/overrides/keys/api?key=carol",
+        None,
+    )
+    .await;
+    let v8 = version(
+        &put(
+            &state,
+            "/admin/v1/overrides/keys/api",
+            json!({"key": "carol", "action": "allow"}),
+        )
+        .await,
+    );
+    assert_eq!(
+        hinted(&sync_delta(&state, v5).await)["delta"],
+        json!({"from": v5, "version": v8, "keys": {"api": {"carol": "allow"}}})
+    );
+    let text = metrics(&state).await;
+    assert_eq!(
+        metric(&text, "sluice_overrides_deltas_sent_total"),
+        4,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "sluice_overrides_sent_total"), 1, "{text}");
+    let delta_bytes = metric(
+        &text,
+        "sluice_overrides_answered_bytes_total{kind=\"delta\"}",
+    );
+    assert!((100..1_000).contains(&delta_bytes), "{text}");
+
+    // a replica that shares reads answers the same delta from memory
+    let shared = admin_state_with(&redis.url(), &["--overrides-refresh-ms", "600000"]);
+    let first = sync_delta(&shared, v5).await;
+    let second = sync_delta(&shared, v5).await;
+    assert_eq!(hinted(&first), hinted(&second));
+    assert_eq!(hinted(&second)["delta"]["version"], v8);
+    let text = metrics(&shared).await;
+    assert_eq!(
+        metric(&text, "sluice_overrides_reads_shared_total"),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "sluice_overrides_deltas_sent_total"),
+        2,
+        "{text}"
+    );
+}
+
+/// A proxy the change log cannot serve is answered the whole set: a new one (version 0), one
+/// further behind than the log keeps (here after more than LOG_CAP changes), one whose version
+/// predates the log (a set written before the service kept one), and one claiming a version
+/// the service never had (the worst a proxy can send).
+#[tokio::test]
+async fn a_proxy_too_far_behind_or_new_gets_the_whole_set() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state_with(&redis.url(), &["--overrides-refresh-ms", "0"]);
+    let v = version(&put(&state, "/admin/v1/overrides/keys/api", block("alice")).await);
+    let whole = |answer: &Answer| hinted(answer).get("live").cloned();
+    assert!(whole(&sync_delta(&state, 0).await).is_some());
+    assert!(whole(&sync_delta(&state, v + 1).await).is_some());
+    assert!(whole(&sync_delta(&state, u64::MAX).await).is_some());
+    // the log holds every change after the version before the first (the empty set): a proxy
+    // there gets a delta, one before it the whole set
+    assert_eq!(
+        hinted(&sync_delta(&state, v - 1).await)["delta"],
+        json!({"from": v - 1, "version": v, "keys": {"api": {"alice": "block"}}})
+    );
+    assert_eq!(
+        whole(&sync_delta(&state, v - 2).await).unwrap()["version"],
+        v
+    );
+
+    // a set from a service that kept no log: the log starts at the next change
+    redis
+        .query(&["DEL", overrides::LOG_KEY, overrides::SIZES_KEY])
+        .unwrap();
+    let v1 = version(&put(&state, "/admin/v1/overrides/keys/api", block("bob")).await);
+    assert_eq!(
+        hinted(&sync_delta(&state, v).await)["delta"],
+        json!({"from": v, "version": v1, "keys": {"api": {"bob": "block"}}})
+    );
+    redis
+        .query(&["DEL", overrides::LOG_KEY, overrides::SIZES_KEY])
+        .unwrap();
+    redis
+        .query(&["SET", VERSION_KEY, &(v1 + 10).to_string()])
+        .unwrap();
+    let v2 = version(&put(&state, "/admin/v1/overrides/keys/api", block("carol")).await);
+    assert_eq!(v2, v1 + 11);
+    let answer = sync_delta(&state, v1).await;
+    let live = whole(&answer).expect("the whole set");
+    assert_eq!(live["keys"]["api"].as_object().unwrap().len(), 3);
+    assert_eq!(
+        redis
+            .text(&["HGET", overrides::SIZES_KEY, "set_bytes"])
+            .unwrap(),
+        "73"
+    );
+
+    // more changes than the log keeps: the oldest are trimmed
+    for i in 0..=overrides::LOG_CAP {
+        let change = key_change(&format!("k{}", i % 10), None);
+        overrides::write(&state, "alice", &change, 0).await.unwrap();
+    }
+    let last = v2 + overrides::LOG_CAP + 1;
+    assert_eq!(
+        redis.text(&["LLEN", overrides::LOG_KEY]).unwrap(),
+        overrides::LOG_CAP.to_string()
+    );
+    assert!(whole(&sync_delta(&state, v2).await).is_some());
+    let answer = sync_delta(&state, v2 + 1).await;
+    assert_eq!(
+        hinted(&answer)["delta"]["keys"]["api"]
+            .as_object()
+            .unwrap()
+            .len(),
+        10
+    );
+    assert_eq!(hinted(&answer)["delta"]["version"], last);
+}
+
+/// An expiry is a change like any other: a proxy at the version before it is answered a delta
+/// that removes the expired entry (the proxy does not need to know the ttl).
+#[tokio::test]
+async fn an_expiry_is_answered_as_a_delta() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let at = |ms: u64| T0_US + ms * 1_000;
+    overrides::write(&state, "alice", &key_change("short", Some(2)), at(0))
+        .await
+        .unwrap();
+    let v = overrides::write(&state, "alice", &key_change("kept", None), at(0))
+        .await
+        .unwrap()
+        .version;
+    let answer = overrides::for_sync(&state, v, true, at(1_999)).await;
+    assert_eq!((answer.live, answer.delta), (None, None));
+    let answer = overrides::for_sync(&state, v, true, at(2_000)).await;
+    assert_eq!(answer.live, None);
+    assert_eq!(
+        serde_json::to_value(answer.delta.unwrap()).unwrap(),
+        json!({"from": v, "version": v + 1, "removed_keys": {"api": ["short"]}})
+    );
+    // the version before both: the two changes merged
+    let answer = overrides::for_sync(&state, v - 2, true, at(2_500)).await;
+    assert_eq!(
+        serde_json::to_value(answer.delta.unwrap()).unwrap(),
+        json!({"from": v - 2, "version": v + 1, "keys": {"api": {"kept": "block"}},
+               "removed_keys": {"api": ["short"]}})
     );
 }

@@ -59,9 +59,21 @@ pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32,
 
 /// The answer of a callout (in `on_http_call_response`): the decoded 200 body, or why not.
 pub fn answer<T: DeserializeOwned>(num_headers: usize, body_size: usize) -> Result<T, Failure> {
+    answer_within(num_headers, body_size, usize::MAX)
+}
+
+/// [`answer`], a 200 body longer than `max_bytes` refused unread ([`Failure::Malformed`]).
+pub fn answer_within<T: DeserializeOwned>(
+    num_headers: usize,
+    body_size: usize,
+    max_bytes: usize,
+) -> Result<T, Failure> {
     let status = host::call_status(num_headers);
     if status.as_deref() != Some("200") {
         return Err(Failure::of(status.as_deref()));
+    }
+    if body_size > max_bytes {
+        return Err(Failure::Malformed);
     }
     host::call_body(body_size)
         .and_then(|body| serde_json::from_slice(&body).ok())

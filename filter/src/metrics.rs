@@ -76,6 +76,9 @@ pub struct Metrics {
     sync_refused: u32,
     sync_dropped: u32,
     sync_latency_ms: u32,
+    overrides_whole: u32,
+    overrides_delta: u32,
+    overrides_refused: u32,
     breaker_open: u32,
     check_sent: u32,
     check_failed: u32,
@@ -132,6 +135,9 @@ impl Metrics {
             metrics.sync_refused = counter("sluice.sync.refused");
             metrics.sync_dropped = counter("sluice.sync.dropped");
             metrics.sync_latency_ms = define(MetricType::Histogram, "sluice.sync.latency_ms");
+            metrics.overrides_whole = counter("sluice.overrides.whole");
+            metrics.overrides_delta = counter("sluice.overrides.delta");
+            metrics.overrides_refused = counter("sluice.overrides.refused");
             metrics.breaker_open = define(MetricType::Gauge, "sluice.breaker.open");
             metrics.check_sent = counter("sluice.check.sent");
             metrics.check_failed = counter("sluice.check.failed");
@@ -207,6 +213,21 @@ impl Metrics {
 
     pub fn sync_latency(&self, ms: u64) {
         let _ = hostcalls::record_metric(self.sync_latency_ms, ms);
+    }
+
+    /// The live overrides of a sync answer were taken: a whole set, or a delta.
+    pub fn overrides_taken(&self, whole: bool) {
+        bump(if whole {
+            self.overrides_whole
+        } else {
+            self.overrides_delta
+        });
+    }
+
+    /// The live overrides of a sync answer were refused: past the proxy's bound, or a delta that
+    /// did not follow the set kept.
+    pub fn overrides_refused(&self) {
+        bump(self.overrides_refused);
     }
 
     pub fn breaker(&self, state: BreakerState) {

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::LogLevel;
+use sluice_core::live::{Taken, MAX_KEPT_BYTES};
 use sluice_core::policy::Service;
 use sluice_core::protocol::SyncResponse;
+use sluice_core::protocol::MAX_SYNC_ANSWER_BYTES;
 use sluice_core::proxy_sync;
 use sluice_core::round::{self, Batch};
 
@@ -111,11 +113,22 @@ impl Syncer {
             .metrics
             .sync_latency(now.saturating_sub(sent_at_us) / 1_000);
         let mut store = SharedData;
+        if body_size > MAX_SYNC_ANSWER_BYTES {
+            // Not read: a service within its bounds never answers this much.
+            let _ = hostcalls::log(
+                LogLevel::Warn,
+                &format!(
+                    "sluice: a sync answer of {body_size} bytes, more than {MAX_SYNC_ANSWER_BYTES}, was not read"
+                ),
+            );
+            shared.metrics.overrides_refused();
+        }
         let settled =
-            callout::answer::<SyncResponse>(num_headers, body_size).and_then(|response| {
-                round::settle(&limiter, &batch, &response, now, &mut store)
-                    .map_err(|_| Failure::Malformed)
-            });
+            callout::answer_within::<SyncResponse>(num_headers, body_size, MAX_SYNC_ANSWER_BYTES)
+                .and_then(|response| {
+                    round::settle(&limiter, &batch, &response, now, &mut store)
+                        .map_err(|_| Failure::Malformed)
+                });
         let settled = match settled {
             Ok(settled) => settled,
             Err(failure) => {
@@ -133,6 +146,28 @@ impl Syncer {
                 return;
             }
         };
+        match settled.overrides {
+            Taken::Nothing => {}
+            Taken::Kept { whole, .. } => shared.metrics.overrides_taken(whole),
+            Taken::Gap { kept, from } => {
+                shared.metrics.overrides_refused();
+                let _ = hostcalls::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "sluice: live overrides delta from version {from} ignored (this proxy has {kept}): the next sync asks for the whole set"
+                    ),
+                );
+            }
+            Taken::TooLarge { version, bytes } => {
+                shared.metrics.overrides_refused();
+                let _ = hostcalls::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "sluice: live overrides version {version} refused: {bytes} bytes, more than {MAX_KEPT_BYTES}; the last set is kept"
+                    ),
+                );
+            }
+        }
         if let Some(reason) = settled.reason {
             shared.metrics.sync_refused(settled.refused);
             let _ = hostcalls::log(

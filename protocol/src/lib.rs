@@ -13,6 +13,18 @@ pub const MAX_TOKENS: u64 = 1 << 31;
 pub const MAX_LOG: u64 = 1_000;
 /// Longest key the filter sends: a longer one is replaced by a digest.
 pub const MAX_KEY_BYTES: usize = 256;
+/// Most bytes of live overrides ([`LiveOverrides`]) a service may keep: its
+/// `--overrides-max-bytes` is at most this. A proxy refuses a set whose JSON is longer than this
+/// plus [`OVERRIDES_FRAME_BYTES`] (it keeps its last set), and a sync answer longer than
+/// [`MAX_SYNC_ANSWER_BYTES`] unread.
+pub const MAX_OVERRIDES_BYTES: usize = 4 << 20;
+/// What a set's JSON holds beyond its entries as the service counts them (its version, the
+/// names of its maps, their braces).
+pub const OVERRIDES_FRAME_BYTES: usize = 1 << 10;
+/// Longest sync answer a proxy reads: the largest set and a delta, plus a grant of up to 1 KiB
+/// for each of 4,096 entries (a proxy sends at most 2,000).
+pub const MAX_SYNC_ANSWER_BYTES: usize =
+    2 * (MAX_OVERRIDES_BYTES + OVERRIDES_FRAME_BYTES) + (4 << 20);
 
 /// FNV-1a, 64 bits: a stable hash every proxy and the service compute alike (the service's
 /// Redis Cluster hash tag; the filter's table prefixes and jitter).
@@ -166,13 +178,22 @@ pub struct SyncRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadReport>,
     /// The version of the live overrides the proxy applies (0: none yet). The service answers
-    /// [`Overrides::live`] when its own version differs.
+    /// [`Overrides::live`] (or [`Overrides::delta`]) when its own version differs.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub overrides_version: u64,
+    /// The proxy applies deltas ([`Overrides::delta`]): a service may answer the changes since
+    /// `overrides_version` instead of the whole set. Absent (false) from older proxies, which get
+    /// the whole set; ignored by older services, which always answer it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overrides_delta: bool,
 }
 
 fn is_zero(value: &u64) -> bool {
     *value == 0
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// A proxy's load at the time of its sync, reported when it sheds load.
@@ -266,9 +287,38 @@ pub struct Overrides {
     pub load_level: Option<f64>,
     /// The live overrides operators set through the service's admin API, when the proxy's
     /// [`SyncRequest::overrides_version`] is not the service's: the whole set, replacing the
-    /// proxy's. Absent when the proxy is up to date.
+    /// proxy's. Absent when the proxy is up to date, or answered a delta.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveOverrides>,
+    /// The changes of the live overrides since the proxy's version, to a proxy that announced
+    /// [`SyncRequest::overrides_delta`] and whose version the service's change log still covers.
+    /// At most one of `live` and `delta` is answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<OverridesDelta>,
+}
+
+/// The changes of the live overrides from version `from` to version `version`: every entry
+/// changed in between, as it is at `version` (set or replaced: its value; removed: its name).
+/// Applied to the set at `from`, it gives the set at `version`; a proxy whose set is not at
+/// `from` must not apply it (it asks for the whole set instead).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OverridesDelta {
+    /// The version the delta applies to (the proxy's).
+    pub from: u64,
+    /// The version it gives.
+    pub version: u64,
+    /// Limits set or replaced, by target, as in [`LiveOverrides::limits`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Vec<serde_json::Value>>,
+    /// Keys set or changed, per rule, as in [`LiveOverrides::keys`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, BTreeMap<String, KeyAction>>,
+    /// Limit overrides removed, by target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_limits: Vec<String>,
+    /// Key overrides removed, per rule (the key's parts joined by [`KEY_PART_SEPARATOR`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub removed_keys: BTreeMap<String, Vec<String>>,
 }
 
 /// The whole set of live overrides at one version. A proxy keeps the last set it had while it

@@ -1310,3 +1310,142 @@ fn a_limit_override_over_the_memory_bound_is_refused_by_the_proxy() {
     );
     assert_eq!(envoy.stat("wasmcustom.sluice.overrides.not_applied"), 1);
 }
+
+/// Live overrides travel as deltas: with 2,000 key overrides in place (about 390 KB as proxies receive them, within
+/// the default `--overrides-max-bytes`), each proxy takes the whole set once, at its first sync; every later change
+/// (a key blocked, one allowed, a block lifted, a block that expires) reaches both proxies and is enforced there, and
+/// the service answers them only deltas: its count of whole sets sent does not move, and each delta is a few hundred
+/// bytes where the whole set is hundreds of kilobytes (read from the service's and the proxies' metrics).
+#[test]
+fn a_large_set_reaches_each_proxy_once_and_every_change_after_it_as_a_delta() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let admin_file = dir.path().join("admins");
+    std::fs::write(&admin_file, "oncall s3cret-admin-token\n").unwrap();
+    let service = Service::start_with(
+        ServiceOptions::new(redis.url())
+            .arg(format!("--admin-tokens-file={}", admin_file.display())),
+    )
+    .unwrap();
+    let admin = |method: &str, path: &str, body: Option<&str>| {
+        let reply = service
+            .request(method, path, Some("s3cret-admin-token"), body)
+            .unwrap();
+        assert_eq!(reply.status, 200, "{method} {path}: {reply:?}");
+        reply
+    };
+    const KEYS: usize = 2_000;
+    let filler = "x".repeat(160);
+    for i in 0..KEYS {
+        let body = json!({"key": format!("user-{i:04}-{filler}"), "action": "block"}).to_string();
+        admin("PUT", "/admin/v1/overrides/keys/local", Some(&body));
+    }
+
+    const INTERVAL_MS: u64 = 100;
+    // "local" admits plenty (a check may repeat), "tight" one a minute (an allowed key shows).
+    let rules = json!([
+        {"name": "local", "match": {"path_prefix": "/local/"}, "key": ["header:x-user"], "consistency": "local",
+         "limits": [{"requests": 1000, "per": "minute"}]},
+        {"name": "tight", "match": {"path_prefix": "/tight/"}, "key": ["header:x-user"], "consistency": "local",
+         "limits": [{"requests": 1, "per": "minute"}]},
+    ]);
+    let plugin_config = config(service.token(), INTERVAL_MS, rules);
+    let proxies: Vec<Envoy> = (0..2)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+    let client = agent();
+    let status_at = |envoy: &Envoy, path: &str, user: &str| {
+        get(&client, &envoy.url(path), &[("x-user", user)])
+            .unwrap()
+            .status
+    };
+    let status = |envoy: &Envoy, user: &str| status_at(envoy, "/local/x", user);
+    // Both take the whole set: its last key is blocked everywhere.
+    let last = format!("user-{:04}-{filler}", KEYS - 1);
+    assert!(
+        eventually(Duration::from_secs(10), || proxies
+            .iter()
+            .all(|envoy| status(envoy, &last) == 429)),
+        "the set never reached the proxies; service log:\n{}",
+        service.log()
+    );
+    let set_bytes = service.metric("sluice_overrides_bytes");
+    assert!(
+        (300_000..1_048_576).contains(&set_bytes),
+        "{set_bytes} bytes"
+    );
+    let whole_sent = service.metric("sluice_overrides_sent_total");
+    let whole_bytes = service.metric("sluice_overrides_answered_bytes_total{kind=\"whole\"}");
+    assert_eq!(whole_sent, 2, "one whole set per proxy");
+    assert!(whole_bytes >= 2 * 300_000, "{whole_bytes}");
+    let deltas_before = service.metric("sluice_overrides_deltas_sent_total");
+    let delta_bytes_before =
+        service.metric("sluice_overrides_answered_bytes_total{kind=\"delta\"}");
+
+    // Each change reaches both proxies.
+    let everywhere = |what: &str, check: &dyn Fn(&Envoy) -> bool| {
+        assert!(
+            eventually(Duration::from_secs(5), || proxies.iter().all(check)),
+            "{what} never reached both proxies; service log:\n{}",
+            service.log()
+        );
+    };
+    admin(
+        "PUT",
+        "/admin/v1/overrides/keys/local",
+        Some(r#"{"key": "mallory", "action": "block"}"#),
+    );
+    everywhere("a block", &|envoy| status(envoy, "mallory") == 429);
+    admin(
+        "PUT",
+        "/admin/v1/overrides/keys/tight",
+        Some(r#"{"key": "ops", "action": "allow"}"#),
+    );
+    everywhere("an allow", &|envoy| {
+        (0..4).all(|_| status_at(envoy, "/tight/x", "ops") == 200)
+    });
+    admin("DELETE", "/admin/v1/overrides/keys/local?key=mallory", None);
+    everywhere("a block lifted", &|envoy| status(envoy, "mallory") == 200);
+    admin(
+        "DELETE",
+        &format!("/admin/v1/overrides/keys/local?key={last}"),
+        None,
+    );
+    everywhere("one of the 2,000 lifted", &|envoy| {
+        status(envoy, &last) == 200
+    });
+    admin(
+        "PUT",
+        "/admin/v1/overrides/keys/local",
+        Some(r#"{"key": "brief", "action": "block", "ttl_s": 1}"#),
+    );
+    everywhere("a block with a ttl", &|envoy| status(envoy, "brief") == 429);
+    everywhere("its expiry", &|envoy| status(envoy, "brief") == 200);
+    // The rest of the set is still in force.
+    let first = format!("user-0000-{filler}");
+    assert!(proxies.iter().all(|envoy| status(envoy, &first) == 429));
+
+    // Only deltas went out after the whole sets, each far smaller.
+    assert_eq!(
+        service.metric("sluice_overrides_sent_total"),
+        whole_sent,
+        "no whole set after the first ones"
+    );
+    let deltas = service.metric("sluice_overrides_deltas_sent_total") - deltas_before;
+    let delta_bytes = service.metric("sluice_overrides_answered_bytes_total{kind=\"delta\"}")
+        - delta_bytes_before;
+    assert!(deltas >= 2, "{deltas} deltas");
+    eprintln!(
+        "whole sets: {whole_sent} answers, {whole_bytes} bytes; deltas: {deltas} answers, {delta_bytes} bytes"
+    );
+    assert!(
+        delta_bytes / deltas < 1_000,
+        "{delta_bytes} bytes in {deltas} deltas"
+    );
+    for envoy in &proxies {
+        assert_eq!(envoy.stat("wasmcustom.sluice.overrides.whole"), 1);
+        assert!(envoy.stat("wasmcustom.sluice.overrides.delta") >= 6);
+        assert_eq!(envoy.stat("wasmcustom.sluice.overrides.refused"), 0);
+    }
+}

@@ -134,6 +134,7 @@ pub fn batch(proxy: &str, interval_ms: u64, entries: Vec<SyncEntry>) -> SyncRequ
         entries,
         load: None,
         overrides_version: 0,
+        overrides_delta: false,
     }
 }
 
