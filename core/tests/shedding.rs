@@ -321,9 +321,17 @@ fn a_fleet_level_far_above_the_proxys_own_is_not_believed() {
     };
     assert_eq!(believed(0.3, 0, Some(1.0)), Some(0.3));
     assert_eq!(believed(0.3, 500, Some(1.0)), Some(0.8));
-    assert_eq!(believed(0.3, 500, Some(0.6)), Some(0.6), "a level near its own");
+    assert_eq!(
+        believed(0.3, 500, Some(0.6)),
+        Some(0.6),
+        "a level near its own"
+    );
     assert_eq!(believed(0.3, 0, Some(0.1)), Some(0.1));
-    assert_eq!(believed(1.0, 0, Some(0.9)), Some(0.9), "1 believes it fully");
+    assert_eq!(
+        believed(1.0, 0, Some(0.9)),
+        Some(0.9),
+        "1 believes it fully"
+    );
     assert_eq!(believed(0.0, 400, Some(0.9)), Some(0.4), "0: its own only");
     assert_eq!(believed(0.3, 0, None), None);
     // what no service sends, in case: out of [0, 1] is clamped, NaN ignored

@@ -99,7 +99,10 @@ fn fields_under(redis: &Redis, credential: &str) -> u64 {
 }
 
 fn assert_near(value: f64, expected: f64, context: &str) {
-    assert!((value - expected).abs() < 1e-9, "{value} vs {expected}: {context}");
+    assert!(
+        (value - expected).abs() < 1e-9,
+        "{value} vs {expected}: {context}"
+    );
 }
 
 /// A state whose proxies hold the credentials of `tokens` (`name token` lines).
@@ -173,7 +176,10 @@ async fn two_proxies_at_0_2_and_0_8_are_both_answered_0_5() {
     let at: u64 = parts[4].parse().unwrap();
     assert!(now_ms.abs_diff(at) < 5_000, "{at} vs Redis TIME {now_ms}");
     // the keys expire with their freshest report (1 s: 3 × 100 ms is less)
-    for key in [proxies_key(SHARED_CREDENTIAL), FLEET_CREDENTIALS_KEY.to_owned()] {
+    for key in [
+        proxies_key(SHARED_CREDENTIAL),
+        FLEET_CREDENTIALS_KEY.to_owned(),
+    ] {
         let ttl: u64 = redis.text(&["PTTL", &key]).unwrap().parse().unwrap();
         assert!((1..=1_000).contains(&ttl), "{key}: {ttl}");
     }
@@ -222,8 +228,8 @@ async fn a_stale_report_stops_counting_after_its_freshness_window() {
         }
         assert!(sent.elapsed() < Duration::from_secs(4), "never stale");
         // just past the window when it is near, else every 250 ms
-        let until_stale = Duration::from_millis(1_010 + fleet::REFRESH_MS)
-            .saturating_sub(recorded.elapsed());
+        let until_stale =
+            Duration::from_millis(1_010 + fleet::REFRESH_MS).saturating_sub(recorded.elapsed());
         tokio::time::sleep(until_stale.min(Duration::from_millis(250))).await;
     }
     assert!(fresh >= 2 && stale == 1, "{fresh} {stale}");
@@ -415,11 +421,7 @@ async fn the_field_is_the_proxy_id_under_its_credential() {
 #[tokio::test]
 async fn each_credential_weighs_one_however_many_ids_it_uses() {
     let redis = Redis::start().unwrap();
-    let state = state_with_tokens(
-        &redis,
-        "edge-a tok-a\nedge-b tok-b\nliar tok-liar\n",
-        &[],
-    );
+    let state = state_with_tokens(&redis, "edge-a tok-a\nedge-b tok-b\nliar tok-liar\n", &[]);
     // edge-a: three proxies at 0.9; edge-b: one at 0.1. Per proxy the mean would be 0.7.
     for proxy in ["a1", "a2", "a3"] {
         report_as(&state, "tok-a", proxy, 100, load(0.9)).await;
@@ -435,7 +437,11 @@ async fn each_credential_weighs_one_however_many_ids_it_uses() {
         report_as(&state, "tok-liar", &format!("fake-{i}"), 100, load(1.0)).await;
     }
     let lie = report_as(&state, "tok-liar", "fake-x", 60_000, load(10.0)).await;
-    assert_near(level(&lie).unwrap(), (0.9 + 0.1 + 1.0) / 3.0, "the liar weighs a third");
+    assert_near(
+        level(&lie).unwrap(),
+        (0.9 + 0.1 + 1.0) / 3.0,
+        "the liar weighs a third",
+    );
     let honest = report_as(&state, "tok-b", "b1", 100, load(0.1)).await;
     let moved = level(&honest).unwrap() - 0.5;
     assert!(
@@ -463,9 +469,16 @@ async fn a_lie_is_clamped_and_stale_after_the_services_cap() {
     )
     .await;
     assert_eq!(lie.status, StatusCode::OK, "{lie:?}");
-    assert_near(level(&lie).unwrap(), 0.6, "(1 + 0.2) / 2, not (10 + 0.2) / 2");
+    assert_near(
+        level(&lie).unwrap(),
+        0.6,
+        "(1 + 0.2) / 2, not (10 + 0.2) / 2",
+    );
     let value = stored(&redis, "liar").unwrap();
-    assert!(value.starts_with("1,1,0,5000,"), "clamped, fresh 5 s: {value}");
+    assert!(
+        value.starts_with("1,1,0,5000,"),
+        "clamped, fresh 5 s: {value}"
+    );
 
     // the tests' clock: the service answered the liar 60 s, it stays fresh 5 s
     let at = |ms: u64| T0_US + ms * MS;
@@ -539,7 +552,11 @@ async fn one_credential_fills_only_its_own_hash() {
     assert_eq!(fields_under(&redis, "liar"), 256, "at most 256 ids");
     assert_eq!(refused, 10_000 - 255);
     // the liar's own proxy already recorded still replaces its report
-    assert!(fleet("liar", "liar/real".into(), 1.0, at(1_001)).await.recorded);
+    assert!(
+        fleet("liar", "liar/real".into(), 1.0, at(1_001))
+            .await
+            .recorded
+    );
 
     // a real proxy restarting under a new id, under another credential: recorded
     let restarted = fleet("edge-a", "edge-a/p1-restarted".into(), 0.2, at(1_002)).await;
