@@ -117,7 +117,7 @@ async fn readyz(state: &AppState) -> StatusCode {
 /// The fleet's load reports live in keys of one hash slot: on a cluster, one `EVALSHA` on the node of
 /// that slot.
 #[tokio::test]
-async fn load_reports_meet_in_one_key_on_a_cluster() {
+async fn load_reports_meet_in_one_hash_slot_on_a_cluster() {
     let cluster = RedisCluster::start(3).unwrap();
     // every sync reads the live overrides (one call each, counted below)
     let state = AppState::new(settings(
