@@ -210,7 +210,7 @@ bench-service: deps build-service build-stack ## counter service key updates/s v
 bench-redis: deps build ## Redis CPU per admitted request, cached vs strict, Zipf and uniform keys, four proxies (~1 min)
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-tests --features wasm,redis --example redis_cost
 
-bench-redis-scripts: deps ## Redis time per call of check.lua and per entry of sync.lua (0, 1, 3, 4 leases, new keys) vs token_bucket.lua, in isolation (~1 min)
+bench-redis-scripts: deps ## Redis time per call of check.lua and per entry of sync.lua (0, 1, 3, 4 leases, new keys) vs token_bucket.lua, and of fleet.lua after 10,000 made-up proxy ids, in isolation (~1 min)
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-counter-service --example redis_scripts
 
 bench-hotpath: build-filter ## wasm instructions and host calls per request, sluice vs the floor, every algorithm (counted, not timed)

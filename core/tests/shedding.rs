@@ -35,6 +35,16 @@ fn static_limit(n: u32) -> Limiter {
     )))
 }
 
+/// As [`static_limit`], believing the fleet level with `fleet_margin` (1: fully).
+fn static_limit_with_margin(n: u32, margin: f64) -> Limiter {
+    limiter(&format!(
+        r#"{{"shedding": {{"class_header": "x-class", "classes": {{"high": 0.9, "low": 0.7}},
+            "fleet_margin": {margin},
+            "bulkheads": [{{"name": "api", "match": {{"path_prefix": "/api"}}, "limit": {{"static": {n}}},
+            "expensive": [{{"path_prefix": "/api/search"}}], "timeout_ms": 1000}}]}}}}"#
+    ))
+}
+
 fn request(class: &str) -> PlainRequest {
     PlainRequest::get("/api/x").with_header("x-class", class)
 }
@@ -222,7 +232,7 @@ fn health_checks_and_requests_of_no_bulkhead_are_neither_shed_nor_counted() {
 
 #[test]
 fn the_degradation_header_names_the_level_and_overwrites_the_clients() {
-    let limiter = static_limit(10);
+    let limiter = static_limit_with_margin(10, 1.0);
     let mut store = MemoryStore::default();
     let (_, _, effects) = start(
         &limiter,
@@ -252,7 +262,7 @@ fn the_degradation_header_names_the_level_and_overwrites_the_clients() {
 
 #[test]
 fn the_fleet_level_sheds_the_classes_below_it_everywhere() {
-    let limiter = static_limit(100);
+    let limiter = static_limit_with_margin(100, 1.0);
     let mut store = MemoryStore::default();
     let mut m = at(T0);
     m.fleet = Some(0.75);
@@ -275,6 +285,84 @@ fn the_fleet_level_sheds_the_classes_below_it_everywhere() {
         m,
     );
     assert_eq!(step, Step::Continue);
+}
+
+/// A fleet level far above the proxy's own utilization is not believed: at most its own plus
+/// `fleet_margin` (default 0.3). Whoever holds a proxy credential can report 1.0 for the fleet;
+/// an idle proxy then acts on 0.3, and sheds no class nor degrades.
+#[test]
+fn a_fleet_level_far_above_the_proxys_own_is_not_believed() {
+    let limiter = static_limit(100);
+    let shedding = limiter.policy().shedding.clone().unwrap();
+    assert_eq!(shedding.fleet_margin, 0.3);
+    let mut store = MemoryStore::default();
+    let mut lie = at(T0);
+    lie.fleet = Some(1.0);
+    let (_, step, effects) = start(&limiter, &mut store, request("low"), lie);
+    assert_eq!(step, Step::Continue, "an idle proxy does not believe 1.0");
+    assert!(effects.contains(&Effect::RequestHeader {
+        name: "x-sluice-load-level".into(),
+        value: "normal".into()
+    }));
+    let search = PlainRequest::get("/api/search").with_header("x-class", "low");
+    assert_eq!(start(&limiter, &mut store, search, lie).1, Step::Continue);
+
+    // What is believed: at most the bulkhead's smoothed utilization plus the margin.
+    let gauge = |use_milli| shed::Gauge {
+        use_milli,
+        ..shed::Gauge::default()
+    };
+    let believed = |margin: f64, use_milli, fleet| {
+        let shedding = shed::Shedding {
+            fleet_margin: margin,
+            ..shedding.clone()
+        };
+        shed::admission::believed_fleet(&shedding, &gauge(use_milli), fleet)
+    };
+    assert_eq!(believed(0.3, 0, Some(1.0)), Some(0.3));
+    assert_eq!(believed(0.3, 500, Some(1.0)), Some(0.8));
+    assert_eq!(
+        believed(0.3, 500, Some(0.6)),
+        Some(0.6),
+        "a level near its own"
+    );
+    assert_eq!(believed(0.3, 0, Some(0.1)), Some(0.1));
+    assert_eq!(
+        believed(1.0, 0, Some(0.9)),
+        Some(0.9),
+        "1 believes it fully"
+    );
+    assert_eq!(believed(0.0, 400, Some(0.9)), Some(0.4), "0: its own only");
+    assert_eq!(believed(0.3, 0, None), None);
+    // what no service sends, in case: out of [0, 1] is clamped, NaN ignored
+    assert_eq!(believed(1.0, 0, Some(7.0)), Some(1.0));
+    assert_eq!(believed(1.0, 0, Some(-1.0)), Some(0.0));
+    assert_eq!(believed(1.0, 0, Some(f64::NAN)), None);
+
+    // A proxy at half its limit believes up to 0.8: the low class (0.7) goes by the fleet.
+    let limiter = static_limit(10);
+    let mut store = MemoryStore::default();
+    let held: Vec<_> = (0..5)
+        .map(|_| start(&limiter, &mut store, request("high"), at(T0)).0)
+        .collect();
+    let shedding = limiter.policy().shedding.clone().unwrap();
+    let mut samples = vec![Samples::default()];
+    for i in 0..40 {
+        shed::tick(&shedding, &mut samples, T0 + i * 100 * MS, 0.5, &mut store);
+    }
+    let use_milli = gauge_of(&limiter, &mut store).use_milli;
+    assert!((450..=500).contains(&use_milli), "{use_milli}");
+    let mut busy = at(T0 + 4_000 * MS);
+    busy.fleet = Some(1.0);
+    let (_, step, _) = start(&limiter, &mut store, request("low"), busy);
+    assert!(reply(&step).body.contains("\"fleet\""), "{step:?}");
+    let (_, step, _) = start(&limiter, &mut store, request("high"), busy);
+    assert_eq!(step, Step::Continue, "0.9 is above 0.8");
+    drop(held);
+}
+
+fn gauge_of(limiter: &Limiter, store: &mut MemoryStore) -> shed::Gauge {
+    gauge(limiter.policy().shedding.as_ref().unwrap(), 0, store)
 }
 
 #[test]
@@ -660,6 +748,22 @@ fn configuration_errors_name_their_field() {
             r#"{"shedding": {"bulkheads": [{"name": "a", "limit": {"static": 1}, "surprise": 1}]}}"#,
             "shedding.bulkheads[0]",
         ),
+        (
+            r#"{"shedding": {"fleet_margin": 1.5, "bulkheads": [{"name": "a", "limit": {"static": 1}}]}}"#,
+            "shedding.fleet_margin",
+        ),
+        (
+            r#"{"shedding": {"fleet_margin": -0.1, "bulkheads": [{"name": "a", "limit": {"static": 1}}]}}"#,
+            "shedding.fleet_margin",
+        ),
+        (
+            r#"{"shedding": {"fleet_margin": 1e999, "bulkheads": [{"name": "a", "limit": {"static": 1}}]}}"#,
+            "shedding.fleet_margin",
+        ),
+        (
+            r#"{"shedding": {"fleet_margin": "NaN", "bulkheads": [{"name": "a", "limit": {"static": 1}}]}}"#,
+            "shedding.fleet_margin",
+        ),
     ];
     for (json, field) in cases {
         let error = sluice_core::parse(json.as_bytes()).unwrap_err();
@@ -685,4 +789,31 @@ fn a_sync_round_carries_the_load_even_with_no_key_to_report() {
     let load = batch.request.load.unwrap();
     assert_eq!(load.utilization, 0.25);
     let _ = store.get("x");
+}
+
+/// A waiter is seated by the fleet level it believes, as a newcomer is admitted: a lie of 1.0
+/// does not keep an idle proxy's waiters out of free slots.
+#[test]
+fn a_waiter_is_seated_despite_a_fleet_level_it_does_not_believe() {
+    let limiter = limiter(&shedding(
+        r#"{"name": "api", "limit": {"static": 2}, "queue": {"size": 8, "max_wait_ms": 100}}"#,
+    ));
+    let shedding = limiter.policy().shedding.clone().unwrap();
+    let mut store = MemoryStore::default();
+    let (mut a, _, _) = start(&limiter, &mut store, request("critical"), at(T0));
+    let (_b, _, _) = start(&limiter, &mut store, request("critical"), at(T0));
+    let mut queue = WaitQueue::default();
+    let (_, step, _) = start(&limiter, &mut store, request("high"), at(T0));
+    let Step::Queue { seat, .. } = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(
+        queue.push(&shedding, 7, seat, T0, None, &mut store),
+        Queued::Waiting
+    );
+    a.finish(&limiter, &mut store);
+    // 1 of 2 in flight, never ticked (its smoothed utilization 0): it believes 0.3 of the 1.0
+    let seated = queue.admit(&shedding, Some(1.0), &mut store);
+    assert_eq!(seated.iter().map(|w| w.id).collect::<Vec<_>>(), vec![7]);
+    assert_eq!(in_flight(&limiter, &mut store), 2);
 }

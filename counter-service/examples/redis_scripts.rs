@@ -18,15 +18,22 @@
 //! beside it a script making `sync.lua`'s Redis calls per entry without its Lua.
 //! `--sync-baseline FILE` runs the same cases with FILE in place of `lua/sync.lua`.
 //!
+//! And `fleet.lua`, per load report: an honest proxy's report with no other report and after a
+//! liar's 10,000 reports under made-up ids of one credential, and the liar's own reports.
+//! `--fleet-baseline FILE` runs the same cases with FILE in place of `lua/fleet.lua` (a version
+//! that kept every report in one hash); `--fleet` runs the fleet cases alone.
+//!
 //! `cargo run --release -p sluice-counter-service --example redis_scripts -- [--calls N]
-//! [--rounds N] [--baseline FILE] [--sync-baseline FILE]` (`make bench-redis-scripts`; needs
-//! `redis-server`).
+//! [--rounds N] [--baseline FILE] [--sync-baseline FILE] [--fleet] [--fleet-baseline FILE]`
+//! (`make bench-redis-scripts`; needs `redis-server`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use sluice_counter_service::scripts::{CHECK_LUA, PRELUDE_LUA, SYNC_LUA, TOKEN_BUCKET_LUA};
+use sluice_counter_service::scripts::{
+    CHECK_LUA, FLEET_LUA, PRELUDE_LUA, SYNC_LUA, TOKEN_BUCKET_LUA,
+};
 use sluice_tests::redis::Redis;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -343,6 +350,8 @@ fn main() -> Result<()> {
     let mut rounds = 9usize;
     let mut baseline = None;
     let mut sync_baseline = None;
+    let mut fleet_baseline = None;
+    let mut fleet_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
@@ -359,12 +368,21 @@ fn main() -> Result<()> {
                 let body = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
                 sync_baseline = Some(format!("{PRELUDE_LUA}\n{body}"));
             }
+            "--fleet-baseline" => {
+                let path = value()?;
+                let body = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+                fleet_baseline = Some(format!("{PRELUDE_LUA}\n{body}"));
+            }
+            "--fleet" => fleet_only = true,
             other => bail!("unknown argument {other}"),
         }
     }
 
     let redis = Redis::start_with(&["--save", "", "--appendonly", "no"])?;
     let mut connection = Connection::open(redis.port())?;
+    if fleet_only {
+        return run_fleet(&redis, &mut connection, calls, rounds, fleet_baseline);
+    }
     let load = |text: &str| redis.text(&["SCRIPT", "LOAD", text]);
     let check_sha = load(CHECK_LUA)?;
     let bucket_sha = load(TOKEN_BUCKET_LUA)?;
@@ -551,6 +569,209 @@ fn main() -> Result<()> {
             median(&case.figures),
             median(&case.all),
             median(&case.cpu)
+        );
+    }
+    // a tenth of the calls: the baseline's calls after 10,000 reports take milliseconds each
+    run_fleet(
+        &redis,
+        &mut connection,
+        (calls / 10).max(1),
+        rounds,
+        fleet_baseline,
+    )
+}
+
+/// The fleet cases: one `fleet.lua` call per load report, of an honest proxy under its own
+/// credential, with no other report and after a liar sent 10,000 reports under made-up ids of
+/// one credential (fresh for an hour); and the liar's own calls, each under a new id. With
+/// `--fleet-baseline FILE` (e.g. `git show <commit>:lua/fleet.lua > fleet-before.lua`), the same
+/// cases with the version that kept every report in one hash (`sluice:fleet:load`, its ARGV).
+struct FleetCase {
+    name: String,
+    /// The version before (one hash, its ARGV), not the current one.
+    baseline: bool,
+    /// Made-up ids the liar reported under before the case.
+    fakes: usize,
+    /// The calls measured are the liar's (each a new id), not the honest proxy's.
+    liar: bool,
+    figures: Vec<f64>,
+}
+
+/// A report as `fleet.lua` (current, or the baseline) is called for it; `window_ms` is how long
+/// it stays fresh.
+fn fleet_args<'a>(
+    sha: &'a str,
+    baseline: bool,
+    credential: &'a str,
+    proxy: &'a str,
+    utilization: &'a str,
+    numbers: &'a [String; 2],
+) -> Vec<&'a str> {
+    let [window_ms, proxies_key] = numbers;
+    if baseline {
+        // interval_ms, fresh_intervals 3, min_fresh_ms 1000, max_fields 10000: fresh for window_ms
+        vec![
+            "EVALSHA",
+            sha,
+            "1",
+            "sluice:fleet:load",
+            "0",
+            proxy,
+            utilization,
+            "0",
+            "1",
+            window_ms,
+            "1",
+            "1000",
+            "10000",
+        ]
+    } else {
+        vec![
+            "EVALSHA",
+            sha,
+            "2",
+            "sluice:fleet:{fleet}:credentials",
+            proxies_key,
+            "0",
+            credential,
+            proxy,
+            utilization,
+            "0",
+            "1",
+            window_ms,
+            "256",
+            "100",
+        ]
+    }
+}
+
+fn run_fleet(
+    redis: &Redis,
+    connection: &mut Connection,
+    calls: usize,
+    rounds: usize,
+    baseline: Option<String>,
+) -> Result<()> {
+    let sha = redis.text(&["SCRIPT", "LOAD", FLEET_LUA])?;
+    let baseline_sha = match &baseline {
+        Some(text) => Some(redis.text(&["SCRIPT", "LOAD", text])?),
+        None => None,
+    };
+    let mut cases = Vec::new();
+    for is_baseline in [true, false] {
+        if is_baseline && baseline_sha.is_none() {
+            continue;
+        }
+        let which = if is_baseline {
+            "fleet.lua (baseline)"
+        } else {
+            "fleet.lua"
+        };
+        for (fakes, liar) in [(0, false), (10_000, false), (10_000, true)] {
+            let who = if liar {
+                "the liar, a new id each call"
+            } else {
+                "an honest proxy"
+            };
+            cases.push(FleetCase {
+                name: format!("{which}, {who}, after {fakes} made-up ids"),
+                baseline: is_baseline,
+                fakes,
+                liar,
+                figures: Vec::new(),
+            });
+        }
+    }
+    // an hour: every report stays fresh during the run
+    let long = [
+        3_600_000.to_string(),
+        "sluice:fleet:{fleet}:proxies:liar".to_owned(),
+    ];
+    let honest_numbers = [
+        3_600_000.to_string(),
+        "sluice:fleet:{fleet}:proxies:edge".to_owned(),
+    ];
+    for round in 0..rounds {
+        for case in cases.iter_mut() {
+            redis.query(&["FLUSHALL"])?;
+            let sha = if case.baseline {
+                baseline_sha.as_deref().unwrap_or_default()
+            } else {
+                sha.as_str()
+            };
+            if case.baseline {
+                // written directly: the baseline's own calls would take minutes to fill its hash
+                let time = redis.query(&["TIME"])?;
+                let now_ms = match time {
+                    sluice_tests::redis::Reply::Array(parts) => {
+                        parts
+                            .first()
+                            .and_then(|p| p.text())
+                            .unwrap_or("0")
+                            .parse::<u64>()?
+                            * 1000
+                    }
+                    other => bail!("TIME answered {other:?}"),
+                };
+                let value = format!("1,0,1,1200000,{now_ms}");
+                let names: Vec<String> =
+                    (0..case.fakes).map(|i| format!("liar/fake-{i}")).collect();
+                for chunk in names.chunks(1000) {
+                    let mut hset = vec!["HSET", "sluice:fleet:load"];
+                    for name in chunk {
+                        hset.push(name);
+                        hset.push(&value);
+                    }
+                    redis.query(&hset)?;
+                }
+            } else {
+                for i in 0..case.fakes {
+                    let proxy = format!("liar/fake-{i}");
+                    connection.call(&fleet_args(sha, false, "liar", &proxy, "1", &long))?;
+                }
+            }
+            let before = evalsha_stats(redis)?;
+            for i in 0..calls {
+                let reply = if case.liar {
+                    let proxy = format!("liar/new-{i}");
+                    connection.call(&fleet_args(sha, case.baseline, "liar", &proxy, "1", &long))?
+                } else {
+                    let args = fleet_args(
+                        sha,
+                        case.baseline,
+                        "edge",
+                        "edge/p1",
+                        "0.2",
+                        &honest_numbers,
+                    );
+                    connection.call(&args)?
+                };
+                if !case.liar && !case.baseline && reply.get(1) != Some(&1) {
+                    bail!("{}: the report was not recorded: {reply:?}", case.name);
+                }
+            }
+            let after = evalsha_stats(redis)?;
+            let made = after.0 - before.0;
+            if made != calls as u64 {
+                bail!("{}: Redis counted {made} calls, not {calls}", case.name);
+            }
+            case.figures.push((after.1 - before.1) as f64 / made as f64);
+        }
+        eprintln!("fleet round {}/{rounds} done", round + 1);
+    }
+    redis.query(&["FLUSHALL"])?;
+    println!();
+    println!("fleet.lua, {rounds} rounds of {calls} calls per case, interleaved; `INFO commandstats` usec per `EVALSHA`:");
+    println!();
+    println!("| case | median µs / call | min | max |");
+    println!("| --- | ---: | ---: | ---: |");
+    for case in &cases {
+        let min = case.figures.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = case.figures.iter().copied().fold(0.0, f64::max);
+        println!(
+            "| {} | {:.2} | {min:.2} | {max:.2} |",
+            case.name,
+            median(&case.figures)
         );
     }
     Ok(())

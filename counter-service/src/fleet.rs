@@ -1,6 +1,14 @@
-//! The fleet's load level (`lua/fleet.lua`): a sync that carries a [`LoadReport`] records it in
-//! one Redis hash, and is answered the mean utilization of the proxies whose report is fresh,
-//! which every proxy sheds by besides its own load (load balancing is never perfectly even).
+//! The fleet's load level (`lua/fleet.lua`): a sync that carries a [`LoadReport`] records it under
+//! its credential, and is answered the mean over the credentials of each one's mean utilization
+//! over its proxies whose report is fresh, which every proxy sheds by besides its own load (load
+//! balancing is never perfectly even).
+//!
+//! What one caller can do to the level is bounded here: a report's utilization and shed rate are
+//! clamped to [0, 1]; the service, not the proxy, decides how long a report stays fresh (at most
+//! `--fleet-report-max-age-ms`); every credential weighs 1 however many proxy ids it reports
+//! under, and holds at most `--fleet-max-proxies-per-credential` of them, so what one credential
+//! writes costs the others nothing. (Each proxy also believes the level only up to its own
+//! utilization plus its `fleet_margin`.)
 //!
 //! The level is advisory: when Redis fails for it, the sync is answered its grants and no level.
 //! Freshness is measured with Redis `TIME`, so every replica of the service agrees on it.
@@ -10,41 +18,77 @@ use sluice_protocol::LoadReport;
 use crate::backend::BackendError;
 use crate::state::AppState;
 
-/// The one Redis key of the fleet's load reports: a hash, one field per proxy id. (The limit keys
-/// all start `sluice:{`, so no entry key can name it.)
-pub const FLEET_KEY: &str = "sluice:fleet:load";
-/// Most reports the hash holds: past it, a proxy not yet in it is not recorded (see
-/// `lua/fleet.lua` for why a newcomer is refused rather than the oldest evicted).
-pub const MAX_FLEET_PROXIES: u64 = 10_000;
-/// A report stays fresh for this many of its proxy's sync intervals...
+/// The hash of the credentials' aggregates and the fleet's totals (see `lua/fleet.lua`). Every
+/// fleet key carries the `{fleet}` hash tag, so one call's keys share a Redis Cluster hash slot;
+/// they start `sluice:fleet:`, so no entry key (`sluice:{…`) can name them.
+pub const FLEET_CREDENTIALS_KEY: &str = "sluice:fleet:{fleet}:credentials";
+/// The credential under which the reports of a shared token (or of no token) are kept: not a
+/// valid credential name, so no `--tokens-file` name can be it.
+pub const SHARED_CREDENTIAL: &str = "*";
+/// A report stays fresh for this many of the intervals the service answered its proxy...
 pub const FRESH_INTERVALS: u64 = 3;
-/// ...and at least this long, in milliseconds.
+/// ...and at least this long, in milliseconds (and never longer than
+/// `--fleet-report-max-age-ms`).
 pub const MIN_FRESH_MS: u64 = 1_000;
+/// How old (ms) a credential's aggregate or the fleet's totals may grow before they are rebuilt
+/// from what they sum (in between they are kept up to date at each report).
+pub const REFRESH_MS: u64 = 100;
+
+/// The hash of one credential's load reports: one field per proxy id.
+pub fn proxies_key(credential: &str) -> String {
+    format!("sluice:fleet:{{fleet}}:proxies:{credential}")
+}
+
+/// How long a report stays fresh, in milliseconds: three of the intervals the service answered
+/// (`interval_ms`), at least [`MIN_FRESH_MS`], at most `max_age_ms`. Whatever interval a proxy
+/// names, its report counts no longer than `max_age_ms`.
+pub fn fresh_window_ms(interval_ms: u64, max_age_ms: u64) -> u64 {
+    interval_ms
+        .saturating_mul(FRESH_INTERVALS)
+        .max(MIN_FRESH_MS)
+        .min(max_age_ms)
+        .max(1)
+}
+
+/// A fraction as the fleet counts it: in [0, 1] (0 for what is not a number).
+pub fn unit(value: f64) -> f64 {
+    if value.is_nan() {
+        0.0
+    } else {
+        value.clamp(0.0, 1.0)
+    }
+}
 
 /// What `lua/fleet.lua` answered for one report.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fleet {
-    /// The mean utilization of the fresh reports, in [0, 1] (0 if none is fresh).
+    /// The mean over the credentials of their mean utilization, in [0, 1] (0 if none is fresh).
     pub level: f64,
-    /// How many proxies' reports are fresh, this one's included when recorded.
+    /// How many proxies' reports are counted, this one's included when recorded.
     pub proxies: u64,
-    /// Whether this report was recorded (not when the hash was full of fresh reports).
+    /// How many credentials the level is the mean of.
+    pub credentials: u64,
+    /// Whether this report was recorded (not when its credential already had
+    /// `--fleet-max-proxies-per-credential` fresh reports under other ids).
     pub recorded: bool,
 }
 
 /// The fleet level to answer a sync that carried `load`: records the report of `proxy` (the id
-/// as the service keeps it, namespaced by its credential) and answers the level, or `None` if
-/// no report is fresh or Redis failed (logged and counted: the level is advisory, the sync
-/// goes on). `interval_ms` is the longest the proxy waits before its next sync: the hint it is
-/// answered, which is never below its clamped interval.
+/// as the service keeps it, namespaced by its credential) under `credential` (its name with
+/// `--tokens-file`, `None` with a shared token) and answers the level, or `None` if no report is
+/// fresh or Redis failed (logged and counted: the level is advisory, the sync goes on).
+/// `interval_ms` is the longest the proxy waits before its next sync: the hint it is answered,
+/// which is never below its clamped interval.
 pub async fn level(
     state: &AppState,
+    credential: Option<&str>,
     proxy: &str,
     load: &LoadReport,
     interval_ms: u64,
 ) -> Option<f64> {
     let metrics = &state.metrics;
-    match report(state, proxy, load, interval_ms, 0).await {
+    let credential = credential.unwrap_or(SHARED_CREDENTIAL);
+    match report(state, credential, proxy, load, interval_ms, 0).await {
         Ok(fleet) => {
             if fleet.recorded {
                 metrics.load_reported("recorded");
@@ -52,12 +96,15 @@ pub async fn level(
                 metrics.load_reported("full");
                 tracing::debug!(
                     proxy,
-                    "load report not recorded: {MAX_FLEET_PROXIES} fresh reports already"
+                    credential,
+                    "load report not recorded: its credential has {} fresh reports already",
+                    state.settings.fleet_max_proxies_per_credential
                 );
             }
             metrics.fleet_load_level.set(fleet.level);
             metrics.fleet_proxies.set(fleet.proxies as i64);
-            (fleet.proxies > 0).then_some(fleet.level)
+            metrics.fleet_credentials.set(fleet.credentials as i64);
+            (fleet.credentials > 0).then_some(fleet.level)
         }
         Err(error) => {
             metrics.load_reported("error");
@@ -67,29 +114,36 @@ pub async fn level(
     }
 }
 
-/// Records a (validated) report and reads the fleet: one `lua/fleet.lua` call.
-/// `now_override_us` is 0 in service (Redis `TIME` is the clock); tests pass a fake time.
+/// Records a (validated) report of `proxy` under `credential` ([`SHARED_CREDENTIAL`] for a
+/// shared token) and reads the fleet: one `lua/fleet.lua` call. The report's utilization and
+/// shed rate are clamped to [0, 1] first; it stays fresh for [`fresh_window_ms`] of
+/// `interval_ms`. `now_override_us` is 0 in service (Redis `TIME` is the clock); tests pass a
+/// fake time.
 pub async fn report(
     state: &AppState,
+    credential: &str,
     proxy: &str,
     load: &LoadReport,
     interval_ms: u64,
     now_override_us: u64,
 ) -> Result<Fleet, BackendError> {
+    let settings = &state.settings;
+    let window_ms = fresh_window_ms(interval_ms, settings.fleet_report_max_age_ms);
     let mut invocation = state.scripts.fleet.prepare_invoke();
     invocation
-        .key(FLEET_KEY)
+        .key(FLEET_CREDENTIALS_KEY)
+        .key(proxies_key(credential))
         .arg(now_override_us)
+        .arg(credential)
         .arg(proxy)
-        .arg(load.utilization)
-        .arg(load.shed_rate)
+        .arg(unit(load.utilization))
+        .arg(unit(load.shed_rate))
         .arg(load.latency_ms)
-        .arg(interval_ms)
-        .arg(FRESH_INTERVALS)
-        .arg(MIN_FRESH_MS)
-        .arg(MAX_FLEET_PROXIES);
+        .arg(window_ms)
+        .arg(settings.fleet_max_proxies_per_credential)
+        .arg(REFRESH_MS);
     state.metrics.script_called("fleet", 1);
-    let (level, proxies, recorded): (String, i64, i64) =
+    let (level, proxies, recorded, credentials): (String, i64, i64, i64) =
         state.backend.invoke("fleet", &invocation).await?;
     let level = level
         .parse::<f64>()
@@ -97,8 +151,35 @@ pub async fn report(
         .filter(|level| level.is_finite())
         .ok_or_else(|| BackendError::Reply(format!("fleet.lua answered the level {level:?}")))?;
     Ok(Fleet {
-        level: level.clamp(0.0, 1.0),
+        level: unit(level),
         proxies: u64::try_from(proxies).unwrap_or(0),
+        credentials: u64::try_from(credentials).unwrap_or(0),
         recorded: recorded == 1,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_service_decides_how_long_a_report_is_fresh() {
+        // three intervals, at least a second
+        assert_eq!(fresh_window_ms(100, 5_000), 1_000);
+        assert_eq!(fresh_window_ms(1_000, 5_000), 3_000);
+        // never longer than the cap, whatever interval was named
+        assert_eq!(fresh_window_ms(60_000, 5_000), 5_000);
+        assert_eq!(fresh_window_ms(u64::MAX, 5_000), 5_000);
+        assert_eq!(fresh_window_ms(100, 500), 500);
+        assert_eq!(fresh_window_ms(0, 0), 1);
+    }
+
+    #[test]
+    fn a_fraction_is_clamped_to_0_1() {
+        assert_eq!(unit(10.0), 1.0);
+        assert_eq!(unit(-0.5), 0.0);
+        assert_eq!(unit(f64::NAN), 0.0);
+        assert_eq!(unit(f64::INFINITY), 1.0);
+        assert_eq!(unit(0.25), 0.25);
+    }
 }

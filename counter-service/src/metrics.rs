@@ -53,8 +53,10 @@ pub struct Metrics {
     /// the mean of.
     pub fleet_load_level: Gauge<f64, AtomicU64>,
     pub fleet_proxies: Gauge,
-    /// Load reports, by outcome: `recorded`, `full` (the fleet hash was full: not recorded,
-    /// answered all the same), `error` (Redis failed: no level answered).
+    /// How many credentials the last fleet load level answered was the mean of.
+    pub fleet_credentials: Gauge,
+    /// Load reports, by outcome: `recorded`, `full` (the credential had as many fresh reports as
+    /// it may: not recorded, answered all the same), `error` (Redis failed: no level answered).
     load_reports: Family<Labels, Counter>,
     /// Changes made through the admin API, by action (`set_limits`, `delete_key`, …).
     admin_changes: Family<Labels, Counter>,
@@ -106,6 +108,7 @@ impl Metrics {
             next_sync_ms: Gauge::default(),
             fleet_load_level: Gauge::default(),
             fleet_proxies: Gauge::default(),
+            fleet_credentials: Gauge::default(),
             load_reports: Family::default(),
             admin_changes: Family::default(),
             overrides_expired: Counter::default(),
@@ -188,13 +191,18 @@ impl Metrics {
         );
         registry.register(
             "fleet_load_level",
-            "The last fleet load level answered (mean utilization of the fresh load reports)",
+            "The last fleet load level answered (mean over credentials of their fresh reports' mean utilization)",
             metrics.fleet_load_level.clone(),
         );
         registry.register(
             "fleet_proxies",
             "Proxies whose load report was fresh at the last fleet load level answered",
             metrics.fleet_proxies.clone(),
+        );
+        registry.register(
+            "fleet_credentials",
+            "Credentials the last fleet load level answered was the mean of",
+            metrics.fleet_credentials.clone(),
         );
         registry.register(
             "load_reports",

@@ -127,12 +127,33 @@ pub struct Settings {
     /// Most connections open at once; more wait in the listen backlog until one closes.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4_096)]
     pub max_connections: usize,
+
+    /// Longest a load report counts in the fleet level, in milliseconds (1 to 10800000): a report
+    /// is fresh for three of the intervals the service answered its proxy, at least 1 s, and
+    /// never longer than this, whatever interval the proxy names. Keep it at least three of the
+    /// proxies' longest sync interval.
+    #[arg(long, env = "SLUICE_FLEET_REPORT_MAX_AGE_MS", default_value_t = 5_000)]
+    pub fleet_report_max_age_ms: u64,
+
+    /// Most proxy ids one credential has load reports under (1 to 10000); past it, that
+    /// credential's reports under new ids are not recorded. With a shared token every proxy is
+    /// one credential: keep it at least the number of proxies.
+    #[arg(
+        long,
+        env = "SLUICE_FLEET_MAX_PROXIES_PER_CREDENTIAL",
+        default_value_t = 256
+    )]
+    pub fleet_max_proxies_per_credential: u64,
 }
 
 /// Longest `--max-sync-interval-ms`: one hour.
 pub const MAX_SYNC_INTERVAL_MS: u64 = 3_600_000;
 /// Most `--grant-ttl-intervals`.
 pub const MAX_GRANT_TTL_INTERVALS: u64 = 100;
+/// Longest `--fleet-report-max-age-ms`: three of the longest sync intervals.
+pub const MAX_FLEET_REPORT_AGE_MS: u64 = 3 * MAX_SYNC_INTERVAL_MS;
+/// Most `--fleet-max-proxies-per-credential`: a credential's reports are read in one call.
+pub const MAX_FLEET_PROXIES_PER_CREDENTIAL: u64 = 10_000;
 
 /// Largest admin API body (`--max-body-bytes` bounds it too).
 pub const ADMIN_MAX_BODY_BYTES: usize = 64 << 10;
@@ -168,6 +189,11 @@ impl Settings {
             ("--header-read-timeout-ms", self.header_read_timeout_ms),
             ("--max-connections", self.max_connections as u64),
             ("--overrides-max-bytes", self.overrides_max_bytes),
+            ("--fleet-report-max-age-ms", self.fleet_report_max_age_ms),
+            (
+                "--fleet-max-proxies-per-credential",
+                self.fleet_max_proxies_per_credential,
+            ),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -188,6 +214,17 @@ impl Settings {
         if self.overrides_max_bytes > most {
             return Err(format!(
                 "--overrides-max-bytes must be at most {most} (what a proxy keeps)"
+            ));
+        }
+        if self.fleet_report_max_age_ms > MAX_FLEET_REPORT_AGE_MS {
+            return Err(format!(
+                "--fleet-report-max-age-ms must be at most {MAX_FLEET_REPORT_AGE_MS}"
+            ));
+        }
+        if self.fleet_max_proxies_per_credential > MAX_FLEET_PROXIES_PER_CREDENTIAL {
+            return Err(format!(
+                "--fleet-max-proxies-per-credential must be at most \
+                 {MAX_FLEET_PROXIES_PER_CREDENTIAL}"
             ));
         }
         if self.min_sync_interval_ms > self.max_sync_interval_ms {
@@ -426,6 +463,32 @@ mod tests {
         assert_eq!(
             bound("0").validate().unwrap_err(),
             "--overrides-max-bytes must be at least 1"
+        );
+    }
+
+    #[test]
+    fn the_fleet_bounds_are_bounded() {
+        let settings = parse(&["--token", "t"]);
+        assert_eq!(settings.fleet_report_max_age_ms, 5_000);
+        assert_eq!(settings.fleet_max_proxies_per_credential, 256);
+        let fleet = |flag: &str, value: &str| parse(&["--token", "t", flag, value]).validate();
+        assert!(fleet("--fleet-report-max-age-ms", "10800000").is_ok());
+        assert_eq!(
+            fleet("--fleet-report-max-age-ms", "10800001").unwrap_err(),
+            "--fleet-report-max-age-ms must be at most 10800000"
+        );
+        assert_eq!(
+            fleet("--fleet-report-max-age-ms", "0").unwrap_err(),
+            "--fleet-report-max-age-ms must be at least 1"
+        );
+        assert!(fleet("--fleet-max-proxies-per-credential", "10000").is_ok());
+        assert_eq!(
+            fleet("--fleet-max-proxies-per-credential", "10001").unwrap_err(),
+            "--fleet-max-proxies-per-credential must be at most 10000"
+        );
+        assert_eq!(
+            fleet("--fleet-max-proxies-per-credential", "0").unwrap_err(),
+            "--fleet-max-proxies-per-credential must be at least 1"
         );
     }
 

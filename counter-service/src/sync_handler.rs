@@ -75,7 +75,9 @@ pub async fn handle(
     // A sync without a report leaves the fleet alone and gets no level: only a proxy that sheds
     // reports its load, and only it uses the level.
     overrides.load_level = match &request.load {
-        Some(load) => fleet::level(&state, &proxy, load, next_sync_ms).await,
+        Some(load) => {
+            fleet::level(&state, caller.name.as_deref(), &proxy, load, next_sync_ms).await
+        }
         None => None,
     };
     Ok(Json(SyncResponse {

@@ -114,9 +114,10 @@ async fn readyz(state: &AppState) -> StatusCode {
     get(state, "/readyz").await.status
 }
 
-/// The fleet's load reports live in one key: on a cluster, one `EVALSHA` on the node of its slot.
+/// The fleet's load reports live in keys of one hash slot: on a cluster, one `EVALSHA` on the node of
+/// that slot.
 #[tokio::test]
-async fn load_reports_meet_in_one_key_on_a_cluster() {
+async fn load_reports_meet_in_one_hash_slot_on_a_cluster() {
     let cluster = RedisCluster::start(3).unwrap();
     // every sync reads the live overrides (one call each, counted below)
     let state = AppState::new(settings(
@@ -136,11 +137,16 @@ async fn load_reports_meet_in_one_key_on_a_cluster() {
     assert_eq!(second.body["hints"]["overrides"]["load_level"], 0.5);
     // the fleet's call, and the live overrides' one
     assert_eq!(cluster.command_calls("evalsha").unwrap(), 2);
+    let proxies = fleet::proxies_key(fleet::SHARED_CREDENTIAL);
     let holding: Vec<_> = cluster
         .nodes()
         .iter()
-        .filter(|node| node.text(&["EXISTS", fleet::FLEET_KEY]).unwrap_or_default() == "1")
+        .filter(|node| {
+            node.text(&["EXISTS", fleet::FLEET_CREDENTIALS_KEY, &proxies])
+                .unwrap_or_default()
+                == "2"
+        })
         .collect();
-    assert_eq!(holding.len(), 1, "one key, on one master");
-    assert_eq!(holding[0].text(&["HLEN", fleet::FLEET_KEY]).unwrap(), "2");
+    assert_eq!(holding.len(), 1, "both keys, on one master");
+    assert_eq!(holding[0].text(&["HLEN", &proxies]).unwrap(), "2");
 }

@@ -1,7 +1,10 @@
 //! The fleet load level (`lua/fleet.lua`) on a real Redis: a sync that carries its proxy's load is
-//! answered the mean utilization of the proxies whose report is fresh; a stale report stops
-//! counting; an invalid report refuses the sync; a sync without a report gets no level; the level
-//! is advisory when Redis fails for it; the hash is capped.
+//! answered the mean over credentials of their fresh reports' mean utilization; a stale report
+//! stops counting; an invalid report refuses the sync; a sync without a report gets no level; the
+//! level is advisory when Redis fails for it. And what one liar can do: a report is clamped to
+//! [0, 1] and stays fresh no longer than the service's cap, whatever interval it names; a
+//! credential weighs 1 however many proxy ids it uses, and holds at most so many, so the others'
+//! reports are always recorded and cost no more.
 
 mod common;
 
@@ -11,7 +14,7 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use common::{call, get, post, state, Answer};
 use serde_json::{json, Value};
-use sluice_counter_service::fleet::{self, FLEET_KEY, MAX_FLEET_PROXIES};
+use sluice_counter_service::fleet::{self, proxies_key, FLEET_CREDENTIALS_KEY, SHARED_CREDENTIAL};
 use sluice_counter_service::scripts::FLEET_LUA;
 use sluice_counter_service::AppState;
 use sluice_protocol::LoadReport;
@@ -69,16 +72,74 @@ async fn metrics(state: &AppState) -> String {
         .to_owned()
 }
 
+/// The report of `proxy` under the shared token.
 fn stored(redis: &Redis, proxy: &str) -> Option<String> {
+    stored_under(redis, SHARED_CREDENTIAL, proxy)
+}
+
+fn stored_under(redis: &Redis, credential: &str, proxy: &str) -> Option<String> {
     redis
-        .query(&["HGET", FLEET_KEY, proxy])
+        .query(&["HGET", &proxies_key(credential), proxy])
         .unwrap()
         .text()
         .map(str::to_owned)
 }
 
+/// How many reports the shared token's hash holds.
 fn fields(redis: &Redis) -> u64 {
-    redis.text(&["HLEN", FLEET_KEY]).unwrap().parse().unwrap()
+    fields_under(redis, SHARED_CREDENTIAL)
+}
+
+fn fields_under(redis: &Redis, credential: &str) -> u64 {
+    redis
+        .text(&["HLEN", &proxies_key(credential)])
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn assert_near(value: f64, expected: f64, context: &str) {
+    assert!(
+        (value - expected).abs() < 1e-9,
+        "{value} vs {expected}: {context}"
+    );
+}
+
+/// A state whose proxies hold the credentials of `tokens` (`name token` lines).
+fn state_with_tokens(redis: &Redis, tokens: &str, more: &[&str]) -> AppState {
+    let file = std::env::temp_dir().join(format!(
+        "sluice-{}-fleet-tokens-{}",
+        std::process::id(),
+        tokens.len()
+    ));
+    std::fs::write(&file, tokens).unwrap();
+    let mut args = vec!["--tokens-file", file.to_str().unwrap()];
+    args.extend_from_slice(more);
+    let settings = common::settings_without_token(&redis.url(), &args);
+    let state = AppState::new(settings).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    state
+}
+
+/// A sync of `proxy` under `token`, every `interval_ms`, reporting `load`.
+async fn report_as(
+    state: &AppState,
+    token: &str,
+    proxy: &str,
+    interval_ms: u64,
+    load: Value,
+) -> Answer {
+    let body = sync_body(proxy, interval_ms, Some(load));
+    let answer = call(
+        state,
+        "POST",
+        "/v1/sync",
+        Some(token),
+        Body::from(body.to_string()),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    answer
 }
 
 fn utilization(value: f64) -> LoadReport {
@@ -98,14 +159,15 @@ async fn two_proxies_at_0_2_and_0_8_are_both_answered_0_5() {
     let second = report(&state, "p2", 100, 0.8).await;
     assert_eq!(level(&second), Some(0.5), "{second:?}");
     let first = report(&state, "p1", 100, 0.2).await;
-    assert_eq!(level(&first), Some(0.5), "{first:?}");
+    assert_near(level(&first).unwrap(), 0.5, "p1 replaced its own report");
     assert_eq!(first.body["hints"]["next_sync_ms"], 100, "{first:?}");
 
-    // one field per proxy: utilization, shed_rate, latency_ms, interval_ms, time_ms (Redis TIME)
+    // one field per proxy: utilization, shed_rate, latency_ms, window_ms (how long it stays fresh:
+    // 3 × 100 ms, at least 1 s), time_ms (Redis TIME)
     assert_eq!(fields(&redis), 2);
     let value = stored(&redis, "p2").unwrap();
     let parts: Vec<&str> = value.split(',').collect();
-    assert_eq!(parts[..4], ["0.8", "0", "12.5", "100"], "{value}");
+    assert_eq!(parts[..4], ["0.8", "0", "12.5", "1000"], "{value}");
     let redis_now_ms = redis.query(&["TIME"]).unwrap();
     let Reply::Array(time) = redis_now_ms else {
         panic!("{redis_now_ms:?}")
@@ -113,13 +175,19 @@ async fn two_proxies_at_0_2_and_0_8_are_both_answered_0_5() {
     let now_ms = time[0].text().unwrap().parse::<u64>().unwrap() * 1000;
     let at: u64 = parts[4].parse().unwrap();
     assert!(now_ms.abs_diff(at) < 5_000, "{at} vs Redis TIME {now_ms}");
-    // the key expires with its freshest report (1 s: 3 × 100 ms is less)
-    let ttl: u64 = redis.text(&["PTTL", FLEET_KEY]).unwrap().parse().unwrap();
-    assert!((1..=1_000).contains(&ttl), "{ttl}");
+    // the keys expire with their freshest report (1 s: 3 × 100 ms is less)
+    for key in [
+        proxies_key(SHARED_CREDENTIAL),
+        FLEET_CREDENTIALS_KEY.to_owned(),
+    ] {
+        let ttl: u64 = redis.text(&["PTTL", &key]).unwrap().parse().unwrap();
+        assert!((1..=1_000).contains(&ttl), "{key}: {ttl}");
+    }
 
     let text = metrics(&state).await;
     assert!(text.contains("sluice_fleet_load_level 0.5"), "{text}");
     assert!(text.contains("sluice_fleet_proxies 2"), "{text}");
+    assert!(text.contains("sluice_fleet_credentials 1"), "{text}");
     assert!(
         text.contains("sluice_load_reports_total{outcome=\"recorded\"} 3"),
         "{text}"
@@ -129,14 +197,15 @@ async fn two_proxies_at_0_2_and_0_8_are_both_answered_0_5() {
         "{text}"
     );
 
-    // the level is a mean clamped to [0, 1]: a brief overload counts in full, up to 1
+    // a report is clamped to [0, 1] before it counts: a brief overload counts as 1
     let over = report(&state, "p3", 100, 2.9).await;
-    assert_eq!(level(&over), Some(1.0), "(0.2 + 0.8 + 2.9) / 3: {over:?}");
+    assert_near(level(&over).unwrap(), 2.0 / 3.0, "(0.2 + 0.8 + 1) / 3");
+    assert!(stored(&redis, "p3").unwrap().starts_with("1,0,12.5,1000,"));
 }
 
 /// Real time, Redis `TIME`: a proxy syncing every 10 ms is fresh for the floor of 1 s. Its
-/// report counts while surely younger, and no longer once surely older (the request's own time
-/// is the only uncertainty).
+/// report counts while surely younger, and no longer once surely older than that and the
+/// aggregate's refresh (100 ms; the request's own time is the other uncertainty).
 #[tokio::test]
 async fn a_stale_report_stops_counting_after_its_freshness_window() {
     let redis = Redis::start().unwrap();
@@ -152,14 +221,15 @@ async fn a_stale_report_stops_counting_after_its_freshness_window() {
         if answered - sent < Duration::from_millis(1_000) {
             assert_eq!(level(&answer), Some(0.5), "still fresh: {answer:?}");
             fresh += 1;
-        } else if asked - recorded >= Duration::from_millis(1_000) {
+        } else if asked - recorded >= Duration::from_millis(1_000 + fleet::REFRESH_MS) {
             assert_eq!(level(&answer), Some(0.2), "stale: {answer:?}");
             stale += 1;
             break;
         }
         assert!(sent.elapsed() < Duration::from_secs(4), "never stale");
         // just past the window when it is near, else every 250 ms
-        let until_stale = Duration::from_millis(1_010).saturating_sub(recorded.elapsed());
+        let until_stale =
+            Duration::from_millis(1_010 + fleet::REFRESH_MS).saturating_sub(recorded.elapsed());
         tokio::time::sleep(until_stale.min(Duration::from_millis(250))).await;
     }
     assert!(fresh >= 2 && stale == 1, "{fresh} {stale}");
@@ -167,7 +237,8 @@ async fn a_stale_report_stops_counting_after_its_freshness_window() {
     assert_eq!(fields(&redis), 1);
 }
 
-/// With the tests' clock: fresh while younger than 3 intervals, and at least 1 s.
+/// With the tests' clock: fresh while younger than 3 intervals, and at least 1 s; noticed stale
+/// at the credential's next report once its aggregate is 100 ms old.
 #[tokio::test]
 async fn freshness_is_three_intervals_and_at_least_a_second() {
     let redis = Redis::start().unwrap();
@@ -176,26 +247,33 @@ async fn freshness_is_three_intervals_and_at_least_a_second() {
     let fleet = |proxy: &'static str, value: f64, interval_ms: u64, now_us: u64| {
         let state = state.clone();
         async move {
-            fleet::report(&state, proxy, &utilization(value), interval_ms, now_us)
-                .await
-                .unwrap()
+            fleet::report(
+                &state,
+                SHARED_CREDENTIAL,
+                proxy,
+                &utilization(value),
+                interval_ms,
+                now_us,
+            )
+            .await
+            .unwrap()
         }
     };
-    // `slow` syncs every 2 s: fresh for 6 s; `fast` every 100 ms: fresh for 1 s (not 300 ms)
-    fleet("slow", 1.0, 2_000, at(0)).await;
+    // `slow` syncs every 1.5 s: fresh for 4.5 s; `fast` every 100 ms: fresh for 1 s (not 300 ms)
+    fleet("slow", 1.0, 1_500, at(0)).await;
     fleet("fast", 0.0, 100, at(0)).await;
     let watcher = |ms| fleet("watcher", 0.5, 100, at(ms));
     let seen = watcher(999).await;
     assert_eq!((seen.level, seen.proxies), (0.5, 3), "{seen:?}");
-    let seen = watcher(1_000).await;
+    let seen = watcher(1_099).await;
     assert_eq!(
         (seen.level, seen.proxies),
         (0.75, 2),
         "fast is stale: {seen:?}"
     );
-    let seen = watcher(5_999).await;
+    let seen = watcher(4_499).await;
     assert_eq!((seen.level, seen.proxies), (0.75, 2), "{seen:?}");
-    let seen = watcher(6_000).await;
+    let seen = watcher(4_599).await;
     assert_eq!(
         (seen.level, seen.proxies),
         (0.5, 1),
@@ -205,7 +283,7 @@ async fn freshness_is_three_intervals_and_at_least_a_second() {
     assert_eq!(fields(&redis), 1, "only the watcher is left");
     assert_eq!(
         stored(&redis, "watcher").unwrap(),
-        "0.5,0,1,100,1700000006000"
+        "0.5,0,1,1000,1700000004599"
     );
 }
 
@@ -269,7 +347,8 @@ async fn a_sync_without_load_works_and_gets_no_level() {
         "no load_level: {answer:?}"
     );
     assert_granted(&answer, 100);
-    assert_eq!(redis.text(&["EXISTS", FLEET_KEY]).unwrap(), "0");
+    let keys = [FLEET_CREDENTIALS_KEY, &proxies_key(SHARED_CREDENTIAL)];
+    assert_eq!(redis.text(&["EXISTS", keys[0], keys[1]]).unwrap(), "0");
 
     // nor while other proxies report: the hash is not touched, no level is answered
     report(&state, "new", 100, 0.4).await;
@@ -296,7 +375,9 @@ async fn a_sync_without_load_works_and_gets_no_level() {
 async fn a_failed_fleet_call_still_answers_the_grants() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    redis.query(&["SET", FLEET_KEY, "not a hash"]).unwrap();
+    redis
+        .query(&["SET", FLEET_CREDENTIALS_KEY, "not a hash"])
+        .unwrap();
     let answer = report(&state, "p1", 100, 0.5).await;
     assert_eq!(level(&answer), None, "{answer:?}");
     assert_eq!(answer.body["hints"]["next_sync_ms"], 100, "{answer:?}");
@@ -310,96 +391,190 @@ async fn a_failed_fleet_call_still_answers_the_grants() {
         "{text}"
     );
 
-    redis.query(&["DEL", FLEET_KEY]).unwrap();
+    redis.query(&["DEL", FLEET_CREDENTIALS_KEY]).unwrap();
     let answer = report(&state, "p1", 100, 0.5).await;
     assert_eq!(level(&answer), Some(0.5), "{answer:?}");
 }
 
-/// With `--tokens-file`, the field is the proxy id as the service keeps it: one holder cannot
-/// replace the report of another's proxy by sending its id.
+/// With `--tokens-file`, the field is the proxy id as the service keeps it, in its credential's
+/// hash: one holder cannot replace the report of another's proxy by sending its id.
 #[tokio::test]
 async fn the_field_is_the_proxy_id_under_its_credential() {
     let redis = Redis::start().unwrap();
-    let file = std::env::temp_dir().join(format!("sluice-{}-fleet-tokens", std::process::id()));
-    std::fs::write(&file, "edge-a tok-a\nedge-b tok-b\n").unwrap();
-    let settings =
-        common::settings_without_token(&redis.url(), &["--tokens-file", file.to_str().unwrap()]);
-    let state = AppState::new(settings).unwrap();
-    std::fs::remove_file(&file).unwrap();
-    let sync = |token: &'static str, utilization: f64| {
-        let state = state.clone();
-        async move {
-            let body = sync_body("p1", 100, Some(load(utilization)));
-            call(
-                &state,
-                "POST",
-                "/v1/sync",
-                Some(token),
-                Body::from(body.to_string()),
-            )
-            .await
-        }
-    };
-    assert_eq!(level(&sync("tok-a", 0.2).await), Some(0.2));
-    assert_eq!(level(&sync("tok-b", 0.6).await), Some(0.4));
-    assert!(stored(&redis, "edge-a/p1").unwrap().starts_with("0.2,"));
-    assert!(stored(&redis, "edge-b/p1").unwrap().starts_with("0.6,"));
+    let state = state_with_tokens(&redis, "edge-a tok-a\nedge-b tok-b\n", &[]);
+    let a = report_as(&state, "tok-a", "p1", 100, load(0.2)).await;
+    assert_eq!(level(&a), Some(0.2));
+    let b = report_as(&state, "tok-b", "p1", 100, load(0.6)).await;
+    assert_eq!(level(&b), Some(0.4));
+    assert!(stored_under(&redis, "edge-a", "edge-a/p1")
+        .unwrap()
+        .starts_with("0.2,"));
+    assert!(stored_under(&redis, "edge-b", "edge-b/p1")
+        .unwrap()
+        .starts_with("0.6,"));
     assert_eq!(stored(&redis, "p1"), None);
 }
 
-/// At most MAX_FLEET_PROXIES reports: a newcomer is refused (and answered the others' level)
-/// while every report is fresh; a proxy in the hash still replaces its own; a stale report
-/// makes room.
+/// Every credential weighs 1 however many proxy ids it reports under: the level is the mean of
+/// the credentials' means, so one credential's 21 ids at 1.0 move it by at most 1 / credentials.
+/// (On a shared token, the one credential, it is the mean over proxies, as before.)
 #[tokio::test]
-async fn a_full_hash_refuses_newcomers_not_the_running_proxies() {
+async fn each_credential_weighs_one_however_many_ids_it_uses() {
+    let redis = Redis::start().unwrap();
+    let state = state_with_tokens(&redis, "edge-a tok-a\nedge-b tok-b\nliar tok-liar\n", &[]);
+    // edge-a: three proxies at 0.9; edge-b: one at 0.1. Per proxy the mean would be 0.7.
+    for proxy in ["a1", "a2", "a3"] {
+        report_as(&state, "tok-a", proxy, 100, load(0.9)).await;
+    }
+    let b = report_as(&state, "tok-b", "b1", 100, load(0.1)).await;
+    assert_near(level(&b).unwrap(), 0.5, "(0.9 + 0.1) / 2");
+    let text = metrics(&state).await;
+    assert!(text.contains("sluice_fleet_credentials 2"), "{text}");
+    assert!(text.contains("sluice_fleet_proxies 4"), "{text}");
+
+    // the liar: 21 ids at 1.0 (and one at 10, clamped), one credential among three
+    for i in 0..21 {
+        report_as(&state, "tok-liar", &format!("fake-{i}"), 100, load(1.0)).await;
+    }
+    let lie = report_as(&state, "tok-liar", "fake-x", 60_000, load(10.0)).await;
+    assert_near(
+        level(&lie).unwrap(),
+        (0.9 + 0.1 + 1.0) / 3.0,
+        "the liar weighs a third",
+    );
+    let honest = report_as(&state, "tok-b", "b1", 100, load(0.1)).await;
+    let moved = level(&honest).unwrap() - 0.5;
+    assert!(
+        moved <= (1.0 - 0.5) / 3.0 + 1e-9,
+        "one credential of three moved the level by {moved}"
+    );
+}
+
+/// A liar's `utilization: 10` and `interval_ms: 60000` (the service's longest interval): its report
+/// is recorded clamped to 1, and stays fresh for the service's cap (5 s), not 3 minutes.
+#[tokio::test]
+async fn a_lie_is_clamped_and_stale_after_the_services_cap() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    // MAX_FLEET_PROXIES - 1 proxies at 0.5 reported at T0, syncing every second (fresh for 3 s)
-    let t0_ms = (T0_US / MS).to_string();
-    let value = format!("0.5,0,1,1000,{t0_ms}");
-    let names: Vec<String> = (1..MAX_FLEET_PROXIES)
-        .map(|i| format!("proxy-{i}"))
-        .collect();
-    let mut hset = vec!["HSET", FLEET_KEY];
-    for name in &names {
-        hset.push(name);
-        hset.push(&value);
-    }
-    redis.query(&hset).unwrap();
-    let report = |proxy: &'static str, value: f64, ms: u64| {
+    let honest = report(&state, "honest", 100, 0.2).await;
+    assert_eq!(level(&honest), Some(0.2));
+    let lie = post(
+        &state,
+        "/v1/sync",
+        &sync_body(
+            "liar",
+            60_000,
+            Some(json!({"utilization": 10, "shed_rate": 1, "latency_ms": 0})),
+        ),
+    )
+    .await;
+    assert_eq!(lie.status, StatusCode::OK, "{lie:?}");
+    assert_near(
+        level(&lie).unwrap(),
+        0.6,
+        "(1 + 0.2) / 2, not (10 + 0.2) / 2",
+    );
+    let value = stored(&redis, "liar").unwrap();
+    assert!(
+        value.starts_with("1,1,0,5000,"),
+        "clamped, fresh 5 s: {value}"
+    );
+
+    // the tests' clock: the service answered the liar 60 s, it stays fresh 5 s
+    let at = |ms: u64| T0_US + ms * MS;
+    let fleet = |state: AppState, proxy: &'static str, value: f64, interval_ms: u64, now_us| async move {
+        fleet::report(
+            &state,
+            SHARED_CREDENTIAL,
+            proxy,
+            &utilization(value),
+            interval_ms,
+            now_us,
+        )
+        .await
+        .unwrap()
+    };
+    redis.query(&["FLUSHALL"]).unwrap();
+    fleet(state.clone(), "liar", 10.0, 60_000, at(0)).await;
+    let seen = fleet(state.clone(), "honest", 0.2, 100, at(4_999)).await;
+    assert_eq!((seen.level, seen.proxies), (0.6, 2), "{seen:?}");
+    let seen = fleet(state.clone(), "honest", 0.2, 100, at(5_099)).await;
+    assert_eq!(
+        (seen.level, seen.proxies),
+        (0.2, 1),
+        "the lie is stale 5 s after it was told: {seen:?}"
+    );
+    assert_eq!(stored(&redis, "liar"), None, "and deleted");
+
+    // a longer cap is the operator's choice, not the proxy's
+    let longer = AppState::new(common::settings(
+        &redis.url(),
+        &["--fleet-report-max-age-ms", "60000"],
+    ))
+    .unwrap();
+    redis.query(&["FLUSHALL"]).unwrap();
+    fleet(longer, "slow", 0.5, 30_000, at(0)).await;
+    let value = stored(&redis, "slow").unwrap();
+    assert!(value.starts_with("0.5,0,1,60000,"), "{value}");
+}
+
+/// 10,000 reports under made-up ids of one credential: that credential's hash holds at most
+/// --fleet-max-proxies-per-credential of them; a proxy restarting under a new id under another
+/// credential is still recorded; the keys an honest proxy's call reads stay as small as before;
+/// the level moves by at most 1 / credentials. A proxy already recorded under the liar's own
+/// credential still replaces its report, and stale reports make room.
+#[tokio::test]
+async fn one_credential_fills_only_its_own_hash() {
+    let redis = Redis::start().unwrap();
+    let state = state_with_tokens(
+        &redis,
+        "edge-a tok-a\nedge-b tok-b\nliar tok-liar\n",
+        &["--fleet-max-proxies-per-credential", "256"],
+    );
+    let at = |ms: u64| T0_US + ms * MS;
+    let fleet = |credential: &'static str, proxy: String, value: f64, now_us: u64| {
         let state = state.clone();
         async move {
-            fleet::report(&state, proxy, &utilization(value), 1_000, T0_US + ms * MS)
+            let load = utilization(value);
+            fleet::report(&state, credential, &proxy, &load, 1_000, now_us)
                 .await
                 .unwrap()
         }
     };
-    let last = report("last", 0.5, 100).await;
-    assert!(last.recorded, "{last:?}");
-    assert_eq!(last.proxies, MAX_FLEET_PROXIES);
-    let newcomer = report("newcomer", 1.0, 200).await;
-    assert!(!newcomer.recorded, "{newcomer:?}");
-    assert_eq!((newcomer.level, newcomer.proxies), (0.5, MAX_FLEET_PROXIES));
-    assert_eq!(stored(&redis, "newcomer"), None);
-    assert_eq!(fields(&redis), MAX_FLEET_PROXIES);
-    let again = report("last", 0.5, 300).await;
+    fleet("edge-a", "edge-a/p1".into(), 0.2, at(0)).await;
+    fleet("edge-b", "edge-b/p1".into(), 0.2, at(0)).await;
+    fleet("liar", "liar/real".into(), 1.0, at(0)).await;
+    let mut refused = 0;
+    for i in 0..10_000u64 {
+        let seen = fleet("liar", format!("liar/fake-{i}"), 1.0, at(1 + i / 10)).await;
+        refused += u64::from(!seen.recorded);
+    }
+    assert_eq!(fields_under(&redis, "liar"), 256, "at most 256 ids");
+    assert_eq!(refused, 10_000 - 255);
+    // the liar's own proxy already recorded still replaces its report
     assert!(
-        again.recorded,
-        "a proxy in the hash replaces its own report: {again:?}"
+        fleet("liar", "liar/real".into(), 1.0, at(1_001))
+            .await
+            .recorded
     );
 
-    // 3 s after T0, the prefilled reports are stale: deleted, and the newcomer gets in
-    let newcomer = report("newcomer", 1.0, 3_000).await;
-    assert!(newcomer.recorded, "{newcomer:?}");
-    assert_eq!((newcomer.level, newcomer.proxies), (0.75, 2));
-    assert_eq!(fields(&redis), 2);
+    // a real proxy restarting under a new id, under another credential: recorded
+    let restarted = fleet("edge-a", "edge-a/p1-restarted".into(), 0.2, at(1_002)).await;
+    assert!(restarted.recorded, "{restarted:?}");
+    assert_eq!(restarted.credentials, 3);
+    // 0.2, 0.2, 1.0: the liar's credential weighs one third, however many ids
+    assert_near(restarted.level, (0.2 + 0.2 + 1.0) / 3.0, "one third");
+    assert!(restarted.level - 0.2 <= (1.0 - 0.2) / 3.0 + 1e-9);
+    // what an honest call reads: its own credential's hash and the credentials' aggregates
+    assert_eq!(fields_under(&redis, "edge-a"), 2);
+    let aggregates = redis.text(&["HLEN", FLEET_CREDENTIALS_KEY]).unwrap();
+    assert_eq!(aggregates, "4", "three credentials and the totals");
 
-    // one script call each
-    let text = metrics(&state).await;
-    assert!(
-        text.contains("sluice_script_calls_total{script=\"fleet\"} 4"),
-        "{text}"
-    );
+    // 3 s on (fresh for 3 intervals of 1 s), the liar's reports are stale: its hash empties as it
+    // reports again, and a new id of its own gets in
+    let seen = fleet("liar", "liar/fake-new".into(), 1.0, at(4_100)).await;
+    assert!(seen.recorded, "{seen:?}");
+    assert_eq!(fields_under(&redis, "liar"), 1);
 }
 
 /// The fleet script runs by the SHA of prelude and script, and is loaded again after a flush.

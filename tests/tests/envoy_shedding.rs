@@ -895,11 +895,12 @@ fn the_metrics_count_what_was_shed_by_reason_and_class_and_the_latency() {
     assert!(merged, "{histogram} holds {samples} sample(s), expected 7");
 }
 
-/// The fleet level: proxy A busy, proxy B idle and shedding the low classes by the fleet's load. Needs Redis and
-/// the counter service (the `redis` feature).
+/// The fleet level: proxy A busy, proxy B lightly loaded and shedding the low classes by the fleet's load (B
+/// believes the fleet up to its own utilization plus `fleet_margin`, 0.3). Needs Redis and the counter service
+/// (the `redis` feature).
 #[cfg(feature = "redis")]
 #[test]
-fn an_idle_proxy_sheds_low_classes_when_the_fleet_is_busy() {
+fn a_lightly_loaded_proxy_sheds_low_classes_when_the_fleet_is_busy() {
     use sluice_tests::redis::Redis;
     use sluice_tests::service::Service;
 
@@ -923,13 +924,16 @@ fn an_idle_proxy_sheds_low_classes_when_the_fleet_is_busy() {
     let a = start_with(config.clone(), port);
     let b = start_with(config, port);
 
-    // A at 16 of 10 (critical is counted, never shed): 1.6; B at 0. The fleet level is their mean, 0.8: above
-    // free (0.7), under premium (0.9), enterprise (0.95) and critical (never).
-    let held = hold(&a, 16, "/api/slow", &[(DELAY, "2500"), (CLASS, "critical")]);
+    // A at 16 of 10 (critical is counted, never shed): 1.6, counted as 1; B at 5 of 10: 0.5. The fleet level is
+    // their mean, 0.75, which B believes (at most 0.5 + 0.3 once its smoothed utilization is there): above free
+    // (0.7), under premium (0.9), enterprise (0.95) and critical (never).
+    let held = hold(&a, 16, "/api/slow", &[(DELAY, "4500"), (CLASS, "critical")]);
+    let held_b = hold(&b, 5, "/api/slow", &[(DELAY, "4500"), (CLASS, "critical")]);
     wait_in_flight(&a, "api", 16);
+    wait_in_flight(&b, "api", 5);
     let busy = Instant::now();
     let mut free = None;
-    let shed = eventually(Duration::from_secs(2), || {
+    let shed = eventually(Duration::from_secs(4), || {
         let reply = send(&b, "/api/x", &[(CLASS, "free")]).0;
         let shed = reply.status == 503;
         free = Some(reply);
@@ -946,15 +950,14 @@ fn an_idle_proxy_sheds_low_classes_when_the_fleet_is_busy() {
     let body = assert_shed(&free, "fleet");
     assert_eq!(
         body["level"], "elevated",
-        "B's level is the fleet's, 0.8: {body}"
+        "B's level is the fleet's, 0.75: {body}"
     );
     for class in ["premium", "enterprise", "critical"] {
         let (reply, _) = send(&b, "/api/x", &[(CLASS, class)]);
         assert_eq!(reply.status, 200, "{class} on B: {reply:?}");
     }
-    // B itself is idle (its gauge is refreshed on ticks: the last answer may be a tick old).
-    wait_in_flight(&b, "api", 0);
     held.all_ok();
+    held_b.all_ok();
 
     // A idle again: within a few syncs the fleet is idle and B admits free again.
     let idle = Instant::now();
@@ -971,4 +974,90 @@ fn an_idle_proxy_sheds_low_classes_when_the_fleet_is_busy() {
         b.sluice_stats()
     );
     assert!(a.stat("wasmcustom.sluice.sync.ok") > 0 && b.stat("wasmcustom.sluice.sync.ok") > 0);
+}
+
+/// One holder of the proxies' token lies to the fleet: `utilization: 10` with `interval_ms: 60000`, and 21 made-up
+/// proxy ids at 1.0. The service counts the lie clamped to 1 and for its own cap, not 3 minutes; with one shared
+/// token it is still most of the level, and the real proxies, idle or lightly loaded, believe the level only up
+/// to their own utilization plus `fleet_margin` (0.3): they keep admitting every class, shed nothing by the
+/// fleet, and tell their upstreams `normal`. Needs Redis and the counter service (the `redis` feature).
+#[cfg(feature = "redis")]
+#[test]
+fn a_lying_token_holder_does_not_shed_the_fleet() {
+    use sluice_tests::redis::Redis;
+    use sluice_tests::service::Service;
+
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let port = service.address().expect("the service listens").port();
+    let config = json!({
+        "service": {
+            "cluster": "sluice_service",
+            "authority": "sluice_service",
+            "token": service.token(),
+            "timeout_ms": 200,
+            "sync_interval_ms": 100,
+        },
+        "shedding": {
+            "class_header": CLASS,
+            "bulkheads": [{"name": "api", "limit": {"static": 10}}],
+        },
+    });
+    let a = start_with(config.clone(), port);
+    let b = start_with(config, port);
+    // A idle, B lightly loaded (2 of 10)
+    let held_b = hold(&b, 2, "/api/slow", &[(DELAY, "4000"), (CLASS, "critical")]);
+    wait_in_flight(&b, "api", 2);
+
+    let lie = |proxy: &str, interval_ms: u64, utilization: f64| {
+        let body = json!({"proxy": proxy, "interval_ms": interval_ms, "entries": [],
+                          "load": {"utilization": utilization, "shed_rate": 0.0, "latency_ms": 1.0}});
+        let reply = service.post("/v1/sync", &body.to_string()).unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+        reply.json().unwrap()["hints"]["overrides"]["load_level"]
+            .as_f64()
+            .unwrap_or(0.0)
+    };
+    let syncs = |envoy: &Envoy| envoy.stat("wasmcustom.sluice.sync.ok");
+    let mut told = 0.0;
+    let (mut answered, mut shed) = (0, Vec::new());
+    let (a_before, b_before) = (syncs(&a), syncs(&b));
+    // the lie, told again every round while both proxies sync at least 10 times
+    let started = Instant::now();
+    while syncs(&a) < a_before + 10 || syncs(&b) < b_before + 10 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the proxies stopped syncing"
+        );
+        told = lie("liar", 60_000, 10.0);
+        for i in 0..21 {
+            told = lie(&format!("fake-{i}"), 100, 1.0);
+        }
+        for envoy in [&a, &b] {
+            for class in ["free", "basic", "premium"] {
+                let (reply, _) = send(envoy, "/api/x", &[(CLASS, class)]);
+                answered += 1;
+                if reply.status != 200 {
+                    shed.push(reply);
+                } else {
+                    assert_eq!(reply.header(SEEN_LEVEL), Some("normal"), "{reply:?}");
+                }
+            }
+        }
+    }
+    // the lie is most of the service's level (one shared token: one credential)...
+    assert!(told > 0.85, "the service's level under the lie: {told}");
+    // ...and no proxy acts on it
+    assert!(
+        shed.is_empty(),
+        "{} of {answered} requests shed under the lie: {shed:?}\nA: {:?}\nB: {:?}",
+        shed.len(),
+        a.sluice_stats(),
+        b.sluice_stats()
+    );
+    for envoy in [&a, &b] {
+        assert_eq!(shed_stat(envoy, "api", "shed.fleet"), 0);
+    }
+    held_b.all_ok();
 }

@@ -47,6 +47,9 @@ pub(crate) struct RawShedding {
     /// Whether the fleet level from the counter service counts (default true; needs service).
     #[serde(default)]
     fleet: Option<bool>,
+    /// How far above a bulkhead's own smoothed utilization the fleet level is believed, 0 to 1 (default 0.3; 1 believes it fully).
+    #[serde(default)]
+    fleet_margin: Option<f64>,
     /// The base of Retry-After on a 503, in seconds (1 to 3600; default 1).
     #[serde(default)]
     retry_after_s: Option<u64>,
@@ -207,6 +210,11 @@ struct RawSuccessRate {
 /// Paths never shed unless the configuration says otherwise: the usual health checks.
 pub const DEFAULT_NEVER_SHED: [&str; 3] = ["/healthz", "/readyz", "/livez"];
 pub const DEFAULT_DEGRADATION_HEADER: &str = "x-sluice-load-level";
+/// How far above its own utilization a bulkhead believes the fleet level by default: enough for
+/// the imbalance load balancing leaves between proxies, while a lie (anyone holding a proxy
+/// credential can report 1.0) sheds no class of the defaults (lowest threshold 0.7) on a proxy
+/// below 40% of its limit, and never moves a proxy's level more than 0.3 above its own.
+pub const DEFAULT_FLEET_MARGIN: f64 = 0.3;
 
 fn in_range(field: &str, value: f64, low: f64, high: f64) -> Result<f64, ConfigError> {
     if value.is_finite() && value >= low && value <= high {
@@ -355,6 +363,12 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         Some("") => None,
         Some(h) => Some(header_name("shedding.degradation_header", h)?),
     };
+    let fleet_margin = in_range(
+        "shedding.fleet_margin",
+        raw.fleet_margin.unwrap_or(DEFAULT_FLEET_MARGIN),
+        0.0,
+        1.0,
+    )?;
     let retry_after_s = int_range(
         "shedding.retry_after_s",
         raw.retry_after_s.unwrap_or(1),
@@ -393,6 +407,7 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         levels,
         degradation_header,
         fleet: raw.fleet.unwrap_or(true),
+        fleet_margin,
         retry_after_s,
         bulkheads,
     })

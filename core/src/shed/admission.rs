@@ -4,7 +4,8 @@
 //! from the class header, else from the first class route it matches, else the default. Then, in this order, it is shed when:
 //! 1. `degraded`: the level is `high` or above and the request is one of the bulkhead's
 //!    expensive ones;
-//! 2. `fleet`: the fleet level from the counter service is at or above its class's threshold;
+//! 2. `fleet`: the fleet level from the counter service, as far as it is believed (at most the
+//!    bulkhead's own utilization plus `fleet_margin`), is at or above its class's threshold;
 //! 3. `errors`: a draw falls under the success-rate rejection probability;
 //! 4. `deadline`: its own deadline is shorter than the upstream's current latency;
 //! 5. `concurrency` / `priority`: in flight is at the limit, or at its class's share of it.
@@ -158,9 +159,22 @@ pub fn limit_of(shedding: &Shedding, bulkhead: BulkheadId, gauge: &Gauge) -> u32
     }
 }
 
-/// The level from the smoothed local use and the fleet level.
+/// The fleet level a bulkhead acts on: the counter service's (`None` if `fleet` is off), but
+/// never above the bulkhead's own smoothed utilization plus `fleet_margin`. The service's level
+/// is the mean of what the proxies report, so whoever holds a proxy credential can push it up; a
+/// level far above what this proxy measures itself is not believed.
+pub fn believed_fleet(shedding: &Shedding, gauge: &Gauge, fleet: Option<f64>) -> Option<f64> {
+    let fleet = fleet.filter(|f| shedding.fleet && !f.is_nan())?;
+    Some(
+        fleet
+            .clamp(0.0, 1.0)
+            .min(gauge.utilization() + shedding.fleet_margin),
+    )
+}
+
+/// The level from the smoothed local use and the fleet level (as far as it is believed).
 pub fn level(shedding: &Shedding, gauge: &Gauge, fleet: Option<f64>) -> Level {
-    let fleet = fleet.filter(|_| shedding.fleet).unwrap_or(0.0);
+    let fleet = believed_fleet(shedding, gauge, fleet).unwrap_or(0.0);
     shedding.levels.level(gauge.utilization().max(fleet))
 }
 
@@ -208,11 +222,11 @@ pub fn admit(
     let expensive = spec.expensive.iter().any(|m| m.matches(request));
     let deadline = deadline_us(request, spec.timeout_ms);
     let seat = Seat { bulkhead, class };
-    let fleet = pressure.fleet.filter(|_| shedding.fleet);
 
     let decided = store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
-        let level = level(shedding, &gauge, fleet);
+        let fleet = believed_fleet(shedding, &gauge, pressure.fleet);
+        let level = level(shedding, &gauge, pressure.fleet);
         let limit = limit_of(shedding, bulkhead, &gauge) as f64;
         let in_flight = gauge.in_flight as f64;
         let reason = threshold.and_then(|t| {
@@ -295,9 +309,9 @@ pub fn admit_waiter(
         .get(seat.class)
         .and_then(|c| c.threshold)
         .unwrap_or(1.0);
-    let fleet = fleet.filter(|_| shedding.fleet);
     store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
+        let fleet = believed_fleet(shedding, &gauge, fleet);
         let limit = limit_of(shedding, seat.bulkhead, &gauge) as f64;
         let room = (gauge.in_flight as f64) < threshold * limit && (gauge.in_flight as f64) < limit;
         if !room || fleet.is_some_and(|f| f >= threshold && threshold < 1.0) {

@@ -179,6 +179,9 @@ pub struct Shedding {
     pub degradation_header: Option<String>,
     /// Whether the fleet level from the counter service counts.
     pub fleet: bool,
+    /// How far above a bulkhead's own smoothed utilization the fleet level is believed, in
+    /// [0, 1] (1: fully).
+    pub fleet_margin: f64,
     pub retry_after_s: u64,
     pub bulkheads: Vec<Bulkhead>,
 }
