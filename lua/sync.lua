@@ -11,8 +11,12 @@
 --       The service has clamped interval_ms to its bounds and cut spent and denied to what the
 --       entry's limits make possible over report_window_ms (the longest time one report may
 --       cover: the lease lifetime plus an outage allowance).
--- Returns: a flat array of integers, five per entry in order: grant, ttl_ms, remaining, reset_ms,
---   and 1 if the entry was a replay of a report already applied (nothing counted), else 0.
+-- Returns: a flat array of integers, six per entry in order: grant, ttl_ms, remaining, reset_ms,
+--   1 if the entry was a replay of a report already applied (nothing counted) else 0, and
+--   token_ms: until every limit holds a whole token again (0: every one holds one now), the
+--   longest of the limits' ceil((1 - tokens) x period_ms / requests), as core's Bucket::check
+--   sizes the wait of a request of cost 1 (and check.lua its retry_after_ms): a denial's wait
+--   whichever limit is short, where reset_ms (the longest time to full) is not one.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field l:p,
 -- seven doubles packed (prelude's lease_pack): its outstanding grant, the grant's expiry (us),
@@ -193,6 +197,7 @@ for _ = 1, count do
   -- 4. write back; an idle key vanishes once it would be full again and every lease expired
   local remaining = nil
   local reset_ms = 0
+  local token_ms = 0
   local lease = lease_pack(grant, now + grant_ttl_us, demand, now, round_epoch, round_counter,
     round_written)
   for i = 1, n do
@@ -212,6 +217,10 @@ for _ = 1, count do
     if full_ms > reset_ms then
       reset_ms = full_ms
     end
+    local wait = math.ceil((1 - l.tokens) * l.period_ms / l.requests)
+    if wait > token_ms then
+      token_ms = wait
+    end
   end
 
   -- 5. the answer, integers only (Redis truncates Lua numbers in replies)
@@ -224,7 +233,8 @@ for _ = 1, count do
   else
     result[answered + 5] = 1
   end
-  answered = answered + 5
+  result[answered + 6] = token_ms
+  answered = answered + 6
 end
 
 return result
