@@ -13,10 +13,12 @@
 --       cover: the lease lifetime plus an outage allowance).
 -- Returns: a flat array of integers, six per entry in order: grant, ttl_ms, remaining, reset_ms,
 --   1 if the entry was a replay of a report already applied (nothing counted) else 0, and
---   token_ms: until every limit holds a whole token again (0: every one holds one now), the
---   longest of the limits' ceil((1 - tokens) x period_ms / requests), as core's Bucket::check
---   sizes the wait of a request of cost 1 (and check.lua its retry_after_ms): a denial's wait
---   whichever limit is short, where reset_ms (the longest time to full) is not one.
+--   token_ms: until every limit holds remaining + 1 tokens (0: every one does now), the longest
+--   of the limits' ceil((remaining + 1 - tokens) x period_ms / requests), as core's
+--   Bucket::check sizes the wait of a request of that cost (and check.lua its retry_after_ms):
+--   once the proxies spent the `remaining` tokens this answer counts (none if it is 0), the wait
+--   for the next one, whichever limit is short, where reset_ms (the longest time to full) is
+--   not one.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field l:p,
 -- seven doubles packed (prelude's lease_pack): its outstanding grant, the grant's expiry (us),
@@ -197,7 +199,6 @@ for _ = 1, count do
   -- 4. write back; an idle key vanishes once it would be full again and every lease expired
   local remaining = nil
   local reset_ms = 0
-  local token_ms = 0
   local lease = lease_pack(grant, now + grant_ttl_us, demand, now, round_epoch, round_counter,
     round_written)
   for i = 1, n do
@@ -217,7 +218,12 @@ for _ = 1, count do
     if full_ms > reset_ms then
       reset_ms = full_ms
     end
-    local wait = math.ceil((1 - l.tokens) * l.period_ms / l.requests)
+  end
+  local next_token = whole_remaining(remaining) + 1
+  local token_ms = 0
+  for i = 1, n do
+    local l = limits[i]
+    local wait = math.ceil((next_token - l.tokens) * l.period_ms / l.requests)
     if wait > token_ms then
       token_ms = wait
     end

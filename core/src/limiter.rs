@@ -875,16 +875,17 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
 }
 
 /// The wait of a cached request of token buckets denied on its lease, when the service said
-/// when every limit of the global state holds a token again (`global_token_at_us`, whichever
-/// limit is short: a rule of several limits is not sized by its first one). While the global
-/// state is short of `cost` as far as this proxy knows: that time, plus the slowest limit's time
-/// of each token more the request costs (exact for a cost of 1 while the service's count
-/// stands); once that time has passed (this proxy spent the last tokens itself since), the
-/// slowest limit's time of each token it is short. While the global state holds tokens others'
-/// leases hold, one token's time of the first limit: the next sync may bring a lease.
+/// when every limit of the global state holds a token more than the `remaining` it answered
+/// (`global_token_at_us`, whichever limit is short: a rule of several limits is not sized by its
+/// first one). While the global state is short of `cost` as far as this proxy knows (its
+/// `remaining` spent, less what is left of it): that time, plus the slowest limit's time of each
+/// token more the request needs: exact for a cost of 1 while the service's count stands, never
+/// sooner for more. Once that time has passed, or while the global state holds tokens others'
+/// leases hold, the lease is what is short: one token's time of the first limit (the next sync
+/// may bring a lease).
 fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, first_token_us: u64) -> u64 {
-    let cost32 = cost.min(u32::MAX as u64) as u32;
-    if record.global_remaining >= cost32 {
+    let left = record.global_remaining as u64;
+    if left >= cost {
         return first_token_us;
     }
     let slowest_us = rule
@@ -893,12 +894,12 @@ fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, first_token_us:
         .map(|l| l.period().micros() / l.requests().max(1))
         .max()
         .unwrap_or(first_token_us);
-    if record.global_token_at_us > now {
-        let more = cost.saturating_sub(1).saturating_mul(slowest_us);
-        (record.global_token_at_us - now).saturating_add(more)
+    let more = (cost - left - 1).saturating_mul(slowest_us);
+    let at = record.global_token_at_us.saturating_add(more);
+    if at > now {
+        at - now
     } else {
-        let short = cost.saturating_sub(record.global_remaining as u64).max(1);
-        short.saturating_mul(slowest_us)
+        first_token_us
     }
 }
 

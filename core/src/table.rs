@@ -83,8 +83,9 @@ pub struct Record {
     pub global_remaining: u32,
     /// When the global bucket will be full again, as the service said (for headers).
     pub global_reset_at_us: u64,
-    /// When every limit of the global state holds a whole token again, as the service said
-    /// (its grant's `token_ms`); 0: the service did not say (an older one, or a window), and the
+    /// When every limit of the global state holds a token more than the `remaining` the service
+    /// last answered (its grant's `token_ms`): once those are spent, when the next one is back,
+    /// whichever limit is short. 0: the service did not say (an older one, or a window), and the
     /// wait is worked out from `global_remaining` and `global_reset_at_us`.
     pub global_token_at_us: u64,
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.

@@ -313,7 +313,13 @@ proptest! {
             ttl_ms: 3_600_000,
             remaining,
             reset_ms: state.iter().map(|&(t, u, b)| ms(b - t, u)).max().unwrap_or(0),
-            token_ms: Some(state.iter().map(|&(t, u, _)| ms(1.0 - t, u)).max().unwrap_or(0)),
+            token_ms: Some(
+                state
+                    .iter()
+                    .map(|&(t, u, _)| ms(remaining as f64 + 1.0 - t, u))
+                    .max()
+                    .unwrap_or(0),
+            ),
             refused: None,
         };
         let mut store = MemoryStore::default();
@@ -345,11 +351,11 @@ proptest! {
             );
         }
         let token_at = T0 + grant.token_ms.unwrap_or(0) * MS;
-        if spent == 0 && cost == 1 && now < token_at && wait > 2 * MS {
+        if spent == remaining && cost == 1 && now < token_at && wait > 2 * MS {
             let early = now + wait - 2 * MS;
             prop_assert!(
                 (0..state.len()).any(|i| held(early, i) < 1.0),
-                "{}: every limit held a token 2 ms before the retry time", config
+                "{}: every limit held its next token 2 ms before the retry time", config
             );
         }
     }

@@ -259,11 +259,11 @@ pub struct Grant {
     pub remaining: u64,
     /// Milliseconds until the global bucket is full again (the most restrictive limit).
     pub reset_ms: u64,
-    /// Milliseconds until every limit of the global state holds a whole token again (0: every
-    /// one holds one now), as this answer counts: the wait of a request denied for want of one,
-    /// whichever limit is short. Answered for token buckets; absent from windows and from older
-    /// services (the proxy then works the wait out from `remaining` and `reset_ms`, exact for
-    /// one limit), ignored by older proxies.
+    /// Milliseconds until every limit of the global state holds `remaining + 1` tokens (0: every
+    /// one does now), as this answer counts: once the `remaining` tokens are spent (none when it
+    /// is 0), the wait for the next one, whichever limit is short. Answered for token buckets;
+    /// absent from windows and from older services (the proxy then works the wait out from
+    /// `remaining` and `reset_ms`, exact for one limit), ignored by older proxies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_ms: Option<u64>,
     /// Set when the service refused this entry alone (a key too long, a limit out of bounds):
