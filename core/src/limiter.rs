@@ -527,7 +527,8 @@ impl Limiter {
         });
         self.scratch.borrow_mut().set_key = set_key;
         let verdict = verdict.ok()?;
-        (!verdict.allowed && !verdict.unavailable).then_some((verdict.quota, verdict.retry_after_us))
+        (!verdict.allowed && !verdict.unavailable)
+            .then_some((verdict.quota, verdict.retry_after_us))
     }
 
     /// A remembered denial of `fingerprint` by `rule`, still in force at `now`: its answer then.

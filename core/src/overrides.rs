@@ -85,9 +85,13 @@ pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
                         .into_iter()
                         .map(|m| (m.alternative, m.value))
                         .collect();
-                    applied
-                        .bare_key_overrides
-                        .insert(rule, &configured.key, &parts, *action, expires_ms);
+                    applied.bare_key_overrides.insert(
+                        rule,
+                        &configured.key,
+                        &parts,
+                        *action,
+                        expires_ms,
+                    );
                 }
             }
         }

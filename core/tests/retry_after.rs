@@ -78,7 +78,11 @@ fn a_cached_rule_of_several_limits_waits_for_the_limit_that_is_short() {
     };
     apply_lease(&limiter, RuleId::new(0), KEY, &old, T0, &mut store).unwrap();
     let (_, wait) = denied(&limiter, &mut store, T0 + 10 * MS).unwrap();
-    assert_eq!(retry_after_seconds(wait), 43_141, "43,200 s less 999 tokens of 60 ms, less 10 ms");
+    assert_eq!(
+        retry_after_seconds(wait),
+        43_141,
+        "43,200 s less 999 tokens of 60 ms, less 10 ms"
+    );
 }
 
 /// Two rules that both deny: the client is told the longer wait (the second rule's minute, not
@@ -105,11 +109,8 @@ fn several_denying_rules_answer_the_longest_wait() {
     let mut store = MemoryStore::default();
     assert_eq!(denied(&limiter, &mut store, T0), None);
     for i in 1..=10 {
-        let evaluation = limiter.decide(
-            &mut PlainRequest::get("/"),
-            up(T0 + i * SECOND),
-            &mut store,
-        );
+        let evaluation =
+            limiter.decide(&mut PlainRequest::get("/"), up(T0 + i * SECOND), &mut store);
         assert!(
             matches!(evaluation.decision, Decision::Deny { rule, .. } if rule == RuleId::new(0)),
             "{evaluation:?}"
@@ -155,7 +156,10 @@ fn blocked_limiter(expires_ms: Option<u64>) -> Limiter {
 fn blocked_wait(limiter: &Limiter, now_us: u64) -> u64 {
     let mut store = MemoryStore::default();
     let mut request = PlainRequest::get("/").with_header("x-user", "eve");
-    match limiter.decide(&mut request, up(now_us), &mut store).decision {
+    match limiter
+        .decide(&mut request, up(now_us), &mut store)
+        .decision
+    {
         Decision::Deny { retry_after_us, .. } => retry_after_us,
         other => panic!("{other:?}"),
     }

@@ -994,11 +994,18 @@ async fn a_sync_carries_when_each_key_expires() {
     };
     write(key_change("short", Some(2)), 0).await;
     let v = write(key_change("kept", None), 0).await.version;
-    let whole = overrides::for_sync(&state, 0, false, at(1)).await.live.unwrap();
+    let whole = overrides::for_sync(&state, 0, false, at(1))
+        .await
+        .live
+        .unwrap();
     assert_eq!(whole.version, v);
     assert_eq!(
         whole.expires,
-        [("api".to_string(), [("short".to_string(), T0_MS + 2_000)].into())].into()
+        [(
+            "api".to_string(),
+            [("short".to_string(), T0_MS + 2_000)].into()
+        )]
+        .into()
     );
     let counted: usize = redis
         .text(&["HGET", overrides::SIZES_KEY, "set_bytes"])
@@ -1021,7 +1028,11 @@ async fn a_sync_carries_when_each_key_expires() {
     assert_eq!(delta.keys["api"].len(), 2);
     assert_eq!(
         delta.expires,
-        [("api".to_string(), [("later".to_string(), T0_MS + 10_500)].into())].into()
+        [(
+            "api".to_string(),
+            [("later".to_string(), T0_MS + 10_500)].into()
+        )]
+        .into()
     );
     // every entry gone, its expiry's bytes with it
     for key in ["short", "kept", "later"] {

@@ -373,15 +373,25 @@ async fn the_grant_says_when_every_limit_holds_a_token_again() {
     set(&per_minute, "0");
     set(&per_day, "50000");
     let grants = sync_at(&state, &request, T0).await;
-    assert_eq!(grants[0].tokens, 2, "floor(0 + 2.5 tokens of refill before the next sync)");
+    assert_eq!(
+        grants[0].tokens, 2,
+        "floor(0 + 2.5 tokens of refill before the next sync)"
+    );
     assert_eq!(grants[0].remaining, 0);
-    assert_eq!(grants[0].reset_ms, 43_200_000, "50,000 tokens at 100,000 a day");
+    assert_eq!(
+        grants[0].reset_ms, 43_200_000,
+        "50,000 tokens at 100,000 a day"
+    );
     assert_eq!(grants[0].token_ms, Some(60), "one token at 1,000 a minute");
     // in debt on the day: its token comes after the minute's
     set(&per_minute, "500");
     set(&per_day, "-2");
     let grants = sync_at(&state, &request, T0).await;
-    assert_eq!(grants[0].token_ms, Some(3 * 864), "three tokens at 100,000 a day");
+    assert_eq!(
+        grants[0].token_ms,
+        Some(3 * 864),
+        "three tokens at 100,000 a day"
+    );
     // a token in every limit: once it is spent, the day's second one is 864 ms away
     set(&per_day, "1");
     let grants = sync_at(&state, &request, T0).await;
