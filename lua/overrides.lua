@@ -40,6 +40,8 @@
 --       0 nor the version, the log holds every change since it, and the delta is not larger
 --       than the set, or 1 KiB): limits and keys the entries changed since then, as they are now (flat
 --       field, value), more the names of those removed;
+--     then expires: flat (keys field, expires_at_ms) of the key entries answered (the whole
+--       set's, or those the delta sets) that expire (empty when nothing is answered);
 --   set: done, set_at_ms, expires_at_ms (0: no expiry), bytes: done 1; 0 when a new entry would
 --     exceed max_entries; -1 when the entry takes more than max_entry_bytes (bytes: its size);
 --     -2 when the set would take more than max_set_bytes (bytes: what it would take). Refused,
@@ -49,7 +51,8 @@
 -- Sizes: an entry's size is what it adds to the set's JSON as proxies receive it: its name and
 -- value JSON-escaped (cjson escapes '/' too, so this is at least what serde_json sends), a colon
 -- and a comma; a key's name counts its rule too, which covers the rule's own name and braces in
--- the JSON. The set's size is the sum over its entries; a set (a new entry, or a larger value)
+-- the JSON; a key set with a ttl also counts its expiry as proxies receive it (its name again and
+-- the time, expiry_bytes). The set's size is the sum over its entries; a set (a new entry, or a larger value)
 -- that would take it past max_set_bytes is refused, a smaller one is always taken.
 --
 -- Expiry: every call first removes the entries whose expires_at_ms is at or before now, so an
@@ -109,6 +112,20 @@ local function entry_bytes(kind, field, value)
   return 0
 end
 
+-- What a key entry's expiry adds to the set's JSON: its name again, its time (counted as 16
+-- digits), a colon and a comma.
+local function expiry_bytes(kind, field)
+  if kind == 'keys' then
+    return #cjson.encode(field) + 18
+  end
+  return 0
+end
+
+-- Whether the entry named `name` expires.
+local function expires(name)
+  return redis.call('ZSCORE', EXPIRY, name) ~= false
+end
+
 -- The set's size, read (or counted from the hashes) once per call, before any change.
 local set_bytes = nil
 local function set_size()
@@ -120,6 +137,9 @@ local function set_size()
         local flat = redis.call('HGETALL', hash_of(kind))
         for i = 1, #flat, 2 do
           set_bytes = set_bytes + entry_bytes(kind, flat[i], flat[i + 1])
+          if kind == 'keys' and expires(entry_name(kind, flat[i])) then
+            set_bytes = set_bytes + expiry_bytes(kind, flat[i])
+          end
         end
       end
       if set_bytes > 0 then
@@ -153,7 +173,11 @@ local function remove(kind, field)
   else
     local old = redis.call('HGET', hash_of(kind), field)
     if old then
-      resize(-entry_bytes(kind, field, old))
+      local bytes = entry_bytes(kind, field, old)
+      if expires(entry_name(kind, field)) then
+        bytes = bytes + expiry_bytes(kind, field)
+      end
+      resize(-bytes)
     end
     redis.call('HDEL', hash_of(kind), field)
     changed[#changed + 1] = entry_name(kind, field)
@@ -272,7 +296,7 @@ local function delta_since(since)
     end
     start = start + page
   end
-  local limits, keys, removed, bytes = {}, {}, {}, 0
+  local limits, keys, removed, expiries, bytes = {}, {}, {}, {}, 0
   for _, name in ipairs(names) do
     local kind, field = parse_name(name)
     local value = redis.call('HGET', hash_of(kind), field)
@@ -284,6 +308,15 @@ local function delta_since(since)
       into[#into + 1] = field
       into[#into + 1] = value
       bytes = bytes + entry_bytes(kind, field, value)
+      local at = nil
+      if kind == 'keys' then
+        at = redis.call('ZSCORE', EXPIRY, name)
+      end
+      if at then
+        expiries[#expiries + 1] = field
+        expiries[#expiries + 1] = int(tonumber(at))
+        bytes = bytes + expiry_bytes(kind, field)
+      end
     else
       removed[#removed + 1] = name
       bytes = bytes + #cjson.encode(name) + 1
@@ -292,7 +325,21 @@ local function delta_since(since)
   if bytes > math.max(set_size(), 1024) then
     return nil
   end
-  return {limits, keys, removed}
+  return {limits, keys, removed, expiries}
+end
+
+-- Every key entry that expires: flat (keys field, expires_at_ms).
+local function key_expiries()
+  local out = {}
+  local flat = redis.call('ZRANGE', EXPIRY, 0, -1, 'WITHSCORES')
+  for i = 1, #flat, 2 do
+    local kind, field = parse_name(flat[i])
+    if kind == 'keys' then
+      out[#out + 1] = field
+      out[#out + 1] = int(tonumber(flat[i + 1]))
+    end
+  end
+  return out
 end
 
 -- 2. the operation
@@ -302,25 +349,25 @@ if op == 'read' then
   local bypass = redis.call('GET', BYPASS) or ''
   local log_from = redis.call('HGET', SIZES, 'log_from') or ''
   if version == proxy then
-    return {version, expired, bypass, 0, {}, {}, {}, set_size(), log_from}
+    return {version, expired, bypass, 0, {}, {}, {}, set_size(), log_from, {}}
   end
   local since = tonumber(proxy)
   if delta == '1' and since ~= nil and since > 0 and since < tonumber(version) then
     local changes_since = delta_since(since)
     if changes_since ~= nil then
       return {version, expired, bypass, 2, changes_since[1], changes_since[2], changes_since[3],
-        set_size(), log_from}
+        set_size(), log_from, changes_since[4]}
     end
   end
   if version == cached then
-    return {version, expired, bypass, 0, {}, {}, {}, set_size(), log_from}
+    return {version, expired, bypass, 0, {}, {}, {}, set_size(), log_from, {}}
   end
   local meta = {}
   if with_meta == '1' then
     meta = redis.call('HGETALL', META)
   end
   return {version, expired, bypass, 1, redis.call('HGETALL', LIMITS),
-    redis.call('HGETALL', KEYS_HASH), meta, set_size(), log_from}
+    redis.call('HGETALL', KEYS_HASH), meta, set_size(), log_from, key_expiries()}
 elseif op == 'set' then
   local kind, field, value = ARGV[8], ARGV[9], ARGV[10]
   local ttl_ms, meta, max_entries = tonumber(ARGV[11]), ARGV[12], tonumber(ARGV[13])
@@ -338,6 +385,12 @@ elseif op == 'set' then
     local old_bytes = 0
     if old then
       old_bytes = entry_bytes(kind, field, old)
+      if expires(entry_name(kind, field)) then
+        old_bytes = old_bytes + expiry_bytes(kind, field)
+      end
+    end
+    if ttl_ms > 0 then
+      bytes = bytes + expiry_bytes(kind, field)
     end
     local total = set_size() - old_bytes + bytes
     if bytes > old_bytes and total > max_set_bytes then

@@ -11,8 +11,14 @@
 --       The service has clamped interval_ms to its bounds and cut spent and denied to what the
 --       entry's limits make possible over report_window_ms (the longest time one report may
 --       cover: the lease lifetime plus an outage allowance).
--- Returns: a flat array of integers, five per entry in order: grant, ttl_ms, remaining, reset_ms,
---   and 1 if the entry was a replay of a report already applied (nothing counted), else 0.
+-- Returns: a flat array of integers, six per entry in order: grant, ttl_ms, remaining, reset_ms,
+--   1 if the entry was a replay of a report already applied (nothing counted) else 0, and
+--   token_ms: until every limit holds remaining + 1 tokens (0: every one does now), the longest
+--   of the limits' ceil((remaining + 1 - tokens) x period_ms / requests), as core's
+--   Bucket::check sizes the wait of a request of that cost (and check.lua its retry_after_ms):
+--   once the proxies spent the `remaining` tokens this answer counts (none if it is 0), the wait
+--   for the next one, whichever limit is short, where reset_ms (the longest time to full) is
+--   not one.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field l:p,
 -- seven doubles packed (prelude's lease_pack): its outstanding grant, the grant's expiry (us),
@@ -213,6 +219,15 @@ for _ = 1, count do
       reset_ms = full_ms
     end
   end
+  local next_token = whole_remaining(remaining) + 1
+  local token_ms = 0
+  for i = 1, n do
+    local l = limits[i]
+    local wait = math.ceil((next_token - l.tokens) * l.period_ms / l.requests)
+    if wait > token_ms then
+      token_ms = wait
+    end
+  end
 
   -- 5. the answer, integers only (Redis truncates Lua numbers in replies)
   result[answered + 1] = grant
@@ -224,7 +239,8 @@ for _ = 1, count do
   else
     result[answered + 5] = 1
   end
-  answered = answered + 5
+  result[answered + 6] = token_ms
+  answered = answered + 6
 end
 
 return result

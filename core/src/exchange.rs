@@ -504,7 +504,14 @@ impl Exchange {
         };
         effects.push(Effect::Outcome { rule, outcome });
         if matches!(outcome, Outcome::Unavailable | Outcome::Denied) {
-            if self.denied.is_none() {
+            // Of several strict denials, the one that makes the client wait longest answers
+            // (an unavailable rule's 503 stays: it is not a rate limit).
+            let longer = self.denied.as_ref().is_none_or(|(_, held)| {
+                !held.unavailable
+                    && !answer.unavailable
+                    && answer.retry_after_us > held.retry_after_us
+            });
+            if longer {
                 self.denied = Some((rule, answer));
             }
         } else {

@@ -139,8 +139,26 @@ struct RuleVerdict {
     unavailable: bool,
 }
 
-/// How long a blocked key is told to wait: a block lasts until an operator lifts it.
+/// How long a key blocked without a ttl is told to wait: such a block lasts until an operator
+/// lifts it.
 pub const BLOCKED_RETRY_US: u64 = 60_000_000;
+/// Longest wait a blocked key is told: the longest ttl the service takes (366 days), whatever
+/// expiry a sync answer carries.
+pub const MAX_BLOCKED_RETRY_US: u64 = 366 * 86_400 * 1_000_000;
+
+/// How long a key whose block expires at `expires_ms` (Unix milliseconds; 0: no expiry) is told
+/// to wait at `now_us`: the time the block has left (a block past its end, not yet lifted by a
+/// sync, answers 0: the header says 1 s), at most [`MAX_BLOCKED_RETRY_US`]; without expiry,
+/// [`BLOCKED_RETRY_US`].
+pub fn blocked_retry_us(expires_ms: u64, now_us: u64) -> u64 {
+    if expires_ms == 0 {
+        return BLOCKED_RETRY_US;
+    }
+    expires_ms
+        .saturating_mul(1_000)
+        .saturating_sub(now_us)
+        .min(MAX_BLOCKED_RETRY_US)
+}
 
 /// A rule ready to enforce: its identity, its validated value and its key table, always
 /// together (the limiter keeps no table apart from its rule).
@@ -292,28 +310,38 @@ impl Limiter {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
             }
+            if matches!(denial, Some(Decision::Unavailable { .. })) {
+                break;
+            }
             // The key is built in this worker's buffer (given back below), and so is its set's
             // store key: a request of a single-keyed rule allocates neither.
             let buffer = std::mem::take(&mut self.scratch.borrow_mut().key);
             let keys = key::keys_in(rule, request, buffer);
             for key in keys.iter() {
-                match self.policy.key_override(rule, key) {
-                    Some(KeyAction::Allow) => {
+                if let Some(Decision::Deny {
+                    rule: by,
+                    quota: told,
+                    retry_after_us: wait,
+                }) = &mut denial
+                {
+                    // Denied already: the rules after are asked how long they would make the
+                    // client wait, without being charged, and the longest wait answers.
+                    if let Some((quota, longer)) = self.wait_of(index, key, conditions, store) {
+                        if longer > *wait {
+                            (*by, *told, *wait) = (index, quota, longer);
+                        }
+                    }
+                    continue;
+                }
+                match self.policy.key_override_until(rule, key) {
+                    Some((KeyAction::Allow, _)) => {
                         outcomes.push((index, Outcome::Allowed));
                         continue;
                     }
-                    Some(KeyAction::Block) => {
+                    Some((KeyAction::Block, expires_ms)) => {
                         outcomes.push((index, Outcome::Denied));
-                        denial = Some(Decision::Deny {
-                            rule: index,
-                            quota: Quota {
-                                limit: first_limit(rule),
-                                remaining: 0,
-                                reset_us: 0,
-                            },
-                            retry_after_us: BLOCKED_RETRY_US,
-                        });
-                        break;
+                        denial = Some(blocked(rule, index, expires_ms, now));
+                        continue;
                     }
                     None => {}
                 }
@@ -327,7 +355,7 @@ impl Limiter {
                             quota,
                             retry_after_us,
                         });
-                        break;
+                        continue;
                     }
                 }
                 let limits = bucket_limits(rule);
@@ -424,14 +452,10 @@ impl Limiter {
                         quota: verdict.quota,
                         retry_after_us: verdict.retry_after_us,
                     });
-                    break;
                 }
             }
             if let key::Keys::One(buffer) = keys {
                 self.scratch.borrow_mut().key = buffer;
-            }
-            if denial.is_some() {
-                break;
             }
         }
 
@@ -457,6 +481,54 @@ impl Limiter {
             warned,
             chargeable,
         }
+    }
+
+    /// How long rule `index` would make a request of `key` wait, were it asked at `conditions`:
+    /// `None` if it would admit it (or not enforce its denial, or cannot tell). Reads the key's
+    /// record, charges and writes nothing: the wait of a rule after the one that denied.
+    fn wait_of(
+        &self,
+        index: RuleId,
+        key: &str,
+        conditions: Conditions,
+        store: &mut dyn Store,
+    ) -> Option<(Quota, u64)> {
+        let Enforced { rule, table, .. } = self.rule(index)?;
+        let now = conditions.now_us;
+        match self.policy.key_override_until(rule, key) {
+            Some((KeyAction::Allow, _)) => return None,
+            Some((KeyAction::Block, expires_ms)) => {
+                return match blocked(rule, index, expires_ms, now) {
+                    Decision::Deny {
+                        quota,
+                        retry_after_us,
+                        ..
+                    } => Some((quota, retry_after_us)),
+                    _ => None,
+                };
+            }
+            None => {}
+        }
+        if !enforced(rule, key, now) {
+            return None;
+        }
+        let fingerprint = table.fingerprint(key);
+        if self.notable.get(index.index()).copied().unwrap_or(false) {
+            if let Some(noted) = self.noted(index, fingerprint, now) {
+                return Some(noted);
+            }
+        }
+        let limits = bucket_limits(rule);
+        let mut set_key = std::mem::take(&mut self.scratch.borrow_mut().set_key);
+        table.set_key_into(fingerprint, &mut set_key);
+        let verdict = store::update(store, &set_key, |set| {
+            let mut record = table.find_or_fresh(set, fingerprint, limits, now);
+            (judge(rule, &mut record, conditions), false)
+        });
+        self.scratch.borrow_mut().set_key = set_key;
+        let verdict = verdict.ok()?;
+        (!verdict.allowed && !verdict.unavailable)
+            .then_some((verdict.quota, verdict.retry_after_us))
     }
 
     /// A remembered denial of `fingerprint` by `rule`, still in force at `now`: its answer then.
@@ -691,6 +763,19 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
     verdict
 }
 
+/// The denial of a key blocked by a live override that expires at `expires_ms` (0: never).
+fn blocked(rule: &Rule, index: RuleId, expires_ms: u64, now_us: u64) -> Decision {
+    Decision::Deny {
+        rule: index,
+        quota: Quota {
+            limit: first_limit(rule),
+            remaining: 0,
+            reset_us: 0,
+        },
+        retry_after_us: blocked_retry_us(expires_ms, now_us),
+    }
+}
+
 fn first_limit(rule: &Rule) -> Limit {
     rule.limits.first().copied().unwrap_or(Limit::UNIT)
 }
@@ -750,6 +835,8 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
     };
     let retry_after_us = if allowed {
         0
+    } else if !windowed && record.global_token_at_us != 0 {
+        token_wait(rule, record, now, cost, micros_per_token)
     } else if !windowed && record.global_remaining == 0 && until_reset > 0 {
         // The global bucket is empty as far as the service last said (in debt, perhaps):
         // it holds `cost` tokens again when it is `burst - cost` short of full.
@@ -785,6 +872,35 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
         spend: Spend::Lease,
         delay_us: 0,
         unavailable: false,
+    }
+}
+
+/// The wait of a cached request of token buckets denied on its lease, when the service said
+/// when every limit of the global state holds a token more than the `remaining` it answered
+/// (`global_token_at_us`, whichever limit is short: a rule of several limits is not sized by its
+/// first one). While the global state is short of `cost` as far as this proxy knows (its
+/// `remaining` spent, less what is left of it): that time, plus the slowest limit's time of each
+/// token more the request needs: exact for a cost of 1 while the service's count stands, never
+/// sooner for more. Once that time has passed, or while the global state holds tokens others'
+/// leases hold, the lease is what is short: one token's time of the first limit (the next sync
+/// may bring a lease).
+fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, first_token_us: u64) -> u64 {
+    let left = record.global_remaining as u64;
+    if left >= cost {
+        return first_token_us;
+    }
+    let slowest_us = rule
+        .limits
+        .iter()
+        .map(|l| l.period().micros() / l.requests().max(1))
+        .max()
+        .unwrap_or(first_token_us);
+    let more = (cost - left - 1).saturating_mul(slowest_us);
+    let at = record.global_token_at_us.saturating_add(more);
+    if at > now {
+        at - now
+    } else {
+        first_token_us
     }
 }
 

@@ -55,6 +55,7 @@ pub fn apply_delta(set: &mut LiveOverrides, delta: &OverridesDelta) -> Result<()
                 held.remove();
             }
         }
+        forget_expiries(&mut set.expires, rule, keys.iter());
     }
     for (target, limits) in &delta.limits {
         set.limits.insert(target.clone(), limits.clone());
@@ -64,9 +65,33 @@ pub fn apply_delta(set: &mut LiveOverrides, delta: &OverridesDelta) -> Result<()
         for (key, action) in keys {
             held.insert(key.clone(), *action);
         }
+        // A key set again keeps only the expiry the delta gives it.
+        forget_expiries(&mut set.expires, rule, keys.keys());
+        if let Some(expires) = delta.expires.get(rule) {
+            let held = set.expires.entry(rule.clone()).or_default();
+            for (key, at) in expires.iter().filter(|(key, _)| keys.contains_key(*key)) {
+                held.insert(key.clone(), *at);
+            }
+        }
     }
     set.version = delta.version;
     Ok(())
+}
+
+/// Drops the expiries of `rule`'s `keys` (and the rule's map once empty).
+fn forget_expiries<'a>(
+    expires: &mut std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
+    rule: &str,
+    keys: impl Iterator<Item = &'a String>,
+) {
+    if let Some(held) = expires.get_mut(rule) {
+        for key in keys {
+            held.remove(key);
+        }
+        if held.is_empty() {
+            expires.remove(rule);
+        }
+    }
 }
 
 /// Takes the set or the delta of `overrides` into the set kept in `store`, atomically: see
@@ -127,6 +152,7 @@ mod tests {
 
     fn set(version: u64) -> LiveOverrides {
         LiveOverrides {
+            expires: Default::default(),
             version,
             limits: [(
                 "api".to_string(),
@@ -168,6 +194,7 @@ mod tests {
     fn a_delta_sets_replaces_and_removes_entries() {
         let mut live = set(7);
         let delta = OverridesDelta {
+            expires: Default::default(),
             from: 7,
             version: 9,
             limits: [(
@@ -211,6 +238,56 @@ mod tests {
         apply_delta(&mut live, &delta).unwrap();
         assert!(live.keys.is_empty());
         assert_eq!(live.version, 8);
+    }
+
+    /// A block's expiry travels with its key: a delta that sets a key gives it the delta's
+    /// expiry or none, one that removes it drops its expiry, and the others keep theirs.
+    #[test]
+    fn a_delta_carries_the_expiry_of_the_keys_it_sets() {
+        let mut live = set(7);
+        live.expires = [(
+            "api".to_string(),
+            [("alice".to_string(), 5_000), ("bob".to_string(), 6_000)].into(),
+        )]
+        .into();
+        let delta = OverridesDelta {
+            from: 7,
+            version: 8,
+            keys: [(
+                "api".to_string(),
+                [
+                    ("bob".to_string(), KeyAction::Block),
+                    ("carol".to_string(), KeyAction::Block),
+                ]
+                .into(),
+            )]
+            .into(),
+            // an expiry for a key the delta does not set is no expiry of anything
+            expires: [(
+                "api".to_string(),
+                [("carol".to_string(), 9_000), ("dave".to_string(), 1)].into(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        apply_delta(&mut live, &delta).unwrap();
+        assert_eq!(
+            live.expires,
+            [(
+                "api".to_string(),
+                [("alice".to_string(), 5_000), ("carol".to_string(), 9_000)].into()
+            )]
+            .into(),
+            "bob set again without a ttl has none"
+        );
+        let delta = OverridesDelta {
+            from: 8,
+            version: 9,
+            removed_keys: [("api".to_string(), vec!["alice".into(), "carol".into()])].into(),
+            ..Default::default()
+        };
+        apply_delta(&mut live, &delta).unwrap();
+        assert!(live.expires.is_empty(), "{:?}", live.expires);
     }
 
     #[test]

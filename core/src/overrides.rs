@@ -43,6 +43,7 @@ pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
         }
     }
     applied.key_overrides.clear();
+    applied.key_expires.clear();
     applied.bare_key_overrides = BareKeys::default();
     for (rule, keys) in &live.keys {
         for (joined, action) in keys {
@@ -62,6 +63,19 @@ pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
                 .entry(rule.clone())
                 .or_default()
                 .insert(joined.clone(), *action);
+            let expires_ms = live
+                .expires
+                .get(rule)
+                .and_then(|keys| keys.get(joined))
+                .copied()
+                .unwrap_or(0);
+            if expires_ms != 0 {
+                applied
+                    .key_expires
+                    .entry(rule.clone())
+                    .or_default()
+                    .insert(joined.clone(), expires_ms);
+            }
             if matched
                 .iter()
                 .any(|m| m.first_present && m.alternative.is_none())
@@ -71,9 +85,13 @@ pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
                         .into_iter()
                         .map(|m| (m.alternative, m.value))
                         .collect();
-                    applied
-                        .bare_key_overrides
-                        .insert(rule, &configured.key, &parts, *action);
+                    applied.bare_key_overrides.insert(
+                        rule,
+                        &configured.key,
+                        &parts,
+                        *action,
+                        expires_ms,
+                    );
                 }
             }
         }
@@ -345,6 +363,7 @@ mod tests {
     #[test]
     fn limits_replace_a_rule_or_a_tier_and_keys_are_kept() {
         let live = LiveOverrides {
+            expires: Default::default(),
             version: 3,
             limits: [
                 (

@@ -24,6 +24,9 @@ pub struct Policy {
     /// Keys an operator blocked or allowed through the counter service (live overrides):
     /// configured rule name, then the key's parts joined by [`crate::key::SEPARATOR`].
     pub key_overrides: BTreeMap<String, BTreeMap<String, KeyAction>>,
+    /// When those of [`Policy::key_overrides`] set with a ttl expire (Unix milliseconds), as
+    /// the service said: a blocked client is told the time left.
+    pub key_expires: BTreeMap<String, BTreeMap<String, u64>>,
     /// The key overrides that name a first-present part by the value a client sent
     /// (`["127.0.0.1"]` for `header:x-user|client_ip`), built from [`Policy::key_overrides`] by
     /// [`crate::overrides::apply`]: they match that value from whichever alternative supplied it.
@@ -49,9 +52,9 @@ pub struct RuleBareKeys {
     keys: BTreeMap<String, Vec<BareKey>>,
 }
 
-/// One override in [`RuleBareKeys`]: per part, the alternative it names (`None`: any), and
-/// what it does.
-type BareKey = (Vec<Option<usize>>, KeyAction);
+/// One override in [`RuleBareKeys`]: per part, the alternative it names (`None`: any), what it
+/// does, and when it expires (Unix milliseconds; 0: never).
+type BareKey = (Vec<Option<usize>>, KeyAction, u64);
 
 impl BareKeys {
     pub fn is_empty(&self) -> bool {
@@ -70,6 +73,7 @@ impl BareKeys {
         key: &[KeyPart],
         parts: &[(Option<usize>, String)],
         action: KeyAction,
+        expires_ms: u64,
     ) {
         let entry = self
             .0
@@ -92,14 +96,14 @@ impl BareKeys {
             .keys
             .entry(values.join(&crate::protocol::KEY_PART_SEPARATOR.to_string()))
             .or_default()
-            .push((from, action));
+            .push((from, action, expires_ms));
     }
 }
 
 impl RuleBareKeys {
     /// The override of a key's `parts` (as the filter joined them): the most specific of those
     /// whose values and named alternatives it has.
-    fn find(&self, parts: &str) -> Option<KeyAction> {
+    fn find(&self, parts: &str) -> Option<(KeyAction, u64)> {
         let mut values = String::with_capacity(parts.len());
         let mut from = Vec::with_capacity(self.names.len());
         let mut pieces = parts.split(crate::protocol::KEY_PART_SEPARATOR);
@@ -129,14 +133,14 @@ impl RuleBareKeys {
         self.keys
             .get(&values)?
             .iter()
-            .filter(|(wanted, _)| {
+            .filter(|(wanted, _, _)| {
                 wanted
                     .iter()
                     .zip(&from)
                     .all(|(want, got)| want.is_none_or(|want| want == *got))
             })
-            .min_by_key(|(wanted, _)| std::cmp::Reverse(wanted.iter().flatten().count()))
-            .map(|(_, action)| *action)
+            .min_by_key(|(wanted, _, _)| std::cmp::Reverse(wanted.iter().flatten().count()))
+            .map(|(_, action, expires_ms)| (*action, *expires_ms))
     }
 }
 
@@ -364,6 +368,12 @@ pub struct Service {
 impl Policy {
     /// What a live override says of `key` (as [`crate::key::build`] made it) in `rule`.
     pub fn key_override(&self, rule: &Rule, key: &str) -> Option<KeyAction> {
+        self.key_override_until(rule, key).map(|(action, _)| action)
+    }
+
+    /// [`Policy::key_override`], with when the override expires (Unix milliseconds, as the
+    /// service said; 0: never, or not said).
+    pub fn key_override_until(&self, rule: &Rule, key: &str) -> Option<(KeyAction, u64)> {
         if self.key_overrides.is_empty() {
             return None;
         }
@@ -379,7 +389,13 @@ impl Policy {
             .get(configured)
             .and_then(|keys| keys.get(parts));
         if let Some(action) = exact {
-            return Some(*action);
+            let expires_ms = self
+                .key_expires
+                .get(configured)
+                .and_then(|keys| keys.get(parts))
+                .copied()
+                .unwrap_or(0);
+            return Some((*action, expires_ms));
         }
         self.bare_key_overrides.get(configured)?.find(parts)
     }

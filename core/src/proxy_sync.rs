@@ -451,7 +451,11 @@ pub fn apply_lease(
         record.lease_until_us = now_us.saturating_add(grant.ttl_ms.saturating_mul(1_000));
         let remaining = grant.remaining.min(u32::MAX as u64) as u32;
         record.global_remaining = remaining.saturating_sub(record.spent);
-        record.global_reset_at_us = now_us + grant.reset_ms.saturating_mul(1_000);
+        record.global_reset_at_us = now_us.saturating_add(grant.reset_ms.saturating_mul(1_000));
+        // 0 when the service does not say; a token due now is due at `now_us` (never 0).
+        record.global_token_at_us = grant.token_ms.map_or(0, |ms| {
+            now_us.saturating_add(ms.saturating_mul(1_000)).max(1)
+        });
         table.store(set, &record, limits, now_us);
         ((), true)
     })

@@ -46,7 +46,10 @@ const GHOST_AREA: usize = GHOSTS * GHOST_LEN;
 /// Most limits one rule may have.
 pub use sluice_protocol::MAX_LIMITS;
 
-const HEADER: usize = 48;
+const HEADER: usize = 56;
+/// The version of the record format, part of every layout's tag: a set written in an earlier
+/// format reads as empty (2: the header holds `global_token_at_us`).
+const RECORD_FORMAT: u8 = 2;
 const PER_LIMIT: usize = 16;
 
 /// Bytes of one record for a rule with `limits` limits whose sliding logs keep `log` timestamps.
@@ -80,6 +83,11 @@ pub struct Record {
     pub global_remaining: u32,
     /// When the global bucket will be full again, as the service said (for headers).
     pub global_reset_at_us: u64,
+    /// When every limit of the global state holds a token more than the `remaining` the service
+    /// last answered (its grant's `token_ms`): once those are spent, when the next one is back,
+    /// whichever limit is short. 0: the service did not say (an older one, or a window), and the
+    /// wait is worked out from `global_remaining` and `global_reset_at_us`.
+    pub global_token_at_us: u64,
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.
     pub buckets: [Bucket; MAX_LIMITS],
     /// The rings of its sliding logs, one after the other in limit order (empty for other
@@ -93,6 +101,10 @@ impl Record {
     /// said (its reset less `burst - 1` tokens' time, the `Retry-After` of such a denial). A
     /// round brought forward could only bring an empty lease then.
     pub fn globally_empty(&self, limit: &Limit, now_us: u64) -> bool {
+        if self.global_token_at_us != 0 {
+            // The service said when a token is back, whichever limit is short.
+            return self.global_remaining == 0 && now_us < self.global_token_at_us;
+        }
         let token_us = limit.period().micros() / limit.requests().max(1);
         let short_of_full_us = limit.burst().saturating_sub(1).saturating_mul(token_us);
         let token_back_us = self.global_reset_at_us.saturating_sub(short_of_full_us);
@@ -118,6 +130,7 @@ impl Record {
             lease: 0,
             global_remaining: 0,
             global_reset_at_us: 0,
+            global_token_at_us: 0,
             buckets,
             logs: vec![0; log],
         }
@@ -208,6 +221,7 @@ impl Record {
             lease: u32_at(32),
             global_remaining: u32_at(36),
             global_reset_at_us: u64_at(40),
+            global_token_at_us: u64_at(48),
             buckets,
             logs: (0..log)
                 .map(|i| u64_at(HEADER + limits * PER_LIMIT + 8 * i))
@@ -224,6 +238,7 @@ impl Record {
         bytes[32..36].copy_from_slice(&self.lease.to_le_bytes());
         bytes[36..40].copy_from_slice(&self.global_remaining.to_le_bytes());
         bytes[40..48].copy_from_slice(&self.global_reset_at_us.to_le_bytes());
+        bytes[48..56].copy_from_slice(&self.global_token_at_us.to_le_bytes());
         for (i, bucket) in self.buckets.iter().enumerate().take(limits) {
             let at = HEADER + i * PER_LIMIT;
             bytes[at..at + 8].copy_from_slice(&bucket.tokens.to_bits().to_le_bytes());
@@ -296,11 +311,11 @@ impl Table {
         Table::named(prefix, tag, limits, max_keys, hasher)
     }
 
-    /// The tag of a layout: what a record holds and how it reads (the number of limits, each
+    /// The tag of a layout: what a record holds and how it reads (its format, the number of limits, each
     /// one's algorithm and sliding-log length) and the number of sets; not the limits' numbers
     /// (requests, period, burst, shaping), which read the same state. Never 0.
     pub fn layout(limits: &[Limit], max_keys: u32) -> u64 {
-        let mut layout = Vec::new();
+        let mut layout = vec![RECORD_FORMAT];
         for limit in limits {
             // The state's meaning changes with the algorithm: a new layout, not a misread one.
             layout.extend_from_slice(limit.algorithm().name().as_bytes());
@@ -785,15 +800,15 @@ mod tests {
     }
 
     /// A set holds records of one layout: one of another layout, even of a length that would
-    /// read as whole records (64-byte records read as 128-byte ones), reads as empty and is
+    /// read as whole records (72-byte records read as 144-byte ones), reads as empty and is
     /// started over when written.
     #[test]
     fn a_set_of_another_layout_reads_as_empty() {
         let hasher = KeyHasher::new([1, 2]);
         let bucket = vec![Limit::new(10, Period::Minute, None).unwrap()];
-        // 48 + 16 + 8 × 8 = 128 = 2 × (48 + 16).
-        let log = vec![Limit::logged(8, Period::Minute).unwrap()];
-        assert_eq!(record_len(1, 8), 2 * record_len(1, 0));
+        // 56 + 16 + 9 × 8 = 144 = 2 × (56 + 16).
+        let log = vec![Limit::logged(9, Period::Minute).unwrap()];
+        assert_eq!(record_len(1, 9), 2 * record_len(1, 0));
         let old = Table::live("r", &bucket, 64, hasher);
         let new = Table::live("r", &log, 64, hasher);
         assert_eq!(old.set_key(5), new.set_key(5), "one live table");
@@ -815,7 +830,7 @@ mod tests {
             evicted, None,
             "nothing of the other layout is taken for a record"
         );
-        assert_eq!(set.len(), HEAD + record_len(1, 8));
+        assert_eq!(set.len(), HEAD + record_len(1, 9));
         assert_eq!(new.find(&set, 42), Some(Record::fresh(42, &log, 9)));
         assert_eq!(old.find(&set, 42), None, "and back");
     }

@@ -819,6 +819,7 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
                 ttl_ms: 1_000,
                 remaining: 7,
                 reset_ms: 2_000,
+                token_ms: None,
                 refused: None,
             };
             let _ = proxy_sync::apply_lease(limiter, *rule, key, &grant, now, store);
@@ -860,6 +861,7 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
                 ttl_ms: 500,
                 remaining: 9,
                 reset_ms: 1_000,
+                token_ms: None,
                 refused: (i == 0).then(|| "entries[0].key: too long".to_string()),
             })
             .collect();

@@ -129,6 +129,7 @@ impl Proxy {
                     ttl_ms: 300,
                     remaining: 1_000,
                     reset_ms: 0,
+                    token_ms: None,
                     refused: None,
                 };
                 let response = SyncResponse {

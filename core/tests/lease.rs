@@ -50,6 +50,7 @@ fn grant(tokens: u64) -> Grant {
         ttl_ms: 300,
         remaining: 0,
         reset_ms: 0,
+        token_ms: None,
         refused: None,
     }
 }
@@ -168,6 +169,7 @@ fn a_spent_lease_on_an_empty_global_bucket_says_when_the_bucket_holds_a_token_ag
         ttl_ms: 300,
         remaining: 0,
         reset_ms: 1_500,
+        token_ms: None,
         refused: None,
     };
     apply_lease(&limiter, RuleId::new(0), KEY, &in_debt, T0, &mut store).unwrap();
@@ -187,6 +189,7 @@ fn a_spent_lease_on_an_empty_global_bucket_says_when_the_bucket_holds_a_token_ag
     let plenty = Grant {
         remaining: 40,
         reset_ms: 600,
+        token_ms: None,
         ..in_debt
     };
     apply_lease(&limiter, RuleId::new(0), KEY, &plenty, T0, &mut store).unwrap();

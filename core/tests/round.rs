@@ -44,6 +44,7 @@ fn grant(tokens: u64, refused: Option<&str>) -> Grant {
         ttl_ms: 300,
         remaining: tokens,
         reset_ms: 0,
+        token_ms: None,
         refused: refused.map(str::to_string),
     }
 }

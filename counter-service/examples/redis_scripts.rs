@@ -321,7 +321,7 @@ fn run_sync_case(
             ]);
         }
         let reply = connection.call(&args)?;
-        if reply.len() != 5 * SYNC_BATCH || reply.chunks(5).any(|entry| entry[0] < 1) {
+        if reply.len() != 6 * SYNC_BATCH || reply.chunks(6).any(|entry| entry[0] < 1) {
             bail!(
                 "{}: the call answered {reply:?}, not a grant per entry",
                 case.name

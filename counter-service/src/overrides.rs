@@ -453,6 +453,8 @@ struct Stored {
     limits: Vec<String>,
     keys: Vec<String>,
     meta: Vec<String>,
+    /// Flat (keys field, expires_at_ms) of the key entries that expire.
+    expires: Vec<String>,
 }
 
 /// Reads the version and the bypass, and the whole set unless the version is `cached` or
@@ -484,8 +486,9 @@ async fn read(
         Vec<String>,
         i64,
         String,
+        Vec<String>,
     );
-    let (version, expired, bypass, answer, limits, keys, more, set_bytes, log_from): Reply =
+    let (version, expired, bypass, answer, limits, keys, more, set_bytes, log_from, expires): Reply =
         state.backend.invoke("overrides", &invocation).await?;
     noted_expired(state, &expired);
     let answer = match answer {
@@ -493,12 +496,14 @@ async fn read(
             limits,
             keys,
             meta: more,
+            expires,
         }),
         2 => Answer::Delta(
             Stored {
                 limits,
                 keys,
                 meta: Vec::new(),
+                expires,
             },
             more,
         ),
@@ -531,8 +536,29 @@ fn live(version: u64, stored: &Stored) -> LiveOverrides {
         ..LiveOverrides::default()
     };
     (live.limits, live.keys) = entries(stored);
+    live.expires = expiries(stored);
     live
 }
+
+/// When the key entries of a stored set (or delta) that expire do, per rule and key, as proxies
+/// take them. One that does not parse is left out (and logged): its key then has no expiry.
+fn expiries(stored: &Stored) -> Expires {
+    let mut expires = Expires::new();
+    for (field, at) in pairs(&stored.expires) {
+        match (field.split_once(KEY_PART_SEPARATOR), at.parse::<u64>()) {
+            (Some((rule, key)), Ok(at)) => {
+                expires
+                    .entry(rule.to_owned())
+                    .or_default()
+                    .insert(key.to_owned(), at);
+            }
+            _ => tracing::warn!(field, at, "stored key expiry left out"),
+        }
+    }
+    expires
+}
+
+type Expires = BTreeMap<String, BTreeMap<String, u64>>;
 
 /// The limits and the keys of a stored set (or delta), as proxies take them.
 fn entries(stored: &Stored) -> (Limits, KeysByRule) {
@@ -570,6 +596,7 @@ fn delta(from: u64, version: u64, stored: &Stored, removed: &[String]) -> Overri
         version,
         limits,
         keys,
+        expires: expiries(stored),
         ..OverridesDelta::default()
     };
     for name in removed {
@@ -708,6 +735,7 @@ pub async fn view(state: &AppState, now_override_us: u64) -> Result<Value, Backe
         limits: Vec::new(),
         keys: Vec::new(),
         meta: Vec::new(),
+        expires: Vec::new(),
     };
     let stored = match &read.answer {
         Answer::Whole(stored) => stored,

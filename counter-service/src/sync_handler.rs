@@ -211,6 +211,7 @@ fn empty_grant(refused: Option<String>) -> Grant {
         ttl_ms: 0,
         remaining: 0,
         reset_ms: 0,
+        token_ms: None,
         refused,
     }
 }
@@ -303,14 +304,19 @@ impl Call<'_> {
             }
         }
         let reply: Vec<i64> = state.backend.invoke(name, &invocation).await?;
-        if reply.len() != 5 * reports.len() {
+        // sync.lua answers a sixth number per entry, its token_ms; sync_window.lua five.
+        let width = if windowed { 5 } else { 6 };
+        if reply.len() != width * reports.len() {
             return Err(BackendError::Reply(format!(
                 "{name}.lua answered {} numbers for {} entries",
                 reply.len(),
                 reports.len()
             )));
         }
-        let replayed = reply.chunks_exact(5).filter(|five| five[4] == 1).count();
+        let replayed = reply
+            .chunks_exact(width)
+            .filter(|entry| entry[4] == 1)
+            .count();
         if replayed > 0 {
             tracing::debug!(
                 proxy = self.proxy,
@@ -320,12 +326,13 @@ impl Call<'_> {
             state.metrics.replayed_entries.inc_by(replayed as u64);
         }
         Ok(reply
-            .chunks_exact(5)
-            .map(|five| Grant {
-                tokens: non_negative(five[0]),
-                ttl_ms: non_negative(five[1]),
-                remaining: non_negative(five[2]),
-                reset_ms: non_negative(five[3]),
+            .chunks_exact(width)
+            .map(|entry| Grant {
+                tokens: non_negative(entry[0]),
+                ttl_ms: non_negative(entry[1]),
+                remaining: non_negative(entry[2]),
+                reset_ms: non_negative(entry[3]),
+                token_ms: entry.get(5).map(|&ms| non_negative(ms)),
                 refused: None,
             })
             .collect())

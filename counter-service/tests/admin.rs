@@ -975,6 +975,81 @@ async fn an_expiry_changes_what_the_next_sync_sees() {
     assert!(text.contains("sluice_overrides_expired_total 2"), "{text}");
 }
 
+/// A sync answer says when each key set with a ttl expires (the whole set, and a delta for the
+/// keys it sets), so a proxy tells a blocked client the time left. Whoever holds an admin
+/// credential may give every key a ttl: the expiries count in the set's size, so the set a proxy
+/// receives stays within what the service counted (and the proxies' bound).
+#[tokio::test]
+async fn a_sync_carries_when_each_key_expires() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let at = |ms: u64| T0_US + ms * 1_000;
+    let write = |change: Change, ms: u64| {
+        let state = state.clone();
+        async move {
+            overrides::write(&state, "alice", &change, at(ms))
+                .await
+                .unwrap()
+        }
+    };
+    write(key_change("short", Some(2)), 0).await;
+    let v = write(key_change("kept", None), 0).await.version;
+    let whole = overrides::for_sync(&state, 0, false, at(1))
+        .await
+        .live
+        .unwrap();
+    assert_eq!(whole.version, v);
+    assert_eq!(
+        whole.expires,
+        [(
+            "api".to_string(),
+            [("short".to_string(), T0_MS + 2_000)].into()
+        )]
+        .into()
+    );
+    let counted: usize = redis
+        .text(&["HGET", overrides::SIZES_KEY, "set_bytes"])
+        .unwrap()
+        .parse()
+        .unwrap();
+    let sent = serde_json::to_string(&whole).unwrap().len();
+    assert!(
+        sent <= counted + sluice_protocol::OVERRIDES_FRAME_BYTES,
+        "{sent} bytes sent, {counted} counted"
+    );
+    // a delta: the key it sets with a ttl, with its expiry; one set again without, with none
+    write(key_change("later", Some(10)), 500).await;
+    let w = write(key_change("short", None), 500).await.version;
+    let delta = overrides::for_sync(&state, v, true, at(600))
+        .await
+        .delta
+        .unwrap();
+    assert_eq!((delta.from, delta.version), (v, w));
+    assert_eq!(delta.keys["api"].len(), 2);
+    assert_eq!(
+        delta.expires,
+        [(
+            "api".to_string(),
+            [("later".to_string(), T0_MS + 10_500)].into()
+        )]
+        .into()
+    );
+    // every entry gone, its expiry's bytes with it
+    for key in ["short", "kept", "later"] {
+        let change = Change::DeleteKey {
+            rule: "api".into(),
+            key: vec![key.into()],
+        };
+        write(change, 700).await;
+    }
+    assert_eq!(
+        redis
+            .text(&["HGET", overrides::SIZES_KEY, "set_bytes"])
+            .unwrap(),
+        "0"
+    );
+}
+
 /// The same on the real clock, through the HTTP API: a 1 s ttl is gone from the sync answers
 /// within a few seconds (polled, bounded).
 #[tokio::test]

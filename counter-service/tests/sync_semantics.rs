@@ -82,9 +82,11 @@ async fn one_proxy_gets_at_most_the_burst_and_the_refill_before_its_next_sync() 
             ttl_ms: 300,
             remaining: 10,
             reset_ms: 0,
+            token_ms: Some(100),
             refused: None,
         }],
-        "a new key is full; a huge demand gets floor(10 - 0 + 1.5 × 1) = 11, no more"
+        "a new key is full; a huge demand gets floor(10 - 0 + 1.5 × 1) = 11, no more; an 11th \
+         token is 100 ms away"
     );
     assert_eq!(tokens(&redis, "k"), 10.0, "the lease is not debited");
     let key = keys::limit_key("k", &TEN_PER_SECOND);
@@ -342,6 +344,65 @@ async fn every_limit_of_an_entry_binds_the_grant() {
     assert_eq!(grants[1].tokens, 11, "answers keep the request order");
     let key = keys::limit_key("first", &per_minute);
     assert_eq!(field(&redis, &key, "g:a").as_deref(), Some("3"));
+}
+
+/// The README's `per-key` example, `[1000/minute, 100000/day]`, with the minute bucket empty and
+/// the day bucket half used: the global state is full again in 12 hours (`reset_ms`), but holds a
+/// token in both limits again in 60 ms (`token_ms`), the wait of a request denied meanwhile. With
+/// tokens `remaining`, `token_ms` is the wait for the one after them.
+/// Before `token_ms`, a proxy sized that wait from `reset_ms` and the first limit: 43,140 s.
+#[tokio::test]
+async fn the_grant_says_when_every_limit_holds_a_token_again() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let per_minute = LimitSpec::token_bucket(1_000, 60_000, 1_000);
+    let per_day = LimitSpec::token_bucket(100_000, 86_400_000, 100_000);
+    let request = batch(
+        "a",
+        INTERVAL_MS,
+        vec![entry("k", &[per_minute, per_day], 0, 5)],
+    );
+    sync_at(&state, &request, T0).await;
+    let set = |spec: &LimitSpec, tokens: &str| {
+        let key = keys::limit_key("k", spec);
+        let ts = T0.to_string();
+        redis
+            .query(&["HSET", &key, "tokens", tokens, "ts", &ts])
+            .unwrap();
+    };
+    set(&per_minute, "0");
+    set(&per_day, "50000");
+    let grants = sync_at(&state, &request, T0).await;
+    assert_eq!(
+        grants[0].tokens, 2,
+        "floor(0 + 2.5 tokens of refill before the next sync)"
+    );
+    assert_eq!(grants[0].remaining, 0);
+    assert_eq!(
+        grants[0].reset_ms, 43_200_000,
+        "50,000 tokens at 100,000 a day"
+    );
+    assert_eq!(grants[0].token_ms, Some(60), "one token at 1,000 a minute");
+    // in debt on the day: its token comes after the minute's
+    set(&per_minute, "500");
+    set(&per_day, "-2");
+    let grants = sync_at(&state, &request, T0).await;
+    assert_eq!(
+        grants[0].token_ms,
+        Some(3 * 864),
+        "three tokens at 100,000 a day"
+    );
+    // a token in every limit: once it is spent, the day's second one is 864 ms away
+    set(&per_day, "1");
+    let grants = sync_at(&state, &request, T0).await;
+    assert_eq!(grants[0].remaining, 1);
+    assert_eq!(grants[0].token_ms, Some(864));
+    // plenty: the minute's 101st token is a minute away (the day's 499 ms before it)
+    set(&per_minute, "100");
+    set(&per_day, "500");
+    let grants = sync_at(&state, &request, T0).await;
+    assert_eq!(grants[0].remaining, 100);
+    assert_eq!(grants[0].token_ms, Some(60));
 }
 
 #[tokio::test]

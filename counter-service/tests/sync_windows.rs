@@ -44,6 +44,7 @@ fn grant(tokens: u64, ttl_ms: u64, remaining: u64, reset_ms: u64) -> Grant {
         ttl_ms,
         remaining,
         reset_ms,
+        token_ms: None,
         refused: None,
     }
 }

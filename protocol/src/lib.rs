@@ -259,6 +259,13 @@ pub struct Grant {
     pub remaining: u64,
     /// Milliseconds until the global bucket is full again (the most restrictive limit).
     pub reset_ms: u64,
+    /// Milliseconds until every limit of the global state holds `remaining + 1` tokens (0: every
+    /// one does now), as this answer counts: once the `remaining` tokens are spent (none when it
+    /// is 0), the wait for the next one, whichever limit is short. Answered for token buckets;
+    /// absent from windows and from older services (the proxy then works the wait out from
+    /// `remaining` and `reset_ms`, exact for one limit), ignored by older proxies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ms: Option<u64>,
     /// Set when the service refused this entry alone (a key too long, a limit out of bounds):
     /// the reason, naming the field. Its counts were not applied and must not be sent again;
     /// the rest of the batch was applied as usual. The grant is then empty.
@@ -313,6 +320,10 @@ pub struct OverridesDelta {
     /// Keys set or changed, per rule, as in [`LiveOverrides::keys`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub keys: BTreeMap<String, BTreeMap<String, KeyAction>>,
+    /// When the keys it sets expire, as in [`LiveOverrides::expires`]: a key it sets that is
+    /// not here has no expiry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub expires: BTreeMap<String, BTreeMap<String, u64>>,
     /// Limit overrides removed, by target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed_limits: Vec<String>,
@@ -336,6 +347,12 @@ pub struct LiveOverrides {
     /// [`KEY_PART_SEPARATOR`] (one part: the value itself, e.g. `"203.0.113.7"`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub keys: BTreeMap<String, BTreeMap<String, KeyAction>>,
+    /// When a key override set with a ttl expires, in milliseconds since the Unix epoch (the
+    /// service's clock), per rule and key as in [`LiveOverrides::keys`]; a key not here has no
+    /// expiry. A proxy tells a blocked client the time left (its `Retry-After`). Absent from
+    /// older services (every block then answers the default wait), ignored by older proxies.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub expires: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 /// Joins the parts of a key in [`LiveOverrides::keys`] (the filter's own separator).

@@ -1209,6 +1209,102 @@ fn a_block_on_a_first_present_key_denies_the_client_it_names() {
     );
 }
 
+/// `Retry-After` says when a request would be admitted, as a client sees it: a cached rule of two limits
+/// (2 a minute, 1,000 a day) whose minute is spent waits for the minute's token (30 s at most), not the 143 s
+/// the first limit's arithmetic made of the day's reset; of two rules that both deny (1 a second, 1 a minute),
+/// the longer wait answers (60 s, where the first rule's 1 s came back denied again); a key blocked for 300 s
+/// waits the time its block has left, not 60 s.
+#[test]
+fn retry_after_is_the_time_until_the_request_would_be_admitted() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = admin_service(&redis, &dir);
+    let rules = json!([
+        {"name": "multi", "match": {"path_prefix": "/multi/"}, "key": ["const:all"], "consistency": "cached",
+         "limits": [{"requests": 2, "per": "minute"}, {"requests": 1000, "per": "day"}]},
+        {"name": "fast", "match": {"path_prefix": "/two/"}, "key": ["const:all"],
+         "limits": [{"requests": 1, "per": "second"}]},
+        {"name": "slow", "match": {"path_prefix": "/two/"}, "key": ["const:all"],
+         "limits": [{"requests": 1, "per": "minute"}]},
+        {"name": "api", "match": {"path_prefix": "/blocked/"}, "key": ["header:x-user"],
+         "limits": [{"requests": 1_000_000, "per": "minute"}]},
+    ]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 1);
+    assert!(eventually(Duration::from_secs(3), || envoy
+        .stat("wasmcustom.sluice.sync.ok")
+        > 0));
+    let client = agent();
+    let retry_after = |path: &str, headers: &[(&str, &str)]| {
+        let reply = get(&client, &envoy.url(path), headers).unwrap();
+        match reply.status {
+            200 => None,
+            429 => Some(
+                reply
+                    .header("retry-after")
+                    .and_then(|r| r.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("a 429 without retry-after: {reply:?}")),
+            ),
+            _ => panic!("{reply:?}"),
+        }
+    };
+
+    // The cached rule: two admitted, then denied on the lease the service sized after their report.
+    let admitted = (0..2)
+        .filter(|_| retry_after("/multi/x", &[]).is_none())
+        .count();
+    assert_eq!(admitted, 2);
+    let syncs = envoy.stat("wasmcustom.sluice.sync.ok");
+    let mut waits = Vec::new();
+    let started = Instant::now();
+    while envoy.stat("wasmcustom.sluice.sync.ok") < syncs + 3
+        && started.elapsed() < Duration::from_secs(5)
+    {
+        waits.push(retry_after("/multi/x", &[]).expect("the minute is spent"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    waits.push(retry_after("/multi/x", &[]).expect("the minute is spent"));
+    assert!(
+        envoy.stat("wasmcustom.sluice.sync.ok") >= syncs + 3,
+        "the service answered no sync since; Envoy log:\n{}",
+        envoy.log()
+    );
+    assert!(
+        waits.iter().all(|&w| (28..=30).contains(&w)),
+        "the minute's token is 30 s away at most; the day's reset is not the wait: {waits:?}"
+    );
+
+    // Two rules that deny: the minute's wait, not the second's.
+    assert_eq!(retry_after("/two/x", &[]), None);
+    let wait = retry_after("/two/x", &[]).expect("both rules are spent");
+    assert!(
+        (59..=60).contains(&wait),
+        "Retry-After {wait}, the slow rule's minute"
+    );
+
+    // A block of 300 s.
+    assert_eq!(retry_after("/blocked/x", &[("x-user", "eve")]), None);
+    let block = service
+        .request(
+            "PUT",
+            "/admin/v1/overrides/keys/api",
+            Some("s3cret-admin-token"),
+            Some(r#"{"key": ["eve"], "action": "block", "ttl_s": 300, "reason": "abuse"}"#),
+        )
+        .unwrap();
+    assert_eq!(block.status, 200, "{block:?}");
+    let blocked = eventually(Duration::from_secs(3), || {
+        retry_after("/blocked/x", &[("x-user", "eve")]).is_some()
+    });
+    assert!(blocked, "never blocked; Envoy log:\n{}", envoy.log());
+    let wait = retry_after("/blocked/x", &[("x-user", "eve")]).unwrap();
+    assert!(
+        (290..=300).contains(&wait),
+        "Retry-After {wait}, the time the 300 s block has left"
+    );
+    assert_eq!(retry_after("/blocked/x", &[("x-user", "alice")]), None);
+}
+
 /// A `sliding_log` of 1,000 a minute is refused in a configuration with 65,536 keys a rule (500 MiB of
 /// timestamps, over the 64 MiB bound). Pushed as a live override by a service that cannot check it (no
 /// `--policy`), the proxy refuses it the same way: the rule keeps its 5 a minute, says why in the log and

@@ -90,6 +90,7 @@ fn grant_all_of(
             ttl_ms: 300,
             remaining,
             reset_ms,
+            token_ms: None,
             refused: None,
         })
         .collect();
@@ -306,6 +307,7 @@ fn the_service_can_turn_on_the_emergency_bypass() {
                 ttl_ms: 300,
                 remaining: 0,
                 reset_ms: 0,
+                token_ms: None,
                 refused: None,
             };
             batch.entries.len()
@@ -466,6 +468,7 @@ fn a_long_key_cannot_stop_the_sync() {
             ttl_ms: if i == refused_at { 0 } else { 300 },
             remaining: 0,
             reset_ms: 0,
+            token_ms: None,
             refused: (i == refused_at).then(|| "entries[0].key: refused".to_string()),
         })
         .collect();
@@ -602,6 +605,7 @@ fn an_advised_interval_comes_back_down() {
                 ttl_ms: 3_000,
                 remaining: 10,
                 reset_ms: 0,
+                token_ms: None,
                 refused: None,
             })
             .collect();

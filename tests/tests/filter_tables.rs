@@ -157,6 +157,7 @@ fn push_overrides(proxy: &Proxy, live: &LiveOverrides) {
                     ttl_ms: 0,
                     remaining: 0,
                     reset_ms: 0,
+                    token_ms: None,
                     refused: None,
                 };
                 request.entries.len()

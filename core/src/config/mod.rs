@@ -475,6 +475,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         service,
         shedding,
         key_overrides: Default::default(),
+        key_expires: Default::default(),
         bare_key_overrides: Default::default(),
         jwt_payload_in_metadata,
     })
