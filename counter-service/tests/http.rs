@@ -43,8 +43,8 @@ async fn sync_answers_grants_in_order_with_hints() {
         answer.body,
         json!({
             "grants": [
-                {"tokens": 11, "ttl_ms": 300, "remaining": 10, "reset_ms": 0},
-                {"tokens": 11, "ttl_ms": 300, "remaining": 10, "reset_ms": 0}
+                {"tokens": 11, "ttl_ms": 300, "remaining": 10, "reset_ms": 0, "token_ms": 100},
+                {"tokens": 11, "ttl_ms": 300, "remaining": 10, "reset_ms": 0, "token_ms": 100}
             ],
             "hints": {"next_sync_ms": 100, "overrides": {"bypass": false}}
         })
@@ -180,7 +180,7 @@ async fn a_bad_entry_is_refused_alone() {
     // 10 + 1) - 3 = 8), and a lease of floor(8 + 1.5) = 9
     assert_eq!(
         grants[1],
-        json!({"tokens": 9, "ttl_ms": 300, "remaining": 8, "reset_ms": 200})
+        json!({"tokens": 9, "ttl_ms": 300, "remaining": 8, "reset_ms": 200, "token_ms": 100})
     );
     assert_eq!(grants[3]["tokens"], 11, "{answer:?}");
     assert!(grants[3].get("refused").is_none());
