@@ -9,15 +9,12 @@ use crate::request::RequestView;
 
 /// Separates key parts; a control character no header value may hold.
 pub const SEPARATOR: char = sluice_protocol::KEY_PART_SEPARATOR;
-/// Starts what sluice writes into a key itself (digests, markers). A value a client sends that
-/// starts with it gets one more in front ([`unmarked`]), so no value equals a marker.
-pub const MARK: char = '\u{1e}';
 /// The value of a key part the request does not have (no such header, query parameter or verified
 /// claim, no client address): the request is counted in this one bucket of the rule (per value of
 /// the other parts), unless the rule says `"when_missing": "skip"`. Shown as `missing` in logs.
 pub const MISSING: &str = "\u{1e}missing";
 /// Distinct values of one repeated header a key is built from (the first ones and the last).
-pub use crate::policy::MAX_VALUES;
+pub use crate::request::{header_value, unmarked, MARK, MAX_VALUES};
 /// Longest key sent anywhere: a longer one is replaced by its SHA-256 digest, so no client value
 /// can make a key the counter service refuses, or fill memory with long keys.
 pub use sluice_protocol::MAX_KEY_BYTES;
@@ -218,35 +215,4 @@ fn bounded(rule: &str, key: String) -> String {
         let _ = write!(short, "{byte:02x}");
     }
     short
-}
-
-/// A header value as a key part: itself when it is UTF-8 ([`unmarked`]); otherwise [`MARK`],
-/// `hex:` and its bytes in hex, so that two different values never share a bucket.
-pub fn header_value(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => unmarked(text).into_owned(),
-        Err(_) => {
-            let mut out = String::with_capacity(5 + 2 * bytes.len());
-            out.push(MARK);
-            out.push_str("hex:");
-            for byte in bytes {
-                let _ = write!(out, "{byte:02x}");
-            }
-            out
-        }
-    }
-}
-
-/// A value a client sent, as a key part: itself, or when it starts with [`MARK`], one more
-/// [`MARK`] in front, so that it never equals a marker sluice writes itself ([`MISSING`], a
-/// digest, the hex of a value that is not UTF-8).
-pub fn unmarked(value: &str) -> std::borrow::Cow<'_, str> {
-    if value.starts_with(MARK) {
-        let mut out = String::with_capacity(value.len() + MARK.len_utf8());
-        out.push(MARK);
-        out.push_str(value);
-        std::borrow::Cow::Owned(out)
-    } else {
-        std::borrow::Cow::Borrowed(value)
-    }
 }

@@ -7,6 +7,8 @@ use crate::limit::Limit;
 pub use crate::matcher::Matcher;
 use crate::net::Cidr;
 use crate::protocol::KeyAction;
+use crate::request::distinct;
+pub use crate::request::MAX_VALUES;
 
 /// The whole plugin configuration, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -494,41 +496,4 @@ pub(crate) fn prefix_of(ip: IpAddr, v4: u8, v6: u8) -> String {
             format!("{}/{v6}", std::net::Ipv6Addr::from(masked))
         }
     }
-}
-
-/// The values a key is built from: distinct, at most [`MAX_VALUES`] (the first ones and the
-/// last: the value an upstream reads is one of those).
-/// Distinct values of one repeated header or query parameter a key is built from (the first
-/// ones and the last).
-pub const MAX_VALUES: usize = 4;
-
-pub(crate) fn distinct(values: Vec<String>) -> Vec<String> {
-    distinct_of(values)
-}
-
-/// [`distinct`] of values as they come, holding at most [`MAX_VALUES`] of them and the last (a
-/// query of thousands of repeated parameters is read once, not collected).
-pub(crate) fn distinct_of(values: impl IntoIterator<Item = String>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut more = false;
-    let mut last = None;
-    for value in values {
-        if !out.contains(&value) {
-            if out.len() < MAX_VALUES {
-                out.push(value.clone());
-            } else {
-                more = true;
-            }
-        }
-        last = Some(value);
-    }
-    if more {
-        out.truncate(MAX_VALUES - 1);
-        if let Some(last) = last {
-            if !out.contains(&last) {
-                out.push(last);
-            }
-        }
-    }
-    out
 }

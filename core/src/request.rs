@@ -1,5 +1,7 @@
 //! What the limiter may ask of a request, and a request as plain values for tests and tools.
 
+use std::fmt::Write;
+
 /// What the limiter may ask of a request. The filter answers from host calls, tests from values.
 pub trait RequestView {
     /// Upper-case method, e.g. `GET`.
@@ -11,7 +13,7 @@ pub trait RequestView {
     /// The client address, already resolved through trusted hops.
     fn client_ip(&mut self) -> Option<&str>;
     /// Every value of a request header, by lower-case name, in order (empty when absent).
-    /// A value that is not UTF-8 comes as [`crate::key::header_value`] makes it.
+    /// A value that is not UTF-8 comes as [`header_value`] makes it.
     fn header(&mut self, name: &str) -> Vec<String>;
     /// The `:authority` (host and port) as sent.
     fn host(&mut self) -> Option<&str>;
@@ -23,7 +25,7 @@ pub trait RequestView {
     fn claim(&mut self, name: &str) -> Option<String>;
 }
 
-/// The distinct values (at most [`crate::policy::MAX_VALUES`]: the first ones and the last) of
+/// The distinct values (at most [`MAX_VALUES`]: the first ones and the last) of
 /// parameter `name` in a query string, percent-decoded. Parameters are separated by `&` or `;`
 /// (`a=1;b=2`: Rack and other frameworks split on both). With `exact`, a name matches only as
 /// written; otherwise in any case (`API_KEY`, `Api_Key` for `api_key`, as ASP.NET Core matches
@@ -40,8 +42,8 @@ pub fn query_values(query: &str, name: &str, exact: bool) -> Vec<String> {
                 same_name_any_case(k, name)
             }
         })
-        .map(|(_, v)| crate::key::unmarked(&v).into_owned());
-    crate::policy::distinct_of(values)
+        .map(|(_, v)| unmarked(&v).into_owned());
+    distinct_of(values)
 }
 
 /// Whether two names are the same in any case: ASCII without allocation; otherwise by Unicode
@@ -121,7 +123,7 @@ impl RequestView for PlainRequest {
         self.headers
             .iter()
             .filter(|(n, _)| n == name)
-            .map(|(_, v)| crate::key::header_value(v.as_bytes()))
+            .map(|(_, v)| header_value(v.as_bytes()))
             .collect()
     }
 
@@ -143,4 +145,75 @@ impl RequestView for PlainRequest {
             .map(|(_, v)| v.clone())
             .filter(|v| !v.is_empty())
     }
+}
+
+/// Starts what sluice writes into a key itself (digests, markers). A value a client sends that
+/// starts with it gets one more in front ([`unmarked`]), so no value equals a marker.
+pub const MARK: char = '\u{1e}';
+
+/// A header value as a key part: itself when it is UTF-8 ([`unmarked`]); otherwise [`MARK`],
+/// `hex:` and its bytes in hex, so that two different values never share a bucket.
+pub fn header_value(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => unmarked(text).into_owned(),
+        Err(_) => {
+            let mut out = String::with_capacity(5 + 2 * bytes.len());
+            out.push(MARK);
+            out.push_str("hex:");
+            for byte in bytes {
+                let _ = write!(out, "{byte:02x}");
+            }
+            out
+        }
+    }
+}
+
+/// A value a client sent, as a key part: itself, or when it starts with [`MARK`], one more
+/// [`MARK`] in front, so that it never equals a marker sluice writes itself ([`crate::key::MISSING`], a
+/// digest, the hex of a value that is not UTF-8).
+pub fn unmarked(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.starts_with(MARK) {
+        let mut out = String::with_capacity(value.len() + MARK.len_utf8());
+        out.push(MARK);
+        out.push_str(value);
+        std::borrow::Cow::Owned(out)
+    } else {
+        std::borrow::Cow::Borrowed(value)
+    }
+}
+
+/// Most distinct values of one repeated header or query parameter a key is built from: the
+/// first ones and the last (the value an upstream reads is one of those).
+pub const MAX_VALUES: usize = 4;
+
+/// The values a key is built from: distinct, at most [`MAX_VALUES`].
+pub(crate) fn distinct(values: Vec<String>) -> Vec<String> {
+    distinct_of(values)
+}
+
+/// [`distinct`] of values as they come, holding at most [`MAX_VALUES`] of them and the last (a
+/// query of thousands of repeated parameters is read once, not collected).
+pub(crate) fn distinct_of(values: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut more = false;
+    let mut last = None;
+    for value in values {
+        if !out.contains(&value) {
+            if out.len() < MAX_VALUES {
+                out.push(value.clone());
+            } else {
+                more = true;
+            }
+        }
+        last = Some(value);
+    }
+    if more {
+        out.truncate(MAX_VALUES - 1);
+        if let Some(last) = last {
+            if !out.contains(&last) {
+                out.push(last);
+            }
+        }
+    }
+    out
 }
