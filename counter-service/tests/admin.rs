@@ -31,19 +31,19 @@ const ADMINS: &str = "# operators\nalice alice-admin-token\nbob bob-admin-token\
 const T0_US: u64 = 1_700_000_000_000_000;
 const T0_MS: u64 = T0_US / 1_000;
 
-/// A file of admin credentials, removed on drop.
-struct AdminsFile(std::path::PathBuf);
+/// A file holding `text`, removed on drop (the admins file, a policy).
+struct TextFile(std::path::PathBuf);
 
-impl AdminsFile {
-    fn new() -> AdminsFile {
+impl TextFile {
+    fn new(text: &str) -> TextFile {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let path = std::env::temp_dir().join(format!(
-            "sluice-{}-{}-admins",
+            "sluice-{}-{}-admin-test",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::write(&path, ADMINS).unwrap();
-        AdminsFile(path)
+        std::fs::write(&path, text).unwrap();
+        TextFile(path)
     }
 
     fn path(&self) -> &str {
@@ -51,7 +51,7 @@ impl AdminsFile {
     }
 }
 
-impl Drop for AdminsFile {
+impl Drop for TextFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
@@ -63,7 +63,7 @@ fn admin_state(redis_url: &str) -> AppState {
 }
 
 fn admin_state_with(redis_url: &str, more: &[&str]) -> AppState {
-    let file = AdminsFile::new();
+    let file = TextFile::new(ADMINS);
     let mut args = vec!["--admin-tokens-file", file.path()];
     args.extend_from_slice(more);
     let settings = common::settings(redis_url, &args);
@@ -1376,7 +1376,7 @@ fn http(address: SocketAddr, method: &str, path: &str, token: &str, body: &str) 
 #[test]
 fn the_binary_serves_the_admin_api() {
     let redis = Redis::start().unwrap();
-    let file = AdminsFile::new();
+    let file = TextFile::new(ADMINS);
     let options = ServiceOptions::new(redis.url())
         .arg("--admin-tokens-file")
         .arg(file.path());
@@ -1433,32 +1433,6 @@ const POLICY: &str = r#"{"service": {"cluster": "sluice_service"}, "rules": [
      "limits": {"free": [{"requests": 5, "per": "minute"}], "pro": [{"requests": 50, "per": "minute"}]}}},
     {"name": "net", "key": ["jwt:sub|client_ip/24", "method"], "limits": [{"requests": 5, "per": "minute"}]}
 ]}"#;
-
-/// A file holding `text`, removed on drop.
-struct TextFile(std::path::PathBuf);
-
-impl TextFile {
-    fn new(text: &str) -> TextFile {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "sluice-{}-{}-policy.json",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, text).unwrap();
-        TextFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TextFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 /// With `--policy`, a limit or key override is checked as the proxies check it, with their
 /// configuration's own messages: what would be refused by every proxy (or match nothing) is
