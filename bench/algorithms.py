@@ -25,7 +25,7 @@ with requests / 3. `sliding_log` is `local` only (a cached one is started anyway
 
 The Envoys (envoy/sluice-access-log.yaml.tmpl) log every request: the time the proxy started it (START_TIME, in
 microseconds), the x-request-id the client sent, the status. The references below are written here from the
-definitions in README.md ("Algorithms"), not from sluice's code, and are fed those times:
+definitions in docs/algorithms.md, not from sluice's code, and are fed those times:
 
 - following: for each request in the order the proxies started them, what the definition decides given the
   requests sluice actually admitted before it. A disagreement is *ambiguous* when the definition itself decides
@@ -37,7 +37,7 @@ definitions in README.md ("Algorithms"), not from sluice's code, and are fed tho
 - over the limit: at each request sluice admitted, how far past the definition's own limit sluice's admissions
   were (token bucket and GCRA: requests admitted in a span beyond burst + rate x span; windows: beyond the
   window's limit), at the most favourable reading of the clock within epsilon. `local` is exact: bound 0.
-  `cached` is bounded as README.md says ("Consistency and its bound", "The bound of a cached window"): token
+  `cached` is bounded as docs/consistency.md and docs/algorithms.md say ("The bound of a cached window"): token
   bucket and GCRA by 1.5 sync intervals of the rate plus what proxies admitted from their fallback; windows by
   what proxies admitted from their fallback. Which admissions could be a fallback's is estimated from the
   documented conditions, as an upper estimate: on a proxy, those in the first sync interval plus the slowest

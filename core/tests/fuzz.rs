@@ -90,8 +90,8 @@ const TOP_LEVEL: [&str; 8] = [
     "jwt_payload_in_metadata",
 ];
 
-/// Configurations to mutate: the error fixtures, the README's examples, the corpus, and a few
-/// valid ones that reach every part of the policy.
+/// Configurations to mutate: the error fixtures, the examples of the README and docs/, the corpus,
+/// and a few valid ones that reach every part of the policy.
 fn config_seeds() -> Vec<Vec<u8>> {
     let mut seeds: Vec<Vec<u8>> = Vec::new();
     let mut fixtures: Vec<PathBuf> = fs::read_dir(manifest("tests/config"))
@@ -102,8 +102,21 @@ fn config_seeds() -> Vec<Vec<u8>> {
         .collect();
     fixtures.sort();
     seeds.extend(fixtures.iter().map(|p| fs::read(p).unwrap()));
-    let readme = fs::read_to_string(manifest("../README.md")).unwrap();
-    for block in readme.split("```json\n").skip(1) {
+    // The README's example and every example of the reference in docs/.
+    let mut pages = vec![manifest("../README.md")];
+    let mut docs: Vec<PathBuf> = fs::read_dir(manifest("../docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    let text: String = pages
+        .iter()
+        .map(|p| fs::read_to_string(p).unwrap())
+        .collect();
+    for block in text.split("```json\n").skip(1) {
         let block = block.split("```").next().unwrap_or_default();
         seeds.push(block.as_bytes().to_vec());
         // A fragment such as `"shedding": {...}` reads as a configuration once wrapped.
