@@ -428,7 +428,7 @@ fn a_leaky_bucket_holds_requests_until_their_slot_and_a_cancelled_one_gives_it_b
 /// The instructions one request costs, counted by the host (deterministic for a build): a
 /// guard against a change that makes the hot path half again dearer (about 11,500 here; was
 /// 15,400 before the instructions cut of 2026-12-01 and 18,100 before the allocations cut in
-/// BENCHMARKS). `make bench-hotpath` prints the figures.
+/// bench/HISTORY.md). `make bench-hotpath` prints the figures.
 #[test]
 fn instructions_per_request_stay_bounded() {
     let metered = FilterModule::load_metered(filter_wasm_path()).unwrap();
