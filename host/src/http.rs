@@ -1,9 +1,7 @@
 //! HTTP exchanges: the request a test sends through a worker, and what the filter made of it.
 
 use super::abi::{header, Headers};
-use super::error::HostError;
 use super::properties::Properties;
-use super::proxy::Proxy;
 
 /// A downstream request, as Envoy's connection manager hands it to the filter chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,58 +152,5 @@ pub struct ResponseView {
 impl ResponseView {
     pub fn header(&self, name: &str) -> Option<&str> {
         header(&self.headers, name)
-    }
-}
-
-/// One request's trip through a worker. Cheap to clone; queries always read the current state
-/// (a callout answer or a timeout can move it on).
-#[derive(Clone)]
-pub struct Exchange {
-    pub(crate) proxy: Proxy,
-    pub(crate) id: ExchangeId,
-}
-
-impl std::fmt::Debug for Exchange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Exchange").field("id", &self.id).finish()
-    }
-}
-
-impl Exchange {
-    pub fn id(&self) -> ExchangeId {
-        self.id
-    }
-
-    /// Where the filter has left the request by now.
-    pub fn state(&self) -> Result<ExchangeState, HostError> {
-        self.proxy.exchange_state(self.id)
-    }
-
-    /// The upstream answers a continued request: runs `on_http_response_headers` (end of
-    /// stream, no body) on `:status` + `headers` and, unless the filter pauses the response,
-    /// ends the stream (`on_done`, `on_log`, `on_delete`).
-    pub fn respond(
-        &self,
-        status: u32,
-        headers: &[(&str, &str)],
-    ) -> Result<ResponseView, HostError> {
-        self.proxy.respond(self.id, status, headers)
-    }
-
-    /// The response as the filter left it, once [`respond`](Self::respond) ran (or a local
-    /// reply replaced it).
-    pub fn response(&self) -> Result<Option<ResponseView>, HostError> {
-        self.proxy.response(self.id)
-    }
-
-    /// Ends the stream now, as when the client goes away (`on_done`, `on_log`, `on_delete`);
-    /// pending callouts of the stream are cancelled. No-op on a finished exchange.
-    pub fn finish(&self) -> Result<(), HostError> {
-        self.proxy.finish(self.id)
-    }
-
-    /// The stream is over (answered, responded or reset) and its context deleted.
-    pub fn is_finished(&self) -> Result<bool, HostError> {
-        self.proxy.is_finished(self.id)
     }
 }
