@@ -265,6 +265,56 @@ pub fn settle(
     Ok(settled)
 }
 
+/// Why a call to the counter service gave no usable answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    NotSent,
+    /// Envoy's async client timed out (504) or the call was reset (no status).
+    Timeout,
+    Unauthorized,
+    Status,
+    /// A 200 whose body is not the expected answer.
+    Malformed,
+}
+
+impl Failure {
+    /// Classifies a callout's `:status` (not 200).
+    pub fn of(status: Option<&str>) -> Failure {
+        match status {
+            None | Some("504") => Failure::Timeout,
+            Some("401") | Some("403") => Failure::Unauthorized,
+            Some(_) => Failure::Status,
+        }
+    }
+}
+
+/// Whether a call that ended in `failure`, with `:status` `status`, surely was not acted on:
+/// not sent, or a 4xx (refused as a whole before anything was applied). A reset or a timeout
+/// (no status, 504), a 5xx or a 200 that does not parse may have been applied.
+pub fn surely_not_applied(failure: Failure, status: Option<&str>) -> bool {
+    failure == Failure::NotSent || status.is_some_and(|s| s.len() == 3 && s.starts_with('4'))
+}
+
+/// A batch that got no usable answer: [`undo`]ne when it surely did not get through, else kept
+/// in [`doubt`]. Returns the keys to announce again.
+#[allow(clippy::too_many_arguments)]
+pub fn recover(
+    limiter: &Limiter,
+    batch: &Batch,
+    service: &Service,
+    failure: Failure,
+    status: Option<&str>,
+    now_us: u64,
+    jitter: f64,
+    store: &mut dyn Store,
+) -> Vec<(RuleId, String)> {
+    if surely_not_applied(failure, status) {
+        undo(limiter, batch, service, now_us, jitter, store)
+    } else {
+        doubt(limiter, batch, service, now_us, jitter, store)
+    }
+}
+
 /// A batch that surely did not get through (not sent, refused as a whole): its counts go back
 /// into the records (the entries in doubt it carried stay in doubt), the breaker counts a
 /// failure and the round is released. Returns the keys to announce again (those no request

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use sluice_core::pending::{Pending, MAX_BATCH_KEYS};
 use sluice_core::protocol::{Grant, Hints, SyncEntry, SyncResponse};
 use sluice_core::proxy_sync::{claim_round, read_state};
-use sluice_core::round::{self, Batch};
+use sluice_core::round::{self, Batch, Failure};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
 const SECOND: u64 = 1_000_000;
@@ -138,23 +138,20 @@ impl Proxy {
                 };
                 round::settle(&self.limiter, batch, &response, self.now, &mut self.store).unwrap();
             }
-            Outcome::AppliedThenLost | Outcome::LostBeforeApplying => {
-                for (rule, key) in round::doubt(
+            // What the filter sees of each: core decides whether to put the batch back or keep
+            // it in doubt.
+            lost => {
+                let (failure, status) = match lost {
+                    Outcome::AppliedThenLost => (Failure::Timeout, None),
+                    Outcome::LostBeforeApplying => (Failure::Status, Some("503")),
+                    _ => (Failure::Status, Some("400")),
+                };
+                for (rule, key) in round::recover(
                     &self.limiter,
                     batch,
                     &service,
-                    self.now,
-                    1.0,
-                    &mut self.store,
-                ) {
-                    let _ = self.waiting.push(rule, key);
-                }
-            }
-            Outcome::Refused => {
-                for (rule, key) in round::undo(
-                    &self.limiter,
-                    batch,
-                    &service,
+                    failure,
+                    status,
                     self.now,
                     1.0,
                     &mut self.store,
@@ -410,4 +407,25 @@ fn the_list_in_doubt_is_capped_and_loses_nothing() {
             assert_eq!(debited[key], admitted * expected, "{key}");
         }
     }
+}
+
+#[test]
+fn only_a_batch_not_sent_or_refused_with_a_4xx_is_put_back() {
+    use round::surely_not_applied;
+    assert!(surely_not_applied(Failure::NotSent, None));
+    for status in ["400", "401", "403", "413", "429"] {
+        let failure = Failure::of(Some(status));
+        assert!(surely_not_applied(failure, Some(status)), "{status}");
+    }
+    // It may have been applied: a timeout, a reset, a 5xx, a 200 that does not parse.
+    assert!(!surely_not_applied(Failure::of(None), None));
+    for status in ["500", "502", "503", "504"] {
+        assert!(
+            !surely_not_applied(Failure::of(Some(status)), Some(status)),
+            "{status}"
+        );
+    }
+    assert!(!surely_not_applied(Failure::Malformed, Some("200")));
+    assert_eq!(Failure::of(Some("504")), Failure::Timeout);
+    assert_eq!(Failure::of(Some("403")), Failure::Unauthorized);
 }

@@ -11,35 +11,7 @@ use sluice_core::policy::Service;
 
 use crate::host;
 
-/// Why a callout did not give an answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    NotSent,
-    /// Envoy's async client timed out (504) or the call was reset (no status).
-    Timeout,
-    Unauthorized,
-    Status,
-    /// A 200 whose body is not the expected answer.
-    Malformed,
-}
-
-impl Failure {
-    /// Classifies a callout's `:status` (not 200).
-    pub fn of(status: Option<&str>) -> Failure {
-        match status {
-            None | Some("504") => Failure::Timeout,
-            Some("401") | Some("403") => Failure::Unauthorized,
-            Some(_) => Failure::Status,
-        }
-    }
-}
-
-/// Whether a call that got no usable answer with `:status` `status` surely was not acted on:
-/// only a 4xx (refused as a whole before anything was applied). A reset or a timeout (no
-/// status, 504), a 5xx or a 200 that does not parse may have been applied.
-pub fn surely_not_applied(status: Option<&str>) -> bool {
-    status.is_some_and(|s| s.len() == 3 && s.starts_with('4'))
-}
+pub use sluice_core::round::Failure;
 
 /// Posts `body` as JSON to `path` on the service's cluster; the callout's token.
 pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32, Failure> {

@@ -94,7 +94,7 @@ impl Syncer {
                     LogLevel::Warn,
                     &format!("sluice: sync to cluster {:?} not sent", service.cluster),
                 );
-                undo(shared, service, &batch, now, failure);
+                recover(shared, service, &batch, now, failure, None);
             }
         }
     }
@@ -138,11 +138,8 @@ impl Syncer {
                         "sluice: the counter service refused our token (401): check service.token",
                     );
                 }
-                if callout::surely_not_applied(host::call_status(num_headers).as_deref()) {
-                    undo(shared, service, &batch, now, failure);
-                } else {
-                    doubt(shared, service, &batch, now, failure);
-                }
+                let status = host::call_status(num_headers);
+                recover(shared, service, &batch, now, failure, status.as_deref());
                 return;
             }
         };
@@ -184,26 +181,23 @@ impl Syncer {
     }
 }
 
-/// A batch that may have been applied: kept in doubt, resent with its labels (what does not fit
-/// in the list goes back into the records, its keys announced again), the breaker told.
-fn doubt(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
+/// A batch that got no usable answer: core puts it back or keeps it in doubt; its keys are
+/// announced again and the breaker told.
+fn recover(
+    shared: &Shared,
+    service: &Service,
+    batch: &Batch,
+    now: u64,
+    failure: Failure,
+    status: Option<&str>,
+) {
     let mut store = SharedData;
     let limiter = shared.limiter();
-    for (rule, key) in round::doubt(&limiter, batch, service, now, host::jitter(now), &mut store) {
-        let forgotten = shared.announcer.announce(&limiter, rule, key);
-        shared.metrics.sync_dropped(forgotten);
-    }
-    shared.metrics.sync_failed(failure);
-    let state = proxy_sync::read_state(&mut store);
-    shared.publish(&state, service, now);
-}
-
-/// A batch that surely did not get through: counts back, keys announced again, the breaker told.
-fn undo(shared: &Shared, service: &Service, batch: &Batch, now: u64, failure: Failure) {
-    let mut store = SharedData;
     let jitter = host::jitter(now);
-    let limiter = shared.limiter();
-    for (rule, key) in round::undo(&limiter, batch, service, now, jitter, &mut store) {
+    let announce = round::recover(
+        &limiter, batch, service, failure, status, now, jitter, &mut store,
+    );
+    for (rule, key) in announce {
         let forgotten = shared.announcer.announce(&limiter, rule, key);
         shared.metrics.sync_dropped(forgotten);
     }
