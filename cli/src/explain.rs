@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 use sluice_core::key;
 use sluice_core::matcher::{HeaderTest, Matcher};
-use sluice_core::net::{client_address, strip_port};
+use sluice_core::net::{resolve_client, strip_port, ClientFrom};
 use sluice_core::policy::{Mode, Rule};
 use sluice_core::{Limiter, PlainRequest, RequestView};
 
@@ -182,28 +182,24 @@ pub fn explain(loaded: &Loaded, args: &RequestArgs) -> Explanation {
         request = request.with_claim(name, value);
     }
 
-    // The client address as the filter finds it: a repeated X-Forwarded-For is one list.
+    // The client address as the filter finds it, by the same function.
     let hops = policy.client_ip.trusted_hops;
-    let peer = args.client_ip.as_deref().unwrap_or("");
-    let xff = request.header("x-forwarded-for").join(",");
-    let xff = (hops > 0 && !xff.is_empty()).then_some(xff);
-    let client = client_address(peer, xff.as_deref(), hops).unwrap_or_default();
-    let from_xff = xff
-        .as_deref()
-        .and_then(|x| x.rsplit(',').nth(hops as usize - 1))
-        .is_some_and(|entry| !entry.trim().is_empty());
-    let client_ip_from = if from_xff && client.is_empty() {
-        format!(
+    let peer = args.client_ip.clone().unwrap_or_default();
+    let xff = request.header("x-forwarded-for");
+    let (client, from) = resolve_client(peer, || xff.iter().map(|v| v.as_bytes()), hops);
+    let client = client.unwrap_or_default();
+    let client_ip_from = match from {
+        ClientFrom::ForwardedNotAnAddress => format!(
             "none: X-Forwarded-For's entry {hops} from the right (client_ip.trusted_hops) is not an address"
-        )
-    } else if from_xff {
-        format!("X-Forwarded-For, entry {hops} from the right (client_ip.trusted_hops)")
-    } else if client.is_empty() {
-        "none given (--client-ip)".to_string()
-    } else if hops > 0 {
-        format!("the peer (X-Forwarded-For has fewer than {hops} entries)")
-    } else {
-        "the peer".to_string()
+        ),
+        ClientFrom::Forwarded => {
+            format!("X-Forwarded-For, entry {hops} from the right (client_ip.trusted_hops)")
+        }
+        ClientFrom::Nothing => "none given (--client-ip)".to_string(),
+        ClientFrom::Peer if hops > 0 => {
+            format!("the peer (X-Forwarded-For has fewer than {hops} entries)")
+        }
+        ClientFrom::Peer => "the peer".to_string(),
     };
     request.client_ip = (!client.is_empty()).then(|| client.clone());
 

@@ -182,22 +182,99 @@ pub fn forwarded_address(entry: &str) -> Option<String> {
     Some(ip.to_string())
 }
 
-/// The client address: the peer (without its port) when `trusted_hops` is 0, else the address of
-/// the `trusted_hops`-th `X-Forwarded-For` entry from the right ([`forwarded_address`]). When the
-/// header has fewer entries than trusted hops, the peer is used: a client must not be able to
-/// choose its own key. `None` when the trusted entry is not an address, or there is no peer.
-pub fn client_address(peer: &str, xff: Option<&str>, trusted_hops: u32) -> Option<String> {
-    match forwarded_entry(xff, trusted_hops) {
-        Some(entry) => forwarded_address(entry),
-        None => Some(strip_port(peer))
-            .filter(|peer| !peer.is_empty())
-            .map(str::to_string),
+/// Where [`resolve_client`] found the client address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFrom {
+    /// The `trusted_hops`-th `X-Forwarded-For` entry from the right.
+    Forwarded,
+    /// That entry, which is not an address: the request has no client address.
+    ForwardedNotAnAddress,
+    /// The peer: `trusted_hops` is 0, or `X-Forwarded-For` has fewer entries than that (a client
+    /// must not be able to choose its own key).
+    Peer,
+    /// No peer either.
+    Nothing,
+}
+
+/// The client address, resolved in one place for the filter, `sluice explain` and the tests:
+/// the `trusted_hops`-th `X-Forwarded-For` entry from the right ([`forwarded_address`]) when
+/// `trusted_hops` is over 0 and the header has that many, else the peer without its port.
+/// `xff` gives the header's lines (a repeated header is one list, RFC 9110 5.3: counted from the
+/// right across all its lines); it is read only when `trusted_hops` is over 0. The peer's own
+/// string is cut down to its address rather than copied.
+pub fn resolve_client<'a, I>(
+    mut peer: String,
+    xff: impl FnOnce() -> I,
+    trusted_hops: u32,
+) -> (Option<String>, ClientFrom)
+where
+    I: IntoIterator<Item = &'a [u8]>,
+{
+    if trusted_hops > 0 {
+        let mut joined = String::new();
+        for line in xff() {
+            if !joined.is_empty() {
+                joined.push(',');
+            }
+            joined.push_str(&String::from_utf8_lossy(line));
+        }
+        if let Some(entry) = forwarded_entry(Some(&joined), trusted_hops) {
+            return match forwarded_address(entry) {
+                Some(address) => (Some(address), ClientFrom::Forwarded),
+                None => (None, ClientFrom::ForwardedNotAnAddress),
+            };
+        }
     }
+    let address = strip_port_range(&peer);
+    if peer.get(address.clone()).is_some() {
+        peer.truncate(address.end);
+        // IPv4 starts the string: nothing to move (only IPv6 loses its bracket).
+        if address.start > 0 {
+            peer.drain(..address.start);
+        }
+    }
+    if peer.is_empty() {
+        (None, ClientFrom::Nothing)
+    } else {
+        (Some(peer), ClientFrom::Peer)
+    }
+}
+
+/// [`resolve_client`] on a peer and one `X-Forwarded-For` value, the address alone.
+pub fn client_address(peer: &str, xff: Option<&str>, trusted_hops: u32) -> Option<String> {
+    resolve_client(peer.to_string(), || xff.map(str::as_bytes), trusted_hops).0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn resolve(peer: &str, lines: &[&str], hops: u32) -> (Option<String>, ClientFrom) {
+        resolve_client(peer.to_string(), || lines.iter().map(|l| l.as_bytes()), hops)
+    }
+
+    #[test]
+    fn one_resolver_for_the_client_address() {
+        let peer = "192.0.2.9:4711";
+        // trusted_hops 0: the peer, whatever X-Forwarded-For says.
+        let seen = resolve(peer, &["203.0.113.7"], 0);
+        assert_eq!(seen, (Some("192.0.2.9".into()), ClientFrom::Peer));
+        // A repeated header is one list, counted from the right across its lines.
+        let lines = ["198.51.100.1, 203.0.113.7", "10.0.0.1"];
+        let seen = resolve(peer, &lines, 2);
+        assert_eq!(seen, (Some("203.0.113.7".into()), ClientFrom::Forwarded));
+        let seen = resolve(peer, &lines, 3);
+        assert_eq!(seen, (Some("198.51.100.1".into()), ClientFrom::Forwarded));
+        // Fewer entries than trusted hops: the peer, never an entry the client wrote.
+        let seen = resolve(peer, &lines, 4);
+        assert_eq!(seen, (Some("192.0.2.9".into()), ClientFrom::Peer));
+        // An entry that is no address gives no address, never the peer's.
+        let seen = resolve(peer, &["unknown"], 1);
+        assert_eq!(seen, (None, ClientFrom::ForwardedNotAnAddress));
+        let seen = resolve("[2001:db8::1]:443", &[], 1);
+        assert_eq!(seen, (Some("2001:db8::1".into()), ClientFrom::Peer));
+        assert_eq!(resolve("", &[], 0), (None, ClientFrom::Nothing));
+    }
 
     #[test]
     fn cidr_contains() {

@@ -8,7 +8,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_core::exchange::overloaded;
-use sluice_core::net::{forwarded_address, forwarded_entry, strip_port_range};
+use sluice_core::net::resolve_client;
 use sluice_core::protocol::CheckResponse;
 use sluice_core::shed::ShedReason;
 use sluice_core::{proxy_sync, Effect, Exchange, Moment, Step};
@@ -78,36 +78,16 @@ impl Request {
             path.truncate(at);
         }
         let headers = std::cell::OnceCell::new();
-        let client_ip = limiter.needs_client_ip().then(|| -> Option<String> {
-            let mut peer = host::source_address().unwrap_or_default();
-            let hops = policy.client_ip.trusted_hops;
-            // A repeated X-Forwarded-For is one list (RFC 9110 5.3): counted from the right
-            // across all of its lines.
-            let xff = (hops > 0).then(|| {
+        let client_ip = limiter.needs_client_ip().then(|| {
+            let peer = host::source_address().unwrap_or_default();
+            let xff = || {
                 headers
                     .get_or_init(host::request_headers)
                     .iter()
                     .filter(|(name, _)| name.eq_ignore_ascii_case(b"x-forwarded-for"))
-                    .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            });
-            let xff = xff.filter(|xff| !xff.is_empty());
-            // The trusted entry's address, without a port (`1.2.3.4:5678`); none when it is no
-            // address: then the rules count the request under their missing bucket.
-            if let Some(entry) = forwarded_entry(xff.as_deref(), hops) {
-                return forwarded_address(entry);
-            }
-            // The peer's address, cut out of the host's string rather than copied.
-            let address = strip_port_range(&peer);
-            if peer.get(address.clone()).is_some() {
-                peer.truncate(address.end);
-                // IPv4 starts the string: nothing to move (only IPv6 loses its bracket).
-                if address.start > 0 {
-                    peer.drain(..address.start);
-                }
-            }
-            Some(peer).filter(|peer| !peer.is_empty())
+                    .map(|(_, value)| value.as_slice())
+            };
+            resolve_client(peer, xff, policy.client_ip.trusted_hops).0
         });
         HostRequest {
             method: Default::default(),
