@@ -250,7 +250,11 @@ mod tests {
     use super::*;
 
     fn resolve(peer: &str, lines: &[&str], hops: u32) -> (Option<String>, ClientFrom) {
-        resolve_client(peer.to_string(), || lines.iter().map(|l| l.as_bytes()), hops)
+        resolve_client(
+            peer.to_string(),
+            || lines.iter().map(|l| l.as_bytes()),
+            hops,
+        )
     }
 
     #[test]
