@@ -139,6 +139,109 @@ struct RuleVerdict {
     unavailable: bool,
 }
 
+/// A rule's verdict on one record, and what it means for the sync.
+struct Counted {
+    verdict: RuleVerdict,
+    /// The key got its first count the service has not seen.
+    dirty: bool,
+    /// Denied on a spent lease while the global bucket is known to be empty: a round brought
+    /// forward would bring nothing.
+    hopeless: bool,
+}
+
+/// What [`Limiter::decide`] gathers over a request's rules and keys, until it becomes the
+/// [`Evaluation`].
+#[derive(Default)]
+struct Tally {
+    outcomes: Outcomes,
+    newly_unsynced: Vec<(RuleId, String)>,
+    spent: Spending,
+    /// The most restrictive answer among the rules that counted the request.
+    tightest: Option<(RuleId, Quota)>,
+    denial: Option<Decision>,
+    lease_exhausted: bool,
+    delay_us: u64,
+    warned: Vec<(RuleId, String)>,
+    chargeable: Vec<(RuleId, String)>,
+}
+
+impl Tally {
+    fn denied(&self) -> bool {
+        matches!(self.denial, Some(Decision::Deny { .. }))
+    }
+
+    fn failed_closed(&self) -> bool {
+        matches!(self.denial, Some(Decision::Unavailable { .. }))
+    }
+
+    fn admit(&mut self, id: RuleId, rule: &Rule, key: &str, fingerprint: u64, v: &RuleVerdict) {
+        self.delay_us = self.delay_us.max(v.delay_us);
+        self.spent.push(Spent {
+            rule: id,
+            fingerprint,
+            how: v.spend,
+            cost: rule.cost,
+        });
+        if rule.cost_header.is_some() {
+            self.chargeable.push((id, key.to_string()));
+        }
+        self.outcomes.push((id, Outcome::Allowed));
+        if self
+            .tightest
+            .is_none_or(|(_, q)| v.quota.remaining < q.remaining)
+        {
+            self.tightest = Some((id, v.quota));
+        }
+    }
+
+    /// A would-be denial that monitor, warn or the ramp lets through.
+    fn let_through(&mut self, id: RuleId, rule: &Rule, key: &str, quota: Quota) {
+        let outcome = if rule.mode == Mode::Warn {
+            self.warned.push((id, key.to_string()));
+            Outcome::Warned
+        } else {
+            Outcome::ShadowDenied
+        };
+        self.outcomes.push((id, outcome));
+        self.tightest = Some((id, quota));
+    }
+
+    fn deny(&mut self, id: RuleId, quota: Quota, retry_after_us: u64) {
+        self.outcomes.push((id, Outcome::Denied));
+        self.denial = Some(Decision::Deny {
+            rule: id,
+            quota,
+            retry_after_us,
+        });
+    }
+
+    /// The evaluation: a denial gives back what the rules before it spent.
+    fn finish(mut self, limiter: &Limiter, store: &mut dyn Store) -> Evaluation {
+        let decision = match self.denial {
+            Some(denial) => {
+                limiter.refund(&self.spent, store);
+                self.spent.clear();
+                self.chargeable.clear();
+                self.delay_us = 0;
+                denial
+            }
+            None => Decision::Allow {
+                quota: self.tightest,
+            },
+        };
+        Evaluation {
+            decision,
+            outcomes: self.outcomes,
+            newly_unsynced: self.newly_unsynced,
+            spent: self.spent,
+            lease_exhausted: self.lease_exhausted,
+            delay_us: self.delay_us,
+            warned: self.warned,
+            chargeable: self.chargeable,
+        }
+    }
+}
+
 /// How long a key blocked without a ttl is told to wait: such a block lasts until an operator
 /// lifts it.
 pub const BLOCKED_RETRY_US: u64 = 60_000_000;
@@ -283,204 +386,194 @@ impl Limiter {
     }
 
     /// Decides one request: every matching rule must allow, and tokens are spent only when all
-    /// do (a rule that spent is refunded when a later rule denies).
+    /// do (a rule that spent is refunded when a later rule denies). Once a rule denies, the
+    /// rules after it are asked how long they would make the client wait, uncharged, and the
+    /// longest wait answers. Strict rules are the exchange's: they need the service.
     pub fn decide(
         &self,
         request: &mut dyn RequestView,
         conditions: Conditions,
         store: &mut dyn Store,
     ) -> Evaluation {
-        let now = conditions.now_us;
-        let mut outcomes = Outcomes::new();
-        let mut newly_unsynced = Vec::new();
-        let mut spent = Spending::new();
-        let mut tightest: Option<(RuleId, Quota)> = None;
-        let mut denial = None;
-        let mut lease_exhausted = false;
-        let mut delay_us = 0u64;
-        let mut warned = Vec::new();
-        let mut chargeable = Vec::new();
-
-        for Enforced {
-            id: index,
-            rule,
-            table,
-        } in self.rules()
-        {
+        let mut tally = Tally::default();
+        for Enforced { id, rule, table } in self.rules() {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
-            }
-            if matches!(denial, Some(Decision::Unavailable { .. })) {
-                break;
             }
             // The key is built in this worker's buffer (given back below), and so is its set's
             // store key: a request of a single-keyed rule allocates neither.
             let buffer = std::mem::take(&mut self.scratch.borrow_mut().key);
             let keys = key::keys_in(rule, request, buffer);
             for key in keys.iter() {
-                if let Some(Decision::Deny {
-                    rule: by,
-                    quota: told,
-                    retry_after_us: wait,
-                }) = &mut denial
-                {
-                    // Denied already: the rules after are asked how long they would make the
-                    // client wait, without being charged, and the longest wait answers.
-                    if let Some((quota, longer)) = self.wait_of(index, key, conditions, store) {
-                        if longer > *wait {
-                            (*by, *told, *wait) = (index, quota, longer);
-                        }
-                    }
-                    continue;
-                }
-                match self.policy.key_override_until(rule, key) {
-                    Some((KeyAction::Allow, _)) => {
-                        outcomes.push((index, Outcome::Allowed));
-                        continue;
-                    }
-                    Some((KeyAction::Block, expires_ms)) => {
-                        outcomes.push((index, Outcome::Denied));
-                        denial = Some(blocked(rule, index, expires_ms, now));
-                        continue;
-                    }
-                    None => {}
-                }
-                let fingerprint = table.fingerprint(key);
-                let notable = self.notable.get(index.index()).copied().unwrap_or(false);
-                if notable {
-                    if let Some((quota, retry_after_us)) = self.noted(index, fingerprint, now) {
-                        outcomes.push((index, Outcome::Denied));
-                        denial = Some(Decision::Deny {
-                            rule: index,
-                            quota,
-                            retry_after_us,
-                        });
-                        continue;
-                    }
-                }
-                let limits = bucket_limits(rule);
-                let mut set_key = std::mem::take(&mut self.scratch.borrow_mut().set_key);
-                table.set_key_into(fingerprint, &mut set_key);
-                let step = store::update(store, &set_key, |set| {
-                    let found = table.find(set, fingerprint);
-                    let seen_us = found.as_ref().map(|r| r.seen_us);
-                    let mut record = match found {
-                        Some(record) => record,
-                        None => table.find_or_fresh(set, fingerprint, limits, now),
-                    };
-                    let was_unsynced = record.unsynced();
-                    let verdict = judge(rule, &mut record, conditions);
-                    // A local denial changes nothing a later request could tell apart (the
-                    // refill is a function of the stored stamp), so it skips the write, keeping
-                    // the deny path to one read; it still refreshes the key's recency once a
-                    // second. A key seen later than now (the clock was stepped back) is
-                    // written, so its buckets keep the new time.
-                    let unchanged = !verdict.allowed
-                        && rule.consistency == Consistency::Local
-                        && seen_us.is_some_and(|seen| {
-                            now.saturating_sub(seen) < RECENCY_US
-                                && seen <= now.saturating_add(crate::bucket::CLOCK_STEP_US)
-                        });
-                    if unchanged {
-                        return ((verdict, false, false), false);
-                    }
-                    // A lease that ran out while the global bucket is known to be empty: a
-                    // round brought forward could only bring an empty lease (the key's report
-                    // waits too, by the same test: `Record::globally_empty`).
-                    let hopeless = !verdict.allowed
-                        && verdict.spend == Spend::Lease
-                        && match rule.limits.as_slice() {
-                            [limit] if !limit.algorithm().windowed() => {
-                                record.globally_empty(limit, now)
-                            }
-                            _ => false,
-                        };
-                    record.seen_us = now;
-                    table.store(set, &record, limits, now);
-                    let dirty = rule.consistency != Consistency::Local
-                        && !was_unsynced
-                        && record.unsynced();
-                    ((verdict, dirty, hopeless), true)
-                });
-                self.scratch.borrow_mut().set_key = set_key;
-                let Ok((verdict, dirty, hopeless)) = step else {
-                    outcomes.push((index, Outcome::Unavailable));
-                    continue;
-                };
-                if dirty {
-                    newly_unsynced.push((index, key.clone()));
-                }
-                lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
-                if verdict.allowed {
-                    delay_us = delay_us.max(verdict.delay_us);
-                    spent.push(Spent {
-                        rule: index,
-                        fingerprint,
-                        how: verdict.spend,
-                        cost: rule.cost,
-                    });
-                    if rule.cost_header.is_some() {
-                        chargeable.push((index, key.clone()));
-                    }
-                    outcomes.push((index, Outcome::Allowed));
-                    if tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining) {
-                        tightest = Some((index, verdict.quota));
-                    }
-                } else if verdict.unavailable && rule.mode == Mode::Enforce {
-                    outcomes.push((index, Outcome::Unavailable));
-                    denial = Some(Decision::Unavailable {
-                        rule: index,
-                        retry_after_us: verdict.retry_after_us,
-                    });
-                    break;
-                } else if !enforced(rule, key, now) {
-                    let outcome = if rule.mode == Mode::Warn {
-                        warned.push((index, key.clone()));
-                        Outcome::Warned
-                    } else {
-                        Outcome::ShadowDenied
-                    };
-                    outcomes.push((index, outcome));
-                    tightest = Some((index, verdict.quota));
+                if tally.denied() {
+                    self.ask_wait(&mut tally, id, key, conditions, store);
                 } else {
-                    outcomes.push((index, Outcome::Denied));
-                    if notable {
-                        self.note(index, fingerprint, now, &verdict);
-                    }
-                    denial = Some(Decision::Deny {
-                        rule: index,
-                        quota: verdict.quota,
-                        retry_after_us: verdict.retry_after_us,
-                    });
+                    self.decide_key(
+                        &mut tally,
+                        Enforced { id, rule, table },
+                        key,
+                        conditions,
+                        store,
+                    );
+                }
+                if tally.failed_closed() {
+                    break;
                 }
             }
             if let key::Keys::One(buffer) = keys {
                 self.scratch.borrow_mut().key = buffer;
             }
-        }
-
-        let decision = match denial {
-            Some(deny) => {
-                self.refund(&spent, store);
-                spent.clear();
-                chargeable.clear();
-                deny
+            if tally.failed_closed() {
+                break;
             }
-            None => Decision::Allow { quota: tightest },
+        }
+        tally.finish(self, store)
+    }
+
+    /// A request already denied: how long `rule` would make it wait for `key`, uncharged; the
+    /// longest wait answers.
+    fn ask_wait(
+        &self,
+        tally: &mut Tally,
+        rule: RuleId,
+        key: &str,
+        conditions: Conditions,
+        store: &mut dyn Store,
+    ) {
+        if let Some(Decision::Deny {
+            rule: by,
+            quota: told,
+            retry_after_us: wait,
+        }) = &mut tally.denial
+        {
+            if let Some((quota, longer)) = self.wait_of(rule, key, conditions, store) {
+                if longer > *wait {
+                    (*by, *told, *wait) = (rule, quota, longer);
+                }
+            }
+        }
+    }
+
+    /// One key of one rule: an operator's override, else a remembered denial, else the key's
+    /// record counted in the store; the rule's answer goes into the tally.
+    fn decide_key(
+        &self,
+        tally: &mut Tally,
+        Enforced { id, rule, table }: Enforced<'_>,
+        key: &str,
+        conditions: Conditions,
+        store: &mut dyn Store,
+    ) {
+        let now = conditions.now_us;
+        match self.policy.key_override_until(rule, key) {
+            Some((KeyAction::Allow, _)) => return tally.outcomes.push((id, Outcome::Allowed)),
+            Some((KeyAction::Block, expires_ms)) => {
+                tally.outcomes.push((id, Outcome::Denied));
+                tally.denial = Some(blocked(rule, id, expires_ms, now));
+                return;
+            }
+            None => {}
+        }
+        let fingerprint = table.fingerprint(key);
+        let notable = self.notable.get(id.index()).copied().unwrap_or(false);
+        if notable {
+            if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
+                return tally.deny(id, quota, retry_after_us);
+            }
+        }
+        let Ok(Counted {
+            verdict,
+            dirty,
+            hopeless,
+        }) = self.count(rule, table, fingerprint, conditions, store)
+        else {
+            return tally.outcomes.push((id, Outcome::Unavailable));
         };
-        if !matches!(decision, Decision::Allow { .. }) {
-            delay_us = 0;
+        if dirty {
+            tally.newly_unsynced.push((id, key.to_string()));
         }
-        Evaluation {
-            decision,
-            outcomes,
-            newly_unsynced,
-            spent,
-            lease_exhausted,
-            delay_us,
-            warned,
-            chargeable,
+        tally.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
+        if verdict.allowed {
+            tally.admit(id, rule, key, fingerprint, &verdict);
+        } else if verdict.unavailable && rule.mode == Mode::Enforce {
+            tally.outcomes.push((id, Outcome::Unavailable));
+            tally.denial = Some(Decision::Unavailable {
+                rule: id,
+                retry_after_us: verdict.retry_after_us,
+            });
+        } else if !enforced(rule, key, now) {
+            tally.let_through(id, rule, key, verdict.quota);
+        } else {
+            if notable {
+                self.note(id, fingerprint, now, &verdict);
+            }
+            tally.deny(id, verdict.quota, verdict.retry_after_us);
         }
+    }
+
+    /// Counts a request against the record of `fingerprint` in `rule`'s table: one
+    /// compare-and-swap step on its set.
+    fn count(
+        &self,
+        rule: &Rule,
+        table: &Table,
+        fingerprint: u64,
+        conditions: Conditions,
+        store: &mut dyn Store,
+    ) -> Result<Counted, store::StoreError> {
+        let now = conditions.now_us;
+        let limits = bucket_limits(rule);
+        let mut set_key = std::mem::take(&mut self.scratch.borrow_mut().set_key);
+        table.set_key_into(fingerprint, &mut set_key);
+        let step = store::update(store, &set_key, |set| {
+            let found = table.find(set, fingerprint);
+            let seen_us = found.as_ref().map(|r| r.seen_us);
+            let mut record = match found {
+                Some(record) => record,
+                None => table.find_or_fresh(set, fingerprint, limits, now),
+            };
+            let was_unsynced = record.unsynced();
+            let verdict = judge(rule, &mut record, conditions);
+            // A local denial changes nothing a later request could tell apart (the refill is a
+            // function of the stored stamp), so it skips the write, keeping the deny path to one
+            // read; it still refreshes the key's recency once a second. A key seen later than
+            // now (the clock was stepped back) is written, so its buckets keep the new time.
+            let unchanged = !verdict.allowed
+                && rule.consistency == Consistency::Local
+                && seen_us.is_some_and(|seen| {
+                    now.saturating_sub(seen) < RECENCY_US
+                        && seen <= now.saturating_add(crate::bucket::CLOCK_STEP_US)
+                });
+            if unchanged {
+                let counted = Counted {
+                    verdict,
+                    dirty: false,
+                    hopeless: false,
+                };
+                return (counted, false);
+            }
+            // A lease that ran out while the global bucket is known to be empty: a round
+            // brought forward could only bring an empty lease (the key's report waits too, by
+            // the same test: `Record::globally_empty`).
+            let hopeless = !verdict.allowed
+                && verdict.spend == Spend::Lease
+                && match rule.limits.as_slice() {
+                    [limit] if !limit.algorithm().windowed() => record.globally_empty(limit, now),
+                    _ => false,
+                };
+            record.seen_us = now;
+            table.store(set, &record, limits, now);
+            let dirty =
+                rule.consistency != Consistency::Local && !was_unsynced && record.unsynced();
+            let counted = Counted {
+                verdict,
+                dirty,
+                hopeless,
+            };
+            (counted, true)
+        });
+        self.scratch.borrow_mut().set_key = set_key;
+        step
     }
 
     /// How long rule `index` would make a request of `key` wait, were it asked at `conditions`:
