@@ -1254,8 +1254,10 @@ fn a_block_on_a_first_present_key_denies_the_client_it_names() {
 /// `Retry-After` says when a request would be admitted, as a client sees it: a cached rule of two limits
 /// (2 a minute, 1,000 a day) whose minute is spent waits for the minute's token (30 s at most), not the 143 s
 /// the first limit's arithmetic made of the day's reset; of two rules that both deny (1 a second, 1 a minute),
-/// the longer wait answers (60 s, where the first rule's 1 s came back denied again); a key blocked for 300 s
-/// waits the time its block has left, not 60 s.
+/// the longer wait answers (60 s, where the first rule's 1 s came back denied again); a strict rule of the same
+/// two limits waits for the minute's token too (the service's answer; `strict_retry_after` in the service's
+/// tests checks it to the millisecond for every algorithm); a key blocked for 300 s waits the time its block has
+/// left, not 60 s.
 #[test]
 fn retry_after_is_the_time_until_the_request_would_be_admitted() {
     let _machine = machine();
@@ -1271,6 +1273,8 @@ fn retry_after_is_the_time_until_the_request_would_be_admitted() {
          "limits": [{"requests": 1, "per": "minute"}]},
         {"name": "api", "match": {"path_prefix": "/blocked/"}, "key": ["header:x-user"],
          "limits": [{"requests": 1_000_000, "per": "minute"}]},
+        {"name": "exact", "match": {"path_prefix": "/strict/"}, "key": ["const:all"], "consistency": "strict",
+         "limits": [{"requests": 2, "per": "minute"}, {"requests": 1000, "per": "day"}]},
     ]);
     let envoy = start_envoy(&service, config(service.token(), 100, rules), 1);
     assert!(eventually(Duration::from_secs(3), || envoy
@@ -1322,6 +1326,17 @@ fn retry_after_is_the_time_until_the_request_would_be_admitted() {
     assert!(
         (59..=60).contains(&wait),
         "Retry-After {wait}, the slow rule's minute"
+    );
+
+    // A strict rule of the same two limits, decided by the service: the minute's token too, not the day's.
+    let admitted = (0..2)
+        .filter(|_| retry_after("/strict/x", &[]).is_none())
+        .count();
+    assert_eq!(admitted, 2);
+    let wait = retry_after("/strict/x", &[]).expect("the minute is spent");
+    assert!(
+        (28..=30).contains(&wait),
+        "Retry-After {wait}: the strict rule's minute has a token back within 30 s"
     );
 
     // A block of 300 s.
