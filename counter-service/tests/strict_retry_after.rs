@@ -43,7 +43,11 @@ fn limit_sets(algorithm: AlgorithmSpec) -> Vec<Vec<LimitSpec>> {
         vec![limit(5, SECOND, 3)],
         vec![limit(7, MINUTE, 7)],
         vec![limit(4, SECOND, 4), limit(12, MINUTE, 6)],
-        vec![limit(30, MINUTE, 10), limit(3, SECOND, 2), limit(50, HOUR, 50)],
+        vec![
+            limit(30, MINUTE, 10),
+            limit(3, SECOND, 2),
+            limit(50, HOUR, 50),
+        ],
     ]
 }
 
@@ -123,11 +127,7 @@ fn a_strict_denial_says_when_the_request_would_be_admitted() {
                         // A millisecond before the wait is over: still denied (the wait is not too long).
                         let before = now + (wait_ms - 1) * 1_000;
                         let (early, _) = check(&runtime, &state, &request, before);
-                        assert!(
-                            !early,
-                            "admitted 1 ms before the wait was over; {}",
-                            what()
-                        );
+                        assert!(!early, "admitted 1 ms before the wait was over; {}", what());
                         // When it is over: admitted.
                         now += wait_ms * 1_000;
                         let (admitted, _) = check(&runtime, &state, &request, now);

@@ -940,8 +940,7 @@ fn live_overrides_reach_every_proxy_within_an_interval_and_outlive_the_service()
     // a round more, the new limit is in force there, on both workers, for a key never seen.
     let rounds_taken: Vec<u64> = proxies.iter().map(|envoy| taken(envoy).0).collect();
     for (p, envoy) in proxies.iter().enumerate() {
-        assert!(eventually(Duration::from_secs(3), || taken(envoy).0
-            > rounds_taken[p]));
+        assert!(eventually(Duration::from_secs(3), || taken(envoy).0 > rounds_taken[p]));
         let user = format!("fresh-{p}");
         let statuses: Vec<u16> = (0..6)
             .map(|_| {
@@ -1606,7 +1605,11 @@ fn a_large_set_reaches_each_proxy_once_and_every_change_after_it_as_a_delta() {
 /// The answer to a request on a fail-closed cached rule whose key has been idle: its lease lapsed after three
 /// intervals, so the first requests are refused 503 (no lease: the rule fails closed) until the round they bring
 /// forward answers a lease; then the rule's own answer.
-fn after_idle(client: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> sluice_tests::envoy::Reply {
+fn after_idle(
+    client: &ureq::Agent,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> sluice_tests::envoy::Reply {
     let mut reply = get(client, url, headers).unwrap();
     for _ in 0..40 {
         if reply.status != 503 {
@@ -1668,9 +1671,7 @@ fn two_proxies_share_one_cached_sliding_window_exactly() {
         assert!(run.errors().is_empty(), "proxy {i}: {:?}", run.errors());
         // 503 before a proxy's first lease (fail-closed), else 200 or 429.
         assert!(
-            run.statuses()
-                .keys()
-                .all(|s| [200, 429, 503].contains(s)),
+            run.statuses().keys().all(|s| [200, 429, 503].contains(s)),
             "proxy {i}: {per_proxy:?}"
         );
     }
@@ -1700,7 +1701,10 @@ fn two_proxies_share_one_cached_sliding_window_exactly() {
             .and_then(|r| r.trim().parse().ok())
             .unwrap_or_else(|| panic!("no retry-after: {denied:?}"));
         eprintln!("retry-after {retry} s: {denied:?}");
-        assert!((1..=180).contains(&retry), "retry-after {retry}: {denied:?}");
+        assert!(
+            (1..=180).contains(&retry),
+            "retry-after {retry}: {denied:?}"
+        );
     }
     for (i, (envoy, run)) in proxies.iter().zip(&runs).enumerate() {
         let stats = envoy.sluice_stats();
