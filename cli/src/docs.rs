@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use sluice_core::exchange::WARN_HEADER;
-use sluice_core::matcher::HeaderTest;
 use sluice_core::policy::{HeaderStyle, KeyPart, Mode, Rule, WhenMissing};
+use sluice_core::request::matcher::HeaderTest;
 
 use crate::config::{configured_name, Loaded};
 use crate::text;

@@ -5,10 +5,10 @@ use std::fmt::Write;
 use std::net::IpAddr;
 
 use serde::Serialize;
-use sluice_core::key;
-use sluice_core::matcher::{HeaderTest, Matcher};
-use sluice_core::net::{resolve_client, strip_port, ClientFrom};
+use sluice_core::limiter::key;
 use sluice_core::policy::{Mode, Rule};
+use sluice_core::request::matcher::{HeaderTest, Matcher};
+use sluice_core::request::net::{resolve_client, strip_port, ClientFrom};
 use sluice_core::{Limiter, PlainRequest, RequestView};
 
 use crate::config::{configured_name, plural, Loaded};

@@ -1,10 +1,10 @@
 //! Words for the policy's values: as the configuration writes them (`explain`), and for an
 //! API's consumers (`docs`).
 
-use sluice_core::key::{MARK, SEPARATOR};
 use sluice_core::limit::{Algorithm, Limit};
-use sluice_core::matcher::HeaderTest;
+use sluice_core::limiter::key::{MARK, SEPARATOR};
 use sluice_core::policy::{Consistency, Fallback, KeyPart, Mode, Rule};
+use sluice_core::request::matcher::HeaderTest;
 
 pub fn mode(mode: Mode) -> &'static str {
     match mode {

@@ -19,18 +19,20 @@
 //! breaker and the rule decides by its fallback. A strict denial gives back what the other
 //! rules spent. Nothing here reads a clock or does I/O.
 
-use crate::decision::{Decision, Outcome, Quota, Spending};
-use crate::headers::{denial_body, each_header, render_into, retry_after_seconds, ReplyHeaders};
 use crate::limit::Limit;
+use crate::limiter::decision::{Decision, Outcome, Quota, Spending};
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
-use crate::proxy_sync;
+use crate::reply::headers::{
+    denial_body, each_header, render_into, retry_after_seconds, ReplyHeaders,
+};
 use crate::request::RequestView;
 use crate::shed::policy::BulkheadId;
 use crate::shed::{self, Admission, Level, Pressure, Seat, ShedMode, ShedReason, Shedding};
 use crate::store::Store;
+use crate::sync::proxy;
 
 /// What the host knows besides the request, at one moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,7 +104,7 @@ pub enum Effect {
     Bypassed,
     /// A key got its first unsynced count: announce it to the syncer.
     Announce { rule: RuleId, key: String },
-    /// A lease ran out: bring the next sync round forward ([`proxy_sync::hurry`]).
+    /// A lease ran out: bring the next sync round forward ([`proxy::hurry`]).
     Hurry,
     /// Send this strict check; feed its answer (or its failure, even to be sent) to
     /// [`Exchange::answered`] with `check`.
@@ -221,7 +223,7 @@ impl Exchange {
         let service_back_us = if moment.service_up {
             0
         } else {
-            proxy_sync::read_state(store).breaker.open_until_us
+            proxy::read_state(store).breaker.open_until_us
         };
         let conditions = Conditions {
             now_us: moment.now_us,
@@ -340,7 +342,7 @@ impl Exchange {
             None => {
                 if let Some(service) = limiter.policy().service.as_ref() {
                     // A failed check counts against the breaker; it leaves the sync round alone.
-                    let _ = proxy_sync::update_state(store, |s| {
+                    let _ = proxy::update_state(store, |s| {
                         s.breaker.failed(
                             service.breaker_failures,
                             moment.now_us,
@@ -464,7 +466,7 @@ impl Exchange {
         store: &mut dyn Store,
         effects: &mut Vec<Effect>,
     ) {
-        let back_us = proxy_sync::read_state(store).breaker.open_until_us;
+        let back_us = proxy::read_state(store).breaker.open_until_us;
         match limiter.fallback(rule, key, now_us, back_us, store) {
             Some(answer) => self.record(limiter, rule, key, answer, now_us, effects),
             None => effects.push(Effect::Outcome {

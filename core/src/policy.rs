@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::limit::Limit;
-pub use crate::matcher::Matcher;
-use crate::net::Cidr;
 use crate::protocol::KeyAction;
 use crate::request::distinct;
+pub use crate::request::matcher::Matcher;
+use crate::request::net::Cidr;
 pub use crate::request::MAX_VALUES;
 
 /// The whole plugin configuration, validated.
@@ -24,7 +24,7 @@ pub struct Policy {
     /// Load shedding, when configured.
     pub shedding: Option<crate::shed::Shedding>,
     /// Keys an operator blocked or allowed through the counter service (live overrides):
-    /// configured rule name, then the key's parts joined by [`crate::key::SEPARATOR`].
+    /// configured rule name, then the key's parts joined by `limiter::key::SEPARATOR`.
     pub key_overrides: BTreeMap<String, BTreeMap<String, KeyAction>>,
     /// When those of [`Policy::key_overrides`] set with a ttl expire (Unix milliseconds), as
     /// the service said: a blocked client is told the time left.
@@ -229,7 +229,7 @@ pub struct Rule {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WhenMissing {
     /// Counts it with every such request of the rule, the part's value being
-    /// [`crate::key::MISSING`]: a part nobody can read never exempts anyone.
+    /// [`crate::request::MISSING`]: a part nobody can read never exempts anyone.
     #[default]
     Count,
     /// Does not count it (the rule is meant only for requests that have the part).
@@ -368,7 +368,7 @@ pub struct Service {
 }
 
 impl Policy {
-    /// What a live override says of `key` (as [`crate::key::build`] made it) in `rule`.
+    /// What a live override says of `key` (as `limiter::key::build` made it) in `rule`.
     pub fn key_override(&self, rule: &Rule, key: &str) -> Option<KeyAction> {
         self.key_override_until(rule, key).map(|(action, _)| action)
     }

@@ -2,9 +2,9 @@
 //! machines: a log of admitted times, counted the way the definition reads.
 
 use proptest::prelude::*;
-use sluice_core::bucket::Bucket;
+use sluice_core::limit::token_bucket::Bucket;
 use sluice_core::limit::{Algorithm, Limit, Period};
-use sluice_core::{window, MemoryStore, PlainRequest};
+use sluice_core::{limit::calendar, MemoryStore, PlainRequest};
 
 const S: u64 = 1_000_000;
 /// 2026-11-30 00:00:00 UTC, a Monday.
@@ -33,7 +33,7 @@ fn fixed_reference(requests: u64, period: Period, times: &[u64]) -> Vec<bool> {
     times
         .iter()
         .map(|&t| {
-            let (from, to) = (window::start_us(period, t), window::end_us(period, t));
+            let (from, to) = (calendar::start_us(period, t), calendar::end_us(period, t));
             let in_window = admitted.iter().filter(|&&a| a >= from && a < to).count() as u64;
             let ok = in_window < requests;
             if ok {

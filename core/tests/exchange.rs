@@ -3,7 +3,7 @@
 
 use sluice_core::policy::RuleId;
 use sluice_core::protocol::CheckResponse;
-use sluice_core::proxy_sync::read_state;
+use sluice_core::sync::proxy::read_state;
 use sluice_core::{Effect, Exchange, Limiter, MemoryStore, Moment, Outcome, PlainRequest, Step};
 
 const SECOND: u64 = 1_000_000;
@@ -239,7 +239,7 @@ fn failed_checks_fall_back_and_open_the_breaker() {
 fn a_failed_check_leaves_the_sync_round_alone() {
     let limiter = limiter(STRICT);
     let mut store = MemoryStore::default();
-    let claimed = sluice_core::proxy_sync::claim_round(&mut store, T0, 100, 250_000, 2).unwrap();
+    let claimed = sluice_core::sync::proxy::claim_round(&mut store, T0, 100, 250_000, 2).unwrap();
     let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0));
     exchange.answered(&limiter, checks(&effects)[0], None, at(T0), &mut store);
     assert_eq!(

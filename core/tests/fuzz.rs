@@ -17,13 +17,13 @@ use proptest::test_runner::Config;
 use serde_json::{json, Map, Value};
 
 use sluice_core::config::ConfigError;
-use sluice_core::key::MAX_KEY_BYTES;
+use sluice_core::limit::table::{KeyHasher, Record, Table};
+use sluice_core::limiter::key::MAX_KEY_BYTES;
 use sluice_core::policy::HeaderStyle;
-use sluice_core::proxy_sync::{self, SyncState};
-use sluice_core::round;
 use sluice_core::shed::{self, Gauge, Pressure, Samples};
 use sluice_core::store::{Store, StoreError};
-use sluice_core::table::{KeyHasher, Record, Table};
+use sluice_core::sync::proxy::{self, SyncState};
+use sluice_core::sync::round;
 use sluice_core::{
     Exchange, Limit, Limiter, MemoryStore, Moment, Period, PlainRequest, Quota, RequestView,
 };
@@ -751,7 +751,7 @@ fn store_corpus_never_panics() {
             let _ = Gauge::decode(bytes);
             let _ = shed::state::Window::decode(bytes);
             let _ = sluice_core::overrides::decode(bytes);
-            let _ = proxy_sync::announced(bytes);
+            let _ = proxy::announced(bytes);
         }
     }
 }
@@ -813,7 +813,7 @@ impl Store for Recording {
 
 /// Drives the limiter, the exchange, the sync and shedding over the store, as the filter would.
 fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
-    let mut pending = sluice_core::pending::Pending::default();
+    let mut pending = sluice_core::sync::outbox::Pending::default();
     for (i, req) in requests().into_iter().enumerate() {
         let now = now + i as u64 * 250_000;
         let mut r = req.clone();
@@ -826,7 +826,7 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
             continue;
         }
         for (rule, key) in &evaluation.newly_unsynced {
-            let _ = proxy_sync::snapshot(limiter, *rule, key, store);
+            let _ = proxy::snapshot(limiter, *rule, key, store);
             let grant = sluice_core::protocol::Grant {
                 tokens: 5,
                 ttl_ms: 1_000,
@@ -835,14 +835,14 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
                 token_ms: None,
                 refused: None,
             };
-            let _ = proxy_sync::apply_lease(limiter, *rule, key, &grant, now, store);
-            let _ = proxy_sync::forget(limiter, *rule, key, store);
+            let _ = proxy::apply_lease(limiter, *rule, key, &grant, now, store);
+            let _ = proxy::forget(limiter, *rule, key, store);
         }
         let mut r = req;
         let _ = Exchange::start(limiter, &mut r, None, Moment::at(now), store);
-        let _ = proxy_sync::read_state(store);
-        let _ = proxy_sync::claim_round(store, now, 100, 50_000, 3);
-        proxy_sync::hurry(store, now, 100);
+        let _ = proxy::read_state(store);
+        let _ = proxy::claim_round(store, now, 100, 50_000, 3);
+        proxy::hurry(store, now, 100);
         if let Some(shedding) = &limiter.policy().shedding {
             let pressure = Pressure {
                 now_us: now,
@@ -978,7 +978,7 @@ proptest! {
         let _ = gauge.utilization();
         let _ = shed::state::Window::decode(&bytes);
         let _ = sluice_core::overrides::decode(&bytes);
-        let _ = proxy_sync::announced(&bytes);
+        let _ = proxy::announced(&bytes);
         // A well-formed state survives a round trip; damage reads as some state, never a panic.
         let round = SyncState::decode(&state.encode());
         prop_assert_eq!(round, state);
@@ -1055,7 +1055,7 @@ fn key_corpus_never_panics_and_keys_are_bounded() {
     for (_, bytes) in corpus("keys") {
         let text = String::from_utf8_lossy(&bytes).into_owned();
         check_keys(&policy, &text, &text, &text).unwrap();
-        let _ = sluice_core::key::header_value(&bytes);
+        let _ = sluice_core::limiter::key::header_value(&bytes);
     }
 }
 
@@ -1065,28 +1065,28 @@ fn check_keys(
     value: &str,
     address: &str,
 ) -> Result<(), TestCaseError> {
-    let normal = sluice_core::path::normalize(path);
+    let normal = sluice_core::request::path::normalize(path);
     prop_assert!(normal.starts_with('/'), "{path:?} → {normal:?}");
     prop_assert!(!normal.contains('?'), "{path:?} → {normal:?}");
-    let again = sluice_core::path::normalize(&normal).into_owned();
+    let again = sluice_core::request::path::normalize(&normal).into_owned();
     prop_assert_eq!(
         &again,
         normal.as_ref(),
         "normalizing twice changes {:?}",
         path
     );
-    let client = sluice_core::net::client_address(address, Some(value), 1);
+    let client = sluice_core::request::net::client_address(address, Some(value), 1);
     if let Some(client) = &client {
         prop_assert!(
             client.parse::<std::net::IpAddr>().is_ok() || address.contains(client.as_str())
         );
     }
-    let _ = sluice_core::net::forwarded_address(value);
-    let _ = sluice_core::net::strip_port(address);
+    let _ = sluice_core::request::net::forwarded_address(value);
+    let _ = sluice_core::request::net::strip_port(address);
     let _ = sluice_core::request::query_values(path, value, false);
-    let _ = sluice_core::claims::Payload::from_metadata(value.as_bytes(), "jwt_payload");
-    let _ = sluice_core::net::Cidr::parse(value);
-    let _ = sluice_core::net::Cidr::parse(address);
+    let _ = sluice_core::request::claims::Payload::from_metadata(value.as_bytes(), "jwt_payload");
+    let _ = sluice_core::request::net::Cidr::parse(value);
+    let _ = sluice_core::request::net::Cidr::parse(address);
     let mut request = PlainRequest::get(path)
         .with_header("x-a", value)
         .with_header("x-a", address)
@@ -1096,8 +1096,8 @@ fn check_keys(
     request.client_ip = client;
     for rule in &policy.rules {
         let _ = rule.applies(&mut request as &mut dyn RequestView);
-        let keys = sluice_core::key::build(rule, &mut request);
-        prop_assert!(keys.len() <= sluice_core::key::MAX_KEYS);
+        let keys = sluice_core::limiter::key::build(rule, &mut request);
+        prop_assert!(keys.len() <= sluice_core::limiter::key::MAX_KEYS);
         for key in &keys {
             prop_assert!(key.len() <= MAX_KEY_BYTES, "{} bytes", key.len());
             prop_assert!(key.starts_with(rule.name.as_str()));
@@ -1132,7 +1132,7 @@ proptest! {
 
     #[test]
     fn header_values_of_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
-        let key_part = sluice_core::key::header_value(&bytes);
+        let key_part = sluice_core::limiter::key::header_value(&bytes);
         if let Ok(text) = std::str::from_utf8(&bytes) {
             prop_assert_eq!(key_part, text);
         } else {
@@ -1152,14 +1152,14 @@ proptest! {
         let Ok(limit) = Limit::new(requests, period, None) else { return Ok(()) };
         let quota = Quota { limit, remaining, reset_us };
         for style in [HeaderStyle::None, HeaderStyle::Legacy, HeaderStyle::Draft, HeaderStyle::Both] {
-            for (header, value) in sluice_core::headers::render(style, &name, &quota) {
+            for (header, value) in sluice_core::reply::headers::render(style, &name, &quota) {
                 prop_assert!(header_value_ok(&value), "{header}: {value:?}");
                 prop_assert!(!value.is_empty());
             }
         }
-        let retry = sluice_core::headers::retry_after_seconds(retry_us);
+        let retry = sluice_core::reply::headers::retry_after_seconds(retry_us);
         prop_assert!(retry >= 1);
-        let body = sluice_core::headers::denial_body(&name, &quota, retry);
+        let body = sluice_core::reply::headers::denial_body(&name, &quota, retry);
         let parsed: Value = serde_json::from_str(&body).map_err(|e| TestCaseError::fail(format!("{body}: {e}")))?;
         prop_assert_eq!(&parsed["rule"], &json!(name));
     }
@@ -1211,10 +1211,8 @@ fn a_corrupt_round_counter_wraps() {
         rounds: u64::MAX,
         ..SyncState::default()
     };
-    store
-        .set(proxy_sync::STATE_KEY, &state.encode(), 0)
-        .unwrap();
-    let claimed = proxy_sync::claim_round(&mut store, T0, 100, 50_000, 3).expect("due");
+    store.set(proxy::STATE_KEY, &state.encode(), 0).unwrap();
+    let claimed = proxy::claim_round(&mut store, T0, 100, 50_000, 3).expect("due");
     assert_eq!(claimed.rounds, 0);
 }
 
@@ -1232,7 +1230,7 @@ fn a_corrupt_record_with_an_endless_wait_is_denied_without_overflow() {
     );
     let rule = sluice_core::policy::RuleId::new(0);
     let mut request = PlainRequest::get("/").from_ip("192.0.2.9");
-    let key = sluice_core::key::build(limiter.policy().rule(rule).unwrap(), &mut request)
+    let key = sluice_core::limiter::key::build(limiter.policy().rule(rule).unwrap(), &mut request)
         .pop()
         .unwrap();
     let table = limiter.table(rule).unwrap();

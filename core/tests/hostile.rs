@@ -1,10 +1,10 @@
 //! What a hostile client tries, and why it does not work: path tricks, long and repeated key
 //! headers, values that are not UTF-8, and evicting its own exhausted record.
 
+use sluice_core::limit::table::{KeyHasher, WAYS};
 use sluice_core::limiter::Conditions;
 use sluice_core::policy::RuleId;
-use sluice_core::table::{KeyHasher, WAYS};
-use sluice_core::{key, Decision, Limiter, MemoryStore, PlainRequest};
+use sluice_core::{limiter::key, Decision, Limiter, MemoryStore, PlainRequest};
 
 const SECOND: u64 = 1_000_000;
 const T0: u64 = 1_700_000_000 * SECOND;

@@ -3,7 +3,7 @@
 //! answer of a limiter that cannot decide.
 
 use sluice_core::exchange::{Effect, Exchange, Moment, Step, WARN_HEADER};
-use sluice_core::key::MISSING;
+use sluice_core::limiter::key::MISSING;
 use sluice_core::protocol::KeyAction;
 use sluice_core::request::query_values;
 use sluice_core::{Decision, Limiter, MemoryStore, Outcome, PlainRequest, RequestView};
@@ -21,9 +21,9 @@ fn rule(body: &str) -> String {
 /// The keys rule 0 builds for `request`.
 fn keys(limiter: &Limiter, request: &mut PlainRequest) -> Vec<String> {
     let rule = limiter.policy().rules[0].clone();
-    sluice_core::key::build(&rule, request)
+    sluice_core::limiter::key::build(&rule, request)
         .into_iter()
-        .map(|k| k.replace(sluice_core::key::SEPARATOR, ":"))
+        .map(|k| k.replace(sluice_core::limiter::key::SEPARATOR, ":"))
         .collect()
 }
 
@@ -474,12 +474,12 @@ fn no_value_a_client_sends_equals_the_missing_marker() {
     assert_ne!(marked_keys, keys(&l, &mut missing));
     // Nor the hex of a value that is not UTF-8.
     assert_eq!(
-        sluice_core::key::header_value("\u{1e}hex:ff".as_bytes()),
+        sluice_core::limiter::key::header_value("\u{1e}hex:ff".as_bytes()),
         "\u{1e}\u{1e}hex:ff"
     );
     assert_ne!(
-        sluice_core::key::header_value("\u{1e}hex:ff".as_bytes()),
-        sluice_core::key::header_value(b"\xff")
+        sluice_core::limiter::key::header_value("\u{1e}hex:ff".as_bytes()),
+        sluice_core::limiter::key::header_value(b"\xff")
     );
 }
 
@@ -570,7 +570,7 @@ fn claims_of_every_json_type_key_each_value_apart() {
     // As the filter reads them: canonical text from the payload.
     let with = |uid: serde_json::Value| {
         let claims = serde_json::json!({ "uid": uid });
-        let payload = sluice_core::claims::Payload::from_json(claims.as_object().unwrap());
+        let payload = sluice_core::request::claims::Payload::from_json(claims.as_object().unwrap());
         let text = payload.claim("uid");
         move || {
             let mut r = PlainRequest::get("/");
@@ -668,7 +668,7 @@ fn a_key_override_names_a_first_present_part_by_the_value_a_client_sent() {
             .as_bytes(),
     )
     .unwrap();
-    let sep = sluice_core::key::SEPARATOR;
+    let sep = sluice_core::limiter::key::SEPARATOR;
     let key = format!("client_ip=127.0.0.1{sep}none");
     let (mixed, problems) =
         sluice_core::overrides::apply(&policy, &live(&[(&key, KeyAction::Block)]));

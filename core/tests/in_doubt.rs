@@ -8,10 +8,10 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use sluice_core::pending::{Pending, MAX_BATCH_KEYS};
 use sluice_core::protocol::{Grant, Hints, SyncEntry, SyncResponse};
-use sluice_core::proxy_sync::{claim_round, read_state};
-use sluice_core::round::{self, Batch, Failure};
+use sluice_core::sync::outbox::{Pending, MAX_BATCH_KEYS};
+use sluice_core::sync::proxy::{claim_round, read_state};
+use sluice_core::sync::round::{self, Batch, Failure};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
 const SECOND: u64 = 1_000_000;
@@ -287,7 +287,7 @@ fn the_epoch_is_drawn_once_and_again_when_the_counter_wraps() {
     assert_ne!(first.epoch, 0);
     assert_eq!(first.epoch, second.epoch);
     assert_eq!(second.round_label(), first.round_label() + 1);
-    sluice_core::proxy_sync::update_state(&mut store, |s| s.rounds = u64::from(u32::MAX)).unwrap();
+    sluice_core::sync::proxy::update_state(&mut store, |s| s.rounds = u64::from(u32::MAX)).unwrap();
     let wrapped = claim_round(&mut store, T0 + 2 * SECOND, 100, 0, 1).unwrap();
     assert_eq!(wrapped.rounds as u32, 0);
     assert_ne!(

@@ -4,7 +4,7 @@
 use sluice_core::limiter::Conditions;
 use sluice_core::policy::RuleId;
 use sluice_core::protocol::Grant;
-use sluice_core::proxy_sync::{apply_lease, snapshot};
+use sluice_core::sync::proxy::{apply_lease, snapshot};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
 const MS: u64 = 1_000;

@@ -239,8 +239,8 @@ fn a_flood_of_unique_keys_stays_within_max_keys() {
             &mut store,
         );
     }
-    let set = sluice_core::table::set_len(1, 0);
-    let sets = 1024 / sluice_core::table::WAYS;
+    let set = sluice_core::limit::table::set_len(1, 0);
+    let sets = 1024 / sluice_core::limit::table::WAYS;
     assert!(store.len() <= sets, "{} sets", store.len());
     let payload: usize = store.bytes();
     assert!(
@@ -358,7 +358,7 @@ fn any_sequence_of_overrides_keeps_a_rule_in_two_tables() {
                 "limits": {"free": [{"requests": 5, "per": "minute"}], "pro": [{"requests": 50, "per": "minute"}]}}}]}"#,
     )
     .unwrap();
-    let sets = 64 / sluice_core::table::WAYS;
+    let sets = 64 / sluice_core::limit::table::WAYS;
     let mut store = MemoryStore::default();
     let mut prefixes = std::collections::BTreeSet::new();
     let mut send = |limiter: &Limiter, round: u32| {

@@ -8,11 +8,11 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::{json, Value};
 
-use sluice_core::headers::retry_after_seconds;
 use sluice_core::limiter::{Conditions, BLOCKED_RETRY_US, MAX_BLOCKED_RETRY_US};
 use sluice_core::policy::RuleId;
 use sluice_core::protocol::{Grant, KeyAction, LiveOverrides};
-use sluice_core::proxy_sync::apply_lease;
+use sluice_core::reply::headers::retry_after_seconds;
+use sluice_core::sync::proxy::apply_lease;
 use sluice_core::{Decision, Limiter, MemoryStore, Outcome, PlainRequest};
 
 const MS: u64 = 1_000;

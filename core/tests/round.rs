@@ -1,11 +1,11 @@
 //! A sync round in core alone: the batch composed by count and bytes, an answer settled
 //! (leases, refused entries, hints, the breaker), a failed batch undone.
 
-use sluice_core::pending::{Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use sluice_core::policy::RuleId;
 use sluice_core::protocol::{Grant, Hints, Overrides, SyncResponse};
-use sluice_core::proxy_sync::{claim_round, read_state};
-use sluice_core::round::{self, Mismatch};
+use sluice_core::sync::outbox::{Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
+use sluice_core::sync::proxy::{claim_round, read_state};
+use sluice_core::sync::round::{self, Mismatch};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
 const SECOND: u64 = 1_000_000;

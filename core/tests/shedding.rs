@@ -783,8 +783,9 @@ fn a_sync_round_carries_the_load_even_with_no_key_to_report() {
     assert!(limiter.policy().needs_service());
     let mut store = MemoryStore::default();
     let (_held, _, _) = start(&limiter, &mut store, PlainRequest::get("/x"), at(T0));
-    let mut waiting = sluice_core::pending::Pending::default();
-    let batch = sluice_core::round::compose(&limiter, &mut waiting, "p", 100, &mut store).unwrap();
+    let mut waiting = sluice_core::sync::outbox::Pending::default();
+    let batch =
+        sluice_core::sync::round::compose(&limiter, &mut waiting, "p", 100, &mut store).unwrap();
     assert!(batch.request.entries.is_empty());
     let load = batch.request.load.unwrap();
     assert_eq!(load.utilization, 0.25);

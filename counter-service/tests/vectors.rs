@@ -16,7 +16,7 @@ mod common;
 
 use redis::Script;
 use serde_json::Value;
-use sluice_core::table::Record;
+use sluice_core::limit::table::Record;
 use sluice_core::{Algorithm, Bucket, Limit, Period, Verdict};
 use sluice_counter_service::scripts::CHECK_LUA;
 use sluice_counter_service::{check_handler, validate, AppState};
@@ -453,7 +453,7 @@ fn random_window_traces_decide_alike_in_rust_and_in_lua() {
             denied += usize::from(!answer.0);
             // the next arrival: at once, soon, at about the limit's pace, across the end of the
             // window, or windows later
-            let end = sluice_core::window::end_us(first.period(), now);
+            let end = sluice_core::limit::calendar::end_us(first.period(), now);
             now = match rng.below(8) {
                 0 => now,
                 1 => now + rng.below(1_000),

@@ -1,12 +1,12 @@
 //! Announcing keys with unsynced counts to the worker that syncs: the host's shared queue,
-//! within the bounds core's [`Outbox`] keeps (`sluice_core::pending`).
+//! within the bounds core's [`Outbox`] keeps (`sluice_core::sync::outbox`).
 
 use std::cell::RefCell;
 
 use proxy_wasm::hostcalls;
-use sluice_core::pending::{Outbox, Pending};
 use sluice_core::policy::RuleId;
-use sluice_core::{proxy_sync, Limiter};
+use sluice_core::sync::outbox::{Outbox, Pending};
+use sluice_core::{sync::proxy, Limiter};
 
 use crate::host::SharedData;
 
@@ -67,7 +67,7 @@ impl Announcer {
         let mut forgotten = Vec::new();
         if let Some(queue) = self.queue {
             while let Ok(Some(msg)) = hostcalls::dequeue_shared_queue(queue) {
-                if let Some((rule, key)) = proxy_sync::announced(&msg) {
+                if let Some((rule, key)) = proxy::announced(&msg) {
                     forgotten.extend(gathered.push(rule, key));
                 }
             }
@@ -86,8 +86,7 @@ impl Announcer {
     fn enqueue(&self, rule: RuleId, key: &str) -> bool {
         match self.queue {
             Some(queue) => {
-                hostcalls::enqueue_shared_queue(queue, Some(&proxy_sync::announce(rule, key)))
-                    .is_ok()
+                hostcalls::enqueue_shared_queue(queue, Some(&proxy::announce(rule, key))).is_ok()
             }
             None => false,
         }
@@ -97,7 +96,7 @@ impl Announcer {
 /// Drops the counts of keys that could not wait any longer; how many.
 fn forget(limiter: &Limiter, forgotten: &[(RuleId, String)]) -> usize {
     for (rule, key) in forgotten {
-        let _ = proxy_sync::forget(limiter, *rule, key, &mut SharedData);
+        let _ = proxy::forget(limiter, *rule, key, &mut SharedData);
     }
     forgotten.len()
 }

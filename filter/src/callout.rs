@@ -11,7 +11,7 @@ use sluice_core::policy::Service;
 
 use crate::host;
 
-pub use sluice_core::round::Failure;
+pub use sluice_core::sync::round::Failure;
 
 /// Posts `body` as JSON to `path` on the service's cluster; the callout's token.
 pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32, Failure> {

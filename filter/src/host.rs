@@ -5,8 +5,8 @@ use std::cell::OnceCell;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, Status};
-use sluice_core::claims::Payload;
-use sluice_core::{key, RequestView, Store, StoreError};
+use sluice_core::request::claims::Payload;
+use sluice_core::{limiter::key, RequestView, Store, StoreError};
 
 /// proxy-wasm shared data: one map per VM id, shared by every worker of the proxy.
 pub struct SharedData;
@@ -60,7 +60,7 @@ pub fn draw(now_us: u64) -> f64 {
     let mut bytes = [0u8; 16];
     bytes[..8].copy_from_slice(&now_us.to_le_bytes());
     bytes[8..].copy_from_slice(&n.to_le_bytes());
-    let h = sluice_core::table::fnv1a(&bytes);
+    let h = sluice_core::limit::table::fnv1a(&bytes);
     // fnv1a mixes the high bits poorly: fold them in.
     let h = h ^ (h >> 29) ^ (h >> 47);
     (h % 1_000_003) as f64 / 1_000_003.0
@@ -68,7 +68,7 @@ pub fn draw(now_us: u64) -> f64 {
 
 /// A number in [0.5, 1.5) that spreads the breaker's cool-down over the proxies, from the time.
 pub fn jitter(now_us: u64) -> f64 {
-    0.5 + (sluice_core::table::fnv1a(&now_us.to_le_bytes()) % 1_000) as f64 / 1_000.0
+    0.5 + (sluice_core::limit::table::fnv1a(&now_us.to_le_bytes()) % 1_000) as f64 / 1_000.0
 }
 
 /// A request header. Read as bytes: the SDK's string getter panics on a value that is not
@@ -182,7 +182,7 @@ pub fn respond(reply: &sluice_core::Reply) {
 
 /// The request's dynamic metadata (the property `metadata`), as Envoy serializes it: the
 /// `envoy.config.core.v3.Metadata` message, every filter's entry with its values' JSON types
-/// (a claim read by its own path comes as bare bytes: see `sluice_core::claims`).
+/// (a claim read by its own path comes as bare bytes: see `sluice_core::request::claims`).
 pub fn dynamic_metadata() -> Option<Vec<u8>> {
     property_bytes(b"metadata")
 }
@@ -261,7 +261,7 @@ impl RequestView for HostRequest<'_> {
 
     fn normal_path(&self) -> &str {
         self.normal
-            .get_or_init(|| sluice_core::path::normalize(&self.path).into_owned())
+            .get_or_init(|| sluice_core::request::path::normalize(&self.path).into_owned())
     }
 
     fn client_ip(&mut self) -> Option<&str> {
@@ -328,7 +328,7 @@ fn decode_pairs(bytes: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 #[cfg(test)]
 mod tests {
     use super::decode_pairs;
-    use sluice_core::headers::ReplyHeaders;
+    use sluice_core::reply::headers::ReplyHeaders;
 
     fn encode(pairs: &[(&[u8], &[u8])]) -> Vec<u8> {
         let mut out = (pairs.len() as u32).to_le_bytes().to_vec();

@@ -8,10 +8,10 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_core::exchange::overloaded;
-use sluice_core::net::resolve_client;
 use sluice_core::protocol::CheckResponse;
+use sluice_core::request::net::resolve_client;
 use sluice_core::shed::ShedReason;
-use sluice_core::{proxy_sync, Effect, Exchange, Moment, Step};
+use sluice_core::{sync::proxy, Effect, Exchange, Moment, Step};
 
 use crate::callout;
 use crate::host::{self, HostRequest, SharedData};
@@ -156,11 +156,7 @@ impl Request {
                 Effect::Hurry => {
                     if let Some(service) = limiter.policy().service.as_ref() {
                         if !shared.hurried.replace(true) {
-                            proxy_sync::hurry(
-                                &mut SharedData,
-                                host::now_us(),
-                                service.sync_interval_ms,
-                            );
+                            proxy::hurry(&mut SharedData, host::now_us(), service.sync_interval_ms);
                         }
                     }
                 }
@@ -211,7 +207,7 @@ impl Request {
                 Effect::CheckFailed => {
                     shared.metrics.check_failed();
                     if let Some(service) = limiter.policy().service.as_ref() {
-                        let state = proxy_sync::read_state(&mut SharedData);
+                        let state = proxy::read_state(&mut SharedData);
                         shared.publish(&state, service, host::now_us());
                     }
                 }

@@ -9,8 +9,8 @@ use std::cell::Cell;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
-use sluice_core::breaker::BreakerState;
 use sluice_core::policy::RuleId;
+use sluice_core::sync::breaker::BreakerState;
 use sluice_core::Outcome;
 
 use crate::callout::Failure;

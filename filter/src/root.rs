@@ -119,7 +119,7 @@ impl RootContext for Root {
             // set here is 1 s at most (the syncer's is a tenth of the interval, up to 1 s): the
             // counters reach Envoy's stats within about a second.
             let _ = hostcalls::set_tick_period(std::time::Duration::from_micros(
-                sluice_core::tables::HEARTBEAT_EVERY_US,
+                sluice_core::limit::registry::HEARTBEAT_EVERY_US,
             ));
         }
         let now = crate::host::now_us();
@@ -141,7 +141,7 @@ impl RootContext for Root {
             self.syncer.tick(&shared, &self.proxy_id);
             let limiter = shared.limiter();
             // A tick may come late or early by a little: stamp at 0.9 heartbeat or more.
-            let every = sluice_core::tables::HEARTBEAT_EVERY_US / 10 * 9;
+            let every = sluice_core::limit::registry::HEARTBEAT_EVERY_US / 10 * 9;
             if now.saturating_sub(self.tables_at_us) >= every {
                 self.keep_tables(&limiter, now);
             }
@@ -183,7 +183,7 @@ impl Root {
             crate::host::log_warn(&format!(
                 "sluice: the key table registry is full ({} tables): {} table(s) in use not tracked \
                  until room is made, and not emptied if unused before that: {}",
-                sluice_core::tables::MAX_TABLES,
+                sluice_core::limit::registry::MAX_TABLES,
                 untracked.len(),
                 untracked
                     .iter()

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use sluice_core::policy::Service;
-use sluice_core::proxy_sync::SyncState;
+use sluice_core::sync::proxy::SyncState;
 use sluice_core::{overrides, Effect, Limiter, Policy, Store};
 
 use crate::announce::Announcer;
@@ -58,7 +58,7 @@ impl Shared {
         let shown: String = key
             .chars()
             .map(|c| {
-                if c == sluice_core::key::SEPARATOR {
+                if c == sluice_core::limiter::key::SEPARATOR {
                     ':'
                 } else {
                     c
@@ -195,11 +195,11 @@ pub fn prepare(limiter: &Limiter) {
 }
 
 /// Stamps the key tables `limiter` uses in the proxy-wide registry, and empties the next sets of
-/// a table no configuration stamped for the grace period ([`sluice_core::tables`]): at most
-/// [`sluice_core::tables::SWEEP_BYTES`] of full sets (and one set more) per call. Returns the
+/// a table no configuration stamped for the grace period ([`sluice_core::limit::registry`]): at most
+/// [`sluice_core::limit::registry::SWEEP_BYTES`] of full sets (and one set more) per call. Returns the
 /// prefixes of its tables the registry does not track (it is full), if it could read it.
 pub fn keep_tables(limiter: &Limiter, now_us: u64) -> Option<Vec<String>> {
-    use sluice_core::tables::{InUse, Registry, REGISTRY_KEY};
+    use sluice_core::limit::registry::{InUse, Registry, REGISTRY_KEY};
     let in_use: Vec<InUse> = limiter
         .rules()
         .map(|r| InUse {
@@ -209,7 +209,7 @@ pub fn keep_tables(limiter: &Limiter, now_us: u64) -> Option<Vec<String>> {
         })
         .collect();
     let mut store = SharedData;
-    let mut budget = sluice_core::tables::SWEEP_BYTES;
+    let mut budget = sluice_core::limit::registry::SWEEP_BYTES;
     let mut stamp = true;
     let mut untracked = None;
     // Stale tables are emptied one claim at a time, up to a batch of bytes per call.
@@ -244,7 +244,7 @@ pub fn keep_tables(limiter: &Limiter, now_us: u64) -> Option<Vec<String>> {
 const MAX_CLAIMS: usize = 16;
 
 /// Overwrites the claimed sets of an old table with nothing.
-fn empty(store: &mut SharedData, sweep: &sluice_core::tables::Sweep) {
+fn empty(store: &mut SharedData, sweep: &sluice_core::limit::registry::Sweep) {
     let (mut emptied, mut kept) = (0u32, 0u32);
     let began = crate::host::now_us();
     for set in sweep.from..sweep.to {

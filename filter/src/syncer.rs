@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::LogLevel;
-use sluice_core::live::{Taken, MAX_KEPT_BYTES};
+use sluice_core::overrides::live::{Taken, MAX_KEPT_BYTES};
 use sluice_core::policy::Service;
 use sluice_core::protocol::SyncResponse;
 use sluice_core::protocol::MAX_SYNC_ANSWER_BYTES;
-use sluice_core::proxy_sync;
-use sluice_core::round::{self, Batch};
+use sluice_core::sync::proxy;
+use sluice_core::sync::round::{self, Batch};
 
 use crate::callout::{self, Failure};
 use crate::host::{self, SharedData};
@@ -37,7 +37,7 @@ impl Syncer {
 
     /// Joins the proxy's announcement queue and starts ticking.
     pub fn start(&mut self, service: &Service) {
-        self.queue = hostcalls::register_shared_queue(proxy_sync::QUEUE_NAME).ok();
+        self.queue = hostcalls::register_shared_queue(proxy::QUEUE_NAME).ok();
         let tick_ms = (service.sync_interval_ms / 10).clamp(5, 1_000);
         let _ = hostcalls::set_tick_period(Duration::from_millis(tick_ms));
     }
@@ -49,11 +49,11 @@ impl Syncer {
         };
         let now = host::now_us();
         let mut store = SharedData;
-        let state = proxy_sync::read_state(&mut store);
+        let state = proxy::read_state(&mut store);
         shared.publish(&state, service, now);
 
         let busy_us = (service.timeout_ms + 50) * 1_000;
-        let Some(claimed) = proxy_sync::claim_round(
+        let Some(claimed) = proxy::claim_round(
             &mut store,
             now,
             service.sync_interval_ms,
@@ -80,7 +80,7 @@ impl Syncer {
         shared.announcer.flush(claimed.rounds);
         shared.announcer.keep(&limiter, waiting);
         let Some(batch) = batch else {
-            let _ = proxy_sync::update_state(&mut store, |s| s.busy_until_us = 0);
+            let _ = proxy::update_state(&mut store, |s| s.busy_until_us = 0);
             return;
         };
         match callout::post(service, "/v1/sync", &batch.request) {
@@ -176,7 +176,7 @@ impl Syncer {
             );
         }
         shared.metrics.sync_ok();
-        let state = proxy_sync::read_state(&mut store);
+        let state = proxy::read_state(&mut store);
         shared.publish(&state, service, now);
     }
 }
@@ -202,6 +202,6 @@ fn recover(
         shared.metrics.sync_dropped(forgotten);
     }
     shared.metrics.sync_failed(failure);
-    let state = proxy_sync::read_state(&mut store);
+    let state = proxy::read_state(&mut store);
     shared.publish(&state, service, now);
 }

@@ -3,7 +3,7 @@
 //! store and a clock that is the trace's own.
 
 use sluice_core::exchange::{Effect, Exchange, Moment, Step};
-use sluice_core::key::SEPARATOR;
+use sluice_core::limiter::key::SEPARATOR;
 use sluice_core::policy::{Consistency, Policy, RuleId};
 use sluice_core::{Limiter, MemoryStore, Outcome};
 
@@ -200,7 +200,7 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
         .into_iter()
         .map(|(rule, outcome)| {
             let key = limiter.rule(rule).and_then(|r| {
-                sluice_core::key::build(r.rule, &mut request)
+                sluice_core::limiter::key::build(r.rule, &mut request)
                     .into_iter()
                     .next()
             });

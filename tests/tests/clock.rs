@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::protocol::SyncResponse;
-use sluice_core::{window, Bucket, Limit, Period};
+use sluice_core::{limit::calendar, Bucket, Limit, Period};
 use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec, VirtualClock,
 };
@@ -110,7 +110,7 @@ fn run_local(limit: &str, period: Period) -> LocalRun {
         }
         // 200 requests a second offered, far above the limits: every token is asked for.
         for worker in 0..2 {
-            let window = window::start_us(period, epoch_us(clock.now()));
+            let window = calendar::start_us(period, epoch_us(clock.now()));
             if last_window != Some(window) {
                 entered += 1;
                 last_window = Some(window);

@@ -217,16 +217,16 @@ fn a_flood_of_unique_clients_stays_bounded() {
       "limits": [{"requests": 5, "per": "minute"}]}]}"#;
     let proxy = proxy(config, 2);
     let sets = 256 / 8;
-    let set_len = sluice_core::table::set_len(1, 0);
+    let set_len = sluice_core::limit::table::set_len(1, 0);
     for i in 0..5_000u32 {
         let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string();
         send(&proxy, (i % 2) as usize, get("/", &ip));
     }
-    let prefix = sluice_core::table::Table::new(
+    let prefix = sluice_core::limit::table::Table::new(
         "per-ip",
         &[sluice_core::Limit::new(5, sluice_core::Period::Minute, None).unwrap()],
         256,
-        sluice_core::table::KeyHasher::default(),
+        sluice_core::limit::table::KeyHasher::default(),
     );
     let mut bytes = 0;
     for set in 0..sets + 8 {

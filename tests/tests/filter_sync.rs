@@ -451,7 +451,7 @@ fn a_long_key_cannot_stop_the_sync() {
     assert_eq!(batch.entries.len(), 2);
     for entry in &batch.entries {
         assert!(
-            entry.key.len() <= sluice_core::key::MAX_KEY_BYTES,
+            entry.key.len() <= sluice_core::limiter::key::MAX_KEY_BYTES,
             "a {}-byte key went out",
             entry.key.len()
         );
@@ -495,7 +495,7 @@ fn a_long_key_cannot_stop_the_sync() {
 /// When the service is back, batches stay under the body limit.
 #[test]
 fn waiting_keys_stay_bounded_while_the_service_is_away() {
-    use sluice_core::pending::{ANNOUNCE_PER_ROUND, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
+    use sluice_core::sync::outbox::{ANNOUNCE_PER_ROUND, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
     let proxy = proxy(&config("cached", ""), 2, 12);
     // Open the breaker: two failed syncs.
     for _ in 0..2 {
@@ -518,7 +518,7 @@ fn waiting_keys_stay_bounded_while_the_service_is_away() {
         }
     }
     let (items, bytes) = proxy
-        .queue_size(sluice_core::proxy_sync::QUEUE_NAME)
+        .queue_size(sluice_core::sync::proxy::QUEUE_NAME)
         .unwrap();
     let most = 2 * 2 * ANNOUNCE_PER_ROUND as usize;
     assert!(

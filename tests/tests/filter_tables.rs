@@ -7,8 +7,8 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use sluice_core::limit::registry::{Entry, Registry, GRACE_US, REGISTRY_KEY};
 use sluice_core::protocol::{Grant, Hints, LiveOverrides, SyncRequest, SyncResponse};
-use sluice_core::tables::{Entry, Registry, GRACE_US, REGISTRY_KEY};
 use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec,
 };
@@ -264,7 +264,7 @@ fn tables_a_full_registry_leaves_out_are_logged() {
     let proxy = Proxy::new(module(), ProxyOptions::new(&config)).unwrap();
     assert_eq!(
         registry(&proxy).entries.len(),
-        sluice_core::tables::MAX_TABLES
+        sluice_core::limit::registry::MAX_TABLES
     );
     let warned: Vec<String> = proxy
         .log_messages(sluice_host::LogLevel::Warn)

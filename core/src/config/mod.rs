@@ -9,12 +9,12 @@ use std::fmt;
 use serde::Deserialize;
 
 use crate::limit::{Algorithm, Limit, Period};
-use crate::matcher::{HeaderTest, Template};
-use crate::net::Cidr;
 use crate::policy::{
     Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy, Rule,
     Service, TierOf, WhenMissing,
 };
+use crate::request::matcher::{HeaderTest, Template};
+use crate::request::net::Cidr;
 
 /// Default per-rule key capacity of one proxy.
 pub const DEFAULT_MAX_KEYS: u32 = 65_536;
@@ -417,10 +417,10 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
     }
 
     let max_keys = raw.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
-    if !(crate::table::WAYS as u32..=1_048_576).contains(&max_keys) {
+    if !(crate::limit::table::WAYS as u32..=1_048_576).contains(&max_keys) {
         return Err(err(
             "max_keys",
-            format!("must be between {} and 1048576", crate::table::WAYS),
+            format!("must be between {} and 1048576", crate::limit::table::WAYS),
         ));
     }
 

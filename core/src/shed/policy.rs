@@ -1,6 +1,6 @@
 //! The validated `shedding` section: bulkheads, classes, levels, as values.
 
-use crate::matcher::Matcher;
+use crate::request::matcher::Matcher;
 
 /// Whether shedding answers 503, or only says what it would shed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

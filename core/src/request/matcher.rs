@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::net::Cidr;
+use crate::request::net::Cidr;
 use crate::request::RequestView;
 
 /// Which requests a rule applies to. Every part set must match; empty parts match everything.

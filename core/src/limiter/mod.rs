@@ -1,17 +1,21 @@
 //! The limiter: a validated [`Policy`] and the code that enforces it over a [`Store`].
 
+pub mod decision;
+pub mod key;
+
 use std::net::IpAddr;
 
-use crate::bucket::Verdict;
-use crate::decision::{Decision, Evaluation, Outcome, Outcomes, Quota, Spend, Spending, Spent};
-use crate::key;
+use crate::limit::table::{self, KeyHasher, Record, Table};
+use crate::limit::token_bucket::Verdict;
 use crate::limit::{Algorithm, Limit};
+use crate::limiter::decision::{
+    Decision, Evaluation, Outcome, Outcomes, Quota, Spend, Spending, Spent,
+};
 use crate::policy::RuleId;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::protocol::KeyAction;
 use crate::request::RequestView;
 use crate::store::{self, Store};
-use crate::table::{self, KeyHasher, Record, Table};
 
 /// How stale a key's recency may get before a denial writes it anyway.
 const RECENCY_US: u64 = 1_000_000;
@@ -63,7 +67,7 @@ pub struct Notes {
 }
 
 /// The notes' hasher: their keys are a rule's index and a fingerprint, already a keyed hash of
-/// the key (see [`crate::table::KeyHasher`]), so mixing the two words is enough.
+/// the key (see [`crate::limit::table::KeyHasher`]), so mixing the two words is enough.
 type BuildFingerprintHasher = std::hash::BuildHasherDefault<FingerprintHasher>;
 
 #[derive(Default)]
@@ -542,7 +546,7 @@ impl Limiter {
                 && rule.consistency == Consistency::Local
                 && seen_us.is_some_and(|seen| {
                     now.saturating_sub(seen) < RECENCY_US
-                        && seen <= now.saturating_add(crate::bucket::CLOCK_STEP_US)
+                        && seen <= now.saturating_add(crate::limit::token_bucket::CLOCK_STEP_US)
                 });
             if unchanged {
                 let counted = Counted {

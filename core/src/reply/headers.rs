@@ -1,6 +1,6 @@
 //! Rendering rate-limit headers and the 429 body from a [`Quota`].
 
-use crate::decision::Quota;
+use crate::limiter::decision::Quota;
 use crate::policy::HeaderStyle;
 
 /// Whole seconds, rounded up.

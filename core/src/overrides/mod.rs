@@ -3,6 +3,8 @@
 //! last set it heard in shared data ([`OVERRIDES_KEY`]), so it keeps them while the service is
 //! out of reach, and every worker builds the same limiter from them.
 
+pub mod live;
+
 use std::net::IpAddr;
 
 use crate::config::{self, err, ConfigError, RuleAt};
@@ -316,7 +318,7 @@ fn impossible(part: &KeyPart, value: &str) -> Option<String> {
             }
         }
         KeyPart::Path => {
-            let normal = crate::path::normalize(value);
+            let normal = crate::request::path::normalize(value);
             (normal != value).then(|| {
                 format!("the part is the path as the filter keys it (normalized, without a query): expected {normal:?}, got {value:?}")
             })

@@ -9,12 +9,8 @@ use crate::request::RequestView;
 
 /// Separates key parts; a control character no header value may hold.
 pub const SEPARATOR: char = sluice_protocol::KEY_PART_SEPARATOR;
-/// The value of a key part the request does not have (no such header, query parameter or verified
-/// claim, no client address): the request is counted in this one bucket of the rule (per value of
-/// the other parts), unless the rule says `"when_missing": "skip"`. Shown as `missing` in logs.
-pub const MISSING: &str = "\u{1e}missing";
 /// Distinct values of one repeated header a key is built from (the first ones and the last).
-pub use crate::request::{header_value, unmarked, MARK, MAX_VALUES};
+pub use crate::request::{header_value, unmarked, MARK, MAX_VALUES, MISSING};
 /// Longest key sent anywhere: a longer one is replaced by its SHA-256 digest, so no client value
 /// can make a key the counter service refuses, or fill memory with long keys.
 pub use sluice_protocol::MAX_KEY_BYTES;

@@ -20,7 +20,7 @@ use prost::Message;
 use prost_types::{value::Kind, Struct, Value};
 use sha2::{Digest, Sha256};
 
-use crate::key::MARK;
+use crate::request::MARK;
 use sluice_protocol::MAX_KEY_BYTES;
 
 /// The `filter_metadata` namespace Envoy's `jwt_authn` writes.
@@ -125,7 +125,7 @@ fn from_json(value: &serde_json::Value) -> Value {
 /// with [`MARK`] gets one more in front, so that no claim equals a marker sluice writes itself.
 pub fn text(value: &Value) -> Option<String> {
     match value.kind.as_ref()? {
-        Kind::StringValue(s) => Some(crate::key::unmarked(s).into_owned()),
+        Kind::StringValue(s) => Some(crate::request::unmarked(s).into_owned()),
         _ => {
             let mut out = Capped::default();
             write_json(value, &mut out)?;
@@ -379,6 +379,6 @@ mod tests {
     fn a_claim_cannot_pass_for_a_marker() {
         let p = payload(json!({"sub": "\u{1e}missing"}));
         assert_eq!(p.claim("sub").as_deref(), Some("\u{1e}\u{1e}missing"));
-        assert_ne!(p.claim("sub").as_deref(), Some(crate::key::MISSING));
+        assert_ne!(p.claim("sub").as_deref(), Some(crate::request::MISSING));
     }
 }

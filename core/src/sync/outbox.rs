@@ -7,7 +7,7 @@
 //! keys, or no rounds at all while the breaker is open) they wait in the worker's own
 //! [`Pending`] set, which keeps at most [`MAX_PENDING_KEYS`] keys and [`MAX_PENDING_BYTES`]
 //! bytes and forgets the oldest first. A forgotten key's counts are dropped from its record
-//! too (see [`crate::proxy_sync::forget`]), so that its next count announces it again: no record is
+//! too (see [`crate::sync::proxy::forget`]), so that its next count announces it again: no record is
 //! ever left unsynced without an announcement.
 
 use std::collections::{HashSet, VecDeque};
@@ -107,7 +107,7 @@ impl Outbox {
     }
 
     /// The key waits here; returns the keys forgotten to stay within bounds (their counts
-    /// must be dropped, see [`crate::proxy_sync::forget`]).
+    /// must be dropped, see [`crate::sync::proxy::forget`]).
     pub fn wait(&mut self, rule: RuleId, key: String) -> Vec<(RuleId, String)> {
         self.waiting.push(rule, key)
     }

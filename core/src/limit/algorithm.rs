@@ -10,7 +10,7 @@
 //! | `fixed_window` | requests counted in the window | the window's start |
 //! | `sliding_window` | requests counted in the current window | previous window's count << 32, current window's number |
 //! | `leaky_bucket` | the next free slot's time (µs, fractional) | unused |
-//! | `sliding_log` | unused | the ring's head; the ring follows the buckets ([`crate::log`]) |
+//! | `sliding_log` | unused | the ring's head; the ring follows the buckets ([`crate::limit::sliding_log`]) |
 //!
 //! A sliding log is decided with its ring, through [`LimitState`]; a bucket alone admits
 //! nothing of it.
@@ -20,10 +20,10 @@
 //! requests than half its microseconds). A key seen again in that window gets back at most
 //! `remaining`; in a later window of a longer limit's ghost, nothing until its window ends.
 
-use crate::bucket::{Bucket, Verdict};
+use crate::limit::calendar;
+use crate::limit::sliding_log::{self, Log};
+use crate::limit::token_bucket::{Bucket, Verdict};
 use crate::limit::{Algorithm, Limit};
-use crate::log::{self, Log};
-use crate::window;
 
 /// One limit's state in a record: its bucket, and its ring if it is a sliding log (else empty).
 pub struct LimitState<'a> {
@@ -126,10 +126,10 @@ impl Bucket {
             },
             Algorithm::FixedWindow => Bucket {
                 tokens: 0.0,
-                stamp_us: window::start_us(limit.period(), now_us),
+                stamp_us: calendar::start_us(limit.period(), now_us),
             },
             Algorithm::SlidingWindow => Sliding::at(limit, now_us).pack(),
-            Algorithm::SlidingLog => log::fresh(),
+            Algorithm::SlidingLog => sliding_log::fresh(),
         }
     }
 
@@ -260,7 +260,7 @@ impl Bucket {
                 if used == 0 {
                     return now_us;
                 }
-                window::end_us(limit.period(), now_us) - 1 - verdict.remaining
+                calendar::end_us(limit.period(), now_us) - 1 - verdict.remaining
             }
             Algorithm::SlidingLog => now_us,
         }
@@ -283,7 +283,7 @@ impl Bucket {
             },
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let requests = limit.requests();
-                let end = window::end_us(limit.period(), now_us);
+                let end = calendar::end_us(limit.period(), now_us);
                 let used = if ghost_us >= end {
                     // A longer limit's ghost: nothing left in this window.
                     requests
@@ -324,11 +324,11 @@ fn interval(limit: &Limit) -> f64 {
 }
 
 /// A theoretical arrival time (or a next slot) is never more than `capacity` ahead of the clock
-/// that set it: further ahead by more than [`crate::bucket::CLOCK_STEP_US`], the clock was
+/// that set it: further ahead by more than [`crate::limit::token_bucket::CLOCK_STEP_US`], the clock was
 /// stepped back, and it is taken as `capacity` ahead (no room now, room again at the rate from
 /// now) rather than refusing until the clock is back where it was.
 fn stepped_back(tat: f64, now: f64, capacity: f64) -> f64 {
-    if tat - now > capacity + crate::bucket::CLOCK_STEP_US as f64 {
+    if tat - now > capacity + crate::limit::token_bucket::CLOCK_STEP_US as f64 {
         now + capacity
     } else {
         tat
@@ -395,7 +395,7 @@ fn leaky(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verd
 
 /// The fixed window's state in the window of `now_us` (a new window starts empty).
 fn fixed_now(b: Bucket, limit: &Limit, now_us: u64) -> Bucket {
-    let start = window::start_us(limit.period(), now_us);
+    let start = calendar::start_us(limit.period(), now_us);
     if b.stamp_us == start {
         b
     } else {
@@ -410,7 +410,7 @@ fn fixed(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verd
     let mut b = fixed_now(b, limit, now_us);
     let requests = limit.requests() as f64;
     let allowed = b.tokens + cost as f64 <= requests;
-    let until_end = window::end_us(limit.period(), now_us) - now_us;
+    let until_end = calendar::end_us(limit.period(), now_us) - now_us;
     let counted = if allowed {
         b.tokens + cost as f64
     } else {

@@ -1,7 +1,7 @@
 //! The proxy-wide registry of key tables, and when an old one is emptied.
 //!
 //! A rule's key table lives in shared data under a prefix naming the rule and its layout
-//! ([`crate::table`]). A configuration that changes a rule's layout makes a new table (a live
+//! ([`crate::limit::table`]). A configuration that changes a rule's layout makes a new table (a live
 //! override, the rule's one table for overridden layouts); proxy-wasm cannot delete the old one's
 //! sets, but it can overwrite them with nothing, which frees their records (the host keeps only
 //! the keys).
@@ -358,8 +358,8 @@ mod tests {
 
     #[test]
     fn a_late_request_to_an_emptied_set_finds_a_fresh_record() {
+        use crate::limit::table::{KeyHasher, Record, Table};
         use crate::limit::{Limit, Period};
-        use crate::table::{KeyHasher, Record, Table};
         let limits = vec![Limit::new(10, Period::Minute, None).unwrap()];
         let table = Table::new("r", &limits, 64, KeyHasher::new([1, 2]));
         let mut set = Vec::new();

@@ -1,5 +1,12 @@
 //! A limit: how many requests per period, with how much burst. A small validated value.
 
+pub mod algorithm;
+pub mod calendar;
+pub mod registry;
+pub mod sliding_log;
+pub mod table;
+pub mod token_bucket;
+
 use std::fmt;
 
 /// The period a limit is counted over.
@@ -73,7 +80,7 @@ impl fmt::Display for Period {
     }
 }
 
-/// How a limit counts. Each keeps 16 bytes of state per key and limit ([`crate::bucket`]).
+/// How a limit counts. Each keeps 16 bytes of state per key and limit ([`crate::limit::token_bucket`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
     /// `burst` at once, refilled at `requests` per `period`.

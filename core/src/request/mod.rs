@@ -1,5 +1,10 @@
 //! What the limiter may ask of a request, and a request as plain values for tests and tools.
 
+pub mod claims;
+pub mod matcher;
+pub mod net;
+pub mod path;
+
 use std::fmt::Write;
 
 /// What the limiter may ask of a request. The filter answers from host calls, tests from values.
@@ -8,7 +13,7 @@ pub trait RequestView {
     fn method(&self) -> &str;
     /// The path as the client sent it, without its query string.
     fn path(&self) -> &str;
-    /// The path as an upstream reads it ([`crate::path::normalize`]): what rules match and key on.
+    /// The path as an upstream reads it ([`crate::request::path::normalize`]): what rules match and key on.
     fn normal_path(&self) -> &str;
     /// The client address, already resolved through trusted hops.
     fn client_ip(&mut self) -> Option<&str>;
@@ -20,7 +25,7 @@ pub trait RequestView {
     /// The query string as sent (after `?`, without it), if any: [`query_values`] reads it.
     fn query_string(&self) -> Option<&str>;
     /// A claim of the JWT Envoy's `jwt_authn` filter verified for this request, as its canonical
-    /// text ([`crate::claims`]; a dotted name walks into objects), `None` when no verified token
+    /// text ([`crate::request::claims`]; a dotted name walks into objects), `None` when no verified token
     /// carries it or it cannot be read.
     fn claim(&mut self, name: &str) -> Option<String>;
 }
@@ -68,7 +73,7 @@ pub struct PlainRequest {
     pub client_ip: Option<String>,
     pub headers: Vec<(String, String)>,
     /// Verified JWT claims (what `jwt_authn` would have written), by name, as their canonical
-    /// text ([`crate::claims`]: a number `12345`, an object `{"id":1}`).
+    /// text ([`crate::request::claims`]: a number `12345`, an object `{"id":1}`).
     pub claims: Vec<(String, String)>,
     /// The normalized path, made once when a rule asks.
     pub normal: std::cell::OnceCell<String>,
@@ -112,7 +117,7 @@ impl RequestView for PlainRequest {
 
     fn normal_path(&self) -> &str {
         self.normal
-            .get_or_init(|| crate::path::normalize(&self.path).into_owned())
+            .get_or_init(|| crate::request::path::normalize(&self.path).into_owned())
     }
 
     fn client_ip(&mut self) -> Option<&str> {
@@ -149,6 +154,11 @@ impl RequestView for PlainRequest {
 
 /// Starts what sluice writes into a key itself (digests, markers). A value a client sends that
 /// starts with it gets one more in front ([`unmarked`]), so no value equals a marker.
+/// The value of a key part the request does not have (no such header, query parameter or verified
+/// claim, no client address): the request is counted in this one bucket of the rule (per value of
+/// the other parts), unless the rule says `"when_missing": "skip"`. Shown as `missing` in logs.
+pub const MISSING: &str = "\u{1e}missing";
+
 pub const MARK: char = '\u{1e}';
 
 /// A header value as a key part: itself when it is UTF-8 ([`unmarked`]); otherwise [`MARK`],
@@ -169,7 +179,7 @@ pub fn header_value(bytes: &[u8]) -> String {
 }
 
 /// A value a client sent, as a key part: itself, or when it starts with [`MARK`], one more
-/// [`MARK`] in front, so that it never equals a marker sluice writes itself ([`crate::key::MISSING`], a
+/// [`MARK`] in front, so that it never equals a marker sluice writes itself ([`MISSING`], a
 /// digest, the hex of a value that is not UTF-8).
 pub fn unmarked(value: &str) -> std::borrow::Cow<'_, str> {
     if value.starts_with(MARK) {

@@ -23,12 +23,12 @@
 //! all, never lost).
 
 use crate::limiter::Limiter;
-use crate::pending::{entry_bytes, Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use crate::policy::RuleId;
 use crate::policy::Service;
 use crate::protocol::{LimitSpec, SyncEntry, SyncRequest, SyncResponse};
-use crate::proxy_sync;
 use crate::store::Store;
+use crate::sync::outbox::{entry_bytes, Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
+use crate::sync::proxy;
 
 /// Shared-data key of the entries in doubt: the last batch whose answer was lost, as sent.
 pub const IN_DOUBT_KEY: &str = "sluice/in-doubt";
@@ -89,7 +89,7 @@ pub struct Settled {
     pub refused: usize,
     pub reason: Option<String>,
     /// What became of the live overrides the answer carried.
-    pub overrides: crate::live::Taken,
+    pub overrides: crate::overrides::live::Taken,
 }
 
 impl Default for Settled {
@@ -97,7 +97,7 @@ impl Default for Settled {
         Settled {
             refused: 0,
             reason: None,
-            overrides: crate::live::Taken::Nothing,
+            overrides: crate::overrides::live::Taken::Nothing,
         }
     }
 }
@@ -124,7 +124,7 @@ pub fn compose(
         .as_ref()
         .filter(|s| s.fleet)
         .map(|s| crate::shed::load_report(s, store));
-    let state = proxy_sync::read_state(store);
+    let state = proxy::read_state(store);
     let label = state.round_label();
     let interval_us = state
         .effective_interval_ms(interval_ms)
@@ -162,17 +162,17 @@ pub fn compose(
             let _ = waiting.push(rule, key);
             break;
         }
-        match proxy_sync::take(limiter, rule, &key, state.claimed_at_us, interval_us, store) {
-            proxy_sync::Taken::Entry(mut entry) => {
+        match proxy::take(limiter, rule, &key, state.claimed_at_us, interval_us, store) {
+            proxy::Taken::Entry(mut entry) => {
                 entry.round = label;
                 bytes += size;
                 entries.push(entry);
                 rules.push(rule);
             }
             // Its report waits for a later round (starved while the global bucket is empty:
-            // `proxy_sync::may_wait`): it stays announced.
-            proxy_sync::Taken::Held => deferred.push((rule, key)),
-            proxy_sync::Taken::Nothing => {}
+            // `proxy::may_wait`): it stays announced.
+            proxy::Taken::Held => deferred.push((rule, key)),
+            proxy::Taken::Nothing => {}
         }
     }
     for (rule, key) in deferred {
@@ -227,7 +227,7 @@ pub fn settle(
                     .all(|(limit, spec)| LimitSpec::from(limit) == *spec)
         });
         if granted_for {
-            let _ = proxy_sync::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
+            let _ = proxy::apply_lease(limiter, *rule, &entry.key, grant, now_us, store);
         }
     }
     if batch.replayed > 0 {
@@ -239,9 +239,9 @@ pub fn settle(
     }
     let hints = &response.hints;
     // The set first, then its version: a worker that sees the version finds the set.
-    let taken = crate::live::take(&hints.overrides, store);
+    let taken = crate::overrides::live::take(&hints.overrides, store);
     settled.overrides = taken.clone();
-    let _ = proxy_sync::update_state(store, |s| {
+    let _ = proxy::update_state(store, |s| {
         s.breaker.succeeded();
         s.busy_until_us = 0;
         // A shorter advice than the one this round was claimed under brings the next round
@@ -254,12 +254,13 @@ pub fn settle(
             s.next_at_us = s.next_at_us.min(s.claimed_at_us.saturating_add(advised_us));
         }
         s.bypass = hints.overrides.bypass;
-        s.fleet = proxy_sync::Fleet::heard(hints.overrides.load_level, now_us);
+        s.fleet = proxy::Fleet::heard(hints.overrides.load_level, now_us);
         match taken {
-            crate::live::Taken::Kept { version, .. } => s.overrides_version = version,
+            crate::overrides::live::Taken::Kept { version, .. } => s.overrides_version = version,
             // The next round asks for the whole set.
-            crate::live::Taken::Gap { .. } => s.overrides_version = 0,
-            crate::live::Taken::Nothing | crate::live::Taken::TooLarge { .. } => {}
+            crate::overrides::live::Taken::Gap { .. } => s.overrides_version = 0,
+            crate::overrides::live::Taken::Nothing
+            | crate::overrides::live::Taken::TooLarge { .. } => {}
         }
     });
     Ok(settled)
@@ -342,7 +343,7 @@ fn put_back<'a>(
 ) -> Vec<(RuleId, String)> {
     let mut announce = Vec::new();
     for (rule, entry) in entries {
-        if let Ok(true) = proxy_sync::restore(limiter, *rule, entry, store) {
+        if let Ok(true) = proxy::restore(limiter, *rule, entry, store) {
             announce.push((*rule, entry.key.clone()));
         }
     }
@@ -389,7 +390,7 @@ pub fn doubt(
 }
 
 fn failed(service: &Service, now_us: u64, jitter: f64, store: &mut dyn Store) {
-    let _ = proxy_sync::update_state(store, |s| {
+    let _ = proxy::update_state(store, |s| {
         s.busy_until_us = 0;
         s.breaker.failed(
             service.breaker_failures,

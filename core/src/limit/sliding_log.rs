@@ -2,7 +2,7 @@
 //! requests stop counting (their arrival plus `period`) in a ring, oldest first from `head`;
 //! 0 marks a place never used. A request of cost `c` is admitted when the `c` oldest places no
 //! longer count: then fewer than `requests - c + 1` requests were admitted in the last `period`.
-//! The ring lives in the key's record after its buckets ([`crate::table`]); the limit's
+//! The ring lives in the key's record after its buckets ([`crate::limit::table`]); the limit's
 //! [`Bucket`] holds `head` in `stamp_us`.
 //!
 //! Times are kept in order: a place is written with the later of its own expiry and the
@@ -16,7 +16,7 @@
 //! Limits of one rule record the same requests, so the ghost of the longest window (the
 //! latest, which the record keeps) holds at least as many as any shorter one's, until later.
 
-use crate::bucket::{Bucket, Verdict};
+use crate::limit::token_bucket::{Bucket, Verdict};
 use crate::limit::Limit;
 
 /// Ghost times are multiples of this; the remainder counts the requests held.

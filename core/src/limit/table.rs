@@ -27,8 +27,8 @@
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
-use crate::algorithm::LimitState;
-use crate::bucket::Bucket;
+use crate::limit::algorithm::LimitState;
+use crate::limit::token_bucket::Bucket;
 use crate::limit::Limit;
 
 /// Records per set.
@@ -91,7 +91,7 @@ pub struct Record {
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.
     pub buckets: [Bucket; MAX_LIMITS],
     /// The rings of its sliding logs, one after the other in limit order (empty for other
-    /// algorithms): [`crate::log`].
+    /// algorithms): [`crate::limit::sliding_log`].
     pub logs: Vec<u64>,
 }
 
@@ -159,7 +159,7 @@ impl Record {
     }
 
     /// The ghost to leave when evicted: when every local bucket is full again (`now_us` if
-    /// they are), or a windowed limit's encoding of what it has left ([`crate::algorithm`]).
+    /// they are), or a windowed limit's encoding of what it has left ([`crate::limit::algorithm`]).
     pub fn full_at_us(&self, limits: &[Limit], now_us: u64) -> u64 {
         if self.logs.is_empty() {
             return self
@@ -357,7 +357,7 @@ impl Table {
         self.sets
     }
 
-    /// The store key prefix of its sets (the registry of tables in use: [`crate::tables`]).
+    /// The store key prefix of its sets (the registry of tables in use: [`crate::limit::registry`]).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

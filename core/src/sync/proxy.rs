@@ -2,13 +2,13 @@
 //! script `lua/sync.lua`): who syncs this round, what goes into the batch, and how the
 //! answer becomes leases. Pure steps over [`Store`] values; the filter does the I/O.
 
-use crate::breaker::Breaker;
+use crate::limit::table::Record;
 use crate::limit::Limit;
 use crate::limiter::{Enforced, Limiter};
 use crate::policy::RuleId;
 use crate::protocol::{Grant, LimitSpec, SyncEntry};
 use crate::store::{self, Store, StoreError};
-use crate::table::Record;
+use crate::sync::breaker::Breaker;
 
 /// Shared-data key of the proxy's [`SyncState`].
 pub const STATE_KEY: &str = "sluice/sync";
@@ -185,7 +185,7 @@ pub fn claim_round(
         let stepped_back = state.next_at_us
             > now_us
                 .saturating_add(interval_us)
-                .saturating_add(crate::bucket::CLOCK_STEP_US);
+                .saturating_add(crate::limit::token_bucket::CLOCK_STEP_US);
         let due = (now_us >= state.next_at_us || stepped_back) && now_us >= state.busy_until_us;
         if !due || !state.breaker.may_call(breaker_threshold, now_us) {
             return (None, false);
@@ -197,7 +197,7 @@ pub fn claim_round(
         state.rounds = state.rounds.wrapping_add(1);
         if state.epoch == 0 || state.rounds as u32 == 0 {
             // Labels must keep increasing: a new epoch, never 0 and not the last one.
-            let drawn = crate::table::fnv1a(&now_us.to_le_bytes()) as u32;
+            let drawn = crate::limit::table::fnv1a(&now_us.to_le_bytes()) as u32;
             state.epoch = match drawn {
                 0 => 1,
                 e if e == state.epoch => e.wrapping_add(1).max(1),
@@ -388,7 +388,7 @@ fn entry(limiter: &Limiter, rule: RuleId, key: &str, spent: u32, denied: u32) ->
 }
 
 /// Drops a key's unsynced counts: it could not wait any longer for a round (see
-/// [`crate::pending`]). Its next count announces it again.
+/// [`crate::sync::outbox`]). Its next count announces it again.
 pub fn forget(
     limiter: &Limiter,
     rule: RuleId,
