@@ -1,5 +1,5 @@
 //! Old key tables in the wasmtime host (the filter's host calls; the decisions are unit-tested in
-//! `core/src/tables.rs`): a table of an earlier configuration that nobody stamps any more is
+//! `core/src/limit/registry.rs`): a table of an earlier configuration that nobody stamps any more is
 //! emptied and leaves the registry; the live table is stamped on every tick and keeps its counts.
 //! Live overrides, however many, keep a rule's shared-data keys to two tables' worth. Time is a
 //! virtual clock.

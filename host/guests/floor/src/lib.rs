@@ -26,7 +26,7 @@
 //! For example `open+calls`, `open+shared+metric`, `deny+calls`. Anything else fails
 //! `on_configure`. The 429 is what sluice sends when the bench's rule (`bench`,
 //! 100 requests a second, a token bucket, `"headers": "legacy"`) denies: the headers and the body of
-//! `denial()` in `core/src/exchange.rs` and `core/src/headers.rs` with limit 100, remaining 0 and one
+//! `denial()` in `core/src/exchange.rs` and `core/src/reply/headers.rs` with limit 100, remaining 0 and one
 //! second for both `retry-after` and `x-ratelimit-reset`. They are constants here: the floor
 //! computes nothing.
 
@@ -64,7 +64,7 @@ const OPEN_HEADERS: [(&str, &str); 3] = [
     ("x-ratelimit-reset", "0"),
 ];
 /// Bytes of sluice's set for the bench's rule with its one key: the ghost area (8 of 16 bytes)
-/// and one record of one limit (48 + 16 bytes); see `set_len` in `core/src/table.rs`.
+/// and one record of one limit (48 + 16 bytes); see `set_len` in `core/src/limit/table.rs`.
 pub const SET_BYTES: usize = 128 + 64;
 /// The shared-data key of the floor's one set, of the length of sluice's set keys.
 const SET_KEY: &str = "floor/t/0123456789abcdef/17";
