@@ -469,7 +469,7 @@ impl Exchange {
             Some(answer) => self.record(limiter, rule, key, answer, now_us, effects),
             None => effects.push(Effect::Outcome {
                 rule,
-                outcome: Outcome::Unavailable,
+                outcome: Outcome::Uncounted,
             }),
         }
     }
@@ -489,7 +489,7 @@ impl Exchange {
         let outcome = if answer.allowed {
             Outcome::Allowed
         } else if answer.unavailable && spec.mode == Mode::Enforce {
-            Outcome::Unavailable
+            Outcome::FailedClosed
         } else if crate::limiter::enforced(spec, key, now_us) {
             Outcome::Denied
         } else if spec.mode == Mode::Warn {
@@ -503,7 +503,7 @@ impl Exchange {
             Outcome::ShadowDenied
         };
         effects.push(Effect::Outcome { rule, outcome });
-        if matches!(outcome, Outcome::Unavailable | Outcome::Denied) {
+        if matches!(outcome, Outcome::FailedClosed | Outcome::Denied) {
             // Of several strict denials, the one that makes the client wait longest answers
             // (an unavailable rule's 503 stays: it is not a rate limit).
             let longer = self.denied.as_ref().is_none_or(|(_, held)| {

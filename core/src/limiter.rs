@@ -404,7 +404,7 @@ impl Limiter {
                 });
                 self.scratch.borrow_mut().set_key = set_key;
                 let Ok((verdict, dirty, hopeless)) = step else {
-                    outcomes.push((index, Outcome::Unavailable));
+                    outcomes.push((index, Outcome::Uncounted));
                     continue;
                 };
                 if dirty {
@@ -427,7 +427,7 @@ impl Limiter {
                         tightest = Some((index, verdict.quota));
                     }
                 } else if verdict.unavailable && rule.mode == Mode::Enforce {
-                    outcomes.push((index, Outcome::Unavailable));
+                    outcomes.push((index, Outcome::FailedClosed));
                     denial = Some(Decision::Unavailable {
                         rule: index,
                         retry_after_us: verdict.retry_after_us,
