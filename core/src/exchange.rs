@@ -20,13 +20,14 @@
 //! rules spent. Nothing here reads a clock or does I/O.
 
 use crate::decision::{Decision, Outcome, Quota, Spending};
-use crate::headers::{denial_body, each_header, render_into, retry_after_seconds, ReplyHeaders};
+use crate::headers::each_header;
 use crate::limit::Limit;
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
 use crate::proxy_sync;
+pub use crate::reply::{Protocol, Reply, SHED_HEADER};
 use crate::request::RequestView;
 use crate::shed::policy::BulkheadId;
 use crate::shed::{self, Admission, Level, Pressure, Seat, ShedMode, ShedReason, Shedding};
@@ -62,14 +63,6 @@ impl Moment {
             fleet: None,
         }
     }
-}
-
-/// A local answer to send instead of forwarding the request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
-    pub status: u32,
-    pub headers: ReplyHeaders,
-    pub body: String,
 }
 
 /// What the host does with the request next.
@@ -132,6 +125,8 @@ pub enum Effect {
         bulkhead: BulkheadId,
         latency_us: u64,
         status: u32,
+        /// A gRPC response's `grpc-status` (from its headers or its trailers).
+        grpc_status: Option<u32>,
     },
 }
 
@@ -156,12 +151,17 @@ pub struct Exchange {
     warned: Option<ShedReason>,
     /// The upstream's status and when it came (request to response headers).
     answer: Option<(u32, u64)>,
+    /// A gRPC response's `grpc-status`, the last seen (a trailer's over a header's).
+    grpc_status: Option<u32>,
     /// A shaping limit holds it until then.
     delay_until: Option<u64>,
     /// A warn rule would have denied it: named on the response.
     warn_rule: Option<RuleId>,
     /// Rules that charge the cost the response reports, with their keys.
     chargeable: Vec<(RuleId, String)>,
+    /// What kind of client asked, read from the request only when it may be answered locally
+    /// (shed, queued, denied, or waiting for strict checks).
+    protocol: Protocol,
 }
 
 /// Names the warn rule that would have denied a request (on its response).
@@ -256,10 +256,9 @@ impl Exchange {
             } => {
                 exchange.answered = true;
                 exchange.give_up_seat(limiter, store);
-                (
-                    exchange,
-                    Step::Respond(unavailable(limiter, rule, retry_after_us)),
-                )
+                exchange.protocol = Protocol::of_request(request);
+                let reply = exchange.unavailable(limiter, rule, retry_after_us);
+                (exchange, Step::Respond(reply))
             }
             Decision::Deny {
                 rule,
@@ -268,7 +267,8 @@ impl Exchange {
             } => {
                 exchange.answered = true;
                 exchange.give_up_seat(limiter, store);
-                let reply = denial(limiter, rule, &quota, retry_after_us);
+                exchange.protocol = Protocol::of_request(request);
+                let reply = exchange.denial(limiter, rule, &quota, retry_after_us);
                 (exchange, Step::Respond(reply))
             }
             Decision::Allow { quota } => {
@@ -297,6 +297,9 @@ impl Exchange {
                     } else {
                         exchange.fall_back(limiter, rule, &key, moment.now_us, store, effects);
                     }
+                }
+                if !exchange.checks.is_empty() || exchange.denied.is_some() {
+                    exchange.protocol = Protocol::of_request(request);
                 }
                 let step = exchange.step(limiter, store);
                 (exchange, step)
@@ -532,9 +535,9 @@ impl Exchange {
                 self.answered = true;
                 self.give_up_seat(limiter, store);
                 if answer.unavailable {
-                    Step::Respond(unavailable(limiter, rule, answer.retry_after_us))
+                    Step::Respond(self.unavailable(limiter, rule, answer.retry_after_us))
                 } else {
-                    Step::Respond(denial(limiter, rule, &answer.quota, answer.retry_after_us))
+                    Step::Respond(self.denial(limiter, rule, &answer.quota, answer.retry_after_us))
                 }
             }
             None => self.admitted_step(),
@@ -542,37 +545,24 @@ impl Exchange {
     }
 }
 
-/// The 503 of a rule that fails closed while the counter service is out of reach: not a rate
-/// limit, and said so.
-fn unavailable(limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
-    let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-    let retry_after = retry_after_seconds(retry_after_us);
-    let mut headers = ReplyHeaders::with_capacity(48);
-    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
-    headers.push("content-type", "application/json");
-    Reply {
-        status: 503,
-        headers,
-        body: format!(
-            r#"{{"error":"limiter_unavailable","rule":"{name}","reason":"the rate limit service cannot be reached and this rule fails closed","retry_after_seconds":{retry_after}}}"#
-        ),
+/// The local replies of rate limits, shaped for the client that asked ([`crate::reply`]).
+impl Exchange {
+    /// What kind of client asked (known once the request may be answered locally).
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
-}
 
-/// The 429 for a denial by `rule`.
-fn denial(limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
-    let policy = limiter.policy();
-    let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-    let retry_after = retry_after_seconds(retry_after_us);
-    // Room for the longest: both header styles, which name the rule twice.
-    let mut headers = ReplyHeaders::with_capacity(256 + 2 * name.len());
-    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
-    headers.push("content-type", "application/json");
-    render_into(&mut headers, policy.headers, name, quota);
-    Reply {
-        status: 429,
-        headers,
-        body: denial_body(name, quota, retry_after),
+    fn unavailable(&self, limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
+        let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
+        crate::reply::limiter_unavailable(name, retry_after_us, self.protocol)
+    }
+
+    fn denial(&self, limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
+        let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
+            return crate::reply::limiter_unavailable("", retry_after_us, self.protocol);
+        };
+        let style = limiter.policy().headers;
+        crate::reply::rate_limited(spec, quota, retry_after_us, style, self.protocol)
     }
 }
 
@@ -627,6 +617,7 @@ impl Exchange {
                 ..
             } => {
                 self.queued = Some((seat, level, wait_budget_us));
+                self.protocol = Protocol::of_request(request);
                 effects.push(Effect::Admitted { seat, queued: true });
                 level
             }
@@ -641,7 +632,15 @@ impl Exchange {
                     reason,
                     would: false,
                 });
-                return Some(overloaded(shedding, seat, level, reason, moment.draw));
+                self.protocol = Protocol::of_request(request);
+                return Some(crate::reply::overloaded(
+                    shedding,
+                    seat,
+                    level,
+                    reason,
+                    moment.draw,
+                    self.protocol,
+                ));
             }
         };
         if let Some(name) = &shedding.degradation_header {
@@ -730,6 +729,15 @@ impl Exchange {
         }
     }
 
+    /// The response carried `grpc-status` (in its headers, a trailers-only answer, or in its
+    /// trailers): a success-rate sample counts a gRPC failure by it. A value that is not a
+    /// number is ignored.
+    pub fn grpc_responded(&mut self, value: &str) {
+        if let Ok(code) = value.trim().parse::<u32>() {
+            self.grpc_status = Some(code);
+        }
+    }
+
     /// The stream ended, however it ended (response, reset, timeout, local reply): the slot
     /// goes back and the latency becomes a sample. Runs once; later calls do nothing.
     pub fn finish(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Vec<Effect> {
@@ -745,6 +753,7 @@ impl Exchange {
                 bulkhead: seat.bulkhead,
                 latency_us: at_us.saturating_sub(since_us),
                 status,
+                grpc_status: self.grpc_status,
             });
         }
         effects
@@ -753,38 +762,3 @@ impl Exchange {
 
 /// The request header (and response header) by which warn mode says what it would have shed.
 pub const WOULD_SHED_HEADER: &str = "x-sluice-would-shed";
-/// The response header on a 503 that names why the request was shed.
-pub const SHED_HEADER: &str = "x-sluice-shed";
-
-/// The 503 for a request shed by `reason`. `Retry-After` is spread over [s, 2s) by `draw`, so
-/// shed clients do not all come back at once.
-pub fn overloaded(
-    shedding: &Shedding,
-    seat: Seat,
-    level: Level,
-    reason: ShedReason,
-    draw: f64,
-) -> Reply {
-    let base = shedding.retry_after_s;
-    let retry_after = base + (draw.clamp(0.0, 0.999) * base as f64) as u64;
-    let bulkhead = shedding
-        .bulkheads
-        .get(seat.bulkhead)
-        .map_or("", |b| b.name.as_str());
-    let class = shedding
-        .classes
-        .get(seat.class)
-        .map_or("", |c| c.name.as_str());
-    let (reason, level) = (reason.name(), level.name());
-    let mut headers = ReplyHeaders::with_capacity(80);
-    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
-    headers.push("content-type", "application/json");
-    headers.push(SHED_HEADER, reason);
-    Reply {
-        status: 503,
-        headers,
-        body: format!(
-            "{{\"error\":\"overloaded\",\"reason\":\"{reason}\",\"bulkhead\":\"{bulkhead}\",\"class\":\"{class}\",\"level\":\"{level}\",\"message\":\"the upstream is overloaded ({reason}); retry in {retry_after} s\",\"retryAfter\":{retry_after}}}"
-        ),
-    }
-}

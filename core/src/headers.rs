@@ -1,4 +1,5 @@
-//! Rendering rate-limit headers and the 429 body from a [`Quota`].
+//! Rendering rate-limit headers from a [`Quota`], and a local reply's headers as the host reads
+//! them. The local replies themselves are built in [`crate::reply`].
 
 use crate::decision::Quota;
 use crate::policy::HeaderStyle;
@@ -168,37 +169,6 @@ pub fn each_header(
     }
 }
 
-/// The JSON body of a 429. Rule names are validated to `[A-Za-z0-9._-]`, so nothing in it
-/// needs escaping.
-pub fn denial_body(rule: &str, quota: &Quota, retry_after: u64) -> String {
-    // Written piece by piece: it is sent on every denial, and the formatting machinery costs
-    // more than the rest of the decision.
-    let mut requests = itoa::Buffer::new();
-    let requests = requests.format(quota.limit.requests());
-    let mut retry = itoa::Buffer::new();
-    let retry = retry.format(retry_after);
-    let period = quota.limit.period().name();
-    let mut body = String::with_capacity(160 + 2 * rule.len());
-    for piece in [
-        "{\"error\":\"rate_limited\",\"rule\":\"",
-        rule,
-        "\",\"message\":\"rate limit exceeded: ",
-        requests,
-        " requests per ",
-        period,
-        " for rule ",
-        rule,
-        "; retry in ",
-        retry,
-        " s\",\"retryAfter\":",
-        retry,
-        "}",
-    ] {
-        body.push_str(piece);
-    }
-    body
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,22 +240,5 @@ mod tests {
         assert_eq!(retry_after_seconds(0), 1);
         assert_eq!(retry_after_seconds(1_000_000), 1);
         assert_eq!(retry_after_seconds(1_000_001), 2);
-    }
-
-    #[test]
-    fn body_is_json_with_the_rule() {
-        let body: serde_json::Value =
-            serde_json::from_str(&denial_body("per-ip", &quota(), 4)).unwrap();
-        assert_eq!(body["error"], "rate_limited");
-        assert_eq!(body["rule"], "per-ip");
-        assert_eq!(body["retryAfter"], 4);
-        assert!(body["message"]
-            .as_str()
-            .unwrap()
-            .contains("100 requests per minute"));
-        assert_eq!(
-            denial_body("per-ip", &quota(), 4),
-            r#"{"error":"rate_limited","rule":"per-ip","message":"rate limit exceeded: 100 requests per minute for rule per-ip; retry in 4 s","retryAfter":4}"#
-        );
     }
 }

@@ -19,6 +19,7 @@ pub mod overrides;
 pub mod path;
 pub mod pending;
 pub mod policy;
+pub mod reply;
 /// The wire contract, shared with the counter service.
 pub use sluice_protocol as protocol;
 pub mod request;

@@ -844,8 +844,8 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
             }
             let mut samples = vec![Samples::default(); shedding.bulkheads.len()];
             for s in &mut samples {
-                s.answered(20_000, 200);
-                s.answered(20_000, 503);
+                s.answered(20_000, 200, None);
+                s.answered(20_000, 503, None);
             }
             let _ = shed::tick(shedding, &mut samples, now, 0.5, store);
             let _ = shed::load_report(shedding, store);
@@ -1146,7 +1146,7 @@ proptest! {
         }
         let retry = sluice_core::headers::retry_after_seconds(retry_us);
         prop_assert!(retry >= 1);
-        let body = sluice_core::headers::denial_body(&name, &quota, retry);
+        let body = sluice_core::reply::rate_limited_body(&name, None, &quota, retry);
         let parsed: Value = serde_json::from_str(&body).map_err(|e| TestCaseError::fail(format!("{body}: {e}")))?;
         prop_assert_eq!(&parsed["rule"], &json!(name));
     }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use sluice_tests::contract::checked_body;
 use sluice_tests::envoy::{agent, burst, get, Envoy, EnvoyOptions, Reply, Template};
 
 /// The per-ip rule of these tests: 50 per minute with a burst of 50, so one token comes back every 1.2 s.
@@ -166,8 +167,8 @@ fn a_denial_says_why_and_when_to_retry() {
 
     let content_type = denied.header("content-type").unwrap_or_default();
     assert!(content_type.starts_with("application/json"), "{denied:?}");
-    let body: Value = serde_json::from_str(&denied.body)
-        .unwrap_or_else(|e| panic!("the 429 body is not JSON ({e}): {:?}", denied.body));
+    // The client contract: the body as schema/reply.schema.json describes it.
+    let body: Value = checked_body(&denied.body);
     assert_eq!(body["error"], "rate_limited", "{body}");
     assert_eq!(body["rule"], "per-ip", "{body}");
     assert!(
