@@ -20,7 +20,7 @@
 //! rules spent. Nothing here reads a clock or does I/O.
 
 use crate::decision::{Decision, Outcome, Quota, Spending};
-use crate::headers::each_header;
+use crate::headers::{each_header, Reset};
 use crate::limit::Limit;
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
@@ -162,6 +162,8 @@ pub struct Exchange {
     /// What kind of client asked, read from the request only when it may be answered locally
     /// (shed, queued, denied, or waiting for strict checks).
     protocol: Protocol,
+    /// When the rules last decided (start, or a strict answer): the quotas' reset counts from it.
+    decided_us: u64,
 }
 
 /// Names the warn rule that would have denied a request (on its response).
@@ -193,7 +195,10 @@ impl Exchange {
         store: &mut dyn Store,
         effects: &mut Vec<Effect>,
     ) -> (Exchange, Step) {
-        let mut exchange = Exchange::default();
+        let mut exchange = Exchange {
+            decided_us: moment.now_us,
+            ..Exchange::default()
+        };
         // The emergency switch and bypassed paths skip shedding too; bypassed addresses do not
         // (a trusted client can still overload the upstream).
         let bypass = &limiter.policy().bypass;
@@ -273,7 +278,7 @@ impl Exchange {
             }
             Decision::Allow { quota } => {
                 if let Some((rule, quota)) = quota {
-                    exchange.offer(rule, quota);
+                    exchange.offer(limiter, rule, quota);
                 }
                 exchange.spent = evaluation.spent;
                 if evaluation.delay_us > 0 {
@@ -322,6 +327,7 @@ impl Exchange {
         let Some((rule, key)) = self.checks.get_mut(check).and_then(Option::take) else {
             return (None, effects);
         };
+        self.decided_us = moment.now_us;
         match answer {
             Some(answer) => {
                 let limit = limiter
@@ -389,7 +395,8 @@ impl Exchange {
         }
         if let Some((rule, quota)) = self.quota.take() {
             let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-            each_header(limiter.policy().headers, name, &quota, header);
+            let reset = Reset::of(limiter.policy().reset, self.decided_us);
+            each_header(limiter.policy().headers, name, &quota, reset, header);
         }
     }
 
@@ -447,8 +454,14 @@ impl Exchange {
         self.checks.iter().filter(|c| c.is_some()).count()
     }
 
-    /// Keeps the most restrictive quota for the response headers.
-    fn offer(&mut self, rule: RuleId, quota: Quota) {
+    /// Keeps the most restrictive quota for the response headers, of the rules that show theirs.
+    fn offer(&mut self, limiter: &Limiter, rule: RuleId, quota: Quota) {
+        if !limiter
+            .rule(rule)
+            .is_some_and(|r| r.rule.answer.headers_admitted)
+        {
+            return;
+        }
         if self
             .quota
             .is_none_or(|(_, q)| quota.remaining < q.remaining)
@@ -518,7 +531,7 @@ impl Exchange {
                 self.denied = Some((rule, answer));
             }
         } else {
-            self.offer(rule, answer.quota);
+            self.offer(limiter, rule, answer.quota);
         }
     }
 
@@ -561,8 +574,16 @@ impl Exchange {
         let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
             return crate::reply::limiter_unavailable("", retry_after_us, self.protocol);
         };
-        let style = limiter.policy().headers;
-        crate::reply::rate_limited(spec, quota, retry_after_us, style, self.protocol)
+        let policy = limiter.policy();
+        let reset = Reset::of(policy.reset, self.decided_us);
+        crate::reply::rate_limited(
+            spec,
+            quota,
+            retry_after_us,
+            policy.headers,
+            reset,
+            self.protocol,
+        )
     }
 }
 

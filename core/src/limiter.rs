@@ -423,7 +423,10 @@ impl Limiter {
                         chargeable.push((index, key.clone()));
                     }
                     outcomes.push((index, Outcome::Allowed));
-                    if tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining) {
+                    // Of the rules that show their headers on admitted responses.
+                    if rule.answer.headers_admitted
+                        && tightest.is_none_or(|(_, q)| verdict.quota.remaining < q.remaining)
+                    {
                         tightest = Some((index, verdict.quota));
                     }
                 } else if verdict.unavailable && rule.mode == Mode::Enforce {

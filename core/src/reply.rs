@@ -22,7 +22,7 @@
 //! policy reads.
 
 use crate::decision::Quota;
-use crate::headers::{render_into, retry_after_seconds, ReplyHeaders};
+use crate::headers::{render_into, retry_after_seconds, ReplyHeaders, Reset};
 use crate::policy::{HeaderStyle, Rule};
 use crate::request::RequestView;
 use crate::shed::{Level, Seat, ShedReason, Shedding};
@@ -86,17 +86,24 @@ impl Protocol {
     }
 }
 
-/// A denial by `rule`, with its rate-limit headers in `style`.
+/// A denial by `rule`: its status (429 unless the rule sets one), its message, and its
+/// rate-limit headers in `style` unless the rule hides them on denials (`X-RateLimit-Reset` as
+/// `reset` writes it).
 pub fn rate_limited(
     rule: &Rule,
     quota: &Quota,
     retry_after_us: u64,
     style: HeaderStyle,
+    reset: Reset,
     protocol: Protocol,
 ) -> Reply {
     let name = rule.name.as_str();
     let retry_after = retry_after_seconds(retry_after_us);
-    let custom: Option<&str> = None;
+    let custom = rule.answer.message.as_deref();
+    let style = match rule.answer.headers_denied {
+        true => style,
+        false => HeaderStyle::None,
+    };
     // Room for the longest: both header styles, which name the rule twice.
     let mut headers = ReplyHeaders::with_capacity(256 + 2 * name.len());
     let body = match protocol {
@@ -111,9 +118,9 @@ pub fn rate_limited(
             String::new()
         }
     };
-    render_into(&mut headers, style, name, quota);
+    render_into(&mut headers, style, name, quota, reset);
     Reply {
-        status: 429,
+        status: rule.answer.status,
         headers,
         body,
         grpc_status: grpc(protocol, GRPC_RESOURCE_EXHAUSTED),

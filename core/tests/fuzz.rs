@@ -1139,7 +1139,7 @@ proptest! {
         let Ok(limit) = Limit::new(requests, period, None) else { return Ok(()) };
         let quota = Quota { limit, remaining, reset_us };
         for style in [HeaderStyle::None, HeaderStyle::Legacy, HeaderStyle::Draft, HeaderStyle::Both] {
-            for (header, value) in sluice_core::headers::render(style, &name, &quota) {
+            for (header, value) in sluice_core::headers::render(style, &name, &quota, sluice_core::headers::Reset::UnixAt { now_us: reset_us }) {
                 prop_assert!(header_value_ok(&value), "{header}: {value:?}");
                 prop_assert!(!value.is_empty());
             }

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 use sluice_tests::contract::checked_body;
 use sluice_tests::envoy::{
-    agent, free_ports, get, repo_root, wasm_path, Envoy, EnvoyOptions, Template,
+    agent, free_ports, get, repo_root, wasm_path, Envoy, EnvoyOptions, Reply, Template,
 };
 use sluice_tests::grpc::{calls, GrpcAnswer, GrpcServer};
 
@@ -178,4 +178,87 @@ fn an_admitted_grpc_call_reaches_the_upstream() {
             "{answers:?}"
         );
     }
+}
+
+/// Whether a reply carries rate-limit headers (either style).
+fn limit_headers(reply: &Reply) -> bool {
+    reply
+        .headers
+        .iter()
+        .any(|(n, _)| n.starts_with("x-ratelimit") || n.starts_with("ratelimit"))
+}
+
+/// A message with what would break JSON or a header if it were copied as it is.
+const MESSAGE: &str = r#"Exports: "1 a minute" \ 100% — {"retryAfter":0}"#;
+
+#[test]
+fn a_rule_answers_with_its_own_status_message_and_headers() {
+    let envoy = Envoy::start(EnvoyOptions {
+        template: Template::Sluice,
+        plugin_config_json: json!({"headers": "both", "x_ratelimit_reset": "unix", "rules": [
+            {"name": "export", "match": {"path_prefix": "/export"}, "key": ["const:all"],
+             "deny_status": 503, "deny_message": MESSAGE, "headers_on_denied": false,
+             "limits": [{"requests": 1, "per": "minute"}]},
+            {"name": "quiet", "match": {"path_prefix": "/quiet"}, "key": ["const:all"],
+             "headers_on_admitted": false, "limits": [{"requests": 5, "per": "minute"}]},
+            {"name": "loud", "match": {"path_prefix": "/loud"}, "key": ["const:all"],
+             "limits": [{"requests": 1, "per": "minute"}]}]})
+        .to_string(),
+        concurrency: 2,
+        ..EnvoyOptions::default()
+    })
+    .unwrap();
+    let client = agent();
+    let get = |path: &str| get(&client, &envoy.url(path), &[]).unwrap();
+
+    assert_eq!(get("/export").status, 200);
+    let denied = get("/export");
+    assert_eq!(denied.status, 503, "the rule's status: {denied:?}");
+    let body = checked_body(&denied.body);
+    assert_eq!(body["error"], "rate_limited", "{body}");
+    assert_eq!(body["message"], MESSAGE, "{body}");
+    assert_eq!(body["rule"], "export", "{body}");
+    let retry_after: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(body["retryAfter"], retry_after, "{body}");
+    assert!(!limit_headers(&denied), "hidden on denials: {denied:?}");
+
+    let quiet = get("/quiet");
+    assert_eq!(quiet.status, 200);
+    assert!(!limit_headers(&quiet), "hidden when admitted: {quiet:?}");
+
+    // Shown by default; X-RateLimit-Reset as a Unix time: whole again a minute after the request.
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let loud = get("/loud");
+    let reset: u64 = loud.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!(
+        (before + 59..=before + 62).contains(&reset),
+        "{reset} vs now {before}: {loud:?}"
+    );
+    assert_eq!(
+        loud.header("ratelimit"),
+        Some(r#""loud";r=0;t=60"#),
+        "{loud:?}"
+    );
+    let denied = get("/loud");
+    assert_eq!(denied.status, 429, "the default: {denied:?}");
+    assert!(limit_headers(&denied), "{denied:?}");
+    checked_body(&denied.body);
+}
+
+#[test]
+fn a_grpc_client_reads_a_rules_own_message_whatever_its_status() {
+    let server = GrpcServer::start().unwrap();
+    let envoy = start(
+        &server,
+        json!({"rules": [{"name": "custom", "match": {"path_prefix": "/sluice.Test/Custom"},
+               "key": ["const:all"], "deny_status": 503, "deny_message": MESSAGE,
+               "limits": [{"requests": 1, "per": "minute"}]}]}),
+    );
+    let answers = calls(&target(&envoy), "/sluice.Test/Custom", 2, false).unwrap();
+    assert_eq!(answers[0].code, 0, "{answers:?}");
+    assert_eq!(answers[1].code, 8, "RESOURCE_EXHAUSTED: {answers:?}");
+    assert_eq!(answers[1].details, MESSAGE, "decoded as sent: {answers:?}");
 }
