@@ -513,7 +513,8 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "max_keys",
             "rules",
             "service",
-            "shedding"
+            "shedding",
+            "x_ratelimit_reset"
         ]
     );
     assert_eq!(
@@ -529,7 +530,11 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "consistency",
             "cost",
             "cost_header",
+            "deny_message",
+            "deny_status",
             "fallback",
+            "headers_on_admitted",
+            "headers_on_denied",
             "key",
             "limits",
             "match",

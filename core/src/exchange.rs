@@ -19,15 +19,14 @@
 //! breaker and the rule decides by its fallback. A strict denial gives back what the other
 //! rules spent. Nothing here reads a clock or does I/O.
 
+use crate::reply::headers::{each_header, Reset};
 use crate::limit::Limit;
 use crate::limiter::decision::{Decision, Outcome, Quota, Spending};
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
-use crate::reply::headers::{
-    denial_body, each_header, render_into, retry_after_seconds, ReplyHeaders,
-};
+pub use crate::reply::{Protocol, Reply, SHED_HEADER};
 use crate::request::RequestView;
 use crate::shed::policy::BulkheadId;
 use crate::shed::{self, Admission, Level, Pressure, Seat, ShedMode, ShedReason, Shedding};
@@ -64,14 +63,6 @@ impl Moment {
             fleet: None,
         }
     }
-}
-
-/// A local answer to send instead of forwarding the request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
-    pub status: u32,
-    pub headers: ReplyHeaders,
-    pub body: String,
 }
 
 /// What the host does with the request next.
@@ -134,6 +125,8 @@ pub enum Effect {
         bulkhead: BulkheadId,
         latency_us: u64,
         status: u32,
+        /// A gRPC response's `grpc-status` (from its headers or its trailers).
+        grpc_status: Option<u32>,
     },
 }
 
@@ -158,12 +151,19 @@ pub struct Exchange {
     warned: Option<ShedReason>,
     /// The upstream's status and when it came (request to response headers).
     answer: Option<(u32, u64)>,
+    /// A gRPC response's `grpc-status`, the last seen (a trailer's over a header's).
+    grpc_status: Option<u32>,
     /// A shaping limit holds it until then.
     delay_until: Option<u64>,
     /// A warn rule would have denied it: named on the response.
     warn_rule: Option<RuleId>,
     /// Rules that charge the cost the response reports, with their keys.
     chargeable: Vec<(RuleId, String)>,
+    /// What kind of client asked, read from the request only when it may be answered locally
+    /// (shed, queued, denied, or waiting for strict checks).
+    protocol: Protocol,
+    /// When the rules last decided (start, or a strict answer): the quotas' reset counts from it.
+    decided_us: u64,
 }
 
 /// Names the warn rule that would have denied a request (on its response).
@@ -195,7 +195,10 @@ impl Exchange {
         store: &mut dyn Store,
         effects: &mut Vec<Effect>,
     ) -> (Exchange, Step) {
-        let mut exchange = Exchange::default();
+        let mut exchange = Exchange {
+            decided_us: moment.now_us,
+            ..Exchange::default()
+        };
         // The emergency switch and bypassed paths skip shedding too; bypassed addresses do not
         // (a trusted client can still overload the upstream).
         let bypass = &limiter.policy().bypass;
@@ -258,10 +261,9 @@ impl Exchange {
             } => {
                 exchange.answered = true;
                 exchange.give_up_seat(limiter, store);
-                (
-                    exchange,
-                    Step::Respond(unavailable(limiter, rule, retry_after_us)),
-                )
+                exchange.protocol = Protocol::of_request(request);
+                let reply = exchange.unavailable(limiter, rule, retry_after_us);
+                (exchange, Step::Respond(reply))
             }
             Decision::Deny {
                 rule,
@@ -270,12 +272,13 @@ impl Exchange {
             } => {
                 exchange.answered = true;
                 exchange.give_up_seat(limiter, store);
-                let reply = denial(limiter, rule, &quota, retry_after_us);
+                exchange.protocol = Protocol::of_request(request);
+                let reply = exchange.denial(limiter, rule, &quota, retry_after_us);
                 (exchange, Step::Respond(reply))
             }
             Decision::Allow { quota } => {
                 if let Some((rule, quota)) = quota {
-                    exchange.offer(rule, quota);
+                    exchange.offer(limiter, rule, quota);
                 }
                 exchange.spent = evaluation.spent;
                 if evaluation.delay_us > 0 {
@@ -300,6 +303,9 @@ impl Exchange {
                         exchange.fall_back(limiter, rule, &key, moment.now_us, store, effects);
                     }
                 }
+                if !exchange.checks.is_empty() || exchange.denied.is_some() {
+                    exchange.protocol = Protocol::of_request(request);
+                }
                 let step = exchange.step(limiter, store);
                 (exchange, step)
             }
@@ -321,6 +327,7 @@ impl Exchange {
         let Some((rule, key)) = self.checks.get_mut(check).and_then(Option::take) else {
             return (None, effects);
         };
+        self.decided_us = moment.now_us;
         match answer {
             Some(answer) => {
                 let limit = limiter
@@ -388,7 +395,8 @@ impl Exchange {
         }
         if let Some((rule, quota)) = self.quota.take() {
             let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-            each_header(limiter.policy().headers, name, &quota, header);
+            let reset = Reset::of(limiter.policy().reset, self.decided_us);
+            each_header(limiter.policy().headers, name, &quota, reset, header);
         }
     }
 
@@ -446,8 +454,14 @@ impl Exchange {
         self.checks.iter().filter(|c| c.is_some()).count()
     }
 
-    /// Keeps the most restrictive quota for the response headers.
-    fn offer(&mut self, rule: RuleId, quota: Quota) {
+    /// Keeps the most restrictive quota for the response headers, of the rules that show theirs.
+    fn offer(&mut self, limiter: &Limiter, rule: RuleId, quota: Quota) {
+        if !limiter
+            .rule(rule)
+            .is_some_and(|r| r.rule.answer.headers_admitted)
+        {
+            return;
+        }
         if self
             .quota
             .is_none_or(|(_, q)| quota.remaining < q.remaining)
@@ -471,7 +485,7 @@ impl Exchange {
             Some(answer) => self.record(limiter, rule, key, answer, now_us, effects),
             None => effects.push(Effect::Outcome {
                 rule,
-                outcome: Outcome::Unavailable,
+                outcome: Outcome::Uncounted,
             }),
         }
     }
@@ -491,7 +505,7 @@ impl Exchange {
         let outcome = if answer.allowed {
             Outcome::Allowed
         } else if answer.unavailable && spec.mode == Mode::Enforce {
-            Outcome::Unavailable
+            Outcome::FailedClosed
         } else if crate::limiter::enforced(spec, key, now_us) {
             Outcome::Denied
         } else if spec.mode == Mode::Warn {
@@ -505,7 +519,7 @@ impl Exchange {
             Outcome::ShadowDenied
         };
         effects.push(Effect::Outcome { rule, outcome });
-        if matches!(outcome, Outcome::Unavailable | Outcome::Denied) {
+        if matches!(outcome, Outcome::FailedClosed | Outcome::Denied) {
             // Of several strict denials, the one that makes the client wait longest answers
             // (an unavailable rule's 503 stays: it is not a rate limit).
             let longer = self.denied.as_ref().is_none_or(|(_, held)| {
@@ -517,7 +531,7 @@ impl Exchange {
                 self.denied = Some((rule, answer));
             }
         } else {
-            self.offer(rule, answer.quota);
+            self.offer(limiter, rule, answer.quota);
         }
     }
 
@@ -534,9 +548,9 @@ impl Exchange {
                 self.answered = true;
                 self.give_up_seat(limiter, store);
                 if answer.unavailable {
-                    Step::Respond(unavailable(limiter, rule, answer.retry_after_us))
+                    Step::Respond(self.unavailable(limiter, rule, answer.retry_after_us))
                 } else {
-                    Step::Respond(denial(limiter, rule, &answer.quota, answer.retry_after_us))
+                    Step::Respond(self.denial(limiter, rule, &answer.quota, answer.retry_after_us))
                 }
             }
             None => self.admitted_step(),
@@ -544,37 +558,32 @@ impl Exchange {
     }
 }
 
-/// The 503 of a rule that fails closed while the counter service is out of reach: not a rate
-/// limit, and said so.
-fn unavailable(limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
-    let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-    let retry_after = retry_after_seconds(retry_after_us);
-    let mut headers = ReplyHeaders::with_capacity(48);
-    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
-    headers.push("content-type", "application/json");
-    Reply {
-        status: 503,
-        headers,
-        body: format!(
-            r#"{{"error":"limiter_unavailable","rule":"{name}","reason":"the rate limit service cannot be reached and this rule fails closed","retry_after_seconds":{retry_after}}}"#
-        ),
+/// The local replies of rate limits, shaped for the client that asked ([`crate::reply`]).
+impl Exchange {
+    /// What kind of client asked (known once the request may be answered locally).
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
-}
 
-/// The 429 for a denial by `rule`.
-fn denial(limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
-    let policy = limiter.policy();
-    let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-    let retry_after = retry_after_seconds(retry_after_us);
-    // Room for the longest: both header styles, which name the rule twice.
-    let mut headers = ReplyHeaders::with_capacity(256 + 2 * name.len());
-    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
-    headers.push("content-type", "application/json");
-    render_into(&mut headers, policy.headers, name, quota);
-    Reply {
-        status: 429,
-        headers,
-        body: denial_body(name, quota, retry_after),
+    fn unavailable(&self, limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
+        let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
+        crate::reply::limiter_unavailable(name, retry_after_us, self.protocol)
+    }
+
+    fn denial(&self, limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
+        let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
+            return crate::reply::limiter_unavailable("", retry_after_us, self.protocol);
+        };
+        let policy = limiter.policy();
+        let reset = Reset::of(policy.reset, self.decided_us);
+        crate::reply::rate_limited(
+            spec,
+            quota,
+            retry_after_us,
+            policy.headers,
+            reset,
+            self.protocol,
+        )
     }
 }
 
@@ -629,6 +638,7 @@ impl Exchange {
                 ..
             } => {
                 self.queued = Some((seat, level, wait_budget_us));
+                self.protocol = Protocol::of_request(request);
                 effects.push(Effect::Admitted { seat, queued: true });
                 level
             }
@@ -643,7 +653,15 @@ impl Exchange {
                     reason,
                     would: false,
                 });
-                return Some(overloaded(shedding, seat, level, reason, moment.draw));
+                self.protocol = Protocol::of_request(request);
+                return Some(crate::reply::overloaded(
+                    shedding,
+                    seat,
+                    level,
+                    reason,
+                    moment.draw,
+                    self.protocol,
+                ));
             }
         };
         if let Some(name) = &shedding.degradation_header {
@@ -732,6 +750,15 @@ impl Exchange {
         }
     }
 
+    /// The response carried `grpc-status` (in its headers, a trailers-only answer, or in its
+    /// trailers): a success-rate sample counts a gRPC failure by it. A value that is not a
+    /// number is ignored.
+    pub fn grpc_responded(&mut self, value: &str) {
+        if let Ok(code) = value.trim().parse::<u32>() {
+            self.grpc_status = Some(code);
+        }
+    }
+
     /// The stream ended, however it ended (response, reset, timeout, local reply): the slot
     /// goes back and the latency becomes a sample. Runs once; later calls do nothing.
     pub fn finish(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Vec<Effect> {
@@ -747,6 +774,7 @@ impl Exchange {
                 bulkhead: seat.bulkhead,
                 latency_us: at_us.saturating_sub(since_us),
                 status,
+                grpc_status: self.grpc_status,
             });
         }
         effects
@@ -755,38 +783,3 @@ impl Exchange {
 
 /// The request header (and response header) by which warn mode says what it would have shed.
 pub const WOULD_SHED_HEADER: &str = "x-sluice-would-shed";
-/// The response header on a 503 that names why the request was shed.
-pub const SHED_HEADER: &str = "x-sluice-shed";
-
-/// The 503 for a request shed by `reason`. `Retry-After` is spread over [s, 2s) by `draw`, so
-/// shed clients do not all come back at once.
-pub fn overloaded(
-    shedding: &Shedding,
-    seat: Seat,
-    level: Level,
-    reason: ShedReason,
-    draw: f64,
-) -> Reply {
-    let base = shedding.retry_after_s;
-    let retry_after = base + (draw.clamp(0.0, 0.999) * base as f64) as u64;
-    let bulkhead = shedding
-        .bulkheads
-        .get(seat.bulkhead)
-        .map_or("", |b| b.name.as_str());
-    let class = shedding
-        .classes
-        .get(seat.class)
-        .map_or("", |c| c.name.as_str());
-    let (reason, level) = (reason.name(), level.name());
-    let mut headers = ReplyHeaders::with_capacity(80);
-    headers.push("retry-after", itoa::Buffer::new().format(retry_after));
-    headers.push("content-type", "application/json");
-    headers.push(SHED_HEADER, reason);
-    Reply {
-        status: 503,
-        headers,
-        body: format!(
-            "{{\"error\":\"overloaded\",\"reason\":\"{reason}\",\"bulkhead\":\"{bulkhead}\",\"class\":\"{class}\",\"level\":\"{level}\",\"message\":\"the upstream is overloaded ({reason}); retry in {retry_after} s\",\"retryAfter\":{retry_after}}}"
-        ),
-    }
-}

@@ -7,9 +7,9 @@ pub mod limit;
 pub mod limiter;
 pub mod overrides;
 pub mod policy;
+pub mod reply;
 /// The wire contract, shared with the counter service.
 pub use sluice_protocol as protocol;
-pub mod reply;
 pub mod request;
 pub mod shed;
 pub mod store;

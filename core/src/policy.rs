@@ -14,6 +14,8 @@ pub use crate::request::MAX_VALUES;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     pub headers: HeaderStyle,
+    /// How `X-RateLimit-Reset` is written: seconds from now, or a Unix timestamp.
+    pub reset: ResetFormat,
     pub bypass: Bypass,
     pub client_ip: ClientIp,
     pub rules: Vec<Rule>,
@@ -222,6 +224,44 @@ pub struct Rule {
     pub tier: Option<TierOf>,
     /// What a request missing a key part gets.
     pub when_missing: WhenMissing,
+    /// What a client the rule denies is answered, and where its rate-limit headers go.
+    pub answer: Answer,
+}
+
+/// A rule's own answer (its `deny_status`, `deny_message`, `headers_on_admitted`,
+/// `headers_on_denied`), checked by [`crate::config::check_rule`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The status of a denial: 429, or 400 to 599.
+    pub status: u32,
+    /// The `message` of a denial's body (and gRPC answer), instead of the limit's description.
+    pub message: Option<String>,
+    /// Whether an admitted response carries this rule's rate-limit headers (when it is the
+    /// most restrictive rule that counted the request).
+    pub headers_admitted: bool,
+    /// Whether a denial by this rule carries its rate-limit headers (`Retry-After` always).
+    pub headers_denied: bool,
+}
+
+impl Default for Answer {
+    fn default() -> Answer {
+        Answer {
+            status: 429,
+            message: None,
+            headers_admitted: true,
+            headers_denied: true,
+        }
+    }
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ResetFormat {
+    /// Seconds until the quota is whole again (the default).
+    #[default]
+    Seconds,
+    /// The Unix time (seconds) at which it is.
+    Unix,
 }
 
 /// What a rule does with a request that does not have one of its key parts (no such header,

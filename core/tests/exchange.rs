@@ -289,3 +289,58 @@ fn every_strict_answer_is_awaited_and_a_shadow_denial_only_counts() {
     let (step, _) = exchange.answered(&limiter, ids[1], allowed(5), at(T0), &mut store);
     assert_eq!(step, Some(Step::Continue), "a shadow rule never denies");
 }
+
+/// A store whose rule records cannot be written (the host refuses every write outside the
+/// sync state).
+#[derive(Default)]
+struct Refusing(MemoryStore);
+
+impl sluice_core::Store for Refusing {
+    fn get(&mut self, key: &str) -> Result<Option<(Vec<u8>, u32)>, sluice_core::StoreError> {
+        self.0.get(key)
+    }
+    fn set(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        version: u32,
+    ) -> Result<bool, sluice_core::StoreError> {
+        if key.contains("sync") {
+            return self.0.set(key, value, version);
+        }
+        Err(sluice_core::StoreError::Unavailable)
+    }
+}
+
+#[test]
+fn a_request_let_through_uncounted_and_one_refused_by_a_failed_closed_rule_are_told_apart() {
+    // The rule's state cannot be updated: the request goes on, uncounted.
+    let local = limiter(
+        r#"{"rules": [{"name": "local", "key": ["header:x-user"],
+        "limits": [{"requests": 10, "per": "second"}]}]}"#,
+    );
+    let mut refusing = Refusing::default();
+    let (_, step, effects) = Exchange::start(&local, &mut alice(), None, at(T0), &mut refusing);
+    assert_eq!(step, Step::Continue);
+    assert_eq!(
+        outcomes(&effects),
+        vec![(RuleId::new(0), Outcome::Uncounted)]
+    );
+    // A strict rule that fails closed, its check failed: refused.
+    let closed = limiter(
+        r#"{"service": {"cluster": "svc"}, "rules": [{"name": "exact", "key": ["header:x-user"],
+        "consistency": "strict", "limits": [{"requests": 10, "per": "second"}],
+        "fallback": {"policy": "fail_closed"}}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let (mut exchange, _, effects) = start(&closed, &mut store, at(T0));
+    let (step, effects) = exchange.answered(&closed, checks(&effects)[0], None, at(T0), &mut store);
+    assert!(
+        matches!(step, Some(Step::Respond(ref r)) if r.status == 503),
+        "{step:?}"
+    );
+    assert_eq!(
+        outcomes(&effects),
+        vec![(RuleId::new(0), Outcome::FailedClosed)]
+    );
+}

@@ -857,8 +857,8 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
             }
             let mut samples = vec![Samples::default(); shedding.bulkheads.len()];
             for s in &mut samples {
-                s.answered(20_000, 200);
-                s.answered(20_000, 503);
+                s.answered(20_000, 200, None);
+                s.answered(20_000, 503, None);
             }
             let _ = shed::tick(shedding, &mut samples, now, 0.5, store);
             let _ = shed::load_report(shedding, store);
@@ -1152,14 +1152,14 @@ proptest! {
         let Ok(limit) = Limit::new(requests, period, None) else { return Ok(()) };
         let quota = Quota { limit, remaining, reset_us };
         for style in [HeaderStyle::None, HeaderStyle::Legacy, HeaderStyle::Draft, HeaderStyle::Both] {
-            for (header, value) in sluice_core::reply::headers::render(style, &name, &quota) {
+            for (header, value) in sluice_core::reply::headers::render(style, &name, &quota, sluice_core::reply::headers::Reset::UnixAt { now_us: reset_us }) {
                 prop_assert!(header_value_ok(&value), "{header}: {value:?}");
                 prop_assert!(!value.is_empty());
             }
         }
         let retry = sluice_core::reply::headers::retry_after_seconds(retry_us);
         prop_assert!(retry >= 1);
-        let body = sluice_core::reply::headers::denial_body(&name, &quota, retry);
+        let body = sluice_core::reply::rate_limited_body(&name, None, &quota, retry);
         let parsed: Value = serde_json::from_str(&body).map_err(|e| TestCaseError::fail(format!("{body}: {e}")))?;
         prop_assert_eq!(&parsed["rule"], &json!(name));
     }

@@ -333,7 +333,7 @@ fn a_rule_that_fails_closed_without_the_service_answers_503_not_429() {
     assert!(effects.iter().any(|e| matches!(
         e,
         Effect::Outcome {
-            outcome: Outcome::Unavailable,
+            outcome: Outcome::FailedClosed,
             ..
         }
     )));

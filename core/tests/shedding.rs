@@ -114,7 +114,8 @@ fn beyond_the_limit_is_503_with_retry_after_and_a_json_reason_and_the_end_gives_
     assert!(effects.contains(&Effect::Finished {
         bulkhead: 0,
         latency_us: 30 * MS,
-        status: 200
+        status: 200,
+        grpc_status: None,
     }));
     assert!(
         first.finish(&limiter, &mut store).is_empty(),
@@ -373,7 +374,7 @@ fn a_request_whose_deadline_is_shorter_than_the_upstreams_latency_is_shed_at_onc
     // Teach the gauge a 200 ms latency through the tick.
     let mut samples = vec![Samples::default()];
     for _ in 0..10 {
-        samples[0].answered(200 * MS, 200);
+        samples[0].answered(200 * MS, 200, None);
     }
     shed::tick(&shedding, &mut samples, T0, 0.5, &mut store);
     shed::tick(&shedding, &mut samples, T0 + 200 * MS, 0.5, &mut store);
@@ -409,7 +410,7 @@ fn a_failing_upstream_is_shed_by_its_success_rate() {
     let mut store = MemoryStore::default();
     let mut samples = vec![Samples::default()];
     for i in 0..100 {
-        samples[0].answered(10 * MS, if i % 2 == 0 { 500 } else { 200 });
+        samples[0].answered(10 * MS, if i % 2 == 0 { 500 } else { 200 }, None);
     }
     shed::tick(&shedding, &mut samples, T0, 0.5, &mut store);
     shed::tick(&shedding, &mut samples, T0 + 100 * MS, 0.5, &mut store);
@@ -656,10 +657,13 @@ fn the_adaptive_limit_keeps_the_upstream_near_its_capacity_under_three_times_its
                 ex.responded(200, *done);
                 for e in ex.finish(&limiter, &mut store) {
                     if let Effect::Finished {
-                        latency_us, status, ..
+                        latency_us,
+                        status,
+                        grpc_status,
+                        ..
                     } = e
                     {
-                        samples[0].answered(latency_us, status);
+                        samples[0].answered(latency_us, status, grpc_status);
                         if now > T0 + 10_000 * MS {
                             latencies.push(latency_us);
                             served += 1;

@@ -94,6 +94,14 @@ pub fn response_header(name: &str) -> Option<String> {
         .map(text)
 }
 
+/// A response trailer (`grpc-status`), if the response has it.
+pub fn response_trailer(name: &str) -> Option<String> {
+    hostcalls::get_map_value_bytes(MapType::HttpResponseTrailers, name)
+        .ok()
+        .flatten()
+        .map(text)
+}
+
 /// The `:status` of a callout's answer, or `None` when the call failed without one.
 ///
 /// With no headers (a reset), the host has no response map and answers `BadArgument`, which
@@ -175,7 +183,10 @@ pub fn respond(reply: &sluice_core::Reply) {
             body.len(),
             headers.as_ptr(),
             headers.len(),
-            -1,
+            // A gRPC request's status (Envoy answers trailers-only); -1: none.
+            reply
+                .grpc_status
+                .map_or(-1, |s| s.min(i32::MAX as u32) as i32),
         )
     };
 }

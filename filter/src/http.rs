@@ -7,8 +7,8 @@ use std::rc::Rc;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
-use sluice_core::exchange::overloaded;
 use sluice_core::protocol::CheckResponse;
+use sluice_core::reply::overloaded;
 use sluice_core::request::net::resolve_client;
 use sluice_core::shed::ShedReason;
 use sluice_core::{sync::proxy, Effect, Exchange, Moment, Step};
@@ -199,9 +199,10 @@ impl Request {
                     bulkhead,
                     latency_us,
                     status,
+                    grpc_status,
                 } => {
                     if let Some(shedder) = &shared.shedder {
-                        shedder.finished(bulkhead, latency_us, status);
+                        shedder.finished(bulkhead, latency_us, status, grpc_status);
                     }
                 }
                 Effect::CheckFailed => {
@@ -248,7 +249,9 @@ impl Request {
                 else {
                     return Action::Continue;
                 };
-                if shedder.enqueue(shedding, self.id, seat, host::now_us(), wait_budget_us) {
+                let protocol = self.exchange.protocol();
+                let now_us = host::now_us();
+                if shedder.enqueue(shedding, self.id, seat, now_us, wait_budget_us, protocol) {
                     return Action::Pause;
                 }
                 // The queue is full and keeps its waiters.
@@ -260,6 +263,7 @@ impl Request {
                     level,
                     ShedReason::QueueFull,
                     host::draw(host::now_us()),
+                    protocol,
                 ));
                 Action::Pause
             }
@@ -348,6 +352,10 @@ impl HttpContext for Request {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
             self.exchange.responded(status, host::now_us());
+            // A gRPC answer with no message (trailers-only) says its status here.
+            if let Some(grpc_status) = host::response_header("grpc-status") {
+                self.exchange.grpc_responded(&grpc_status);
+            }
         }
         let limiter = Rc::clone(&self.limiter);
         // What the upstream says this request cost, charged to the rules that count it.
@@ -367,6 +375,16 @@ impl HttpContext for Request {
             .each_response_header(&limiter, &mut |header, value| {
                 let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, header, Some(value));
             });
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        // A gRPC answer's status, after its messages.
+        if self.exchange.holds_slot() {
+            if let Some(grpc_status) = host::response_trailer("grpc-status") {
+                self.exchange.grpc_responded(&grpc_status);
+            }
+        }
         Action::Continue
     }
 }

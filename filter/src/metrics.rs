@@ -16,10 +16,11 @@ use sluice_core::Outcome;
 use crate::callout::Failure;
 
 /// The counters of one rule, in this order: allowed, denied, shadow-denied, warned,
-/// unavailable (an [`Outcome`] each, see [`slot`]), then charged tokens.
-const SLOTS: usize = 6;
+/// unavailable (failed closed: refused with a 503), uncounted (an [`Outcome`] each, see
+/// [`slot`]), then charged tokens.
+const SLOTS: usize = 7;
 /// The slot of charged tokens.
-const CHARGED: usize = 5;
+const CHARGED: usize = 6;
 
 /// The slot of an outcome's counter.
 fn slot(outcome: Outcome) -> usize {
@@ -28,7 +29,9 @@ fn slot(outcome: Outcome) -> usize {
         Outcome::Denied => 1,
         Outcome::ShadowDenied => 2,
         Outcome::Warned => 3,
-        Outcome::Unavailable => 4,
+        // The name `unavailable` is kept for the 503 it has always counted.
+        Outcome::FailedClosed => 4,
+        Outcome::Uncounted => 5,
     }
 }
 
@@ -116,6 +119,7 @@ impl Metrics {
                     "shadow_denied",
                     "warned",
                     "unavailable",
+                    "uncounted",
                     "charged_tokens",
                 ]
                 .map(|what| Counter::new(&format!("sluice.rule.{name}.{what}")))

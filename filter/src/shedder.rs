@@ -4,11 +4,11 @@
 //! other requests' streams: an HTTP context that did would re-enter the SDK's dispatcher.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
-use sluice_core::exchange::overloaded;
+use sluice_core::reply::{overloaded, Protocol};
 use sluice_core::shed::admission::{level, limit_of};
 use sluice_core::shed::policy::BulkheadId;
 use sluice_core::shed::{self, Samples, Seat, ShedReason, Shedding, WaitQueue, Waiter};
@@ -51,6 +51,8 @@ pub struct Shedder {
     ended: RefCell<HashMap<u32, WaitEnd>>,
     /// Waiters a newer one pushed out of a full queue, shed by the next tick.
     evicted: RefCell<Vec<Waiter>>,
+    /// The waiters that are gRPC requests: shed, they get a gRPC answer.
+    grpc: RefCell<HashSet<u32>>,
     /// The fleet level, if fresh (the tick refreshes it from the sync state).
     pub fleet: Cell<Option<f64>>,
 }
@@ -137,8 +139,14 @@ impl Shedder {
         bump(m.class_shed.get(seat.class).copied().unwrap_or(0));
     }
 
-    pub fn finished(&self, bulkhead: BulkheadId, latency_us: u64, status: u32) {
-        self.with_samples(bulkhead, |s| s.answered(latency_us, status));
+    pub fn finished(
+        &self,
+        bulkhead: BulkheadId,
+        latency_us: u64,
+        status: u32,
+        grpc_status: Option<u32>,
+    ) {
+        self.with_samples(bulkhead, |s| s.answered(latency_us, status, grpc_status));
         if let Some(m) = self.metrics.get(bulkhead) {
             let _ = hostcalls::record_metric(m.latency_ms, latency_us / 1_000);
         }
@@ -153,6 +161,7 @@ impl Shedder {
         seat: Seat,
         now_us: u64,
         wait_budget_us: Option<u64>,
+        protocol: Protocol,
     ) -> bool {
         let queued = self.queue.borrow_mut().push(
             shedding,
@@ -162,6 +171,9 @@ impl Shedder {
             wait_budget_us,
             &mut SharedData,
         );
+        if protocol == Protocol::Grpc && queued != shed::Queued::Full {
+            self.grpc.borrow_mut().insert(id);
+        }
         match queued {
             shed::Queued::Waiting => true,
             shed::Queued::Evicted(old) => {
@@ -176,6 +188,7 @@ impl Shedder {
     /// How a request's wait ended, if it did; forgets it. A request still waiting leaves the
     /// queue (its stream ended).
     pub fn wait_end(&self, shedding: &Shedding, id: u32) -> Option<WaitEnd> {
+        self.grpc.borrow_mut().remove(&id);
         let end = self.ended.borrow_mut().remove(&id);
         if end.is_none() {
             self.queue
@@ -224,6 +237,16 @@ impl Shedder {
                 ended.insert(w.id, WaitEnd::Shed);
             }
         }
+        // The gRPC requests among those shed now; none of them waits any more.
+        let mut grpc_shed = HashSet::new();
+        {
+            let mut grpc = self.grpc.borrow_mut();
+            for w in seated.iter().chain(&gone).chain(&evicted) {
+                if grpc.remove(&w.id) {
+                    grpc_shed.insert(w.id);
+                }
+            }
+        }
         for w in seated {
             if hostcalls::set_effective_context(w.id).is_ok() {
                 let _ = hostcalls::resume_http_request();
@@ -243,6 +266,10 @@ impl Shedder {
                 level(shedding, &gauge, fleet),
                 reason,
                 host::draw(now),
+                match grpc_shed.contains(&w.id) {
+                    true => Protocol::Grpc,
+                    false => Protocol::Http,
+                },
             );
             if hostcalls::set_effective_context(w.id).is_ok() {
                 respond(&reply);

@@ -191,7 +191,9 @@ impl RuleTotals {
             Outcome::Allowed => self.allowed += 1,
             Outcome::Denied => self.denied += 1,
             Outcome::ShadowDenied | Outcome::Warned => self.shadow_denied += 1,
-            Outcome::Unavailable => self.unavailable += 1,
+            // Went on, uncounted by this rule.
+            Outcome::Uncounted => self.allowed += 1,
+            Outcome::FailedClosed => self.unavailable += 1,
         }
     }
 }
@@ -239,7 +241,8 @@ pub fn outcome_name(outcome: Outcome) -> &'static str {
         Outcome::Denied => "denied",
         Outcome::ShadowDenied => "shadow_denied",
         Outcome::Warned => "warned",
-        Outcome::Unavailable => "unavailable",
+        Outcome::Uncounted => "uncounted",
+        Outcome::FailedClosed => "unavailable",
     }
 }
 

@@ -94,14 +94,15 @@ pub fn simulate_policy(mut policy: Policy, arrivals: &[Arrival]) -> Report {
             };
             s.matched[b] += 1;
             match o.outcome {
-                "allowed" => s.allowed[b] += 1,
+                "allowed" | "uncounted" => s.allowed[b] += 1,
                 "denied" | "unavailable" => s.denied[b] += 1,
                 _ => s.shadow_denied[b] += 1,
             }
             t.count(match o.outcome {
                 "allowed" => Outcome::Allowed,
                 "denied" => Outcome::Denied,
-                "unavailable" => Outcome::Unavailable,
+                "unavailable" => Outcome::FailedClosed,
+                "uncounted" => Outcome::Uncounted,
                 _ => Outcome::ShadowDenied,
             });
         }
@@ -192,7 +193,7 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
         .and_then(|(_, v)| v.parse().ok());
     let rule = outcomes
         .iter()
-        .find(|(_, o)| matches!(o, Outcome::Denied | Outcome::Unavailable))
+        .find(|(_, o)| matches!(o, Outcome::Denied | Outcome::FailedClosed))
         .filter(|_| decision == "denied" || decision == "unavailable")
         .and_then(|&(r, _)| name(r))
         .or_else(|| quota_rule(limiter, &headers));

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use sluice_tests::contract::checked_body;
 use sluice_tests::envoy::{agent, burst, get, Envoy, EnvoyOptions, Reply, Template};
 
 fn config(limit: Value, mode: &str) -> String {
@@ -164,8 +165,8 @@ fn a_denial_says_why_and_when_to_retry() {
 
     let content_type = denied.header("content-type").unwrap_or_default();
     assert!(content_type.starts_with("application/json"), "{denied:?}");
-    let body: Value = serde_json::from_str(&denied.body)
-        .unwrap_or_else(|e| panic!("the 429 body is not JSON ({e}): {:?}", denied.body));
+    // The client contract: the body as schema/reply.schema.json describes it.
+    let body: Value = checked_body(&denied.body);
     assert_eq!(body["error"], "rate_limited", "{body}");
     assert_eq!(body["rule"], "per-ip", "{body}");
     assert!(

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sluice_tests::contract::checked_body;
 use sluice_tests::envoy::{agent, get, Envoy, EnvoyOptions, Reply, Template};
 use sluice_tests::eventually;
 
@@ -91,7 +92,8 @@ fn assert_shed(reply: &Reply, reason: &str) -> Value {
         Some(reason),
         "expected a 503 shed for {reason}: {reply:?}"
     );
-    reply.json().unwrap()
+    // The client contract: the body as schema/reply.schema.json describes it.
+    checked_body(&reply.body)
 }
 
 /// Requests sent from threads of their own, each on its own connection, held by the upstream's delay.

@@ -436,6 +436,11 @@ fn fail_closed_denies_without_the_service() {
     proxy.fail_call(call.token).unwrap();
     // Not a rate limit: the limiter could not decide.
     assert_eq!(first.state().unwrap().local_status(), Some(503));
+    // Counted as refused for it (`unavailable`), not as let through uncounted.
+    proxy.advance(Duration::from_secs(1)).unwrap();
+    assert_eq!(proxy.metric("sluice.rule.shared.unavailable"), Some(1));
+    assert_eq!(proxy.metric("sluice.rule.shared.uncounted"), Some(0));
+    assert_eq!(proxy.metric("sluice.rule.shared.denied"), Some(0));
 }
 
 /// One request with a 600-byte key must not be able to stop a proxy's sync: the key goes out

@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use crate::limit::{Algorithm, Limit, Period};
 use crate::policy::{
-    Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy, Rule,
-    Service, TierOf, WhenMissing,
+    Answer, Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy,
+    ResetFormat, Rule, Service, TierOf, WhenMissing,
 };
 use crate::request::matcher::{HeaderTest, Template};
 use crate::request::net::Cidr;
@@ -63,6 +63,10 @@ struct RawPolicy {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(extend("enum" = ["none", "legacy", "draft", "both", null])))]
     headers: Option<String>,
+    /// How X-RateLimit-Reset is written: seconds (until the quota is whole again; the default) or unix (the Unix time, in seconds, at which it is).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["seconds", "unix", null])))]
+    x_ratelimit_reset: Option<String>,
     /// Requests that skip every rule: exact paths, client networks, or all of them.
     #[serde(default)]
     bypass: Option<RawBypass>,
@@ -170,6 +174,18 @@ struct RawRule {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(extend("enum" = ["any_case", "exact", null])))]
     query_names: Option<String>,
+    /// The HTTP status of a denial by this rule: 400 to 599 (default 429). A gRPC client gets RESOURCE_EXHAUSTED whatever it is.
+    #[serde(default)]
+    deny_status: Option<u64>,
+    /// The message of a denial by this rule (the body's message, a gRPC client's grpc-message), instead of the limit's description: 1 to 1024 bytes, no control characters.
+    #[serde(default)]
+    deny_message: Option<String>,
+    /// Whether an admitted response carries this rule's rate-limit headers when it is the most restrictive rule that counted the request (default true).
+    #[serde(default)]
+    headers_on_admitted: Option<bool>,
+    /// Whether a denial by this rule carries its rate-limit headers (default true; Retry-After is always sent).
+    #[serde(default)]
+    headers_on_denied: Option<bool>,
 }
 
 /// A rule's limits per tier: each tier is a rule of its own, named rule/tier.
@@ -384,6 +400,20 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         }
     };
 
+    let reset = match raw.x_ratelimit_reset.as_deref().unwrap_or("seconds") {
+        "seconds" => ResetFormat::Seconds,
+        "unix" => ResetFormat::Unix,
+        other => {
+            return Err(err(
+                "x_ratelimit_reset",
+                format!(
+                    "expected seconds (the default) or unix, got {:?}",
+                    one_line(other.to_string())
+                ),
+            ))
+        }
+    };
+
     let bypass = match raw.bypass {
         None => Bypass::default(),
         Some(b) => {
@@ -468,6 +498,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
 
     Ok(Policy {
         headers,
+        reset,
         bypass,
         client_ip,
         rules,
@@ -702,6 +733,15 @@ fn rule(
         Some(name) => Some(name.to_ascii_lowercase()),
     };
 
+    let answer = Answer {
+        // Checked with the rest of the rule (`check_rule`).
+        status: raw
+            .deny_status
+            .map_or(429, |s| s.min(u32::MAX as u64) as u32),
+        message: raw.deny_message.clone(),
+        headers_admitted: raw.headers_on_admitted.unwrap_or(true),
+        headers_denied: raw.headers_on_denied.unwrap_or(true),
+    };
     // Each tier is a rule of its own, named `rule/tier`, counting the requests of its tier.
     let tiers: Vec<(Option<TierOf>, String, String, &Vec<RawLimit>)> =
         match (&raw.limits, &raw.tiers) {
@@ -790,6 +830,7 @@ fn rule(
             cost_header: cost_header.clone(),
             tier,
             when_missing,
+            answer: answer.clone(),
         };
         let fields = RuleAt::Config {
             rule: at,
@@ -852,6 +893,15 @@ impl RuleAt<'_> {
         }
     }
 
+    /// A field of the rule itself (`deny_status`): for an override, which does not change it,
+    /// the field under the override's limits' parent.
+    fn own_field(&self, name: &str) -> String {
+        match self {
+            RuleAt::Config { rule, .. } => format!("{rule}.{name}"),
+            RuleAt::Override { .. } => name.to_string(),
+        }
+    }
+
     fn limits(&self) -> &str {
         match self {
             RuleAt::Config { limits, .. } | RuleAt::Override { limits } => limits,
@@ -881,6 +931,7 @@ fn limit_field(limits: &str, k: usize, field: &str) -> String {
 /// override every rule it changes, in the proxy and, given the proxies' configuration, in the
 /// counter service: one code path, one message.
 pub fn check_rule(rule: &Rule, max_keys: u32, at: &RuleAt<'_>) -> Result<(), ConfigError> {
+    check_answer(&rule.answer, at)?;
     let limits = &rule.limits;
     let consistency = rule.consistency;
     let position =
@@ -953,6 +1004,43 @@ pub fn check_rule(rule: &Rule, max_keys: u32, at: &RuleAt<'_>) -> Result<(), Con
                 MAX_LOG_BYTES >> 20
             ),
         ));
+    }
+    Ok(())
+}
+
+/// A rule's own answer: an error status, and a message a JSON body and a gRPC answer carry
+/// as they are (one line of text, bounded).
+fn check_answer(answer: &Answer, at: &RuleAt<'_>) -> Result<(), ConfigError> {
+    if !(400..=599).contains(&answer.status) {
+        return Err(err(
+            at.own_field("deny_status"),
+            format!(
+                "must be an error status, 400 to 599 (default 429), got {}",
+                answer.status
+            ),
+        ));
+    }
+    if let Some(message) = &answer.message {
+        let field = at.own_field("deny_message");
+        let max = crate::reply::MAX_MESSAGE_BYTES;
+        if message.trim().is_empty() {
+            return Err(err(
+                field,
+                "must say something (or leave it out for the default)",
+            ));
+        }
+        if message.len() > max {
+            return Err(err(
+                field,
+                format!("is {} bytes; at most {max}", message.len()),
+            ));
+        }
+        if let Some(c) = message.chars().find(|c| c.is_control()) {
+            return Err(err(
+                field,
+                format!("must be one line of text, without control characters; found {c:?}"),
+            ));
+        }
     }
     Ok(())
 }

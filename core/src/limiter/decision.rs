@@ -43,7 +43,10 @@ pub enum Outcome {
     Warned,
     /// The rule's state could not be updated (contention, host failure): the request went on
     /// uncounted by this rule.
-    Unavailable,
+    Uncounted,
+    /// The rule fails closed and the counter service is out of reach: the request was refused
+    /// (503, [`Decision::Unavailable`]).
+    FailedClosed,
 }
 
 // The lists a decision makes per request (each rule's outcome, what each spent) hold one entry

@@ -190,9 +190,11 @@ impl Tally {
             self.chargeable.push((id, key.to_string()));
         }
         self.outcomes.push((id, Outcome::Allowed));
-        if self
-            .tightest
-            .is_none_or(|(_, q)| v.quota.remaining < q.remaining)
+        // Of the rules that show their headers on admitted responses.
+        if rule.answer.headers_admitted
+            && self
+                .tightest
+                .is_none_or(|(_, q)| v.quota.remaining < q.remaining)
         {
             self.tightest = Some((id, v.quota));
         }
@@ -491,7 +493,7 @@ impl Limiter {
             hopeless,
         }) = self.count(rule, table, fingerprint, conditions, store)
         else {
-            return tally.outcomes.push((id, Outcome::Unavailable));
+            return tally.outcomes.push((id, Outcome::Uncounted));
         };
         if dirty {
             tally.newly_unsynced.push((id, key.to_string()));
@@ -500,7 +502,7 @@ impl Limiter {
         if verdict.allowed {
             tally.admit(id, rule, key, fingerprint, &verdict);
         } else if verdict.unavailable && rule.mode == Mode::Enforce {
-            tally.outcomes.push((id, Outcome::Unavailable));
+            tally.outcomes.push((id, Outcome::FailedClosed));
             tally.denial = Some(Decision::Unavailable {
                 rule: id,
                 retry_after_us: verdict.retry_after_us,

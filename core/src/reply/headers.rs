@@ -1,4 +1,5 @@
-//! Rendering rate-limit headers and the 429 body from a [`Quota`].
+//! Rendering rate-limit headers from a [`Quota`], and a local reply's headers as the host reads
+//! them. The local replies themselves are built in [`crate::reply`].
 
 use crate::limiter::decision::Quota;
 use crate::policy::HeaderStyle;
@@ -13,18 +14,57 @@ pub fn retry_after_seconds(micros: u64) -> u64 {
     ceil_seconds(micros).max(1)
 }
 
+/// How `X-RateLimit-Reset` is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Reset {
+    /// Seconds until the quota is whole again, rounded up.
+    #[default]
+    Seconds,
+    /// The Unix time, in seconds rounded up, at which it is whole again, the quota having been
+    /// read at `now_us` (microseconds since the epoch).
+    UnixAt { now_us: u64 },
+}
+
+impl Reset {
+    /// As the policy's `format` says, the quota read at `now_us`.
+    pub fn of(format: crate::policy::ResetFormat, now_us: u64) -> Reset {
+        match format {
+            crate::policy::ResetFormat::Seconds => Reset::Seconds,
+            crate::policy::ResetFormat::Unix => Reset::UnixAt { now_us },
+        }
+    }
+
+    fn value(self, reset_us: u64) -> u64 {
+        match self {
+            Reset::Seconds => ceil_seconds(reset_us),
+            Reset::UnixAt { now_us } => ceil_seconds(now_us.saturating_add(reset_us)),
+        }
+    }
+}
+
 /// The rate-limit headers for `quota` in `style`.
-pub fn render(style: HeaderStyle, rule: &str, quota: &Quota) -> Vec<(&'static str, String)> {
+pub fn render(
+    style: HeaderStyle,
+    rule: &str,
+    quota: &Quota,
+    reset: Reset,
+) -> Vec<(&'static str, String)> {
     let mut headers = Vec::with_capacity(5);
-    each_header(style, rule, quota, &mut |name, value| {
+    each_header(style, rule, quota, reset, &mut |name, value| {
         headers.push((name, value.to_string()))
     });
     headers
 }
 
 /// [`render`], appended to a local reply's headers.
-pub fn render_into(headers: &mut ReplyHeaders, style: HeaderStyle, rule: &str, quota: &Quota) {
-    each_header(style, rule, quota, &mut |name, value| {
+pub fn render_into(
+    headers: &mut ReplyHeaders,
+    style: HeaderStyle,
+    rule: &str,
+    quota: &Quota,
+    reset: Reset,
+) {
+    each_header(style, rule, quota, reset, &mut |name, value| {
         headers.push(name, value);
     });
 }
@@ -133,8 +173,10 @@ pub fn each_header(
     style: HeaderStyle,
     rule: &str,
     quota: &Quota,
+    legacy_reset: Reset,
     header: &mut dyn FnMut(&'static str, &str),
 ) {
+    // The draft's `t` is always seconds from now.
     let reset = ceil_seconds(quota.reset_us);
     let requests = quota.limit.requests();
     let remaining = quota.remaining;
@@ -144,7 +186,8 @@ pub fn each_header(
             "x-ratelimit-remaining",
             itoa::Buffer::new().format(remaining),
         );
-        header("x-ratelimit-reset", itoa::Buffer::new().format(reset));
+        let legacy = legacy_reset.value(quota.reset_us);
+        header("x-ratelimit-reset", itoa::Buffer::new().format(legacy));
     }
     if style.draft() {
         fn quoted(value: &mut String, rule: &str, parts: [(&str, u64); 2]) {
@@ -168,37 +211,6 @@ pub fn each_header(
     }
 }
 
-/// The JSON body of a 429. Rule names are validated to `[A-Za-z0-9._-]`, so nothing in it
-/// needs escaping.
-pub fn denial_body(rule: &str, quota: &Quota, retry_after: u64) -> String {
-    // Written piece by piece: it is sent on every denial, and the formatting machinery costs
-    // more than the rest of the decision.
-    let mut requests = itoa::Buffer::new();
-    let requests = requests.format(quota.limit.requests());
-    let mut retry = itoa::Buffer::new();
-    let retry = retry.format(retry_after);
-    let period = quota.limit.period().name();
-    let mut body = String::with_capacity(160 + 2 * rule.len());
-    for piece in [
-        "{\"error\":\"rate_limited\",\"rule\":\"",
-        rule,
-        "\",\"message\":\"rate limit exceeded: ",
-        requests,
-        " requests per ",
-        period,
-        " for rule ",
-        rule,
-        "; retry in ",
-        retry,
-        " s\",\"retryAfter\":",
-        retry,
-        "}",
-    ] {
-        body.push_str(piece);
-    }
-    body
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,7 +226,7 @@ mod tests {
 
     #[test]
     fn draft_headers() {
-        let h = render(HeaderStyle::Draft, "per-ip", &quota());
+        let h = render(HeaderStyle::Draft, "per-ip", &quota(), Reset::Seconds);
         assert_eq!(
             h,
             vec![
@@ -226,12 +238,44 @@ mod tests {
 
     #[test]
     fn legacy_headers() {
-        let h = render(HeaderStyle::Legacy, "per-ip", &quota());
+        let h = render(HeaderStyle::Legacy, "per-ip", &quota(), Reset::Seconds);
         assert_eq!(h[0], ("x-ratelimit-limit", "100".to_string()));
         assert_eq!(h[1], ("x-ratelimit-remaining", "17".to_string()));
         assert_eq!(h[2], ("x-ratelimit-reset", "4".to_string()));
-        assert!(render(HeaderStyle::None, "per-ip", &quota()).is_empty());
-        assert_eq!(render(HeaderStyle::Both, "per-ip", &quota()).len(), 5);
+        assert!(render(HeaderStyle::None, "per-ip", &quota(), Reset::Seconds).is_empty());
+        assert_eq!(
+            render(HeaderStyle::Both, "per-ip", &quota(), Reset::Seconds).len(),
+            5
+        );
+    }
+
+    #[test]
+    fn the_legacy_reset_can_be_a_unix_time() {
+        // Read at 1,700,000,000.5 s, whole again 3.000001 s later: at 1,700,000,003.500001 s.
+        let now_us = 1_700_000_000_500_000;
+        let h = render(
+            HeaderStyle::Both,
+            "per-ip",
+            &quota(),
+            Reset::UnixAt { now_us },
+        );
+        assert_eq!(h[2], ("x-ratelimit-reset", "1700000004".to_string()));
+        assert_eq!(
+            h[4],
+            ("ratelimit", "\"per-ip\";r=17;t=4".to_string()),
+            "t: seconds"
+        );
+        let far = render(
+            HeaderStyle::Legacy,
+            "r",
+            &quota(),
+            Reset::UnixAt { now_us: u64::MAX },
+        );
+        assert_eq!(
+            far[2].1,
+            (u64::MAX / 1_000_000 + 1).to_string(),
+            "no overflow"
+        );
     }
 
     #[test]
@@ -242,14 +286,25 @@ mod tests {
         reply.push("retry-after", "7");
         reply.push("content-type", "application/json");
         reply.push("x-empty", "");
-        render_into(&mut reply, HeaderStyle::Both, "per-ip", &quota());
+        render_into(
+            &mut reply,
+            HeaderStyle::Both,
+            "per-ip",
+            &quota(),
+            Reset::Seconds,
+        );
         let pairs: Vec<(&str, String)> = reply.iter().map(|(n, v)| (n, v.to_string())).collect();
         let mut expected = vec![
             ("retry-after", "7".to_string()),
             ("content-type", "application/json".to_string()),
             ("x-empty", String::new()),
         ];
-        expected.extend(render(HeaderStyle::Both, "per-ip", &quota()));
+        expected.extend(render(
+            HeaderStyle::Both,
+            "per-ip",
+            &quota(),
+            Reset::Seconds,
+        ));
         assert_eq!(pairs, expected);
         assert_eq!(reply.len(), 8);
         assert_eq!(reply.get("retry-after"), Some("7"));
@@ -270,22 +325,5 @@ mod tests {
         assert_eq!(retry_after_seconds(0), 1);
         assert_eq!(retry_after_seconds(1_000_000), 1);
         assert_eq!(retry_after_seconds(1_000_001), 2);
-    }
-
-    #[test]
-    fn body_is_json_with_the_rule() {
-        let body: serde_json::Value =
-            serde_json::from_str(&denial_body("per-ip", &quota(), 4)).unwrap();
-        assert_eq!(body["error"], "rate_limited");
-        assert_eq!(body["rule"], "per-ip");
-        assert_eq!(body["retryAfter"], 4);
-        assert!(body["message"]
-            .as_str()
-            .unwrap()
-            .contains("100 requests per minute"));
-        assert_eq!(
-            denial_body("per-ip", &quota(), 4),
-            r#"{"error":"rate_limited","rule":"per-ip","message":"rate limit exceeded: 100 requests per minute for rule per-ip; retry in 4 s","retryAfter":4}"#
-        );
     }
 }

@@ -24,12 +24,22 @@ pub struct Samples {
     pub shed: f64,
 }
 
+/// Whether a gRPC status is a failure of the upstream, as Envoy's `admission_control` counts
+/// one by default: every status but OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND,
+/// ALREADY_EXISTS, FAILED_PRECONDITION, OUT_OF_RANGE, UNIMPLEMENTED and UNAUTHENTICATED (so
+/// DEADLINE_EXCEEDED, PERMISSION_DENIED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNAVAILABLE,
+/// DATA_LOSS and any unknown code are).
+pub fn grpc_failure(code: u32) -> bool {
+    !matches!(code, 0 | 1 | 2 | 3 | 5 | 6 | 9 | 11 | 12 | 16)
+}
+
 impl Samples {
-    /// A response from the upstream (or from Envoy for it: 503 on reset, 504 on timeout).
-    pub fn answered(&mut self, latency_us: u64, status: u32) {
+    /// A response from the upstream (or from Envoy for it: 503 on reset, 504 on timeout), with
+    /// the `grpc-status` of a gRPC response (a 200 whose status is a failure is one).
+    pub fn answered(&mut self, latency_us: u64, status: u32, grpc_status: Option<u32>) {
         self.count += 1.0;
         self.sum_rtt_us += latency_us as f64;
-        if status >= 500 {
+        if status >= 500 || grpc_status.is_some_and(grpc_failure) {
             self.errors += 1.0;
         }
         if status == 504 {
