@@ -19,13 +19,13 @@
 //! breaker and the rule decides by its fallback. A strict denial gives back what the other
 //! rules spent. Nothing here reads a clock or does I/O.
 
-use crate::reply::headers::{each_header, Reset};
 use crate::limit::Limit;
 use crate::limiter::decision::{Decision, Outcome, Quota, Spending};
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
 use crate::protocol::{CheckRequest, CheckResponse, LimitSpec};
+use crate::reply::headers::{each_header, Reset};
 pub use crate::reply::{Protocol, Reply, SHED_HEADER};
 use crate::request::RequestView;
 use crate::shed::policy::BulkheadId;

@@ -24,8 +24,8 @@
 pub mod headers;
 
 use crate::limiter::decision::Quota;
-use crate::reply::headers::{render_into, retry_after_seconds, ReplyHeaders, Reset};
 use crate::policy::{HeaderStyle, Rule};
+use crate::reply::headers::{render_into, retry_after_seconds, ReplyHeaders, Reset};
 use crate::request::RequestView;
 use crate::shed::{Level, Seat, ShedReason, Shedding};
 
