@@ -926,10 +926,19 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
     } else {
         until_reset.max(micros_per_token)
     };
+    // Denied with the global state holding the cost as far as the service said (others' leases
+    // hold it): the lease is short, and others' unspent leases come back at their next sync.
+    // A window's room frees at its rate at the soonest (one request every `period / requests`),
+    // never later than its reset.
+    let lease_short_us = if windowed && until_reset > 0 {
+        micros_per_token.min(until_reset)
+    } else {
+        micros_per_token
+    };
     let retry_after_us = if allowed {
         0
-    } else if !windowed && record.global_token_at_us != 0 {
-        token_wait(rule, record, now, cost, micros_per_token)
+    } else if record.global_token_at_us != 0 {
+        token_wait(rule, record, now, cost, lease_short_us)
     } else if !windowed && record.global_remaining == 0 && until_reset > 0 {
         // The global bucket is empty as far as the service last said (in debt, perhaps):
         // it holds `cost` tokens again when it is `burst - cost` short of full.
@@ -945,10 +954,10 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
         // The fixed window is used up, as far as this proxy knows: nothing before its end.
         until_reset
     } else {
-        // Room may come sooner: others' unspent leases return at their next sync, and a
-        // sliding window frees room as its previous window slides out (one request every
-        // `period / requests` when it was full). Never later than the window's reset.
-        micros_per_token.min(until_reset)
+        // A service that does not say when a window has room (an older one): room may come
+        // sooner, as others' unspent leases return at their next sync and a sliding window's
+        // previous window slides out (one request every `period / requests` when it was full).
+        lease_short_us
     };
     RuleVerdict {
         allowed,
@@ -968,32 +977,36 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
     }
 }
 
-/// The wait of a cached request of token buckets denied on its lease, when the service said
-/// when every limit of the global state holds a token more than the `remaining` it answered
+/// The wait of a cached request denied on its lease, when the service said when every limit of
+/// the global state has room for one request more than the `remaining` it answered
 /// (`global_token_at_us`, whichever limit is short: a rule of several limits is not sized by its
-/// first one). While the global state is short of `cost` as far as this proxy knows (its
-/// `remaining` spent, less what is left of it): that time, plus the slowest limit's time of each
-/// token more the request needs: exact for a cost of 1 while the service's count stands, never
-/// sooner for more. Once that time has passed, or while the global state holds tokens others'
-/// leases hold, the lease is what is short: one token's time of the first limit (the next sync
-/// may bring a lease).
-fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, first_token_us: u64) -> u64 {
+/// first one): a bucket's token back, a window's end (fixed) or the time its previous window has
+/// slid out enough (sliding). While the global state is short of `cost` as far as this proxy
+/// knows (its `remaining` spent, less what is left of it): that time, plus, for each request
+/// more the request needs, the slowest limit's time of a token (none for a fixed window: the next
+/// one holds the cost whole): exact for a cost of 1 while the service's count stands. Once that
+/// time has passed, or while the global state has room others' leases hold, the lease is what is
+/// short: `lease_short_us` (the next sync may bring a lease).
+fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, lease_short_us: u64) -> u64 {
     let left = record.global_remaining as u64;
     if left >= cost {
-        return first_token_us;
+        return lease_short_us;
     }
     let slowest_us = rule
         .limits
         .iter()
-        .map(|l| l.period().micros() / l.requests().max(1))
+        .map(|l| match l.algorithm() {
+            Algorithm::FixedWindow => 0,
+            _ => l.period().micros() / l.requests().max(1),
+        })
         .max()
-        .unwrap_or(first_token_us);
+        .unwrap_or(0);
     let more = (cost - left - 1).saturating_mul(slowest_us);
     let at = record.global_token_at_us.saturating_add(more);
     if at > now {
         at - now
     } else {
-        first_token_us
+        lease_short_us
     }
 }
 
