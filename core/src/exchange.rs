@@ -279,7 +279,10 @@ impl Exchange {
                 if evaluation.delay_us > 0 {
                     exchange.delay_until = Some(moment.now_us.saturating_add(evaluation.delay_us));
                 }
-                for (rule, key) in limiter.strict_keys(request) {
+                // Strict rules, and fail-closed cached rules' keys without a lease (the limiter
+                // asks only while the service is up): one check each.
+                let checked = limiter.strict_keys(request).into_iter();
+                for (rule, key) in checked.chain(evaluation.asked) {
                     if moment.service_up {
                         let Some(Enforced { rule: spec, .. }) = limiter.rule(rule) else {
                             continue;

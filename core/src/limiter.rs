@@ -137,6 +137,9 @@ struct RuleVerdict {
     delay_us: u64,
     /// Fail-closed without the service: the limiter could not decide.
     unavailable: bool,
+    /// A fail-closed cached rule without a lease while the service is up: the service decides
+    /// this request, as it does a strict rule's ([`ask`]).
+    asks: bool,
 }
 
 /// A rule's verdict on one record, and what it means for the sync.
@@ -163,6 +166,7 @@ struct Tally {
     delay_us: u64,
     warned: Vec<(RuleId, String)>,
     chargeable: Vec<(RuleId, String)>,
+    asked: Vec<(RuleId, String)>,
 }
 
 impl Tally {
@@ -191,6 +195,17 @@ impl Tally {
             .is_none_or(|(_, q)| v.quota.remaining < q.remaining)
         {
             self.tightest = Some((id, v.quota));
+        }
+    }
+
+    /// A key the service must decide ([`ask`]): checked once the other rules admit the request;
+    /// the round brought forward (the key has no lease); charged the cost its response reports,
+    /// if the check admits it.
+    fn ask(&mut self, id: RuleId, rule: &Rule, key: &str) {
+        self.asked.push((id, key.to_string()));
+        self.lease_exhausted = true;
+        if rule.cost_header.is_some() {
+            self.chargeable.push((id, key.to_string()));
         }
     }
 
@@ -238,6 +253,7 @@ impl Tally {
             delay_us: self.delay_us,
             warned: self.warned,
             chargeable: self.chargeable,
+            asked: self.asked,
         }
     }
 }
@@ -492,6 +508,9 @@ impl Limiter {
         if dirty {
             tally.newly_unsynced.push((id, key.to_string()));
         }
+        if verdict.asks {
+            return tally.ask(id, rule, key);
+        }
         tally.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
         if verdict.allowed {
             tally.admit(id, rule, key, fingerprint, &verdict);
@@ -620,7 +639,7 @@ impl Limiter {
         });
         self.scratch.borrow_mut().set_key = set_key;
         let verdict = verdict.ok()?;
-        (!verdict.allowed && !verdict.unavailable)
+        (!verdict.allowed && !verdict.unavailable && !verdict.asks)
             .then_some((verdict.quota, verdict.retry_after_us))
     }
 
@@ -679,7 +698,9 @@ impl Limiter {
         keys
     }
 
-    /// A strict rule's answer when the counter service cannot give one: its fallback.
+    /// A strict rule's answer when the counter service cannot give one: its fallback. Also a
+    /// fail-closed cached rule's whose check failed ([`ask`]): its 503, its record's counts kept
+    /// for the sync.
     pub fn fallback(
         &self,
         rule: RuleId,
@@ -700,11 +721,15 @@ impl Limiter {
         };
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
             let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
+            let counts = (record.spent, record.denied);
             let verdict = judge(spec, &mut record, conditions);
             record.seen_us = now_us;
-            // Strict rules report nothing to the sync: their counts are already global.
-            record.spent = 0;
-            record.denied = 0;
+            // Strict rules report nothing to the sync: their counts are already global. A
+            // cached rule's are the sync's, announced already: none is added unannounced.
+            (record.spent, record.denied) = match spec.consistency {
+                Consistency::Strict => (0, 0),
+                _ => counts,
+            };
             table.store(set, &record, limits, now_us);
             (verdict, true)
         })
@@ -839,6 +864,11 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
                 verdict.quota.limit = first_limit(rule);
                 verdict
             }
+            // No lease (a new key, or one idle until its lease lapsed) while the service is
+            // up: it is asked, not refused.
+            (Consistency::Cached, Fallback::Closed) if conditions.service_up => {
+                ask(first_limit(rule))
+            }
             (_, Fallback::Closed) => closed(
                 first_limit(rule),
                 conditions.service_back_us.saturating_sub(now),
@@ -887,6 +917,31 @@ fn closed(limit: Limit, until_back_us: u64) -> RuleVerdict {
         spend: Spend::Buckets,
         delay_us: 0,
         unavailable: true,
+        asks: false,
+    }
+}
+
+/// The answer of a fail-closed cached rule that has no lease for a key while the counter service
+/// is up: the service decides the request, as a strict rule's, with one check on the same global
+/// state its syncs lease from (the check sets their leases aside, so the two never admit more
+/// than the limit together), and a failed check falls back to [`closed`] (the 503). Nothing is
+/// spent here (the check counts the request); it counts as `denied` for the sync, demand the
+/// lease did not cover, so the key is announced and its next sync brings a lease sized for it.
+/// Refusing instead would answer 503 "the rate limit service cannot be reached" while it can, to
+/// every new key and to every key idle for three sync intervals.
+fn ask(limit: Limit) -> RuleVerdict {
+    RuleVerdict {
+        allowed: false,
+        quota: Quota {
+            limit,
+            remaining: 0,
+            reset_us: 0,
+        },
+        retry_after_us: 0,
+        spend: Spend::Buckets,
+        delay_us: 0,
+        unavailable: false,
+        asks: true,
     }
 }
 
@@ -974,6 +1029,7 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
         spend: Spend::Lease,
         delay_us: 0,
         unavailable: false,
+        asks: false,
     }
 }
 
@@ -1003,10 +1059,15 @@ fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, lease_short_us:
         .unwrap_or(0);
     let more = (cost - left - 1).saturating_mul(slowest_us);
     let at = record.global_token_at_us.saturating_add(more);
-    if at > now {
-        at - now
-    } else {
-        lease_short_us
+    if at <= now {
+        return lease_short_us;
+    }
+    // A window's count weighs two of its periods at most (a sliding window's, through the next
+    // one): whatever the service said, no window makes a request wait longer.
+    let windows = rule.limits.iter().filter(|l| l.algorithm().windowed());
+    match windows.map(|l| l.period().micros().saturating_mul(2)).max() {
+        Some(longest) => (at - now).min(longest),
+        None => at - now,
     }
 }
 
@@ -1033,6 +1094,7 @@ fn spend_buckets(limits: &[Limit], record: &mut Record, now: u64, cost: u64) -> 
                 spend: Spend::Buckets,
                 delay_us: if allowed { verdict.delay_us } else { 0 },
                 unavailable: false,
+                asks: false,
             };
         }
     }
@@ -1091,6 +1153,7 @@ fn spend_each(limits: &[Limit], record: &mut Record, now: u64, cost: u64) -> Rul
         spend: Spend::Buckets,
         delay_us,
         unavailable: false,
+        asks: false,
     }
 }
 

@@ -116,10 +116,18 @@ fn a_cached_window_waits_until_the_window_admits_one_more() {
         };
         apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();
         for i in 1..=3 {
-            assert_eq!(denied(&limiter, &mut store, T0 + i * MS), None, "{algorithm}");
+            assert_eq!(
+                denied(&limiter, &mut store, T0 + i * MS),
+                None,
+                "{algorithm}"
+            );
         }
         let (_, wait) = denied(&limiter, &mut store, T0 + 10 * MS).expect("the lease is spent");
-        assert_eq!(wait, token_ms * MS - 10 * MS, "{algorithm}: when the window admits");
+        assert_eq!(
+            wait,
+            token_ms * MS - 10 * MS,
+            "{algorithm}: when the window admits"
+        );
         // The window has room others hold: one request's time (3,600 s / 20).
         let mut store = MemoryStore::default();
         let roomy = Grant {
@@ -128,10 +136,48 @@ fn a_cached_window_waits_until_the_window_admits_one_more() {
         };
         apply_lease(&limiter, RuleId::new(0), KEY, &roomy, T0, &mut store).unwrap();
         for i in 1..=3 {
-            assert_eq!(denied(&limiter, &mut store, T0 + i * MS), None, "{algorithm}");
+            assert_eq!(
+                denied(&limiter, &mut store, T0 + i * MS),
+                None,
+                "{algorithm}"
+            );
         }
         let (_, wait) = denied(&limiter, &mut store, T0 + 10 * MS).unwrap();
-        assert_eq!(wait, 180 * SECOND, "{algorithm}: the lease is short, not the window");
+        assert_eq!(
+            wait,
+            180 * SECOND,
+            "{algorithm}: the lease is short, not the window"
+        );
+    }
+}
+
+/// The service controls `token_ms` (and a corrupt Redis hash the counts it comes from): an
+/// absurd one for a window makes no request wait longer than the window's count can weigh, two
+/// of its periods, and no arithmetic overflows; one that says "now" leaves the lease short.
+#[test]
+fn a_cached_window_wait_from_any_token_ms_is_bounded() {
+    let limiter = limiter(&json!({
+        "service": {"cluster": "svc", "token": "t"},
+        "rules": [{"name": "shared", "key": ["const:all"], "consistency": "cached",
+            "limits": [{"requests": 20, "per": "hour", "algorithm": "sliding_window"}]}]
+    }));
+    for (token_ms, wait) in [
+        (u64::MAX, 7_200 * SECOND),
+        (u64::MAX / 1_000, 7_200 * SECOND),
+        (0, 180 * SECOND),
+    ] {
+        let mut store = MemoryStore::default();
+        let grant = Grant {
+            tokens: 0,
+            ttl_ms: u64::MAX,
+            remaining: 0,
+            reset_ms: u64::MAX,
+            token_ms: Some(token_ms),
+            refused: None,
+        };
+        apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();
+        let (_, got) = denied(&limiter, &mut store, T0 + 10 * MS).expect("no lease");
+        assert_eq!(got, wait, "token_ms {token_ms}");
     }
 }
 

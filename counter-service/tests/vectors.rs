@@ -603,7 +603,11 @@ fn core_token_ms(limits: &[Limit], states: &[Bucket], remaining: u64, now_us: u6
         .zip(states)
         .map(|(limit, state)| {
             let charged = state.charge(limit, now_us, remaining);
-            charged.check(limit, now_us, 1).0.retry_after_us.div_ceil(1_000)
+            charged
+                .check(limit, now_us, 1)
+                .0
+                .retry_after_us
+                .div_ceil(1_000)
         })
         .max()
         .unwrap_or(0)

@@ -217,7 +217,9 @@ pub struct SyncEntry {
     pub limits: Vec<LimitSpec>,
     /// Tokens spent (requests admitted) since the previous sync, from a grant or a fallback.
     pub spent: u64,
-    /// Requests denied since the previous sync (unmet demand: sizes the next grant).
+    /// Requests denied since the previous sync (unmet demand: sizes the next grant). A fail-closed
+    /// cached rule's requests the service decided with a check for want of a lease count here
+    /// too: the check counted them, and the grant must cover such demand.
     pub denied: u64,
     /// The proxy's round when these counts were first sent: its epoch in the high 32 bits (drawn
     /// again whenever the proxy's sync state starts over), a counter increasing every round in
