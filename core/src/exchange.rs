@@ -338,6 +338,19 @@ impl Exchange {
                     retry_after_us: answer.retry_after_ms.saturating_mul(1_000),
                     unavailable: false,
                 };
+                // A cached key's sync may have brought it a lease while its check was out (the
+                // check set that lease aside): the lease admits what it holds.
+                let leased = match answer.allowed {
+                    false => limiter.leased(rule, &key, moment.now_us, store),
+                    true => None,
+                };
+                let answer = match leased {
+                    Some((admitted, spent)) => {
+                        self.spent.push(spent);
+                        admitted
+                    }
+                    None => answer,
+                };
                 self.record(limiter, rule, &key, answer, moment.now_us, &mut effects);
             }
             None => {

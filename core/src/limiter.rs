@@ -742,6 +742,60 @@ impl Limiter {
         })
     }
 
+    /// A cached key the service denied with a check ([`ask`]): if the key has a lease now (its
+    /// sync answered while the check was out, and the check set that lease aside as another
+    /// proxy's), the request is spent from it when it holds the cost: the answer and what to
+    /// give back if a strict rule denies after all. `None` otherwise: the check's answer stands.
+    pub fn leased(
+        &self,
+        rule: RuleId,
+        key: &str,
+        now_us: u64,
+        store: &mut dyn Store,
+    ) -> Option<(RuleAnswer, Spent)> {
+        let Enforced {
+            rule: spec, table, ..
+        } = self.rule(rule)?;
+        if spec.consistency != Consistency::Cached {
+            return None;
+        }
+        let fingerprint = table.fingerprint(key);
+        let limits = bucket_limits(spec);
+        let verdict = store::update(store, &table.set_key(fingerprint), |set| {
+            let Some(mut record) = table.find(set, fingerprint) else {
+                return (None, false);
+            };
+            if now_us >= record.lease_until_us
+                || record.lease < spec.cost.min(u32::MAX as u64) as u32
+            {
+                return (None, false);
+            }
+            let conditions = Conditions {
+                now_us,
+                service_up: true,
+                service_back_us: 0,
+            };
+            let verdict = judge(spec, &mut record, conditions);
+            record.seen_us = now_us;
+            table.store(set, &record, limits, now_us);
+            (Some(verdict), true)
+        })
+        .ok()??;
+        let spent = Spent {
+            rule,
+            fingerprint,
+            how: verdict.spend,
+            cost: spec.cost,
+        };
+        let answer = RuleAnswer {
+            allowed: verdict.allowed,
+            quota: verdict.quota,
+            retry_after_us: verdict.retry_after_us,
+            unavailable: verdict.unavailable,
+        };
+        verdict.allowed.then_some((answer, spent))
+    }
+
     /// Charges `cost` more to a key a request of `rule` was admitted on (the cost its response
     /// reported): spent whatever is left, so a key can go into debt; the next requests wait for
     /// it. Cached rules report it to the service with their next sync. Returns whether the key

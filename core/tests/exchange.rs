@@ -427,3 +427,46 @@ fn a_failed_check_of_a_cached_key_keeps_its_unsynced_counts() {
     };
     assert_eq!((entry.spent, entry.denied), (3, 1));
 }
+
+/// The check of a key without a lease and the sync it brings forward race: the sync may grant
+/// the key a lease while the check is out, and the check then sets that lease aside as another
+/// proxy's and denies for want of room the proxy itself holds. The lease admits the request
+/// instead, spent from it (reported as spent, given back if another rule denies); a denial while
+/// the lease has nothing left stands.
+#[test]
+fn a_lease_granted_while_the_check_was_out_admits_what_the_check_set_aside() {
+    let limiter = limiter(CACHED_CLOSED);
+    let rule = RuleId::new(0);
+    let key = "shared\u{1f}alice".to_string();
+    let mut store = MemoryStore::default();
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+    assert_eq!(step, Step::Wait);
+    let check = checks(&effects)[0];
+    sluice_core::proxy_sync::take(&limiter, rule, &key, T0, 100_000, &mut store);
+    sluice_core::proxy_sync::apply_lease(&limiter, rule, &key, &lease(1), T0, &mut store).unwrap();
+    let (step, effects) = exchange.answered(&limiter, check, denied(600_000), at(T0), &mut store);
+    assert_eq!(step, Some(Step::Continue), "{effects:?}");
+    assert_eq!(outcomes(&effects), vec![(rule, Outcome::Allowed)]);
+    let taken = sluice_core::proxy_sync::take(&limiter, rule, &key, T0, 100_000, &mut store);
+    let sluice_core::proxy_sync::Taken::Entry(entry) = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!((entry.spent, entry.denied), (1, 0), "spent from the lease");
+    // The lease is spent: a denial of a check out meanwhile stands.
+    sluice_core::proxy_sync::apply_lease(&limiter, rule, &key, &lease(0), T0, &mut store).unwrap();
+    let later = T0 + SECOND;
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(later));
+    sluice_core::proxy_sync::apply_lease(&limiter, rule, &key, &lease(0), later, &mut store)
+        .unwrap();
+    let (step, _) = exchange.answered(
+        &limiter,
+        checks(&effects)[0],
+        denied(600_000),
+        at(later),
+        &mut store,
+    );
+    assert!(
+        matches!(step, Some(Step::Respond(ref r)) if r.status == 429),
+        "{step:?}"
+    );
+}
