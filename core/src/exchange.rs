@@ -345,8 +345,12 @@ impl Exchange {
                     true => None,
                 };
                 let answer = match leased {
-                    Some((admitted, spent)) => {
+                    Some((admitted, spent, announce)) => {
                         self.spent.push(spent);
+                        if announce {
+                            let key = key.clone();
+                            effects.push(Effect::Announce { rule, key });
+                        }
                         admitted
                     }
                     None => answer,

@@ -745,14 +745,15 @@ impl Limiter {
     /// A cached key the service denied with a check ([`ask`]): if the key has a lease now (its
     /// sync answered while the check was out, and the check set that lease aside as another
     /// proxy's), the request is spent from it when it holds the cost: the answer and what to
-    /// give back if a strict rule denies after all. `None` otherwise: the check's answer stands.
+    /// give back if a strict rule denies after all, and whether the key got its first unsynced
+    /// count (to announce it). `None` otherwise: the check's answer stands.
     pub fn leased(
         &self,
         rule: RuleId,
         key: &str,
         now_us: u64,
         store: &mut dyn Store,
-    ) -> Option<(RuleAnswer, Spent)> {
+    ) -> Option<(RuleAnswer, Spent, bool)> {
         let Enforced {
             rule: spec, table, ..
         } = self.rule(rule)?;
@@ -775,12 +776,15 @@ impl Limiter {
                 service_up: true,
                 service_back_us: 0,
             };
+            let was_unsynced = record.unsynced();
             let verdict = judge(spec, &mut record, conditions);
             record.seen_us = now_us;
             table.store(set, &record, limits, now_us);
-            (Some(verdict), true)
+            let dirty = !was_unsynced && record.unsynced();
+            (Some((verdict, dirty)), true)
         })
         .ok()??;
+        let (verdict, dirty) = verdict;
         let spent = Spent {
             rule,
             fingerprint,
@@ -793,7 +797,7 @@ impl Limiter {
             retry_after_us: verdict.retry_after_us,
             unavailable: verdict.unavailable,
         };
-        verdict.allowed.then_some((answer, spent))
+        verdict.allowed.then_some((answer, spent, dirty))
     }
 
     /// Charges `cost` more to a key a request of `rule` was admitted on (the cost its response

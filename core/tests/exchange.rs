@@ -447,6 +447,13 @@ fn a_lease_granted_while_the_check_was_out_admits_what_the_check_set_aside() {
     let (step, effects) = exchange.answered(&limiter, check, denied(600_000), at(T0), &mut store);
     assert_eq!(step, Some(Step::Continue), "{effects:?}");
     assert_eq!(outcomes(&effects), vec![(rule, Outcome::Allowed)]);
+    assert!(
+        effects.contains(&Effect::Announce {
+            rule,
+            key: key.clone()
+        }),
+        "its spend is announced for the sync: {effects:?}"
+    );
     let taken = sluice_core::proxy_sync::take(&limiter, rule, &key, T0, 100_000, &mut store);
     let sluice_core::proxy_sync::Taken::Entry(entry) = taken else {
         panic!("{taken:?}")
