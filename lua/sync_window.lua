@@ -49,13 +49,19 @@
 --       the window one of fixed, week, month, sliding (as window.lua). The service has clamped
 --       interval_ms and cut spent and denied to what the entry's limits make possible over
 --       report_window_ms (as for sync.lua).
--- Returns: a flat array of integers, five per entry in order: grant, ttl_ms, remaining,
---   reset_ms, from the limit with the fewest requests left, and 1 if the entry was a replay of
---   a report already applied (nothing counted; as sync.lua), else 0:
+-- Returns: a flat array of integers, six per entry in order: grant, ttl_ms, remaining,
+--   reset_ms, from the limit with the fewest requests left, 1 if the entry was a replay of a
+--   report already applied (nothing counted; as sync.lua) else 0, and token_ms:
 --   remaining: whole requests left in the window once the report is counted (the lease is not
 --     subtracted: the proxy subtracts what it spends from it, as for a token bucket);
 --   reset_ms: core's Verdict.reset_us once the leases are spent: until the window ends (fixed),
---     until the weighted count is 0 (sliding: the end of the next window), 0 if none.
+--     until the weighted count is 0 (sliding: the end of the next window), 0 if none;
+--   token_ms: until every window admits one request more than `remaining` (0: every one does
+--     now), the longest of room_after's: once the proxies spent the `remaining` requests this
+--     answer counts (none if it is 0), the wait for the next one, whichever window is short, as
+--     sync.lua's token_ms for buckets. A fixed window's is its end; a sliding window's comes
+--     when enough of its previous window has slid out, where reset_ms (when none of it counts)
+--     is far later: 20 an hour used up waits the hour's end and 180 s, reset_ms another hour.
 --
 -- Each key is a hash: the window's counts (window.lua's n, w or p, c, w), and per proxy p: g:p
 -- (outstanding grant), x:p (its expiry, us), d:p (demand, requests/s), s:p (last sync, us), and
@@ -99,6 +105,32 @@ local function recent_demand(flat, fields, except, since)
     end
   end
   return demand
+end
+
+-- How long (us) until window `w` (after window_state and the report) admits one request once
+-- it counts `more` requests more now: 0 if it does at once; a fixed window, at its end; a
+-- sliding window, once enough of its previous window has slid out (later in this window), or of
+-- this one (in the next). It is core's Bucket::check of a request of cost 1 (its retry_after_us,
+-- core/src/algorithm.rs `fixed` and `sliding`) on the window charged `more`, written in the
+-- same order so both agree (counter-service/tests/vectors.rs).
+local function room_after(w, more, now)
+  local requests = w.requests
+  if w.window == 'sliding' then
+    local current = w.current + more
+    local weighted = w.previous * (1 - w.elapsed / w.length) + current
+    if weighted + 1 <= requests + 1e-9 then
+      return 0
+    elseif current + 1 <= requests and w.previous > 0 then
+      local into = 1 - (requests - 1 - current) / w.previous
+      return math.max(math.ceil(into * w.length - w.elapsed), 1)
+    end
+    local into = 1 - (requests - 1) / math.max(current, 1)
+    return math.ceil(w.length + math.max(into, 0) * w.length - w.elapsed)
+  end
+  if w.count + more + 1 <= requests then
+    return 0
+  end
+  return w.finish - now
 end
 
 local result = {}
@@ -230,7 +262,16 @@ for _ = 1, count do
     end
   end
 
-  -- 5. the answer, integers only (Redis truncates Lua numbers in replies)
+  -- 5. when every window has room for one request more than the `remaining` answered (us)
+  local token_us = 0
+  for i = 1, n do
+    local wait = room_after(windows[i], chosen.remaining, now)
+    if wait > token_us then
+      token_us = wait
+    end
+  end
+
+  -- 6. the answer, integers only (Redis truncates Lua numbers in replies)
   result[#result + 1] = grant
   result[#result + 1] = math.max(ttl_ms, 0)
   result[#result + 1] = chosen.remaining
@@ -240,6 +281,7 @@ for _ = 1, count do
   else
     result[#result + 1] = 1
   end
+  result[#result + 1] = math.ceil(token_us / 1000)
 end
 
 return result

@@ -284,7 +284,10 @@ impl Exchange {
                 if evaluation.delay_us > 0 {
                     exchange.delay_until = Some(moment.now_us.saturating_add(evaluation.delay_us));
                 }
-                for (rule, key) in limiter.strict_keys(request) {
+                // Strict rules, and fail-closed cached rules' keys without a lease (the limiter
+                // asks only while the service is up): one check each.
+                let checked = limiter.strict_keys(request).into_iter();
+                for (rule, key) in checked.chain(evaluation.asked) {
                     if moment.service_up {
                         let Some(Enforced { rule: spec, .. }) = limiter.rule(rule) else {
                             continue;
@@ -343,6 +346,23 @@ impl Exchange {
                     },
                     retry_after_us: answer.retry_after_ms.saturating_mul(1_000),
                     unavailable: false,
+                };
+                // A cached key's sync may have brought it a lease while its check was out (the
+                // check set that lease aside): the lease admits what it holds.
+                let leased = match answer.allowed {
+                    false => limiter.leased(rule, &key, moment.now_us, store),
+                    true => None,
+                };
+                let answer = match leased {
+                    Some((admitted, spent, announce)) => {
+                        self.spent.push(spent);
+                        if announce {
+                            let key = key.clone();
+                            effects.push(Effect::Announce { rule, key });
+                        }
+                        admitted
+                    }
+                    None => answer,
                 };
                 self.record(limiter, rule, &key, answer, moment.now_us, &mut effects);
             }

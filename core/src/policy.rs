@@ -389,7 +389,9 @@ pub enum Consistency {
 pub enum Fallback {
     /// Decide locally with these limits.
     Open(Vec<Limit>),
-    /// Deny.
+    /// Deny (503: the limiter cannot decide). A cached rule's key without a lease while the
+    /// service is up is decided by the service instead, one check per request until the next
+    /// sync brings it a lease.
     Closed,
 }
 

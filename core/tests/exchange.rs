@@ -344,3 +344,191 @@ fn a_request_let_through_uncounted_and_one_refused_by_a_failed_closed_rule_are_t
         vec![(RuleId::new(0), Outcome::FailedClosed)]
     );
 }
+
+/// A cached rule of 20 a minute that fails closed, charged what responses report.
+const CACHED_CLOSED: &str = r#"{"service": {"cluster": "svc", "breaker_failures": 3},
+    "rules": [{"name": "shared", "key": ["header:x-user"], "consistency": "cached",
+       "cost_header": "x-cost",
+       "limits": [{"requests": 20, "per": "minute"}], "fallback": {"policy": "fail_closed"}}]}"#;
+
+fn lease(tokens: u64) -> sluice_core::protocol::Grant {
+    sluice_core::protocol::Grant {
+        tokens,
+        ttl_ms: 300,
+        remaining: 15,
+        reset_ms: 15_000,
+        token_ms: Some(0),
+        refused: None,
+    }
+}
+
+/// A fail-closed cached rule without a lease (a new key, or one idle for three sync intervals
+/// until its lease lapsed) while the service is up is not refused "the rate limit service
+/// cannot be reached": the service decides the request, one check as for a strict rule, and the
+/// key is announced (and the round brought forward) so the next sync brings it a lease. Only a
+/// check that fails, or the service down, answers the 503.
+#[test]
+fn a_fail_closed_cached_key_without_a_lease_asks_the_service_instead_of_a_503() {
+    let limiter = limiter(CACHED_CLOSED);
+    let rule = RuleId::new(0);
+    let key = "shared\u{1f}alice".to_string();
+    let mut store = MemoryStore::default();
+    // A new key: checked, announced, the round hurried; nothing answered yet.
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+    assert_eq!(step, Step::Wait, "{effects:?}");
+    let Some(Effect::Check { check, request }) =
+        effects.iter().find(|e| matches!(e, Effect::Check { .. }))
+    else {
+        panic!("no check in {effects:?}");
+    };
+    assert_eq!(
+        (
+            request.key.as_str(),
+            request.limits[0].requests,
+            request.cost
+        ),
+        (key.as_str(), 20, 1)
+    );
+    assert!(effects.contains(&Effect::Announce {
+        rule,
+        key: key.clone()
+    }));
+    assert!(effects.contains(&Effect::Hurry), "{effects:?}");
+    assert!(outcomes(&effects).is_empty(), "decided by the answer");
+    // Admitted: on upstream with the service's headers; the cost the response reports is
+    // charged to the key, for the sync (the check counted the request itself).
+    let (step, effects) = exchange.answered(&limiter, *check, allowed(12), at(T0), &mut store);
+    assert_eq!(step, Some(Step::Continue));
+    assert_eq!(outcomes(&effects), vec![(rule, Outcome::Allowed)]);
+    assert_eq!(exchange.cost_headers(&limiter), vec!["x-cost"]);
+    exchange.response_cost(&limiter, "x-cost", "4", T0, &mut store);
+    let taken = sluice_core::sync::proxy::take(&limiter, rule, &key, T0, 100_000, &mut store);
+    let sluice_core::sync::proxy::Taken::Entry(entry) = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!(
+        (entry.spent, entry.denied),
+        (4, 1),
+        "what was charged; the request the check counted is demand the lease did not cover"
+    );
+
+    // Denied by the service: its 429 and wait, not a 503.
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(T0));
+    let (step, _) = exchange.answered(
+        &limiter,
+        checks(&effects)[0],
+        denied(1_500),
+        at(T0),
+        &mut store,
+    );
+    let Some(Step::Respond(reply)) = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(
+        (reply.status, reply.headers.get("retry-after")),
+        (429, Some("2"))
+    );
+
+    // With a lease it decides here, with no check; once the lease lapses (idle for its 300 ms),
+    // it asks again.
+    sluice_core::sync::proxy::apply_lease(&limiter, rule, &key, &lease(5), T0, &mut store).unwrap();
+    let (_, step, effects) = start(&limiter, &mut store, at(T0 + 1_000));
+    assert_eq!(step, Step::Continue);
+    assert!(checks(&effects).is_empty(), "{effects:?}");
+    let idle = T0 + 2 * SECOND;
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(idle));
+    assert_eq!(step, Step::Wait, "after idle: {effects:?}");
+    // The check fails (the service went away meanwhile): now the 503, and the breaker counts it.
+    let (step, effects) =
+        exchange.answered(&limiter, checks(&effects)[0], None, at(idle), &mut store);
+    assert!(
+        matches!(step, Some(Step::Respond(ref r)) if r.status == 503 && r.body.contains("limiter_unavailable")),
+        "{step:?}"
+    );
+    assert!(effects.contains(&Effect::CheckFailed));
+    assert_eq!(read_state(&mut store).breaker.failures, 1);
+    // The service down (the breaker open): the 503 at once, no check.
+    let down = Moment {
+        service_up: false,
+        ..at(idle)
+    };
+    let (_, step, effects) = start(&limiter, &mut store, down);
+    assert!(checks(&effects).is_empty(), "{effects:?}");
+    assert!(
+        matches!(step, Step::Respond(ref r) if r.status == 503),
+        "{step:?}"
+    );
+}
+
+/// A key of a fail-closed cached rule whose counts wait for a sync (the service was away and its
+/// lease lapsed meanwhile) keeps them through a check that fails: the sync still reports them.
+#[test]
+fn a_failed_check_of_a_cached_key_keeps_its_unsynced_counts() {
+    let limiter = limiter(CACHED_CLOSED);
+    let rule = RuleId::new(0);
+    let key = "shared\u{1f}alice".to_string();
+    let mut store = MemoryStore::default();
+    sluice_core::sync::proxy::apply_lease(&limiter, rule, &key, &lease(5), T0, &mut store).unwrap();
+    for _ in 0..3 {
+        let (_, step, _) = start(&limiter, &mut store, at(T0 + 1_000));
+        assert_eq!(step, Step::Continue);
+    }
+    let later = T0 + SECOND;
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(later));
+    exchange.answered(&limiter, checks(&effects)[0], None, at(later), &mut store);
+    let taken = sluice_core::sync::proxy::take(&limiter, rule, &key, later, 100_000, &mut store);
+    let sluice_core::sync::proxy::Taken::Entry(entry) = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!((entry.spent, entry.denied), (3, 1));
+}
+
+/// The check of a key without a lease and the sync it brings forward race: the sync may grant
+/// the key a lease while the check is out, and the check then sets that lease aside as another
+/// proxy's and denies for want of room the proxy itself holds. The lease admits the request
+/// instead, spent from it (reported as spent, given back if another rule denies); a denial while
+/// the lease has nothing left stands.
+#[test]
+fn a_lease_granted_while_the_check_was_out_admits_what_the_check_set_aside() {
+    let limiter = limiter(CACHED_CLOSED);
+    let rule = RuleId::new(0);
+    let key = "shared\u{1f}alice".to_string();
+    let mut store = MemoryStore::default();
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+    assert_eq!(step, Step::Wait);
+    let check = checks(&effects)[0];
+    sluice_core::sync::proxy::take(&limiter, rule, &key, T0, 100_000, &mut store);
+    sluice_core::sync::proxy::apply_lease(&limiter, rule, &key, &lease(1), T0, &mut store).unwrap();
+    let (step, effects) = exchange.answered(&limiter, check, denied(600_000), at(T0), &mut store);
+    assert_eq!(step, Some(Step::Continue), "{effects:?}");
+    assert_eq!(outcomes(&effects), vec![(rule, Outcome::Allowed)]);
+    assert!(
+        effects.contains(&Effect::Announce {
+            rule,
+            key: key.clone()
+        }),
+        "its spend is announced for the sync: {effects:?}"
+    );
+    let taken = sluice_core::sync::proxy::take(&limiter, rule, &key, T0, 100_000, &mut store);
+    let sluice_core::sync::proxy::Taken::Entry(entry) = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!((entry.spent, entry.denied), (1, 0), "spent from the lease");
+    // The lease is spent: a denial of a check out meanwhile stands.
+    sluice_core::sync::proxy::apply_lease(&limiter, rule, &key, &lease(0), T0, &mut store).unwrap();
+    let later = T0 + SECOND;
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(later));
+    sluice_core::sync::proxy::apply_lease(&limiter, rule, &key, &lease(0), later, &mut store)
+        .unwrap();
+    let (step, _) = exchange.answered(
+        &limiter,
+        checks(&effects)[0],
+        denied(600_000),
+        at(later),
+        &mut store,
+    );
+    assert!(
+        matches!(step, Some(Step::Respond(ref r)) if r.status == 429),
+        "{step:?}"
+    );
+}

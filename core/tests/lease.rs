@@ -4,7 +4,7 @@
 use sluice_core::limiter::Conditions;
 use sluice_core::policy::RuleId;
 use sluice_core::protocol::Grant;
-use sluice_core::sync::proxy::{apply_lease, snapshot};
+use sluice_core::sync::proxy::{apply_lease, snapshot, take, Taken};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
 const MS: u64 = 1_000;
@@ -149,13 +149,43 @@ fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
     let closed = limiter(r#", "fallback": {"policy": "fail_closed"}"#);
     let mut store = MemoryStore::default();
     assert_eq!(admitted(&closed, &mut store, 3, down(T0)), 0);
-    assert_eq!(
-        admitted(&closed, &mut store, 3, up(T0)),
-        0,
-        "no lease yet: fail closed"
-    );
+    // No lease yet, the service up: not refused, left to the service (one check, in the
+    // exchange), and the round brought forward for a lease.
+    let asked = closed.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
+    assert_eq!(asked.asked, vec![(RuleId::new(0), KEY.to_string())]);
+    assert!(asked.lease_exhausted, "the round brought forward");
     apply_lease(&closed, RuleId::new(0), KEY, &grant(2), T0, &mut store).unwrap();
     assert_eq!(admitted(&closed, &mut store, 3, up(T0 + MS)), 2);
+}
+
+/// A fail-closed cached key the service decided (no lease) reports the request as demand its
+/// lease did not cover (`denied`: the check counted it), so its next sync entry sizes a lease
+/// for it; then its requests are decided here, and reported as spent.
+#[test]
+fn an_asked_key_gets_a_lease_at_the_next_sync() {
+    let closed = limiter(r#", "fallback": {"policy": "fail_closed"}"#);
+    let rule = RuleId::new(0);
+    let mut store = MemoryStore::default();
+    let key = (rule, KEY.to_string());
+    for announced in [vec![key.clone()], vec![]] {
+        let asked = closed.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
+        assert_eq!(asked.asked, vec![key.clone()]);
+        assert_eq!(asked.newly_unsynced, announced, "announced once");
+    }
+    let taken = take(&closed, rule, KEY, T0 + 50 * MS, 100_000, &mut store);
+    let Taken::Entry(entry) = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!((entry.key.as_str(), entry.spent, entry.denied), (KEY, 0, 2));
+    apply_lease(&closed, rule, KEY, &grant(2), T0 + 60 * MS, &mut store).unwrap();
+    let decided = closed.decide(&mut PlainRequest::get("/"), up(T0 + 70 * MS), &mut store);
+    assert!(decided.asked.is_empty(), "{decided:?}");
+    assert!(matches!(decided.decision, Decision::Allow { .. }));
+    let taken = take(&closed, rule, KEY, T0 + 80 * MS, 100_000, &mut store);
+    let Taken::Entry(entry) = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!((entry.spent, entry.denied), (1, 0));
 }
 
 #[test]

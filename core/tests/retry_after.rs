@@ -85,6 +85,102 @@ fn a_cached_rule_of_several_limits_waits_for_the_limit_that_is_short() {
     );
 }
 
+/// A cached window used up, as the service last described it: 20 an hour, the hour ends 2,820 s
+/// after the answer. A request denied once this proxy's lease (its share of what the window had
+/// left) is spent waits until the window admits one more, as the service said (`token_ms`): a
+/// fixed window at its end; a sliding window 180 s into the next hour, where the hour's 20 weigh
+/// under 19 (not `period / requests`, 180 s, which its lease once meant: it would come back
+/// 2,820 s too early and be refused). While the window still has room others' leases hold, the
+/// lease is what is short: one request's time at the window's rate.
+#[test]
+fn a_cached_window_waits_until_the_window_admits_one_more() {
+    for (algorithm, reset_ms, token_ms) in [
+        ("sliding_window", 6_420_000, 3_000_000),
+        ("fixed_window", 2_820_000, 2_820_000),
+    ] {
+        let limiter = limiter(&json!({
+            "service": {"cluster": "svc", "token": "t"},
+            "rules": [{"name": "shared", "key": ["const:all"], "consistency": "cached",
+                "limits": [{"requests": 20, "per": "hour", "algorithm": algorithm}],
+                "fallback": {"policy": "fail_closed"}}]
+        }));
+        let mut store = MemoryStore::default();
+        // The window had 3 left and this proxy leased them: after its 3, the window is used up.
+        let grant = Grant {
+            tokens: 3,
+            ttl_ms: 300,
+            remaining: 3,
+            reset_ms,
+            token_ms: Some(token_ms),
+            refused: None,
+        };
+        apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();
+        for i in 1..=3 {
+            assert_eq!(
+                denied(&limiter, &mut store, T0 + i * MS),
+                None,
+                "{algorithm}"
+            );
+        }
+        let (_, wait) = denied(&limiter, &mut store, T0 + 10 * MS).expect("the lease is spent");
+        assert_eq!(
+            wait,
+            token_ms * MS - 10 * MS,
+            "{algorithm}: when the window admits"
+        );
+        // The window has room others hold: one request's time (3,600 s / 20).
+        let mut store = MemoryStore::default();
+        let roomy = Grant {
+            remaining: 10,
+            ..grant
+        };
+        apply_lease(&limiter, RuleId::new(0), KEY, &roomy, T0, &mut store).unwrap();
+        for i in 1..=3 {
+            assert_eq!(
+                denied(&limiter, &mut store, T0 + i * MS),
+                None,
+                "{algorithm}"
+            );
+        }
+        let (_, wait) = denied(&limiter, &mut store, T0 + 10 * MS).unwrap();
+        assert_eq!(
+            wait,
+            180 * SECOND,
+            "{algorithm}: the lease is short, not the window"
+        );
+    }
+}
+
+/// The service controls `token_ms` (and a corrupt Redis hash the counts it comes from): an
+/// absurd one for a window makes no request wait longer than the window's count can weigh, two
+/// of its periods, and no arithmetic overflows; one that says "now" leaves the lease short.
+#[test]
+fn a_cached_window_wait_from_any_token_ms_is_bounded() {
+    let limiter = limiter(&json!({
+        "service": {"cluster": "svc", "token": "t"},
+        "rules": [{"name": "shared", "key": ["const:all"], "consistency": "cached",
+            "limits": [{"requests": 20, "per": "hour", "algorithm": "sliding_window"}]}]
+    }));
+    for (token_ms, wait) in [
+        (u64::MAX, 7_200 * SECOND),
+        (u64::MAX / 1_000, 7_200 * SECOND),
+        (0, 180 * SECOND),
+    ] {
+        let mut store = MemoryStore::default();
+        let grant = Grant {
+            tokens: 0,
+            ttl_ms: u64::MAX,
+            remaining: 0,
+            reset_ms: u64::MAX,
+            token_ms: Some(token_ms),
+            refused: None,
+        };
+        apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();
+        let (_, got) = denied(&limiter, &mut store, T0 + 10 * MS).expect("no lease");
+        assert_eq!(got, wait, "token_ms {token_ms}");
+    }
+}
+
 /// Two rules that both deny: the client is told the longer wait (the second rule's minute, not
 /// the first one's second), and the second rule, only asked, is not charged.
 #[test]

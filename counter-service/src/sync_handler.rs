@@ -304,8 +304,8 @@ impl Call<'_> {
             }
         }
         let reply: Vec<i64> = state.backend.invoke(name, &invocation).await?;
-        // sync.lua answers a sixth number per entry, its token_ms; sync_window.lua five.
-        let width = if windowed { 5 } else { 6 };
+        // Six numbers per entry, the sixth its token_ms (sync.lua and sync_window.lua alike).
+        let width = 6;
         if reply.len() != width * reports.len() {
             return Err(BackendError::Reply(format!(
                 "{name}.lua answered {} numbers for {} entries",
@@ -332,7 +332,7 @@ impl Call<'_> {
                 ttl_ms: non_negative(entry[1]),
                 remaining: non_negative(entry[2]),
                 reset_ms: non_negative(entry[3]),
-                token_ms: entry.get(5).map(|&ms| non_negative(ms)),
+                token_ms: Some(non_negative(entry[5])),
                 refused: None,
             })
             .collect())

@@ -38,13 +38,14 @@ fn field(redis: &Redis, key: &str, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn grant(tokens: u64, ttl_ms: u64, remaining: u64, reset_ms: u64) -> Grant {
+/// A grant; `token_ms`, when one request more than `remaining` fits (a fixed window: its end).
+fn grant(tokens: u64, ttl_ms: u64, remaining: u64, reset_ms: u64, token_ms: u64) -> Grant {
     Grant {
         tokens,
         ttl_ms,
         remaining,
         reset_ms,
-        token_ms: None,
+        token_ms: Some(token_ms),
         refused: None,
     }
 }
@@ -59,12 +60,12 @@ async fn a_lease_ends_with_its_window_and_a_late_report_is_not_charged_to_the_ne
     // 100 ms (not the 300 ms of a lease TTL). Nothing is counted yet, so 100 remain (the lease is
     // not subtracted: the proxy subtracts what it spends), and the window resets at its end.
     let a = sync_at(&state, &one("a", &[FIXED], 0, 100), w1 - 100 * MS).await;
-    assert_eq!(a, vec![grant(100, 100, 100, 100)]);
+    assert_eq!(a, vec![grant(100, 100, 100, 100, 100)]);
     let expiry: f64 = field(&redis, &key, "x:a").unwrap().parse().unwrap();
     assert_eq!(expiry, w1 as f64, "the lease ends with the window");
     // b, 50 ms before the end: a's lease holds everything left
     let b = sync_at(&state, &one("b", &[FIXED], 0, 10), w1 - 50 * MS).await;
-    assert_eq!(b, vec![grant(0, 50, 100, 50)]);
+    assert_eq!(b, vec![grant(0, 50, 100, 50, 50)]);
 
     // 50 ms into the next window a reports 107: its old lease covered at most 100 of them
     // (spent before the boundary, in the old window, which is over), so the new window counts 7
@@ -72,7 +73,7 @@ async fn a_lease_ends_with_its_window_and_a_late_report_is_not_charged_to_the_ne
     // max(713, 0.5 × 1000 + 0.5 × 713) = 857: a wants ceil(857 × 0.125) + 1 = 109, and gets
     // what is left, 100 - 7 = 93 (b's lease ended with the old window), for a whole TTL.
     let a = sync_at(&state, &one("a", &[FIXED], 107, 0), w1 + 50 * MS).await;
-    assert_eq!(a, vec![grant(93, 300, 93, 59_950)]);
+    assert_eq!(a, vec![grant(93, 300, 93, 59_950, 59_950)]);
     assert_eq!(field(&redis, &key, "n").as_deref(), Some("7"));
     let start: f64 = field(&redis, &key, "w").unwrap().parse().unwrap();
     assert_eq!(start, w1 as f64);
@@ -99,7 +100,7 @@ async fn a_lease_ends_with_its_window_and_a_late_report_is_not_charged_to_the_ne
 
     // a spends its 93 (the window is used up: 100), and asks again: nothing, until the end
     let a = sync_at(&state, &one("a", &[FIXED], 93, 20), w1 + 150 * MS).await;
-    assert_eq!(a, vec![grant(0, 300, 0, 59_850)]);
+    assert_eq!(a, vec![grant(0, 300, 0, 59_850, 59_850)]);
     // after a's lease expires, the strict check waits for the window's end too
     let answer = check_handler::decide(&state, &check, w1 + 30_000 * MS)
         .await
@@ -125,7 +126,7 @@ async fn a_lease_ends_with_the_first_window_of_its_entry_to_end() {
     // 10 a second binds the lease, and its second ends 200 ms later; 100 remain in the minute
     // but 10 in the second: the reply speaks for the tighter one.
     let a = sync_at(&state, &one("a", &limits, 0, 1_000), W0 + 800 * MS).await;
-    assert_eq!(a, vec![grant(10, 200, 10, 200)]);
+    assert_eq!(a, vec![grant(10, 200, 10, 200, 200)]);
     let a = sync_at(&state, &one("a", &limits, 0, 1_000), W0 + 1_500 * MS).await;
     assert_eq!(a[0].ttl_ms, 300);
     // a sliding window ends its leases at its window's end too

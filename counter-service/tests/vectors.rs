@@ -8,6 +8,11 @@
 //! and through `Bucket::check` / `Bucket::admit`: the same decisions, remaining, retry-after and
 //! reset.
 //!
+//! The leases of cached windows (`lua/sync_window.lua`) say when the window admits one request
+//! more than the `remaining` they answer (`token_ms`) as core's `Bucket::check` would on the
+//! same counts: hand-checked syncs (`vectors/window.json`'s `leases`), then many seeded random
+//! ones, core reading the counts Redis holds after each.
+//!
 //! The sliding logs (`lua/sliding_log.lua`) decide as `sluice_core`'s (`log.rs`, through a key's
 //! record): many seeded random traces, with arrivals at the very microsecond an admitted
 //! request stops counting, through the service's check and through core.
@@ -19,7 +24,7 @@ use serde_json::Value;
 use sluice_core::limit::table::Record;
 use sluice_core::{Algorithm, Bucket, Limit, Period, Verdict};
 use sluice_counter_service::scripts::CHECK_LUA;
-use sluice_counter_service::{check_handler, validate, AppState};
+use sluice_counter_service::{check_handler, keys, sync_handler, validate, AppState};
 use sluice_protocol::{CheckRequest, LimitSpec};
 use sluice_tests::redis::Redis;
 
@@ -551,5 +556,225 @@ fn random_sliding_log_traces_decide_alike_in_rust_and_in_lua() {
     assert!(
         steps >= 10 * TRACES && denied >= steps / 10 && at_expiry >= steps / 10,
         "{steps} steps, {denied} denied, {at_expiry} at an expiry"
+    );
+}
+
+/// The windows of one entry key as `lua/sync_window.lua` left them on Redis, read into core's
+/// state (`sluice_core::limit::algorithm`'s layout: a fixed window's count and start; a sliding
+/// window's current count, and its previous count and window number packed). `None` when a
+/// sliding window's previous count is not whole: the script caps a count at what one report may
+/// count (`requests x (1 + report_window_ms / period_ms)`, a fraction), which core's layout,
+/// made for whole requests, cannot hold.
+fn stored_windows(redis: &Redis, key: &str, limits: &[Limit]) -> Option<Vec<Bucket>> {
+    let number = |field: Option<String>| -> f64 { field.map_or(0.0, |v| v.parse().unwrap()) };
+    limits
+        .iter()
+        .map(|limit| {
+            let redis_key = keys::limit_key(key, &LimitSpec::from(limit));
+            let field = |name: &str| {
+                redis
+                    .query(&["HGET", &redis_key, name])
+                    .unwrap()
+                    .text()
+                    .map(str::to_owned)
+            };
+            if limit.algorithm() == Algorithm::SlidingWindow {
+                let previous = number(field("p"));
+                let window = number(field("w")) as u64;
+                (previous.fract() == 0.0).then(|| Bucket {
+                    tokens: number(field("c")),
+                    stamp_us: ((previous as u64) << 32) | (window & 0xffff_ffff),
+                })
+            } else {
+                Some(Bucket {
+                    tokens: number(field("n")),
+                    stamp_us: number(field("w")) as u64,
+                })
+            }
+        })
+        .collect()
+}
+
+/// Core's wait for one request more than `remaining` on windows in `states` at `now_us` (ms):
+/// each window charged `remaining`, then `Bucket::check` of a request of cost 1.
+fn core_token_ms(limits: &[Limit], states: &[Bucket], remaining: u64, now_us: u64) -> u64 {
+    limits
+        .iter()
+        .zip(states)
+        .map(|(limit, state)| {
+            let charged = state.charge(limit, now_us, remaining);
+            charged
+                .check(limit, now_us, 1)
+                .0
+                .retry_after_us
+                .div_ceil(1_000)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn window_limits(specs: &Value) -> Vec<Limit> {
+    specs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            Limit::windowed(
+                l["requests"].as_u64().unwrap(),
+                Period::parse(l["per"].as_str().unwrap()).unwrap(),
+                Algorithm::parse(l["algorithm"].as_str().unwrap()).unwrap(),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// A cached window's grant says when the window admits one more than its `remaining`
+/// (`token_ms`): by hand, and in core from the counts Redis holds.
+#[test]
+fn hand_checked_window_leases_hold_in_rust_and_in_lua() {
+    let redis = Redis::start().unwrap();
+    let runtime = runtime();
+    let state = runtime.block_on(async { common::state(&redis.url()) });
+    let file: Value = serde_json::from_str(include_str!("vectors/window.json")).unwrap();
+    let cases = file["leases"].as_array().unwrap();
+    assert!(cases.len() >= 4);
+    for (n, case) in cases.iter().enumerate() {
+        let name = case["name"].as_str().unwrap();
+        let limits = window_limits(&case["limits"]);
+        let key = format!("lease:{n}");
+        for (i, sync) in case["syncs"].as_array().unwrap().iter().enumerate() {
+            let now = sync["now_us"].as_u64().unwrap();
+            let request = common::batch(
+                "a",
+                100,
+                vec![common::entry(
+                    &key,
+                    &limits.iter().map(LimitSpec::from).collect::<Vec<_>>(),
+                    sync["spent"].as_u64().unwrap(),
+                    sync["denied"].as_u64().unwrap(),
+                )],
+            );
+            let grants = runtime
+                .block_on(sync_handler::apply(&state, &request, now))
+                .unwrap();
+            let expected = (
+                sync["remaining"].as_u64().unwrap(),
+                sync["reset_ms"].as_u64().unwrap(),
+                Some(sync["token_ms"].as_u64().unwrap()),
+            );
+            let grant = &grants[0];
+            assert_eq!(
+                (grant.remaining, grant.reset_ms, grant.token_ms),
+                expected,
+                "Lua: {name}, sync {i}: {grant:?}"
+            );
+            let states = stored_windows(&redis, &key, &limits).unwrap();
+            assert_eq!(
+                Some(core_token_ms(&limits, &states, grant.remaining, now)),
+                expected.2,
+                "Rust: {name}, sync {i}: {states:?}"
+            );
+        }
+    }
+}
+
+/// Random syncs of three proxies on cached windows (one to three limits, fixed or sliding, any
+/// period, reports of any size, arrivals across window ends): every grant's `token_ms` is core's
+/// wait for one request more than its `remaining` on the counts Redis holds after it.
+#[test]
+fn random_window_leases_agree_with_core() {
+    let redis = Redis::start().unwrap();
+    let runtime = runtime();
+    let state = runtime.block_on(async { common::state(&redis.url()) });
+    let seed = 0x5eed_0004;
+    let mut rng = Rng(seed);
+    let fixed = [
+        Period::Second,
+        Period::Minute,
+        Period::Hour,
+        Period::Day,
+        Period::Week,
+        Period::Month,
+    ];
+    let sliding = [Period::Second, Period::Minute, Period::Hour, Period::Day];
+    const TRACES: usize = 400;
+    let (mut syncs, mut waits, mut later, mut capped) = (0, 0, 0, 0);
+    for trace in 0..TRACES {
+        let algorithm = if trace % 2 == 0 {
+            Algorithm::FixedWindow
+        } else {
+            Algorithm::SlidingWindow
+        };
+        let periods: &[Period] = if algorithm == Algorithm::FixedWindow {
+            &fixed
+        } else {
+            &sliding
+        };
+        let count = 1 + rng.below(3) as usize;
+        let limits: Vec<Limit> = (0..count)
+            .map(|_| {
+                let period = periods[rng.below(periods.len() as u64) as usize];
+                let requests = match rng.below(4) {
+                    0 | 1 => 1 + rng.below(10),
+                    2 => 1 + rng.below(100),
+                    _ => 1 + rng.below(10_000),
+                };
+                Limit::windowed(requests, period, algorithm).unwrap()
+            })
+            .collect();
+        let specs: Vec<LimitSpec> = limits.iter().map(LimitSpec::from).collect();
+        let first = limits[0];
+        let length = first.period().micros();
+        let mut now = 1_704_067_200_000_000 + rng.below(7 * 365 * 86_400_000_000);
+        let key = format!("leases:{trace}");
+        for _ in 0..(5 + rng.below(20)) {
+            let proxy = ["a", "b", "c"][rng.below(3) as usize];
+            let least = limits.iter().map(Limit::requests).min().unwrap();
+            let spent = match rng.below(4) {
+                0 => 0,
+                1 => 1,
+                _ => rng.below(least / 2 + 2),
+            };
+            let request = common::batch(
+                proxy,
+                100,
+                vec![common::entry(&key, &specs, spent, rng.below(3))],
+            );
+            let grants = runtime
+                .block_on(sync_handler::apply(&state, &request, now))
+                .unwrap();
+            let grant = &grants[0];
+            syncs += 1;
+            let Some(states) = stored_windows(&redis, &key, &limits) else {
+                capped += 1;
+                continue;
+            };
+            let core = core_token_ms(&limits, &states, grant.remaining, now);
+            assert_eq!(
+                grant.token_ms,
+                Some(core),
+                "trace {trace} (seed {seed:#x}): {limits:?} at {now}, {proxy} spent {spent}: \
+                 {grant:?}, core's state {states:?}"
+            );
+            waits += usize::from(core > 0);
+            later += usize::from(core > 0 && core < grant.reset_ms);
+            let end = sluice_core::limit::calendar::end_us(first.period(), now);
+            now = match rng.below(6) {
+                0 => now + rng.below(1_000),
+                1 | 2 => now + rng.below(length / first.requests() + 1),
+                3 => end + rng.below(3),
+                4 => now + rng.below(length),
+                _ => now + rng.below(3 * length),
+            };
+        }
+    }
+    eprintln!(
+        "{TRACES} traces, {syncs} syncs ({waits} with a wait, {later} sooner than reset, \
+         {capped} at a fractional cap)"
+    );
+    assert!(
+        waits >= syncs / 4 && later >= syncs / 20 && capped <= syncs / 10,
+        "{syncs} syncs, {waits} with a wait, {later} sooner than the reset, {capped} capped"
     );
 }

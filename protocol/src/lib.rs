@@ -217,7 +217,9 @@ pub struct SyncEntry {
     pub limits: Vec<LimitSpec>,
     /// Tokens spent (requests admitted) since the previous sync, from a grant or a fallback.
     pub spent: u64,
-    /// Requests denied since the previous sync (unmet demand: sizes the next grant).
+    /// Requests denied since the previous sync (unmet demand: sizes the next grant). A fail-closed
+    /// cached rule's requests the service decided with a check for want of a lease count here
+    /// too: the check counted them, and the grant must cover such demand.
     pub denied: u64,
     /// The proxy's round when these counts were first sent: its epoch in the high 32 bits (drawn
     /// again whenever the proxy's sync state starts over), a counter increasing every round in
@@ -261,9 +263,11 @@ pub struct Grant {
     pub reset_ms: u64,
     /// Milliseconds until every limit of the global state holds `remaining + 1` tokens (0: every
     /// one does now), as this answer counts: once the `remaining` tokens are spent (none when it
-    /// is 0), the wait for the next one, whichever limit is short. Answered for token buckets;
-    /// absent from windows and from older services (the proxy then works the wait out from
-    /// `remaining` and `reset_ms`, exact for one limit), ignored by older proxies.
+    /// is 0), the wait for the next one, whichever limit is short. For windows, until every
+    /// window admits one request more than `remaining`: a fixed window's end, or when enough of a
+    /// sliding window's previous window has slid out. Absent from older services (the proxy
+    /// then works the wait out from `remaining` and `reset_ms`, exact for one bucket), ignored
+    /// by older proxies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_ms: Option<u64>,
     /// Set when the service refused this entry alone (a key too long, a limit out of bounds):

@@ -85,7 +85,7 @@ pub struct Record {
     pub global_reset_at_us: u64,
     /// When every limit of the global state holds a token more than the `remaining` the service
     /// last answered (its grant's `token_ms`): once those are spent, when the next one is back,
-    /// whichever limit is short. 0: the service did not say (an older one, or a window), and the
+    /// whichever limit is short. 0: the service did not say (an older one), and the
     /// wait is worked out from `global_remaining` and `global_reset_at_us`.
     pub global_token_at_us: u64,
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.

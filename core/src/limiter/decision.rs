@@ -77,6 +77,9 @@ pub struct Evaluation {
     /// Rules with a `cost_header` that admitted the request, with the key: what the response
     /// reports is charged to them.
     pub chargeable: Vec<(RuleId, String)>,
+    /// Keys of fail-closed cached rules without a lease while the service is up: the service
+    /// decides them, one check each, as it does a strict rule's, once the other rules admit.
+    pub asked: Vec<(RuleId, String)>,
 }
 
 /// How a rule spent a request's tokens, so they can be given back.

@@ -141,6 +141,9 @@ struct RuleVerdict {
     delay_us: u64,
     /// Fail-closed without the service: the limiter could not decide.
     unavailable: bool,
+    /// A fail-closed cached rule without a lease while the service is up: the service decides
+    /// this request, as it does a strict rule's ([`ask`]).
+    asks: bool,
 }
 
 /// A rule's verdict on one record, and what it means for the sync.
@@ -167,6 +170,7 @@ struct Tally {
     delay_us: u64,
     warned: Vec<(RuleId, String)>,
     chargeable: Vec<(RuleId, String)>,
+    asked: Vec<(RuleId, String)>,
 }
 
 impl Tally {
@@ -197,6 +201,17 @@ impl Tally {
                 .is_none_or(|(_, q)| v.quota.remaining < q.remaining)
         {
             self.tightest = Some((id, v.quota));
+        }
+    }
+
+    /// A key the service must decide ([`ask`]): checked once the other rules admit the request;
+    /// the round brought forward (the key has no lease); charged the cost its response reports,
+    /// if the check admits it.
+    fn ask(&mut self, id: RuleId, rule: &Rule, key: &str) {
+        self.asked.push((id, key.to_string()));
+        self.lease_exhausted = true;
+        if rule.cost_header.is_some() {
+            self.chargeable.push((id, key.to_string()));
         }
     }
 
@@ -244,6 +259,7 @@ impl Tally {
             delay_us: self.delay_us,
             warned: self.warned,
             chargeable: self.chargeable,
+            asked: self.asked,
         }
     }
 }
@@ -498,6 +514,9 @@ impl Limiter {
         if dirty {
             tally.newly_unsynced.push((id, key.to_string()));
         }
+        if verdict.asks {
+            return tally.ask(id, rule, key);
+        }
         tally.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
         if verdict.allowed {
             tally.admit(id, rule, key, fingerprint, &verdict);
@@ -626,7 +645,7 @@ impl Limiter {
         });
         self.scratch.borrow_mut().set_key = set_key;
         let verdict = verdict.ok()?;
-        (!verdict.allowed && !verdict.unavailable)
+        (!verdict.allowed && !verdict.unavailable && !verdict.asks)
             .then_some((verdict.quota, verdict.retry_after_us))
     }
 
@@ -685,7 +704,9 @@ impl Limiter {
         keys
     }
 
-    /// A strict rule's answer when the counter service cannot give one: its fallback.
+    /// A strict rule's answer when the counter service cannot give one: its fallback. Also a
+    /// fail-closed cached rule's whose check failed ([`ask`]): its 503, its record's counts kept
+    /// for the sync.
     pub fn fallback(
         &self,
         rule: RuleId,
@@ -706,11 +727,15 @@ impl Limiter {
         };
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
             let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
+            let counts = (record.spent, record.denied);
             let verdict = judge(spec, &mut record, conditions);
             record.seen_us = now_us;
-            // Strict rules report nothing to the sync: their counts are already global.
-            record.spent = 0;
-            record.denied = 0;
+            // Strict rules report nothing to the sync: their counts are already global. A
+            // cached rule's are the sync's, announced already: none is added unannounced.
+            (record.spent, record.denied) = match spec.consistency {
+                Consistency::Strict => (0, 0),
+                _ => counts,
+            };
             table.store(set, &record, limits, now_us);
             (verdict, true)
         })
@@ -721,6 +746,64 @@ impl Limiter {
             retry_after_us: verdict.retry_after_us,
             unavailable: verdict.unavailable,
         })
+    }
+
+    /// A cached key the service denied with a check ([`ask`]): if the key has a lease now (its
+    /// sync answered while the check was out, and the check set that lease aside as another
+    /// proxy's), the request is spent from it when it holds the cost: the answer and what to
+    /// give back if a strict rule denies after all, and whether the key got its first unsynced
+    /// count (to announce it). `None` otherwise: the check's answer stands.
+    pub fn leased(
+        &self,
+        rule: RuleId,
+        key: &str,
+        now_us: u64,
+        store: &mut dyn Store,
+    ) -> Option<(RuleAnswer, Spent, bool)> {
+        let Enforced {
+            rule: spec, table, ..
+        } = self.rule(rule)?;
+        if spec.consistency != Consistency::Cached {
+            return None;
+        }
+        let fingerprint = table.fingerprint(key);
+        let limits = bucket_limits(spec);
+        let verdict = store::update(store, &table.set_key(fingerprint), |set| {
+            let Some(mut record) = table.find(set, fingerprint) else {
+                return (None, false);
+            };
+            if now_us >= record.lease_until_us
+                || record.lease < spec.cost.min(u32::MAX as u64) as u32
+            {
+                return (None, false);
+            }
+            let conditions = Conditions {
+                now_us,
+                service_up: true,
+                service_back_us: 0,
+            };
+            let was_unsynced = record.unsynced();
+            let verdict = judge(spec, &mut record, conditions);
+            record.seen_us = now_us;
+            table.store(set, &record, limits, now_us);
+            let dirty = !was_unsynced && record.unsynced();
+            (Some((verdict, dirty)), true)
+        })
+        .ok()??;
+        let (verdict, dirty) = verdict;
+        let spent = Spent {
+            rule,
+            fingerprint,
+            how: verdict.spend,
+            cost: spec.cost,
+        };
+        let answer = RuleAnswer {
+            allowed: verdict.allowed,
+            quota: verdict.quota,
+            retry_after_us: verdict.retry_after_us,
+            unavailable: verdict.unavailable,
+        };
+        verdict.allowed.then_some((answer, spent, dirty))
     }
 
     /// Charges `cost` more to a key a request of `rule` was admitted on (the cost its response
@@ -845,6 +928,11 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
                 verdict.quota.limit = first_limit(rule);
                 verdict
             }
+            // No lease (a new key, or one idle until its lease lapsed) while the service is
+            // up: it is asked, not refused.
+            (Consistency::Cached, Fallback::Closed) if conditions.service_up => {
+                ask(first_limit(rule))
+            }
             (_, Fallback::Closed) => closed(
                 first_limit(rule),
                 conditions.service_back_us.saturating_sub(now),
@@ -893,6 +981,31 @@ fn closed(limit: Limit, until_back_us: u64) -> RuleVerdict {
         spend: Spend::Buckets,
         delay_us: 0,
         unavailable: true,
+        asks: false,
+    }
+}
+
+/// The answer of a fail-closed cached rule that has no lease for a key while the counter service
+/// is up: the service decides the request, as a strict rule's, with one check on the same global
+/// state its syncs lease from (the check sets their leases aside, so the two never admit more
+/// than the limit together), and a failed check falls back to [`closed`] (the 503). Nothing is
+/// spent here (the check counts the request); it counts as `denied` for the sync, demand the
+/// lease did not cover, so the key is announced and its next sync brings a lease sized for it.
+/// Refusing instead would answer 503 "the rate limit service cannot be reached" while it can, to
+/// every new key and to every key idle for three sync intervals.
+fn ask(limit: Limit) -> RuleVerdict {
+    RuleVerdict {
+        allowed: false,
+        quota: Quota {
+            limit,
+            remaining: 0,
+            reset_us: 0,
+        },
+        retry_after_us: 0,
+        spend: Spend::Buckets,
+        delay_us: 0,
+        unavailable: false,
+        asks: true,
     }
 }
 
@@ -932,10 +1045,19 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
     } else {
         until_reset.max(micros_per_token)
     };
+    // Denied with the global state holding the cost as far as the service said (others' leases
+    // hold it): the lease is short, and others' unspent leases come back at their next sync.
+    // A window's room frees at its rate at the soonest (one request every `period / requests`),
+    // never later than its reset.
+    let lease_short_us = if windowed && until_reset > 0 {
+        micros_per_token.min(until_reset)
+    } else {
+        micros_per_token
+    };
     let retry_after_us = if allowed {
         0
-    } else if !windowed && record.global_token_at_us != 0 {
-        token_wait(rule, record, now, cost, micros_per_token)
+    } else if record.global_token_at_us != 0 {
+        token_wait(rule, record, now, cost, lease_short_us)
     } else if !windowed && record.global_remaining == 0 && until_reset > 0 {
         // The global bucket is empty as far as the service last said (in debt, perhaps):
         // it holds `cost` tokens again when it is `burst - cost` short of full.
@@ -951,10 +1073,10 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
         // The fixed window is used up, as far as this proxy knows: nothing before its end.
         until_reset
     } else {
-        // Room may come sooner: others' unspent leases return at their next sync, and a
-        // sliding window frees room as its previous window slides out (one request every
-        // `period / requests` when it was full). Never later than the window's reset.
-        micros_per_token.min(until_reset)
+        // A service that does not say when a window has room (an older one): room may come
+        // sooner, as others' unspent leases return at their next sync and a sliding window's
+        // previous window slides out (one request every `period / requests` when it was full).
+        lease_short_us
     };
     RuleVerdict {
         allowed,
@@ -971,35 +1093,45 @@ fn spend_lease(rule: &Rule, record: &mut Record, now: u64, cost: u64) -> RuleVer
         spend: Spend::Lease,
         delay_us: 0,
         unavailable: false,
+        asks: false,
     }
 }
 
-/// The wait of a cached request of token buckets denied on its lease, when the service said
-/// when every limit of the global state holds a token more than the `remaining` it answered
+/// The wait of a cached request denied on its lease, when the service said when every limit of
+/// the global state has room for one request more than the `remaining` it answered
 /// (`global_token_at_us`, whichever limit is short: a rule of several limits is not sized by its
-/// first one). While the global state is short of `cost` as far as this proxy knows (its
-/// `remaining` spent, less what is left of it): that time, plus the slowest limit's time of each
-/// token more the request needs: exact for a cost of 1 while the service's count stands, never
-/// sooner for more. Once that time has passed, or while the global state holds tokens others'
-/// leases hold, the lease is what is short: one token's time of the first limit (the next sync
-/// may bring a lease).
-fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, first_token_us: u64) -> u64 {
+/// first one): a bucket's token back, a window's end (fixed) or the time its previous window has
+/// slid out enough (sliding). While the global state is short of `cost` as far as this proxy
+/// knows (its `remaining` spent, less what is left of it): that time, plus, for each request
+/// more the request needs, the slowest limit's time of a token (none for a fixed window: the next
+/// one holds the cost whole): exact for a cost of 1 while the service's count stands. Once that
+/// time has passed, or while the global state has room others' leases hold, the lease is what is
+/// short: `lease_short_us` (the next sync may bring a lease).
+fn token_wait(rule: &Rule, record: &Record, now: u64, cost: u64, lease_short_us: u64) -> u64 {
     let left = record.global_remaining as u64;
     if left >= cost {
-        return first_token_us;
+        return lease_short_us;
     }
     let slowest_us = rule
         .limits
         .iter()
-        .map(|l| l.period().micros() / l.requests().max(1))
+        .map(|l| match l.algorithm() {
+            Algorithm::FixedWindow => 0,
+            _ => l.period().micros() / l.requests().max(1),
+        })
         .max()
-        .unwrap_or(first_token_us);
+        .unwrap_or(0);
     let more = (cost - left - 1).saturating_mul(slowest_us);
     let at = record.global_token_at_us.saturating_add(more);
-    if at > now {
-        at - now
-    } else {
-        first_token_us
+    if at <= now {
+        return lease_short_us;
+    }
+    // A window's count weighs two of its periods at most (a sliding window's, through the next
+    // one): whatever the service said, no window makes a request wait longer.
+    let windows = rule.limits.iter().filter(|l| l.algorithm().windowed());
+    match windows.map(|l| l.period().micros().saturating_mul(2)).max() {
+        Some(longest) => (at - now).min(longest),
+        None => at - now,
     }
 }
 
@@ -1026,6 +1158,7 @@ fn spend_buckets(limits: &[Limit], record: &mut Record, now: u64, cost: u64) -> 
                 spend: Spend::Buckets,
                 delay_us: if allowed { verdict.delay_us } else { 0 },
                 unavailable: false,
+                asks: false,
             };
         }
     }
@@ -1084,6 +1217,7 @@ fn spend_each(limits: &[Limit], record: &mut Record, now: u64, cost: u64) -> Rul
         spend: Spend::Buckets,
         delay_us,
         unavailable: false,
+        asks: false,
     }
 }
 
