@@ -32,7 +32,7 @@ background() {
   shift
   began_at[$name]=$(now)
   echo "ci: $name starts at ${began_at[$name]} s (in the background, output in $logs/$name.log)"
-  "$@" >"$logs/$name.log" 2>&1 &
+  { "$@"; status=$?; now >"$logs/$name.ended"; exit "$status"; } >"$logs/$name.log" 2>&1 &
   pids[$name]=$!
 }
 finish() {
@@ -42,7 +42,7 @@ finish() {
   cat "$logs/$name.log"
   echo "ci: ---- end of $name ----"
   [ "$status" = 0 ] || failed+=("$name")
-  times+=("$name: $(($(now) - ${began_at[$name]})) s (from ${began_at[$name]} s, in the background)")
+  times+=("$name: $(($(cat "$logs/$name.ended") - ${began_at[$name]})) s (from ${began_at[$name]} s, in the background)")
 }
 
 background lint env CARGO_TARGET_DIR=target/lint nice -n 10 "$make" --no-print-directory lint
