@@ -744,6 +744,25 @@ impl Exchange {
         }
     }
 
+    /// The wait queue refused the request (full, and keeping its waiters): what the rate limits
+    /// spent on it is given back and it is shed with `queue_full`, its `Retry-After` spread by
+    /// `draw` as every shed answer's. The seat it would have taken, for the shedding metrics, and
+    /// the reply; `None` when it was not waiting for a seat.
+    pub fn queue_full(
+        &mut self,
+        limiter: &Limiter,
+        level: Level,
+        draw: f64,
+        store: &mut dyn Store,
+    ) -> Option<(Seat, Reply)> {
+        let seat = self.waiting()?;
+        let shedding = limiter.policy().shedding.as_ref()?;
+        self.unseated(limiter, store);
+        let reason = ShedReason::QueueFull;
+        let reply = crate::reply::overloaded(shedding, seat, level, reason, draw, self.protocol);
+        Some((seat, reply))
+    }
+
     /// The request was held for its slot and its stream ended before it left: what the rules
     /// spent on it is given back (its slot, to the next request).
     pub fn cancel_delay(&mut self, limiter: &Limiter, store: &mut dyn Store) {

@@ -822,3 +822,39 @@ fn a_waiter_is_seated_despite_a_fleet_level_it_does_not_believe() {
     assert_eq!(seated.iter().map(|w| w.id).collect::<Vec<_>>(), vec![7]);
     assert_eq!(in_flight(&limiter, &mut store), 2);
 }
+
+#[test]
+fn a_full_queue_sheds_the_newcomer_in_core_and_gives_back_its_spend() {
+    let limiter = limiter(
+        r#"{"rules": [{"name": "r", "key": ["const:all"], "limits": [{"requests": 3, "per": "hour"}]}],
+            "shedding": {"bulkheads": [{"name": "a", "limit": {"static": 1},
+                "queue": {"size": 1, "max_wait_ms": 100, "drop": "newest"}}]}}"#,
+    );
+    let mut store = MemoryStore::default();
+    let (_held, step, _) = start(&limiter, &mut store, PlainRequest::get("/x"), at(T0));
+    assert_eq!(step, Step::Continue);
+    let (mut refused, step, _) = start(&limiter, &mut store, PlainRequest::get("/x"), at(T0));
+    let Step::Queue { seat, level, .. } = step else {
+        panic!("{step:?}");
+    };
+    let (shed_seat, reply) = refused
+        .queue_full(&limiter, level, 0.5, &mut store)
+        .expect("a waiting request is shed");
+    assert_eq!(shed_seat, seat);
+    assert_eq!(reply.status, 503);
+    assert!(
+        reply.body.contains(r#""reason":"queue_full""#),
+        "{}",
+        reply.body
+    );
+    assert_eq!(refused.waiting(), None);
+    // Its token came back: the rule still admits two more after the one held.
+    for _ in 0..2 {
+        let (_, step, _) = start(&limiter, &mut store, PlainRequest::get("/y"), at(T0));
+        assert!(matches!(step, Step::Queue { .. }), "{step:?}");
+    }
+    // Not waiting: nothing to shed.
+    assert!(refused
+        .queue_full(&limiter, level, 0.5, &mut store)
+        .is_none());
+}

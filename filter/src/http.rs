@@ -8,7 +8,6 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use sluice_core::protocol::CheckResponse;
-use sluice_core::reply::overloaded;
 use sluice_core::request::net::resolve_client;
 use sluice_core::shed::ShedReason;
 use sluice_core::{sync::proxy, Effect, Exchange, Moment, Step};
@@ -254,17 +253,16 @@ impl Request {
                 if shedder.enqueue(shedding, self.id, seat, now_us, wait_budget_us, protocol) {
                     return Action::Pause;
                 }
-                // The queue is full and keeps its waiters.
-                self.exchange.unseated(&self.limiter, &mut SharedData);
+                // The queue is full and keeps its waiters: core sheds the request.
+                let draw = host::draw(now_us);
+                let shed = self
+                    .exchange
+                    .queue_full(&self.limiter, level, draw, &mut SharedData);
+                let Some((seat, reply)) = shed else {
+                    return Action::Continue;
+                };
                 shedder.shed(seat, ShedReason::QueueFull, false);
-                respond(&overloaded(
-                    shedding,
-                    seat,
-                    level,
-                    ShedReason::QueueFull,
-                    host::draw(host::now_us()),
-                    protocol,
-                ));
+                respond(&reply);
                 Action::Pause
             }
         }
