@@ -79,7 +79,7 @@ fn corpus(dir: &str) -> Vec<(PathBuf, Vec<u8>)> {
 // ---------------------------------------------------------------------------------------------
 
 /// The top-level fields of a configuration (what an unknown one is told to pick from).
-const TOP_LEVEL: [&str; 8] = [
+const TOP_LEVEL: [&str; 9] = [
     "headers",
     "bypass",
     "client_ip",
@@ -88,6 +88,7 @@ const TOP_LEVEL: [&str; 8] = [
     "service",
     "shedding",
     "jwt_payload_in_metadata",
+    "x_ratelimit_reset",
 ];
 
 /// Configurations to mutate: the error fixtures, the examples of the README and docs/, the corpus,
