@@ -17,7 +17,7 @@ pub mod sync;
 
 pub use config::{parse, ConfigError};
 pub use exchange::{Effect, Exchange, Moment, Reply, Step};
-pub use limit::token_bucket::{Bucket, Verdict};
+pub use limit::token_bucket::{LimitState, Verdict};
 pub use limit::{Algorithm, Limit, Period};
 pub use limiter::decision::{Decision, Evaluation, Outcome, Quota};
 pub use limiter::{Conditions, Limiter};

@@ -2,7 +2,7 @@
 //! machines: a log of admitted times, counted the way the definition reads.
 
 use proptest::prelude::*;
-use sluice_core::limit::token_bucket::Bucket;
+use sluice_core::limit::token_bucket::LimitState;
 use sluice_core::limit::{Algorithm, Limit, Period};
 use sluice_core::{limit::calendar, MemoryStore, PlainRequest};
 
@@ -16,7 +16,7 @@ fn windowed(requests: u64, period: Period, algorithm: Algorithm) -> Limit {
 
 /// Runs `times` through one limit's state machine; returns what it admitted.
 fn run(limit: &Limit, times: &[u64]) -> Vec<bool> {
-    let mut state = Bucket::fresh(limit, times[0]);
+    let mut state = LimitState::fresh(limit, times[0]);
     times
         .iter()
         .map(|&t| {
@@ -163,7 +163,7 @@ proptest! {
             a => windowed(requests, Period::Second, a),
         };
         let times = arrivals(MIDNIGHT + 123_457, &gaps);
-        let mut state = Bucket::fresh(&limit, times[0]);
+        let mut state = LimitState::fresh(&limit, times[0]);
         for &t in &times {
             let (verdict, next) = state.admit(&limit, t, 1);
             if !verdict.allowed {
@@ -194,7 +194,7 @@ proptest! {
             a => windowed(requests, Period::Minute, a),
         };
         let t0 = MIDNIGHT + 17 * S;
-        let mut state = Bucket::fresh(&limit, t0);
+        let mut state = LimitState::fresh(&limit, t0);
         for i in 0..used.min(requests) {
             state = state.admit(&limit, t0 + i, 1).1;
         }
@@ -203,9 +203,9 @@ proptest! {
         let back_at = evicted_at + later;
         let truth = state.check(&limit, back_at, 0).0.remaining;
         let returned = if ghost > back_at {
-            Bucket::returning(&limit, back_at, ghost)
+            LimitState::returning(&limit, back_at, ghost)
         } else {
-            Bucket::fresh(&limit, back_at)
+            LimitState::fresh(&limit, back_at)
         };
         let given = returned.check(&limit, back_at, 0).0.remaining;
         prop_assert!(given <= truth, "{:?}: {} left after return, {} truly", algorithm, given, truth);
@@ -322,7 +322,7 @@ proptest! {
 fn a_daily_quota_resets_at_midnight_utc_and_says_so() {
     let limit = windowed(3, Period::Day, Algorithm::FixedWindow);
     let evening = MIDNIGHT + 23 * 3_600 * S;
-    let mut state = Bucket::fresh(&limit, evening);
+    let mut state = LimitState::fresh(&limit, evening);
     for _ in 0..3 {
         state = state.admit(&limit, evening, 1).1;
     }
@@ -335,7 +335,7 @@ fn a_daily_quota_resets_at_midnight_utc_and_says_so() {
     assert_eq!(verdict.remaining, 2);
     // A month: November 2026 ends on the 30th at midnight.
     let monthly = windowed(1_000, Period::Month, Algorithm::FixedWindow);
-    let (verdict, _) = Bucket::fresh(&monthly, evening).admit(&monthly, evening, 1);
+    let (verdict, _) = LimitState::fresh(&monthly, evening).admit(&monthly, evening, 1);
     assert_eq!(verdict.reset_us, 3_600 * S, "{verdict:?}");
 }
 
@@ -542,7 +542,7 @@ proptest! {
         let limit = leaky(requests, delay, queue, 60_000);
         let t = S / requests;
         let times = arrivals(MIDNIGHT, &gaps);
-        let mut state = Bucket::fresh(&limit, times[0]);
+        let mut state = LimitState::fresh(&limit, times[0]);
         // The reference: the next free slot, as the definition reads.
         let mut next_slot = times[0];
         for &now in &times {
@@ -566,7 +566,7 @@ fn a_leaky_bucket_refuses_a_wait_beyond_max_delay_and_says_when_to_retry() {
     // 10 a second (one every 100 ms), 20 may wait, but never longer than 250 ms.
     let limit = leaky(10, 0, 20, 250);
     let now = MIDNIGHT;
-    let mut state = Bucket::fresh(&limit, now);
+    let mut state = LimitState::fresh(&limit, now);
     let mut delays = Vec::new();
     loop {
         let (verdict, next) = state.admit(&limit, now, 1);

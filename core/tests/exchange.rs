@@ -351,8 +351,8 @@ const CACHED_CLOSED: &str = r#"{"service": {"cluster": "svc", "breaker_failures"
        "cost_header": "x-cost",
        "limits": [{"requests": 20, "per": "minute"}], "fallback": {"policy": "fail_closed"}}]}"#;
 
-fn lease(tokens: u64) -> sluice_core::protocol::Grant {
-    sluice_core::protocol::Grant {
+fn lease(tokens: u64) -> sluice_core::protocol::Lease {
+    sluice_core::protocol::Lease {
         tokens,
         ttl_ms: 300,
         remaining: 15,

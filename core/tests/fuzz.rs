@@ -828,7 +828,7 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
         }
         for (rule, key) in &evaluation.newly_unsynced {
             let _ = proxy::snapshot(limiter, *rule, key, store);
-            let grant = sluice_core::protocol::Grant {
+            let grant = sluice_core::protocol::Lease {
                 tokens: 5,
                 ttl_ms: 1_000,
                 remaining: 7,
@@ -870,7 +870,7 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
     let later = now + 2 * SECOND;
     if let Some(batch) = round::compose(limiter, &mut pending, "p1", 100, store) {
         let grants = (0..batch.request.entries.len())
-            .map(|i| sluice_core::protocol::Grant {
+            .map(|i| sluice_core::protocol::Lease {
                 tokens: 3,
                 ttl_ms: 500,
                 remaining: 9,

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use sluice_core::protocol::{Grant, Hints, SyncEntry, SyncResponse};
+use sluice_core::protocol::{Hints, Lease, SyncEntry, SyncResponse};
 use sluice_core::sync::outbox::{Pending, MAX_BATCH_KEYS};
 use sluice_core::sync::proxy::{claim_round, read_state};
 use sluice_core::sync::round::{self, Batch, Failure};
@@ -124,7 +124,7 @@ impl Proxy {
         let service = self.limiter.policy().service.clone().unwrap();
         match outcome {
             Outcome::Answered => {
-                let grant = Grant {
+                let grant = Lease {
                     tokens: 1_000,
                     ttl_ms: 300,
                     remaining: 1_000,

@@ -3,7 +3,7 @@
 
 use sluice_core::limiter::Conditions;
 use sluice_core::policy::RuleId;
-use sluice_core::protocol::Grant;
+use sluice_core::protocol::Lease;
 use sluice_core::sync::proxy::{apply_lease, snapshot, take, Taken};
 use sluice_core::{Decision, Limiter, MemoryStore, PlainRequest};
 
@@ -44,8 +44,8 @@ fn admitted(limiter: &Limiter, store: &mut MemoryStore, n: usize, c: Conditions)
         .count()
 }
 
-fn grant(tokens: u64) -> Grant {
-    Grant {
+fn grant(tokens: u64) -> Lease {
+    Lease {
         tokens,
         ttl_ms: 300,
         remaining: 0,
@@ -194,7 +194,7 @@ fn a_spent_lease_on_an_empty_global_bucket_says_when_the_bucket_holds_a_token_ag
     let mut store = MemoryStore::default();
     // 100 a second (a token every 10 ms): the service says the bucket is empty and 1.5 s from
     // full, so 50 tokens in debt; one token is back in 1.5 s - 99 × 10 ms = 510 ms.
-    let in_debt = Grant {
+    let in_debt = Lease {
         tokens: 2,
         ttl_ms: 300,
         remaining: 0,
@@ -216,7 +216,7 @@ fn a_spent_lease_on_an_empty_global_bucket_says_when_the_bucket_holds_a_token_ag
     // With tokens left globally (others' unspent leases), a token's time: the next sync may
     // bring a lease.
     let mut store = MemoryStore::default();
-    let plenty = Grant {
+    let plenty = Lease {
         remaining: 40,
         reset_ms: 600,
         token_ms: None,

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use sluice_core::limiter::{Conditions, BLOCKED_RETRY_US, MAX_BLOCKED_RETRY_US};
 use sluice_core::policy::RuleId;
-use sluice_core::protocol::{Grant, KeyAction, LiveOverrides};
+use sluice_core::protocol::{KeyAction, Lease, LiveOverrides};
 use sluice_core::reply::headers::retry_after_seconds;
 use sluice_core::sync::proxy::apply_lease;
 use sluice_core::{Decision, Limiter, MemoryStore, Outcome, PlainRequest};
@@ -58,7 +58,7 @@ fn a_cached_rule_of_several_limits_waits_for_the_limit_that_is_short() {
             "limits": [{"requests": 1000, "per": "minute"}, {"requests": 100000, "per": "day"}]}]
     }));
     let mut store = MemoryStore::default();
-    let grant = Grant {
+    let grant = Lease {
         tokens: 0,
         ttl_ms: 300,
         remaining: 0,
@@ -72,7 +72,7 @@ fn a_cached_rule_of_several_limits_waits_for_the_limit_that_is_short() {
     assert_eq!(retry_after_seconds(wait), 1);
     // An older service says nothing of it: the first limit's arithmetic, as before.
     let mut store = MemoryStore::default();
-    let old = Grant {
+    let old = Lease {
         token_ms: None,
         ..grant
     };
@@ -106,7 +106,7 @@ fn a_cached_window_waits_until_the_window_admits_one_more() {
         }));
         let mut store = MemoryStore::default();
         // The window had 3 left and this proxy leased them: after its 3, the window is used up.
-        let grant = Grant {
+        let grant = Lease {
             tokens: 3,
             ttl_ms: 300,
             remaining: 3,
@@ -130,7 +130,7 @@ fn a_cached_window_waits_until_the_window_admits_one_more() {
         );
         // The window has room others hold: one request's time (3,600 s / 20).
         let mut store = MemoryStore::default();
-        let roomy = Grant {
+        let roomy = Lease {
             remaining: 10,
             ..grant
         };
@@ -167,7 +167,7 @@ fn a_cached_window_wait_from_any_token_ms_is_bounded() {
         (0, 180 * SECOND),
     ] {
         let mut store = MemoryStore::default();
-        let grant = Grant {
+        let grant = Lease {
             tokens: 0,
             ttl_ms: u64::MAX,
             remaining: 0,
@@ -408,7 +408,7 @@ proptest! {
         let fewest = state.iter().map(|s| s.0).fold(f64::MAX, f64::min);
         let remaining = fewest.max(0.0).floor() as u64;
         let ms = |tokens: f64, token_us: f64| ((tokens * token_us) / 1_000.0).ceil().max(0.0) as u64;
-        let grant = Grant {
+        let grant = Lease {
             tokens: (remaining as f64 * lease_share).floor() as u64,
             ttl_ms: 3_600_000,
             remaining,

@@ -2,7 +2,7 @@
 //! (leases, refused entries, hints, the breaker), a failed batch undone.
 
 use sluice_core::policy::RuleId;
-use sluice_core::protocol::{Grant, Hints, Overrides, SyncResponse};
+use sluice_core::protocol::{Hints, Lease, Overrides, SyncResponse};
 use sluice_core::sync::outbox::{Pending, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 use sluice_core::sync::proxy::{claim_round, read_state};
 use sluice_core::sync::round::{self, Mismatch};
@@ -38,8 +38,8 @@ fn spend(limiter: &Limiter, store: &mut MemoryStore, keys: &[String]) -> Pending
     waiting
 }
 
-fn grant(tokens: u64, refused: Option<&str>) -> Grant {
-    Grant {
+fn grant(tokens: u64, refused: Option<&str>) -> Lease {
+    Lease {
         tokens,
         ttl_ms: 300,
         remaining: tokens,

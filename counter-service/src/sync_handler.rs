@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use axum::extract::State;
 use axum::{Extension, Json};
 use futures_util::future::try_join_all;
-use sluice_protocol::{Grant, Hints, SyncEntry, SyncRequest, SyncResponse};
+use sluice_protocol::{Hints, Lease, SyncEntry, SyncRequest, SyncResponse};
 
 use crate::backend::BackendError;
 use crate::backpressure;
@@ -94,7 +94,7 @@ pub async fn apply(
     state: &AppState,
     request: &SyncRequest,
     now_override_us: u64,
-) -> Result<Vec<Grant>, BackendError> {
+) -> Result<Vec<Lease>, BackendError> {
     apply_as(
         state,
         &request.proxy,
@@ -122,7 +122,7 @@ pub async fn apply_as(
     request: &SyncRequest,
     interval_ms: u64,
     now_override_us: u64,
-) -> Result<Vec<Grant>, BackendError> {
+) -> Result<Vec<Lease>, BackendError> {
     let settings = &state.settings;
     let metrics = &state.metrics;
     let interval_ms = settings.sync_interval_ms(interval_ms);
@@ -205,8 +205,8 @@ pub async fn apply_as(
     Ok(grants)
 }
 
-fn empty_grant(refused: Option<String>) -> Grant {
-    Grant {
+fn empty_grant(refused: Option<String>) -> Lease {
+    Lease {
         tokens: 0,
         ttl_ms: 0,
         remaining: 0,
@@ -275,7 +275,7 @@ impl Call<'_> {
         state: &AppState,
         windowed: bool,
         reports: Vec<&Report<'_>>,
-    ) -> Result<Vec<Grant>, BackendError> {
+    ) -> Result<Vec<Lease>, BackendError> {
         let (script, name) = if windowed {
             (&state.scripts.sync_window, "sync_window")
         } else {
@@ -327,7 +327,7 @@ impl Call<'_> {
         }
         Ok(reply
             .chunks_exact(width)
-            .map(|entry| Grant {
+            .map(|entry| Lease {
                 tokens: non_negative(entry[0]),
                 ttl_ms: non_negative(entry[1]),
                 remaining: non_negative(entry[2]),

@@ -9,7 +9,7 @@ mod common;
 
 use common::{batch, entry, state};
 use sluice_counter_service::{keys, sync_handler, AppState};
-use sluice_protocol::{AlgorithmSpec, Grant, LimitSpec, SyncEntry, SyncRequest};
+use sluice_protocol::{AlgorithmSpec, Lease, LimitSpec, SyncEntry, SyncRequest};
 use sluice_tests::redis::Redis;
 
 const MS: u64 = 1_000;
@@ -36,7 +36,7 @@ fn with_round(limit: LimitSpec, spent: u64, round: u64) -> SyncEntry {
     }
 }
 
-async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Grant> {
+async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Lease> {
     sync_handler::apply(state, request, now).await.unwrap()
 }
 

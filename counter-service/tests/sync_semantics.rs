@@ -14,7 +14,7 @@ mod common;
 
 use common::{batch, entry, state, TEN_PER_SECOND};
 use sluice_counter_service::{keys, sync_handler, AppState};
-use sluice_protocol::{Grant, LimitSpec, SyncRequest};
+use sluice_protocol::{Lease, LimitSpec, SyncRequest};
 use sluice_tests::redis::Redis;
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -24,7 +24,7 @@ const INTERVAL_MS: u64 = 100;
 /// 1.5 intervals of refill at 10/s: what a lease may borrow beyond the bucket.
 const BORROWED: f64 = 10.0 * INTERVAL_MS as f64 * 1.5 / 1_000.0;
 
-async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Grant> {
+async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Lease> {
     sync_handler::apply(state, request, now).await.unwrap()
 }
 
@@ -77,7 +77,7 @@ async fn one_proxy_gets_at_most_the_burst_and_the_refill_before_its_next_sync() 
     let grants = sync_at(&state, &one("a", "k", 0, 1_000_000), T0).await;
     assert_eq!(
         grants,
-        vec![Grant {
+        vec![Lease {
             tokens: 11,
             ttl_ms: 300,
             remaining: 10,

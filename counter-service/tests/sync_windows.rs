@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use common::{batch, entry, state};
 use sluice_counter_service::{check_handler, keys, sync_handler, AppState};
-use sluice_protocol::{AlgorithmSpec, CheckRequest, Grant, LimitSpec, SyncRequest};
+use sluice_protocol::{AlgorithmSpec, CheckRequest, Lease, LimitSpec, SyncRequest};
 use sluice_tests::redis::Redis;
 
 const MS: u64 = 1_000;
@@ -22,7 +22,7 @@ const MINUTE: u64 = 60_000 * MS;
 const FIXED: LimitSpec = LimitSpec::window(AlgorithmSpec::FixedWindow, 100, 60_000);
 const SLIDING: LimitSpec = LimitSpec::window(AlgorithmSpec::SlidingWindow, 100, 60_000);
 
-async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Grant> {
+async fn sync_at(state: &AppState, request: &SyncRequest, now: u64) -> Vec<Lease> {
     sync_handler::apply(state, request, now).await.unwrap()
 }
 
@@ -39,8 +39,8 @@ fn field(redis: &Redis, key: &str, name: &str) -> Option<String> {
 }
 
 /// A grant; `token_ms`, when one request more than `remaining` fits (a fixed window: its end).
-fn grant(tokens: u64, ttl_ms: u64, remaining: u64, reset_ms: u64, token_ms: u64) -> Grant {
-    Grant {
+fn grant(tokens: u64, ttl_ms: u64, remaining: u64, reset_ms: u64, token_ms: u64) -> Lease {
+    Lease {
         tokens,
         ttl_ms,
         remaining,

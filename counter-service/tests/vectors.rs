@@ -1,15 +1,15 @@
-//! The Lua bucket arithmetic (`lua/check.lua`) equals `sluice_core::Bucket::take` bit for bit:
+//! The Lua bucket arithmetic (`lua/check.lua`) equals `sluice_core::LimitState::take` bit for bit:
 //! hand-checked vectors (`vectors/bucket.json`), then many seeded random cases, each run through
 //! a real Redis with a fake clock and through the Rust function.
 //!
 //! The windows (`lua/window.lua`) decide as `sluice_core`'s `fixed_window` and `sliding_window`:
 //! hand-checked steps across calendar boundaries (`vectors/window.json`), then many seeded random
 //! traces, each step run through the service's check (`check_handler::decide`, with a fake clock)
-//! and through `Bucket::check` / `Bucket::admit`: the same decisions, remaining, retry-after and
+//! and through `LimitState::check` / `LimitState::admit`: the same decisions, remaining, retry-after and
 //! reset.
 //!
 //! The leases of cached windows (`lua/sync_window.lua`) say when the window admits one request
-//! more than the `remaining` they answer (`token_ms`) as core's `Bucket::check` would on the
+//! more than the `remaining` they answer (`token_ms`) as core's `LimitState::check` would on the
 //! same counts: hand-checked syncs (`vectors/window.json`'s `leases`), then many seeded random
 //! ones, core reading the counts Redis holds after each.
 //!
@@ -22,7 +22,7 @@ mod common;
 use redis::Script;
 use serde_json::Value;
 use sluice_core::limit::table::Record;
-use sluice_core::{Algorithm, Bucket, Limit, Period, Verdict};
+use sluice_core::{Algorithm, Limit, LimitState, Period, Verdict};
 use sluice_counter_service::scripts::CHECK_LUA;
 use sluice_counter_service::{check_handler, keys, sync_handler, validate, AppState};
 use sluice_protocol::{CheckRequest, LimitSpec};
@@ -45,7 +45,7 @@ fn lua_take(
     script: &Script,
     key: &str,
     limit: &Limit,
-    before: Option<Bucket>,
+    before: Option<LimitState>,
     now_us: u64,
     cost: u64,
 ) -> (bool, u64, f64, u64) {
@@ -82,11 +82,11 @@ fn lua_take(
 
 fn rust_take(
     limit: &Limit,
-    before: Option<Bucket>,
+    before: Option<LimitState>,
     now_us: u64,
     cost: u64,
 ) -> (bool, u64, f64, u64) {
-    let bucket = before.unwrap_or_else(|| Bucket::full(limit, now_us));
+    let bucket = before.unwrap_or_else(|| LimitState::full(limit, now_us));
     let (verdict, after) = bucket.take(limit, now_us, cost);
     (
         verdict.allowed,
@@ -115,7 +115,7 @@ fn hand_checked_vectors_hold_in_rust_and_in_lua() {
             l["period_ms"].as_u64().unwrap(),
             l["burst"].as_u64().unwrap(),
         );
-        let before = case["before"].as_object().map(|b| Bucket {
+        let before = case["before"].as_object().map(|b| LimitState {
             tokens: b["tokens"].as_f64().unwrap(),
             stamp_us: b["ts"].as_u64().unwrap(),
         });
@@ -192,7 +192,7 @@ fn random_cases_agree_bit_for_bit() {
         let ts = 1_700_000_000_000_000 + rng.below(10_000_000_000);
         let before = match rng.below(10) {
             0 => None,
-            _ => Some(Bucket {
+            _ => Some(LimitState {
                 // any double in [-burst, burst], fractions with every bit
                 tokens: (rng.unit() * 2.0 - 1.0) * burst as f64,
                 stamp_us: ts,
@@ -565,7 +565,7 @@ fn random_sliding_log_traces_decide_alike_in_rust_and_in_lua() {
 /// sliding window's previous count is not whole: the script caps a count at what one report may
 /// count (`requests x (1 + report_window_ms / period_ms)`, a fraction), which core's layout,
 /// made for whole requests, cannot hold.
-fn stored_windows(redis: &Redis, key: &str, limits: &[Limit]) -> Option<Vec<Bucket>> {
+fn stored_windows(redis: &Redis, key: &str, limits: &[Limit]) -> Option<Vec<LimitState>> {
     let number = |field: Option<String>| -> f64 { field.map_or(0.0, |v| v.parse().unwrap()) };
     limits
         .iter()
@@ -581,12 +581,12 @@ fn stored_windows(redis: &Redis, key: &str, limits: &[Limit]) -> Option<Vec<Buck
             if limit.algorithm() == Algorithm::SlidingWindow {
                 let previous = number(field("p"));
                 let window = number(field("w")) as u64;
-                (previous.fract() == 0.0).then(|| Bucket {
+                (previous.fract() == 0.0).then(|| LimitState {
                     tokens: number(field("c")),
                     stamp_us: ((previous as u64) << 32) | (window & 0xffff_ffff),
                 })
             } else {
-                Some(Bucket {
+                Some(LimitState {
                     tokens: number(field("n")),
                     stamp_us: number(field("w")) as u64,
                 })
@@ -596,8 +596,8 @@ fn stored_windows(redis: &Redis, key: &str, limits: &[Limit]) -> Option<Vec<Buck
 }
 
 /// Core's wait for one request more than `remaining` on windows in `states` at `now_us` (ms):
-/// each window charged `remaining`, then `Bucket::check` of a request of cost 1.
-fn core_token_ms(limits: &[Limit], states: &[Bucket], remaining: u64, now_us: u64) -> u64 {
+/// each window charged `remaining`, then `LimitState::check` of a request of cost 1.
+fn core_token_ms(limits: &[Limit], states: &[LimitState], remaining: u64, now_us: u64) -> u64 {
     limits
         .iter()
         .zip(states)

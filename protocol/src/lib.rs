@@ -247,14 +247,14 @@ impl SyncEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SyncResponse {
     /// One grant per entry, in the order of the request.
-    pub grants: Vec<Grant>,
+    pub grants: Vec<Lease>,
     pub hints: Hints,
 }
 
 /// A lease (on the wire, a grant): the proxy may spend `tokens` more on this key until `ttl_ms`
 /// from the answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Grant {
+pub struct Lease {
     pub tokens: u64,
     pub ttl_ms: u64,
     /// Tokens left in the global bucket (the most restrictive limit), for rate-limit headers.

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
-use sluice_core::{Bucket, Limit, Period};
+use sluice_core::{Limit, LimitState, Period};
 use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec, VirtualClock,
 };
@@ -109,7 +109,7 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         at.duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64)
     };
-    let mut exact_bucket: Option<Bucket> = None;
+    let mut exact_bucket: Option<LimitState> = None;
     let (mut exact, mut admitted) = (0u64, 0u64);
     let mut per_phase = vec![(0u64, 0u64); PHASES.len()];
     let mut next_worker = [0usize; PROXIES];
@@ -127,7 +127,7 @@ fn run(module: &FilterModule, service: &Service, interval_ms: u64, seed: u64) ->
         // The exact limiter sees the same arrival at the time the filter saw it (when this
         // loop runs late on a busy machine, both see the same late time).
         let t = epoch_us(clock.now());
-        let bucket = exact_bucket.unwrap_or_else(|| Bucket::full(&limit, t));
+        let bucket = exact_bucket.unwrap_or_else(|| LimitState::full(&limit, t));
         let (verdict, next) = bucket.take(&limit, t, 1);
         exact_bucket = Some(next);
         let phase = (*at_us / PHASE.as_micros() as u64) as usize;

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::protocol::SyncResponse;
-use sluice_core::{limit::calendar, Bucket, Limit, Period};
+use sluice_core::{limit::calendar, Limit, LimitState, Period};
 use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec, VirtualClock,
 };
@@ -226,7 +226,7 @@ fn fleet_config(token: &str, proxies: u64) -> String {
 
 /// A lease as the proxy received it: when (µs into the run), the proxy's offset then, its TTL.
 #[derive(Clone, Copy)]
-struct Lease {
+struct Issued {
     at_us: u64,
     offset_us: i64,
     ttl_us: u64,
@@ -237,7 +237,7 @@ struct ProxyLog {
     arrivals: u64,
     /// When each admitted request came, µs into the run.
     admitted_us: Vec<u64>,
-    leases: Vec<Lease>,
+    leases: Vec<Issued>,
     /// Tokens of every lease, in order.
     granted: Vec<u64>,
     /// Sync answers that were not a lease (an error status, an unreadable body).
@@ -358,7 +358,7 @@ fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
             match lease {
                 Some(g) if delivered => {
                     logs[a.proxy].granted.push(g.tokens);
-                    logs[a.proxy].leases.push(Lease {
+                    logs[a.proxy].leases.push(Issued {
                         at_us: t,
                         offset_us: offsets_us[a.proxy],
                         ttl_us: g.ttl_ms * 1_000,
@@ -377,7 +377,7 @@ fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
 
     let arrivals = arrivals(s, 7);
     let limit = Limit::new(RATE, Period::Second, Some(BURST)).expect("a limit");
-    let mut exact_bucket: Option<Bucket> = None;
+    let mut exact_bucket: Option<LimitState> = None;
     let mut exact = 0;
     let mut next_worker = vec![0usize; n];
     let (mut first_us, mut last_us) = (None, 0);
@@ -395,7 +395,7 @@ fn run_fleet(s: &Scenario, config: fn(&str, u64) -> String) -> FleetRun {
         let t = since_start(Instant::now());
         first_us.get_or_insert(t);
         last_us = t;
-        let bucket = exact_bucket.unwrap_or_else(|| Bucket::full(&limit, t));
+        let bucket = exact_bucket.unwrap_or_else(|| LimitState::full(&limit, t));
         let (verdict, next) = bucket.take(&limit, t, 1);
         exact_bucket = Some(next);
         exact += verdict.allowed as u64;

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use sluice_core::protocol::{CheckResponse, Grant, Hints, SyncRequest, SyncResponse};
+use sluice_core::protocol::{CheckResponse, Hints, Lease, SyncRequest, SyncResponse};
 use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, HttpCall, Proxy, ProxyOptions, RequestSpec,
 };
@@ -85,7 +85,7 @@ fn grant_all_of(
     let grants = request
         .entries
         .iter()
-        .map(|_| Grant {
+        .map(|_| Lease {
             tokens,
             ttl_ms: 300,
             remaining,
@@ -98,12 +98,12 @@ fn grant_all_of(
 }
 
 /// Answers a sync callout with these grants, one per entry, and the usual 100 ms hint.
-fn answer_sync(proxy: &Proxy, call: &HttpCall, grants: Vec<Grant>) {
+fn answer_sync(proxy: &Proxy, call: &HttpCall, grants: Vec<Lease>) {
     answer_sync_advising(proxy, call, grants, 100);
 }
 
 /// Answers a sync callout with these grants and the advice to sync every `next_sync_ms`.
-fn answer_sync_advising(proxy: &Proxy, call: &HttpCall, grants: Vec<Grant>, next_sync_ms: u64) {
+fn answer_sync_advising(proxy: &Proxy, call: &HttpCall, grants: Vec<Lease>, next_sync_ms: u64) {
     let response = SyncResponse {
         grants,
         hints: Hints {
@@ -302,7 +302,7 @@ fn the_service_can_turn_on_the_emergency_bypass() {
     let (call, batch) = sync_calls(&proxy).remove(0);
     let mut response = SyncResponse {
         grants: vec![
-            Grant {
+            Lease {
                 tokens: 0,
                 ttl_ms: 300,
                 remaining: 0,
@@ -468,7 +468,7 @@ fn a_long_key_cannot_stop_the_sync() {
         .position(|e| e.key.contains("sha256:"))
         .expect("the long key, as a digest");
     let grants = (0..batch.entries.len())
-        .map(|i| Grant {
+        .map(|i| Lease {
             tokens: if i == refused_at { 0 } else { 50 },
             ttl_ms: if i == refused_at { 0 } else { 300 },
             remaining: 0,
@@ -605,7 +605,7 @@ fn an_advised_interval_comes_back_down() {
         let grants = request
             .entries
             .iter()
-            .map(|_| Grant {
+            .map(|_| Lease {
                 tokens: 10,
                 ttl_ms: 3_000,
                 remaining: 10,

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use sluice_core::limit::registry::{Entry, Registry, GRACE_US, REGISTRY_KEY};
-use sluice_core::protocol::{Grant, Hints, LiveOverrides, SyncRequest, SyncResponse};
+use sluice_core::protocol::{Hints, Lease, LiveOverrides, SyncRequest, SyncResponse};
 use sluice_host::{
     filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec,
 };
@@ -152,7 +152,7 @@ fn push_overrides(proxy: &Proxy, live: &LiveOverrides) {
         let request: SyncRequest = serde_json::from_slice(&call.body).unwrap();
         let mut response = SyncResponse {
             grants: vec![
-                Grant {
+                Lease {
                     tokens: 0,
                     ttl_ms: 0,
                     remaining: 0,

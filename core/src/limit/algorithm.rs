@@ -1,4 +1,4 @@
-//! Every algorithm over the same 16 bytes of state per key and limit ([`Bucket`]): the step a
+//! Every algorithm over the same 16 bytes of state per key and limit ([`LimitState`]): the step a
 //! request takes, a refund, an unconditional spend (what a lease already admitted), and the
 //! record's ghost (when the state is fresh again, and a state no more generous than the one
 //! evicted). What the two fields hold:
@@ -12,7 +12,7 @@
 //! | `leaky_bucket` | the next free slot's time (µs, fractional) | unused |
 //! | `sliding_log` | unused | the ring's head; the ring follows the buckets ([`crate::limit::sliding_log`]) |
 //!
-//! A sliding log is decided with its ring, through [`LimitState`]; a bucket alone admits
+//! A sliding log is decided with its ring, through [`LimitView`]; a bucket alone admits
 //! nothing of it.
 //!
 //! Windowed ghosts: a record evicted with `remaining` requests left in a window that ends at
@@ -22,16 +22,16 @@
 
 use crate::limit::calendar;
 use crate::limit::sliding_log::{self, Log};
-use crate::limit::token_bucket::{Bucket, Verdict};
+use crate::limit::token_bucket::{LimitState, Verdict};
 use crate::limit::{Algorithm, Limit};
 
 /// One limit's state in a record: its bucket, and its ring if it is a sliding log (else empty).
-pub struct LimitState<'a> {
-    pub bucket: &'a mut Bucket,
+pub struct LimitView<'a> {
+    pub bucket: &'a mut LimitState,
     pub ring: &'a mut [u64],
 }
 
-impl LimitState<'_> {
+impl LimitView<'_> {
     fn log(&mut self) -> Option<Log<'_>> {
         if self.ring.is_empty() {
             return None;
@@ -43,7 +43,7 @@ impl LimitState<'_> {
     }
 
     /// Would `cost` be admitted at `now_us`? Changes nothing, unless the clock was stepped
-    /// back: a bucket then keeps the new time (see [`Bucket::refilled`]), so it refills from
+    /// back: a bucket then keeps the new time (see [`LimitState::refilled`]), so it refills from
     /// there even while it only denies.
     pub fn check(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
         match self.log() {
@@ -73,7 +73,7 @@ impl LimitState<'_> {
         verdict
     }
 
-    /// See [`Bucket::give_back`].
+    /// See [`LimitState::give_back`].
     pub fn give_back(&mut self, limit: &Limit, cost: u64) {
         match self.log() {
             Some(mut log) => log.give_back(cost),
@@ -81,7 +81,7 @@ impl LimitState<'_> {
         }
     }
 
-    /// See [`Bucket::spend`].
+    /// See [`LimitState::spend`].
     pub fn spend(&mut self, limit: &Limit, now_us: u64, cost: u64) {
         match self.log() {
             Some(mut log) => log.spend(limit, now_us, cost),
@@ -98,7 +98,7 @@ impl LimitState<'_> {
         }
     }
 
-    /// See [`Bucket::ghost_us`].
+    /// See [`LimitState::ghost_us`].
     pub fn ghost_us(&mut self, limit: &Limit, now_us: u64) -> u64 {
         match self.log() {
             Some(log) => log.ghost_us(now_us),
@@ -106,25 +106,25 @@ impl LimitState<'_> {
         }
     }
 
-    /// See [`Bucket::returning`].
+    /// See [`LimitState::returning`].
     pub fn returning(&mut self, limit: &Limit, now_us: u64, ghost_us: u64) {
         match self.log() {
             Some(mut log) => log.returning(ghost_us),
-            None => *self.bucket = Bucket::returning(limit, now_us, ghost_us),
+            None => *self.bucket = LimitState::returning(limit, now_us, ghost_us),
         }
     }
 }
 
-impl Bucket {
+impl LimitState {
     /// The state of a key seen for the first time: everything available.
-    pub fn fresh(limit: &Limit, now_us: u64) -> Bucket {
+    pub fn fresh(limit: &Limit, now_us: u64) -> LimitState {
         match limit.algorithm() {
-            Algorithm::TokenBucket => Bucket::full(limit, now_us),
-            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
+            Algorithm::TokenBucket => LimitState::full(limit, now_us),
+            Algorithm::Gcra | Algorithm::LeakyBucket => LimitState {
                 tokens: now_us as f64,
                 stamp_us: 0,
             },
-            Algorithm::FixedWindow => Bucket {
+            Algorithm::FixedWindow => LimitState {
                 tokens: 0.0,
                 stamp_us: calendar::start_us(limit.period(), now_us),
             },
@@ -134,7 +134,7 @@ impl Bucket {
     }
 
     /// Would `cost` be admitted at `now_us`? Changes nothing but the passing of time.
-    pub fn check(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, Bucket) {
+    pub fn check(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, LimitState) {
         match limit.algorithm() {
             Algorithm::TokenBucket => self.peek(limit, now_us, cost),
             Algorithm::Gcra => gcra(self, limit, now_us, cost, false),
@@ -146,7 +146,7 @@ impl Bucket {
     }
 
     /// Admits `cost` if it may be, spending it; otherwise spends nothing.
-    pub fn admit(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, Bucket) {
+    pub fn admit(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, LimitState) {
         match limit.algorithm() {
             Algorithm::TokenBucket => self.take(limit, now_us, cost),
             Algorithm::Gcra => gcra(self, limit, now_us, cost, true),
@@ -158,14 +158,14 @@ impl Bucket {
     }
 
     /// Gives back `cost` spent by a request another rule then denied.
-    pub fn give_back(self, limit: &Limit, cost: u64) -> Bucket {
+    pub fn give_back(self, limit: &Limit, cost: u64) -> LimitState {
         match limit.algorithm() {
             Algorithm::TokenBucket => self.refund(limit, cost),
-            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
+            Algorithm::Gcra | Algorithm::LeakyBucket => LimitState {
                 tokens: self.tokens - cost as f64 * interval(limit),
                 ..self
             },
-            Algorithm::FixedWindow => Bucket {
+            Algorithm::FixedWindow => LimitState {
                 tokens: (self.tokens - cost as f64).max(0.0),
                 ..self
             },
@@ -180,7 +180,7 @@ impl Bucket {
 
     /// Spends `cost` whatever is left (never below empty): what a lease admitted is followed
     /// here, so a lapse of the lease falls back to what is left locally.
-    pub fn spend(self, limit: &Limit, now_us: u64, cost: u64) -> Bucket {
+    pub fn spend(self, limit: &Limit, now_us: u64, cost: u64) -> LimitState {
         let cost_f = cost as f64;
         match limit.algorithm() {
             Algorithm::TokenBucket => {
@@ -191,14 +191,14 @@ impl Bucket {
             Algorithm::Gcra | Algorithm::LeakyBucket => {
                 let t = interval(limit);
                 let tat = self.tokens.max(now_us as f64) + cost_f * t;
-                Bucket {
+                LimitState {
                     tokens: tat.min(now_us as f64 + limit.burst() as f64 * t),
                     ..self
                 }
             }
             Algorithm::FixedWindow => {
                 let b = fixed_now(self, limit, now_us);
-                Bucket {
+                LimitState {
                     tokens: (b.tokens + cost_f).min(limit.requests() as f64),
                     ..b
                 }
@@ -214,7 +214,7 @@ impl Bucket {
 
     /// Spends `cost` with no floor: a token bucket goes below empty, a window's count past its
     /// limit, GCRA's arrival time past its burst.
-    pub fn charge(self, limit: &Limit, now_us: u64, cost: u64) -> Bucket {
+    pub fn charge(self, limit: &Limit, now_us: u64, cost: u64) -> LimitState {
         let cost_f = cost as f64;
         match limit.algorithm() {
             Algorithm::TokenBucket => {
@@ -224,13 +224,13 @@ impl Bucket {
                 b.tokens = (b.tokens - cost_f).max(-(crate::limit::MAX_TOKENS as f64));
                 b
             }
-            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
+            Algorithm::Gcra | Algorithm::LeakyBucket => LimitState {
                 tokens: self.tokens.max(now_us as f64) + cost_f * interval(limit),
                 ..self
             },
             Algorithm::FixedWindow => {
                 let b = fixed_now(self, limit, now_us);
-                Bucket {
+                LimitState {
                     tokens: b.tokens + cost_f,
                     ..b
                 }
@@ -267,17 +267,17 @@ impl Bucket {
     }
 
     /// A key seen again while its ghost (`ghost_us`, later than `now_us`) stands.
-    pub fn returning(limit: &Limit, now_us: u64, ghost_us: u64) -> Bucket {
-        let fresh = Bucket::fresh(limit, now_us);
+    pub fn returning(limit: &Limit, now_us: u64, ghost_us: u64) -> LimitState {
+        let fresh = LimitState::fresh(limit, now_us);
         match limit.algorithm() {
             Algorithm::TokenBucket => {
                 let wait_us = ghost_us.saturating_sub(now_us) as f64;
-                Bucket {
+                LimitState {
                     tokens: (limit.burst() as f64 - wait_us / interval(limit)).max(0.0),
                     ..fresh
                 }
             }
-            Algorithm::Gcra | Algorithm::LeakyBucket => Bucket {
+            Algorithm::Gcra | Algorithm::LeakyBucket => LimitState {
                 tokens: ghost_us as f64,
                 ..fresh
             },
@@ -291,7 +291,7 @@ impl Bucket {
                     requests.saturating_sub(end - 1 - ghost_us)
                 };
                 match limit.algorithm() {
-                    Algorithm::FixedWindow => Bucket {
+                    Algorithm::FixedWindow => LimitState {
                         tokens: used as f64,
                         ..fresh
                     },
@@ -336,7 +336,13 @@ fn stepped_back(tat: f64, now: f64, capacity: f64) -> f64 {
 }
 
 /// GCRA: admitted when the theoretical arrival time after it is within `burst` intervals.
-fn gcra(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+fn gcra(
+    b: LimitState,
+    limit: &Limit,
+    now_us: u64,
+    cost: u64,
+    spend: bool,
+) -> (Verdict, LimitState) {
     let t = interval(limit);
     let now = now_us as f64;
     let capacity = limit.burst() as f64 * t;
@@ -356,13 +362,19 @@ fn gcra(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdi
         reset_us: (used - now).max(0.0).ceil() as u64,
         delay_us: 0,
     };
-    (verdict, Bucket { tokens: after, ..b })
+    (verdict, LimitState { tokens: after, ..b })
 }
 
 /// The leaky bucket: each request takes the next slot (one every `period / requests`); it
 /// leaves at its slot less `delay` slots (so a burst's first `delay` leave at once). Refused
 /// when `delay + queue` slots are taken, or when it would wait longer than `max_delay_ms`.
-fn leaky(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+fn leaky(
+    b: LimitState,
+    limit: &Limit,
+    now_us: u64,
+    cost: u64,
+    spend: bool,
+) -> (Verdict, LimitState) {
     let t = interval(limit);
     let now = now_us as f64;
     let shaping = limit.shaping();
@@ -390,23 +402,29 @@ fn leaky(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verd
         delay_us: if allowed { wait.ceil() as u64 } else { 0 },
     };
     let after = if allowed && spend { next } else { slot };
-    (verdict, Bucket { tokens: after, ..b })
+    (verdict, LimitState { tokens: after, ..b })
 }
 
 /// The fixed window's state in the window of `now_us` (a new window starts empty).
-fn fixed_now(b: Bucket, limit: &Limit, now_us: u64) -> Bucket {
+fn fixed_now(b: LimitState, limit: &Limit, now_us: u64) -> LimitState {
     let start = calendar::start_us(limit.period(), now_us);
     if b.stamp_us == start {
         b
     } else {
-        Bucket {
+        LimitState {
             tokens: 0.0,
             stamp_us: start,
         }
     }
 }
 
-fn fixed(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+fn fixed(
+    b: LimitState,
+    limit: &Limit,
+    now_us: u64,
+    cost: u64,
+    spend: bool,
+) -> (Verdict, LimitState) {
     let mut b = fixed_now(b, limit, now_us);
     let requests = limit.requests() as f64;
     let allowed = b.tokens + cost as f64 <= requests;
@@ -447,7 +465,7 @@ impl Sliding {
         }
     }
 
-    fn unpack(b: Bucket) -> Sliding {
+    fn unpack(b: LimitState) -> Sliding {
         Sliding {
             previous: (b.stamp_us >> 32) as f64,
             current: b.tokens,
@@ -455,9 +473,9 @@ impl Sliding {
         }
     }
 
-    fn pack(self) -> Bucket {
+    fn pack(self) -> LimitState {
         let previous = (self.previous.max(0.0) as u64).min(0xffff_ffff);
-        Bucket {
+        LimitState {
             tokens: self.current,
             stamp_us: (previous << 32) | (self.number & 0xffff_ffff),
         }
@@ -492,7 +510,13 @@ impl Sliding {
     }
 }
 
-fn sliding(b: Bucket, limit: &Limit, now_us: u64, cost: u64, spend: bool) -> (Verdict, Bucket) {
+fn sliding(
+    b: LimitState,
+    limit: &Limit,
+    now_us: u64,
+    cost: u64,
+    spend: bool,
+) -> (Verdict, LimitState) {
     let mut s = Sliding::unpack(b).rolled(limit, now_us);
     let requests = limit.requests() as f64;
     let cost = cost as f64;
@@ -547,7 +571,7 @@ mod tests {
     fn gcra_after_a_clock_stepped_back_admits_at_its_rate_from_the_new_time() {
         let limit = Limit::new(10, Period::Second, Some(2)).unwrap().gcra();
         let t = 1_700_000_000 * S;
-        let mut b = Bucket::fresh(&limit, t);
+        let mut b = LimitState::fresh(&limit, t);
         for _ in 0..2 {
             let (verdict, next) = b.admit(&limit, t, 1);
             assert!(verdict.allowed);

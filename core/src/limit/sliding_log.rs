@@ -3,7 +3,7 @@
 //! 0 marks a place never used. A request of cost `c` is admitted when the `c` oldest places no
 //! longer count: then fewer than `requests - c + 1` requests were admitted in the last `period`.
 //! The ring lives in the key's record after its buckets ([`crate::limit::table`]); the limit's
-//! [`Bucket`] holds `head` in `stamp_us`.
+//! [`LimitState`] holds `head` in `stamp_us`.
 //!
 //! Times are kept in order: a place is written with the later of its own expiry and the
 //! newest's (two workers' clocks may differ by microseconds), so the ring stays sorted and one
@@ -16,7 +16,7 @@
 //! Limits of one rule record the same requests, so the ghost of the longest window (the
 //! latest, which the record keeps) holds at least as many as any shorter one's, until later.
 
-use crate::limit::token_bucket::{Bucket, Verdict};
+use crate::limit::token_bucket::{LimitState, Verdict};
 use crate::limit::Limit;
 
 /// Ghost times are multiples of this; the remainder counts the requests held.
@@ -149,8 +149,8 @@ impl Log<'_> {
 }
 
 /// A log's limit state, before its ring: `head` only.
-pub fn fresh() -> Bucket {
-    Bucket {
+pub fn fresh() -> LimitState {
+    LimitState {
         tokens: 0.0,
         stamp_us: 0,
     }

@@ -27,8 +27,8 @@
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
-use crate::limit::algorithm::LimitState;
-use crate::limit::token_bucket::Bucket;
+use crate::limit::algorithm::LimitView;
+use crate::limit::token_bucket::LimitState;
 use crate::limit::Limit;
 
 /// Records per set.
@@ -89,7 +89,7 @@ pub struct Record {
     /// wait is worked out from `global_remaining` and `global_reset_at_us`.
     pub global_token_at_us: u64,
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.
-    pub buckets: [Bucket; MAX_LIMITS],
+    pub buckets: [LimitState; MAX_LIMITS],
     /// The rings of its sliding logs, one after the other in limit order (empty for other
     /// algorithms): [`crate::limit::sliding_log`].
     pub logs: Vec<u64>,
@@ -113,12 +113,12 @@ impl Record {
 
     /// A key seen for the first time: full buckets, no lease.
     pub fn fresh(fingerprint: u64, limits: &[Limit], now_us: u64) -> Record {
-        let mut buckets = [Bucket {
+        let mut buckets = [LimitState {
             tokens: 0.0,
             stamp_us: 0,
         }; MAX_LIMITS];
         for (bucket, limit) in buckets.iter_mut().zip(limits) {
-            *bucket = Bucket::fresh(limit, now_us);
+            *bucket = LimitState::fresh(limit, now_us);
         }
         let log: usize = limits.iter().map(Limit::log_len).sum();
         Record {
@@ -140,7 +140,7 @@ impl Record {
     pub fn states<'a>(
         &'a mut self,
         limits: &'a [Limit],
-    ) -> impl Iterator<Item = (&'a Limit, LimitState<'a>)> + 'a {
+    ) -> impl Iterator<Item = (&'a Limit, LimitView<'a>)> + 'a {
         let mut rest: &'a mut [u64] = &mut self.logs;
         self.buckets
             .iter_mut()
@@ -149,7 +149,7 @@ impl Record {
                 let len = limit.log_len().min(rest.len());
                 let (ring, tail) = std::mem::take(&mut rest).split_at_mut(len);
                 rest = tail;
-                (limit, LimitState { bucket, ring })
+                (limit, LimitView { bucket, ring })
             })
     }
 
@@ -201,13 +201,13 @@ impl Record {
             b.copy_from_slice(&bytes[at..at + 4]);
             u32::from_le_bytes(b)
         };
-        let mut buckets = [Bucket {
+        let mut buckets = [LimitState {
             tokens: 0.0,
             stamp_us: 0,
         }; MAX_LIMITS];
         for (i, bucket) in buckets.iter_mut().enumerate().take(limits) {
             let at = HEADER + i * PER_LIMIT;
-            *bucket = Bucket {
+            *bucket = LimitState {
                 tokens: f64::from_bits(u64_at(at)),
                 stamp_us: u64_at(at + 8),
             };

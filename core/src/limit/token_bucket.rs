@@ -11,7 +11,7 @@ pub const CLOCK_STEP_US: u64 = 1_000_000;
 
 /// The state of one bucket: tokens left at `stamp_us`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Bucket {
+pub struct LimitState {
     pub tokens: f64,
     pub stamp_us: u64,
 }
@@ -30,10 +30,10 @@ pub struct Verdict {
     pub delay_us: u64,
 }
 
-impl Bucket {
+impl LimitState {
     /// A full bucket: a key seen for the first time has its whole burst.
-    pub fn full(limit: &Limit, now_us: u64) -> Bucket {
-        Bucket {
+    pub fn full(limit: &Limit, now_us: u64) -> LimitState {
+        LimitState {
             tokens: limit.burst() as f64,
             stamp_us: now_us,
         }
@@ -45,28 +45,28 @@ impl Bucket {
     /// reading the clock microseconds apart) the stamp stays, so no time is refilled twice; by
     /// more (the clock was stepped back) the stamp moves back to `now_us`, tokens kept, so the
     /// bucket refills again from now instead of refusing until the clock is back where it was.
-    pub fn refilled(self, limit: &Limit, now_us: u64) -> Bucket {
+    pub fn refilled(self, limit: &Limit, now_us: u64) -> LimitState {
         if now_us <= self.stamp_us {
             let tokens = self.tokens.min(limit.burst() as f64);
             if self.stamp_us - now_us > CLOCK_STEP_US {
-                return Bucket {
+                return LimitState {
                     tokens,
                     stamp_us: now_us,
                 };
             }
-            return Bucket { tokens, ..self };
+            return LimitState { tokens, ..self };
         }
         let elapsed = (now_us - self.stamp_us) as f64;
         let tokens =
             self.tokens + elapsed * limit.requests() as f64 / limit.period().micros() as f64;
-        Bucket {
+        LimitState {
             tokens: tokens.min(limit.burst() as f64),
             stamp_us: now_us,
         }
     }
 
     /// Looks without spending: would `cost` tokens be there at `now_us`?
-    pub fn peek(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, Bucket) {
+    pub fn peek(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, LimitState) {
         let bucket = self.refilled(limit, now_us);
         let allowed = bucket.tokens >= cost as f64;
         let verdict = bucket.verdict(limit, allowed, cost);
@@ -74,7 +74,7 @@ impl Bucket {
     }
 
     /// Spends `cost` tokens if they are all there; otherwise spends nothing.
-    pub fn take(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, Bucket) {
+    pub fn take(self, limit: &Limit, now_us: u64, cost: u64) -> (Verdict, LimitState) {
         let (verdict, mut bucket) = self.peek(limit, now_us, cost);
         if verdict.allowed {
             bucket.tokens -= cost as f64;
@@ -84,8 +84,8 @@ impl Bucket {
     }
 
     /// Gives back `cost` tokens spent by a request that another rule then denied.
-    pub fn refund(self, limit: &Limit, cost: u64) -> Bucket {
-        Bucket {
+    pub fn refund(self, limit: &Limit, cost: u64) -> LimitState {
+        LimitState {
             tokens: (self.tokens + cost as f64).min(limit.burst() as f64),
             stamp_us: self.stamp_us,
         }
@@ -121,7 +121,7 @@ mod tests {
     fn a_new_bucket_admits_its_burst_then_denies() {
         let limit = Limit::new(60, Period::Minute, Some(3)).unwrap();
         let now = 1_000 * SECOND;
-        let mut bucket = Bucket::full(&limit, now);
+        let mut bucket = LimitState::full(&limit, now);
         for left in [2, 1, 0] {
             let (verdict, next) = bucket.take(&limit, now, 1);
             assert!(verdict.allowed, "at {now} with {left} to go");
@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn refill_is_proportional_and_capped() {
         let limit = Limit::new(10, Period::Second, Some(10)).unwrap();
-        let empty = Bucket {
+        let empty = LimitState {
             tokens: 0.0,
             stamp_us: 0,
         };
@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn a_clock_going_backwards_refills_nothing() {
         let limit = Limit::new(10, Period::Second, None).unwrap();
-        let bucket = Bucket {
+        let bucket = LimitState {
             tokens: 1.0,
             stamp_us: 5 * SECOND,
         };
@@ -159,7 +159,7 @@ mod tests {
     #[test]
     fn a_clock_stepped_back_refills_from_its_new_time_not_after_catching_up() {
         let limit = Limit::new(10, Period::Second, Some(10)).unwrap();
-        let empty = Bucket {
+        let empty = LimitState {
             tokens: 0.0,
             stamp_us: 1_700_000_000 * SECOND,
         };
@@ -185,7 +185,7 @@ mod tests {
             let limit = Limit::new(requests, Period::Second, Some(burst)).unwrap();
             let start = 7 * SECOND;
             let mut now = start;
-            let mut bucket = Bucket::full(&limit, now);
+            let mut bucket = LimitState::full(&limit, now);
             let mut admitted = 0u64;
             for gap in gaps {
                 now += gap;

@@ -6,7 +6,7 @@ use crate::limit::table::Record;
 use crate::limit::Limit;
 use crate::limiter::{Enforced, Limiter};
 use crate::policy::RuleId;
-use crate::protocol::{Grant, LimitSpec, SyncEntry};
+use crate::protocol::{Lease, LimitSpec, SyncEntry};
 use crate::store::{self, Store, StoreError};
 use crate::sync::breaker::Breaker;
 
@@ -432,7 +432,7 @@ pub fn apply_lease(
     limiter: &Limiter,
     rule: RuleId,
     key: &str,
-    grant: &Grant,
+    grant: &Lease,
     now_us: u64,
     store: &mut dyn Store,
 ) -> Result<(), StoreError> {
