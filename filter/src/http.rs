@@ -15,7 +15,8 @@ use sluice_core::{sync::proxy, Effect, Exchange, Moment, Step};
 use crate::callout;
 use crate::host::{self, HostRequest, SharedData};
 use crate::shared::Shared;
-use crate::shedder::{respond, WaitEnd};
+use crate::shedder::respond;
+use sluice_core::shed::WaitEnd;
 
 pub struct Request {
     shared: Rc<Shared>,

@@ -1,17 +1,16 @@
-//! Shedding, worker side: the metrics of each bulkhead, the samples requests leave for the
-//! tick, and the wait queue. The root's tick folds the samples ([`sluice_core::shed::tick`]),
-//! seats waiters that found a slot and sheds those whose wait ran out. Only the root acts on
-//! other requests' streams: an HTTP context that did would re-enter the SDK's dispatcher.
+//! Shedding, worker side: the metric ids of each bulkhead, and core's [`ShedWorker`] (the
+//! samples, the wait queue, how each wait ended). The root's tick asks core for a plan and
+//! carries it out: gauges published, seated waiters resumed, shed ones answered. Only the root
+//! acts on other requests' streams: an HTTP context that did would re-enter the SDK's dispatcher.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
-use sluice_core::reply::{overloaded, Protocol};
-use sluice_core::shed::admission::{level, limit_of};
+use sluice_core::reply::Protocol;
 use sluice_core::shed::policy::BulkheadId;
-use sluice_core::shed::{self, Samples, Seat, ShedReason, Shedding, WaitQueue, Waiter};
+use sluice_core::shed::{Seat, ShedReason, ShedWorker, Shedding, WaitEnd};
 use sluice_core::Reply;
 
 use crate::host::{self, SharedData};
@@ -35,24 +34,11 @@ fn define(kind: MetricType, name: &str) -> u32 {
     hostcalls::define_metric(kind, name).unwrap_or(0)
 }
 
-/// How a wait in the queue ended, for the request to learn when it next runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitEnd {
-    Seated { at_us: u64 },
-    Shed,
-}
-
-/// What a worker keeps for shedding.
+/// What a worker keeps for shedding: the metric ids, and core's state of the worker.
 #[derive(Debug, Default)]
 pub struct Shedder {
     metrics: Vec<BulkheadMetrics>,
-    samples: RefCell<Vec<Samples>>,
-    queue: RefCell<WaitQueue>,
-    ended: RefCell<HashMap<u32, WaitEnd>>,
-    /// Waiters a newer one pushed out of a full queue, shed by the next tick.
-    evicted: RefCell<Vec<Waiter>>,
-    /// The waiters that are gRPC requests: shed, they get a gRPC answer.
-    grpc: RefCell<HashSet<u32>>,
+    worker: RefCell<ShedWorker>,
     /// The fleet level, if fresh (the tick refreshes it from the sync state).
     pub fleet: Cell<Option<f64>>,
 }
@@ -100,19 +86,13 @@ impl Shedder {
             .collect();
         Shedder {
             metrics,
-            samples: RefCell::new(vec![Samples::default(); shedding.bulkheads.len()]),
-            ..Shedder::default()
-        }
-    }
-
-    fn with_samples(&self, bulkhead: BulkheadId, f: impl FnOnce(&mut Samples)) {
-        if let Some(s) = self.samples.borrow_mut().get_mut(bulkhead) {
-            f(s);
+            worker: RefCell::new(ShedWorker::new(shedding)),
+            fleet: Cell::new(None),
         }
     }
 
     pub fn admitted(&self, seat: Seat, queued: bool) {
-        self.with_samples(seat.bulkhead, |s| s.offered(false));
+        self.worker.borrow_mut().admitted(seat);
         if let Some(m) = self.metrics.get(seat.bulkhead) {
             bump(if queued { m.queued } else { m.admitted });
         }
@@ -120,6 +100,11 @@ impl Shedder {
 
     /// A request shed (or, `would`, one monitor or warn mode let through).
     pub fn shed(&self, seat: Seat, reason: ShedReason, would: bool) {
+        self.worker.borrow_mut().shed(seat, reason, would);
+        self.count_shed(seat, reason, would);
+    }
+
+    fn count_shed(&self, seat: Seat, reason: ShedReason, would: bool) {
         let Some(m) = self.metrics.get(seat.bulkhead) else {
             return;
         };
@@ -127,14 +112,6 @@ impl Shedder {
             bump(m.would_shed.get(reason.name()).copied().unwrap_or(0));
             return;
         }
-        self.with_samples(seat.bulkhead, |s| {
-            // Queued requests were offered when they queued.
-            if matches!(reason, ShedReason::QueueFull | ShedReason::QueueTimeout) {
-                s.shed += 1.0;
-            } else {
-                s.offered(true);
-            }
-        });
         bump(m.shed.get(reason.name()).copied().unwrap_or(0));
         bump(m.class_shed.get(seat.class).copied().unwrap_or(0));
     }
@@ -146,14 +123,15 @@ impl Shedder {
         status: u32,
         grpc_status: Option<u32>,
     ) {
-        self.with_samples(bulkhead, |s| s.answered(latency_us, status, grpc_status));
+        self.worker
+            .borrow_mut()
+            .finished(bulkhead, latency_us, status, grpc_status);
         if let Some(m) = self.metrics.get(bulkhead) {
             let _ = hostcalls::record_metric(m.latency_ms, latency_us / 1_000);
         }
     }
 
-    /// Offers a request to the queue: `false` when the queue is full and keeps its waiters
-    /// (shed the request now). An older waiter pushed out is shed by the next tick.
+    /// See [`ShedWorker::enqueue`].
     pub fn enqueue(
         &self,
         shedding: &Shedding,
@@ -163,116 +141,52 @@ impl Shedder {
         wait_budget_us: Option<u64>,
         protocol: Protocol,
     ) -> bool {
-        let queued = self.queue.borrow_mut().push(
+        self.worker.borrow_mut().enqueue(
             shedding,
             id,
             seat,
             now_us,
             wait_budget_us,
+            protocol,
             &mut SharedData,
-        );
-        if protocol == Protocol::Grpc && queued != shed::Queued::Full {
-            self.grpc.borrow_mut().insert(id);
-        }
-        match queued {
-            shed::Queued::Waiting => true,
-            shed::Queued::Evicted(old) => {
-                // Its wait is over: the next tick sheds it.
-                self.evicted.borrow_mut().push(old);
-                true
-            }
-            shed::Queued::Full => false,
-        }
+        )
     }
 
-    /// How a request's wait ended, if it did; forgets it. A request still waiting leaves the
-    /// queue (its stream ended).
+    /// See [`ShedWorker::wait_end`].
     pub fn wait_end(&self, shedding: &Shedding, id: u32) -> Option<WaitEnd> {
-        self.grpc.borrow_mut().remove(&id);
-        let end = self.ended.borrow_mut().remove(&id);
-        if end.is_none() {
-            self.queue
-                .borrow_mut()
-                .remove(shedding, id, &mut SharedData);
-            self.evicted.borrow_mut().retain(|w| w.id != id);
-        }
-        end
+        self.worker
+            .borrow_mut()
+            .wait_end(shedding, id, &mut SharedData)
     }
 
-    /// The root's tick: fold samples, publish gauges, seat waiters, shed expired ones.
+    /// The root's tick: core decides ([`ShedWorker::tick`]); this publishes the gauges, resumes
+    /// the seated waiters and answers the shed ones.
     pub fn tick(&self, shedding: &Shedding) {
         let now = host::now_us();
-        let gauges = {
-            let mut samples = self.samples.borrow_mut();
-            shed::tick(
-                shedding,
-                &mut samples,
-                now,
-                host::draw(now),
-                &mut SharedData,
-            )
-        };
-        for ((id, gauge), m) in gauges.iter().enumerate().zip(&self.metrics) {
-            let limit = limit_of(shedding, id, gauge);
-            let _ = hostcalls::record_metric(m.in_flight, gauge.in_flight as u64);
-            let _ = hostcalls::record_metric(m.limit, limit as u64);
-            let _ = hostcalls::record_metric(m.use_pct, gauge.use_milli as u64 / 10);
-            let _ = hostcalls::record_metric(m.rtt_ms, gauge.rtt_us as u64 / 1_000);
+        let draw = host::draw(now);
+        let plan = self.worker.borrow_mut().tick(
+            shedding,
+            now,
+            draw,
+            draw,
+            self.fleet.get(),
+            &mut SharedData,
+        );
+        for (p, m) in plan.published.iter().zip(&self.metrics) {
+            let _ = hostcalls::record_metric(m.in_flight, p.gauge.in_flight as u64);
+            let _ = hostcalls::record_metric(m.limit, p.limit as u64);
+            let _ = hostcalls::record_metric(m.use_pct, p.gauge.use_milli as u64 / 10);
+            let _ = hostcalls::record_metric(m.rtt_ms, p.gauge.rtt_us as u64 / 1_000);
         }
-        let fleet = self.fleet.get();
-        // Decide everything first, then act: acting on a stream can call back into this VM.
-        let (seated, mut gone) = {
-            let mut queue = self.queue.borrow_mut();
-            let expired = queue.expired(shedding, now, &mut SharedData);
-            let seated = queue.admit(shedding, fleet, &mut SharedData);
-            (seated, expired)
-        };
-        let mut evicted: Vec<Waiter> = self.evicted.borrow_mut().drain(..).collect();
-        {
-            let mut ended = self.ended.borrow_mut();
-            for w in &seated {
-                ended.insert(w.id, WaitEnd::Seated { at_us: now });
-            }
-            for w in gone.iter().chain(&evicted) {
-                ended.insert(w.id, WaitEnd::Shed);
-            }
-        }
-        // The gRPC requests among those shed now; none of them waits any more.
-        let mut grpc_shed = HashSet::new();
-        {
-            let mut grpc = self.grpc.borrow_mut();
-            for w in seated.iter().chain(&gone).chain(&evicted) {
-                if grpc.remove(&w.id) {
-                    grpc_shed.insert(w.id);
-                }
-            }
-        }
-        for w in seated {
-            if hostcalls::set_effective_context(w.id).is_ok() {
+        for id in plan.resume {
+            if hostcalls::set_effective_context(id).is_ok() {
                 let _ = hostcalls::resume_http_request();
             }
         }
-        let mut shed: Vec<(Waiter, ShedReason)> = gone
-            .drain(..)
-            .map(|w| (w, ShedReason::QueueTimeout))
-            .collect();
-        shed.extend(evicted.drain(..).map(|w| (w, ShedReason::QueueFull)));
-        for (w, reason) in shed {
-            self.shed(w.seat, reason, false);
-            let gauge = shed::admission::gauge(shedding, w.seat.bulkhead, &mut SharedData);
-            let reply = overloaded(
-                shedding,
-                w.seat,
-                level(shedding, &gauge, fleet),
-                reason,
-                host::draw(now),
-                match grpc_shed.contains(&w.id) {
-                    true => Protocol::Grpc,
-                    false => Protocol::Http,
-                },
-            );
+        for w in plan.shed {
+            self.count_shed(w.seat, w.reason, false);
             if hostcalls::set_effective_context(w.id).is_ok() {
-                respond(&reply);
+                respond(&w.reply);
             }
         }
     }
