@@ -160,10 +160,9 @@ impl Shared {
         self.hurried.set(false);
         self.metrics.breaker(breaker);
         if let Some(shedder) = &self.shedder {
-            // Stale after three intervals (and at least a second) without an answer.
-            let interval_ms = state.effective_interval_ms(service.sync_interval_ms);
-            let fresh_us = (interval_ms * 3_000).max(1_000_000);
-            shedder.fleet.set(state.fleet.level(now_us, fresh_us));
+            shedder
+                .fleet
+                .set(state.fresh_fleet_level(service.sync_interval_ms, now_us));
         }
     }
 }

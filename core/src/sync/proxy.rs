@@ -143,6 +143,15 @@ impl SyncState {
                 .clamp(configured_ms, configured_ms.saturating_mul(10))
         }
     }
+
+    /// The fleet level the service last answered, while it is fresh: within three sync
+    /// intervals (and at least a second) of that answer. Stale, shedding goes by the local
+    /// level alone.
+    pub fn fresh_fleet_level(&self, configured_interval_ms: u64, now_us: u64) -> Option<f64> {
+        let interval_ms = self.effective_interval_ms(configured_interval_ms);
+        let fresh_us = interval_ms.saturating_mul(3_000).max(1_000_000);
+        self.fleet.level(now_us, fresh_us)
+    }
 }
 
 /// Reads the sync state.
@@ -468,7 +477,7 @@ mod tests {
 
     #[test]
     fn state_round_trips() {
-        let s = SyncState {
+        let mut s = SyncState {
             next_at_us: 1,
             busy_until_us: 2,
             interval_ms: 3,
@@ -486,6 +495,15 @@ mod tests {
         assert_eq!(SyncState::decode(&s.encode()), s);
         assert_eq!(s.fleet.level(8, 10), Some(0.42));
         assert_eq!(s.fleet.level(100, 10), None, "stale");
+        // Fresh for three intervals of the service's hint, at least a second.
+        let t = 5_000_000_000;
+        s.fleet.at_us = t;
+        s.interval_ms = 0;
+        assert_eq!(s.fresh_fleet_level(100, t + 999_999), Some(0.42));
+        assert_eq!(s.fresh_fleet_level(100, t + 1_000_001), None);
+        s.interval_ms = 2_000;
+        assert_eq!(s.fresh_fleet_level(1_000, t + 6_000_000), Some(0.42));
+        assert_eq!(s.fresh_fleet_level(1_000, t + 6_000_001), None);
         assert_eq!(Fleet::heard(None, 7).level(8, 10), None);
         assert_eq!(SyncState::decode(b"junk"), SyncState::default());
     }
