@@ -108,18 +108,14 @@ pub fn rate_limited(
     };
     // Room for the longest: both header styles, which name the rule twice.
     let mut headers = ReplyHeaders::with_capacity(256 + 2 * name.len());
-    let body = match protocol {
-        Protocol::Http => {
-            push_retry(&mut headers, retry_after, protocol);
-            rate_limited_body(name, custom, quota, retry_after)
-        }
-        Protocol::Grpc => {
-            let message = rate_limited_message(name, custom, quota);
-            push_retry(&mut headers, retry_after, protocol);
-            push_grpc_message(&mut headers, &message, retry_after);
-            String::new()
-        }
-    };
+    push_retry(&mut headers, retry_after, protocol);
+    let body = body_or_message(
+        &mut headers,
+        protocol,
+        retry_after,
+        || rate_limited_body(name, custom, quota, retry_after),
+        || rate_limited_message(name, custom, quota),
+    );
     render_into(&mut headers, style, name, quota, reset);
     Reply {
         status: rule.answer.status,
@@ -135,19 +131,14 @@ pub fn limiter_unavailable(rule: &str, retry_after_us: u64, protocol: Protocol) 
     let retry_after = retry_after_seconds(retry_after_us);
     let mut headers = ReplyHeaders::with_capacity(64);
     push_retry(&mut headers, retry_after, protocol);
-    let body = match protocol {
-        Protocol::Http => limiter_unavailable_body(rule, retry_after),
-        Protocol::Grpc => {
-            push_grpc_message(&mut headers, &unavailable_message(rule), retry_after);
-            String::new()
-        }
-    };
-    Reply {
-        status: 503,
-        headers,
-        body,
-        grpc_status: grpc(protocol, GRPC_UNAVAILABLE),
-    }
+    let body = body_or_message(
+        &mut headers,
+        protocol,
+        retry_after,
+        || limiter_unavailable_body(rule, retry_after),
+        || unavailable_message(rule),
+    );
+    unavailable(headers, body, protocol)
 }
 
 /// The 503 for a request shed by `reason`. `Retry-After` is spread over [s, 2s) by `draw`, so
@@ -173,19 +164,40 @@ pub fn overloaded(
     let mut headers = ReplyHeaders::with_capacity(96);
     push_retry(&mut headers, retry_after, protocol);
     headers.push(SHED_HEADER, reason.name());
-    let body = match protocol {
-        Protocol::Http => overloaded_body(reason, bulkhead, class, level, retry_after),
-        Protocol::Grpc => {
-            let message = overloaded_message(reason);
-            push_grpc_message(&mut headers, &message, retry_after);
-            String::new()
-        }
-    };
+    let body = body_or_message(
+        &mut headers,
+        protocol,
+        retry_after,
+        || overloaded_body(reason, bulkhead, class, level, retry_after),
+        || overloaded_message(reason),
+    );
+    unavailable(headers, body, protocol)
+}
+
+/// A 503 (gRPC UNAVAILABLE).
+fn unavailable(headers: ReplyHeaders, body: String, protocol: Protocol) -> Reply {
     Reply {
         status: 503,
         headers,
         body,
         grpc_status: grpc(protocol, GRPC_UNAVAILABLE),
+    }
+}
+
+/// An HTTP answer's JSON body; a gRPC answer has none, its message goes in `grpc-message`.
+fn body_or_message(
+    headers: &mut ReplyHeaders,
+    protocol: Protocol,
+    retry_after: u64,
+    body: impl FnOnce() -> String,
+    message: impl FnOnce() -> String,
+) -> String {
+    match protocol {
+        Protocol::Http => body(),
+        Protocol::Grpc => {
+            push_grpc_message(headers, &message(), retry_after);
+            String::new()
+        }
     }
 }
 
