@@ -116,7 +116,13 @@ pub fn summary(policy: &Policy) -> String {
     }
     parts.push(rules);
     parts.push(match &policy.service {
-        Some(service) => format!("counter service: cluster {}", service.cluster),
+        Some(service) => format!(
+            "counter service: {}",
+            match &service.upstream {
+                sluice_core::policy::Upstream::Cluster(name) => format!("cluster {name}"),
+                sluice_core::policy::Upstream::Address(address) => format!("address {address}"),
+            }
+        ),
         None => "no counter service".to_string(),
     });
     if let Some(shedding) = &policy.shedding {

@@ -395,10 +395,36 @@ pub enum Fallback {
     Closed,
 }
 
-/// The counter service, as an Envoy cluster.
+/// Where the host sends the callouts to the counter service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    /// An Envoy cluster's name.
+    Cluster(String),
+    /// `host:port`, as nginx's `ngx_wasm_module` dispatches.
+    Address(String),
+}
+
+impl Upstream {
+    /// What the callout names (`proxy_http_call`'s upstream).
+    pub fn target(&self) -> &str {
+        match self {
+            Upstream::Cluster(name) | Upstream::Address(name) => name,
+        }
+    }
+
+    /// For messages: `cluster "name"` or `address host:port`.
+    pub fn describe(&self) -> String {
+        match self {
+            Upstream::Cluster(name) => format!("cluster {name:?}"),
+            Upstream::Address(address) => format!("address {address}"),
+        }
+    }
+}
+
+/// The counter service: an Envoy cluster, or an address (nginx).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
-    pub cluster: String,
+    pub upstream: Upstream,
     pub authority: String,
     pub token: String,
     pub timeout_ms: u64,

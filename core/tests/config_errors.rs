@@ -72,3 +72,28 @@ fn a_service_makes_cached_the_default() {
     assert_eq!(service.authority, "sluice_service");
     assert_eq!(service.sync_interval_ms, 100);
 }
+
+/// The counter service by address (nginx): the forms nginx's dispatch takes are accepted, the
+/// authority defaults to the address, and the callout goes to it. (The bad addresses, from a
+/// hostile configuration, are the `service_address_*` fixtures.)
+#[test]
+fn a_service_address_is_accepted_in_every_form_nginx_dispatches_to() {
+    use sluice_core::policy::Upstream;
+    for address in [
+        "127.0.0.1:8081",
+        "[::1]:8081",
+        "counter.internal:65535",
+        "c-1:1",
+    ] {
+        let json = format!(
+            r#"{{"service": {{"address": "{address}"}}, "rules": [{{"name": "r",
+                "key": ["client_ip"], "limits": [{{"requests": 1, "per": "second"}}]}}]}}"#
+        );
+        let policy = sluice_core::parse(json.as_bytes())
+            .unwrap_or_else(|e| panic!("{address} refused: {e}"));
+        let service = policy.service.unwrap();
+        assert_eq!(service.upstream, Upstream::Address(address.to_string()));
+        assert_eq!(service.upstream.target(), address);
+        assert_eq!(service.authority, address);
+    }
+}

@@ -461,3 +461,20 @@ fn new_numbers_carry_a_keys_counts() {
     // Back to the configured layout: its table, with what it held.
     assert_eq!(admitted(&configured_limiter, "192.0.2.1", 5, &mut store), 0);
 }
+
+/// One tick period per worker, the finest any part needs: nginx arms a tick once.
+#[test]
+fn the_tick_is_the_finest_any_part_needs() {
+    let tick = |json: &str| {
+        let policy = sluice_core::parse(json.as_bytes()).unwrap();
+        sluice_core::Limiter::new(policy).tick_ms()
+    };
+    let local = r#"{"rules": [{"name": "r", "key": ["client_ip"], "limits": [{"requests": 1, "per": "second"}]}]}"#;
+    assert_eq!(tick(local), 1_000);
+    let synced = r#"{"service": {"address": "127.0.0.1:8081", "sync_interval_ms": 200},
+        "rules": [{"name": "r", "key": ["client_ip"], "limits": [{"requests": 1, "per": "second"}]}]}"#;
+    assert_eq!(tick(synced), 20);
+    let shaped = r#"{"service": {"cluster": "c"}, "rules": [{"name": "r", "key": ["client_ip"], "consistency": "local",
+        "limits": [{"requests": 10, "per": "second", "algorithm": "leaky_bucket"}]}]}"#;
+    assert_eq!(tick(shaped), sluice_core::limiter::FINE_TICK_MS);
+}

@@ -13,7 +13,8 @@ use crate::host;
 
 pub use sluice_core::sync::round::Failure;
 
-/// Posts `body` as JSON to `path` on the service's cluster; the callout's token.
+/// Posts `body` as JSON to `path` on the service (its Envoy cluster, or its address in nginx);
+/// the callout's token.
 pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32, Failure> {
     let body = serde_json::to_vec(body).map_err(|_| Failure::NotSent)?;
     let auth = format!("Bearer {}", service.token);
@@ -25,8 +26,14 @@ pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32,
         ("authorization", auth.as_str()),
     ];
     let timeout = Duration::from_millis(service.timeout_ms);
-    hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout)
-        .map_err(|_: Status| Failure::NotSent)
+    hostcalls::dispatch_http_call(
+        service.upstream.target(),
+        headers,
+        Some(&body),
+        vec![],
+        timeout,
+    )
+    .map_err(|_: Status| Failure::NotSent)
 }
 
 /// The answer of a callout (in `on_http_call_response`): the decoded 200 body, or why not.

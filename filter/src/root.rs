@@ -17,10 +17,6 @@ use crate::shared::Shared;
 use crate::shedder::Shedder;
 use crate::syncer::Syncer;
 
-/// How often a worker serves its wait queue, folds its shedding samples and lets go the
-/// requests a leaky bucket held.
-const SHED_TICK: std::time::Duration = std::time::Duration::from_millis(2);
-
 #[derive(Default)]
 pub struct Root {
     shared: Option<Rc<Shared>>,
@@ -76,13 +72,8 @@ impl RootContext for Root {
             limiter.rules().map(|r| r.rule.name.as_str()),
             service.is_some(),
         );
-        let mut ticking = false;
-        if let Some(service) = service
-            .as_ref()
-            .filter(|_| limiter.policy().needs_service())
-        {
-            ticking = true;
-            self.syncer.start(service);
+        if service.is_some() && limiter.policy().needs_service() {
+            self.syncer.start();
             self.proxy_id = proxy_id();
         }
         let _ = hostcalls::log(
@@ -92,36 +83,18 @@ impl RootContext for Root {
                 limiter.policy().rules.len(),
                 limiter.policy().max_keys,
                 service.map_or(String::new(), |s| format!(
-                    ", syncing with cluster {:?} every {} ms as {}",
-                    s.cluster, s.sync_interval_ms, self.proxy_id
+                    ", syncing with {} every {} ms as {}",
+                    s.upstream.describe(),
+                    s.sync_interval_ms,
+                    self.proxy_id
                 )),
             ),
         );
-        let shedder = limiter.policy().shedding.as_ref().map(|shedding| {
-            // The wait queue is served on ticks; the controller's windows end on them.
-            ticking = true;
-            let _ = hostcalls::set_tick_period(SHED_TICK);
-            Shedder::new(shedding)
-        });
-        let shapes = limiter.rules().any(|r| {
-            r.rule
-                .limits
-                .iter()
-                .any(|l| l.algorithm() == sluice_core::Algorithm::LeakyBucket)
-        });
-        if shapes {
-            // Held requests leave on ticks: their schedule is as fine as the tick.
-            ticking = true;
-            let _ = hostcalls::set_tick_period(SHED_TICK);
-        }
-        if !ticking {
-            // The key tables' heartbeat and the requests' counters need a tick. Every tick
-            // set here is 1 s at most (the syncer's is a tenth of the interval, up to 1 s): the
-            // counters reach Envoy's stats within about a second.
-            let _ = hostcalls::set_tick_period(std::time::Duration::from_micros(
-                sluice_core::limit::registry::HEARTBEAT_EVERY_US,
-            ));
-        }
+        let shedder = limiter.policy().shedding.as_ref().map(Shedder::new);
+        // One tick for everything, set once (nginx traps a second setting): core picks the
+        // finest any part needs, 1 s at most, so the counters reach the host's stats within
+        // about a second.
+        let _ = hostcalls::set_tick_period(std::time::Duration::from_millis(limiter.tick_ms()));
         let now = crate::host::now_us();
         self.keep_tables(&limiter, now);
         self.shared = Some(Rc::new(Shared::new(

@@ -2,7 +2,6 @@
 //! if this worker wins the round, gather every worker's unsynced keys and send one batch.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::LogLevel;
@@ -35,11 +34,10 @@ impl Syncer {
         self.queue
     }
 
-    /// Joins the proxy's announcement queue and starts ticking.
-    pub fn start(&mut self, service: &Service) {
+    /// Joins the proxy's announcement queue. The winner of each round takes the announcements
+    /// off it on its tick: nothing waits for a queue-ready callback (nginx never makes one).
+    pub fn start(&mut self) {
         self.queue = hostcalls::register_shared_queue(proxy::QUEUE_NAME).ok();
-        let tick_ms = (service.sync_interval_ms / 10).clamp(5, 1_000);
-        let _ = hostcalls::set_tick_period(Duration::from_millis(tick_ms));
     }
 
     pub fn tick(&mut self, shared: &Shared, proxy_id: &str) {
@@ -92,7 +90,7 @@ impl Syncer {
             Err(failure) => {
                 let _ = hostcalls::log(
                     LogLevel::Warn,
-                    &format!("sluice: sync to cluster {:?} not sent", service.cluster),
+                    &format!("sluice: sync to {} not sent", service.upstream.describe()),
                 );
                 recover(shared, service, &batch, now, failure, None);
             }

@@ -40,6 +40,24 @@ pub(crate) struct CallResponse {
     /// `proxy_get_status` during the callback.
     pub status_code: u32,
     pub status_message: String,
+    /// `ngx_wasm_module`'s failure: the callback gets 0 headers, 0 body bytes, 0 trailers, and
+    /// the response headers hold only `:dispatch_status` with this reason.
+    pub dispatch_status: Option<&'static str>,
+}
+
+impl CallResponse {
+    /// A callout failed as `ngx_wasm_module` reports it (`timeout`, `broken connection`,
+    /// `resolver failure`, ...).
+    pub(crate) fn dispatch_failure(reason: &'static str) -> CallResponse {
+        CallResponse {
+            message: Some(CallMessage {
+                headers: vec![(":dispatch_status".to_string(), reason.to_string())],
+                ..CallMessage::default()
+            }),
+            dispatch_status: Some(reason),
+            ..CallResponse::default()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]

@@ -2,7 +2,8 @@
 //!
 //! Each host call counts itself (see [`Proxy::host_calls`](super::Proxy::host_calls)), checks
 //! every guest pointer (a bad one yields `InvalidMemoryAccess`, never a host panic) and
-//! answers with the status Envoy would.
+//! answers with the status Envoy would, or under the `NgxWasmModule` profile what
+//! `ngx_wasm_module` does (see [`HostProfile`](super::HostProfile)).
 
 use wasmtime::{Caller, Engine, Linker, Module, Store, Val};
 
@@ -11,7 +12,9 @@ use super::abi::{
 };
 use super::calls::HttpCall;
 use super::clock::duration_nanos;
-use super::memory::{read, read_string, return_bytes, status_of, write_u32, write_u64, HostResult};
+use super::memory::{
+    read, read_string, return_bytes, status_of, write_u32, write_u64, Fail, HostResult,
+};
 use super::metrics::{MetricKind, MetricValue};
 use super::properties::parse_path;
 use super::stream::{Deferred, LocalReply};
@@ -140,6 +143,22 @@ pub(crate) fn stub_missing(
     }
 }
 
+/// A trap with nginx's message.
+fn trap(message: impl Into<String>) -> Fail {
+    Fail::Trap(wasmtime::Error::msg(message.into()))
+}
+
+/// `ngx_wasm_module` links every ABI 0.2.1 import, but the ones it does not implement trap the
+/// calling VM (`host trap (function not yet implemented): NAME`).
+fn nginx_lacks(c: &C<'_>, name: &str) -> HostResult {
+    match c.data().profile.is_nginx() {
+        true => Err(trap(format!(
+            "host trap (function not yet implemented): {name}"
+        ))),
+        false => Ok(()),
+    }
+}
+
 fn proxy_log(c: &mut C<'_>, level: u32, ptr: u32, len: u32) -> HostResult {
     let message = read_string(c, ptr, len)?;
     c.data_mut().log(LogLevel::from_raw(level), message);
@@ -147,6 +166,7 @@ fn proxy_log(c: &mut C<'_>, level: u32, ptr: u32, len: u32) -> HostResult {
 }
 
 fn proxy_get_log_level(c: &mut C<'_>, ret: u32) -> HostResult {
+    nginx_lacks(c, "proxy_get_log_level")?;
     let level = c.data().log_level as u32;
     Ok(write_u32(c, ret, level)?)
 }
@@ -158,6 +178,15 @@ fn proxy_get_current_time_nanoseconds(c: &mut C<'_>, ret: u32) -> HostResult {
 
 fn proxy_set_tick_period_milliseconds(c: &mut C<'_>, period: u32) -> HostResult {
     let state = c.data_mut();
+    if state.profile.is_nginx() {
+        // nginx arms one timer per root context, once.
+        if state.effective != ROOT_CONTEXT_ID {
+            return Err(trap("can only set tick_period in root context"));
+        }
+        if period > 0 && state.tick.is_some() {
+            return Err(trap("tick_period already set"));
+        }
+    }
     let period = duration_nanos(std::time::Duration::from_millis(period.into()));
     state.tick = (period > 0).then(|| Tick {
         period,
@@ -375,6 +404,10 @@ fn proxy_get_property(
 ) -> HostResult {
     let path = parse_path(&read(c, pptr, plen)?);
     let state = c.data();
+    if state.profile.is_nginx() && state.stream().is_none() && path.len() > 1 {
+        // "cannot get scoped properties outside of a request"
+        return Err(Status::InternalFailure.into());
+    }
     let value = state
         .stream()
         .and_then(|s| s.properties.get(&path).map(<[u8]>::to_vec))
@@ -454,6 +487,7 @@ fn proxy_resolve_shared_queue(
     nlen: u32,
     ret_id: u32,
 ) -> HostResult {
+    nginx_lacks(c, "proxy_resolve_shared_queue")?;
     let vm_id = read_string(c, vptr, vlen)?;
     let name = read_string(c, nptr, nlen)?;
     let token = c
@@ -466,12 +500,12 @@ fn proxy_resolve_shared_queue(
 }
 
 fn proxy_dequeue_shared_queue(c: &mut C<'_>, id: u32, ret_ptr: u32, ret_size: u32) -> HostResult {
-    let item = c
-        .data()
-        .process()
-        .queues
-        .dequeue(id)
-        .ok_or(Status::NotFound)?;
+    let item = c.data().process().queues.dequeue(id);
+    let item = match item {
+        Some(item) => item,
+        None if c.data().profile.is_nginx() => return Err(trap("could not find queue")),
+        None => return Err(Status::NotFound.into()),
+    };
     let item = item.ok_or(Status::Empty)?;
     return_bytes(c, &item, ret_ptr, ret_size)
 }
@@ -479,8 +513,22 @@ fn proxy_dequeue_shared_queue(c: &mut C<'_>, id: u32, ret_ptr: u32, ret_size: u3
 fn proxy_enqueue_shared_queue(c: &mut C<'_>, id: u32, ptr: u32, len: u32) -> HostResult {
     let item = read(c, ptr, len)?;
     let mut process = c.data().process();
-    let ready = process.queues.enqueue(id, item).ok_or(Status::NotFound)?;
-    process.queue_ready.push_back(ready);
+    if !process.profile.is_nginx() {
+        let ready = process.queues.enqueue(id, item).ok_or(Status::NotFound)?;
+        process.queue_ready.push_back(ready);
+        return Ok(());
+    }
+    // ngx_wasm_module: a shared-memory queue of a fixed size that nobody is notified of; an
+    // unknown queue or a full one traps the caller.
+    let Some((_, bytes)) = process.queues.size(id) else {
+        return Err(trap("could not find queue"));
+    };
+    if let Some(capacity) = process.queue_capacity {
+        if bytes.saturating_add(item.len()) > capacity {
+            return Err(trap("could not enqueue (queue is full)"));
+        }
+    }
+    let _ = process.queues.enqueue(id, item);
     Ok(())
 }
 
@@ -498,7 +546,8 @@ fn defer(c: &mut C<'_>, action: impl FnOnce(u32) -> Deferred) -> HostResult {
 fn proxy_continue_stream(c: &mut C<'_>, kind: u32) -> HostResult {
     match kind {
         stream_type::HTTP_REQUEST | stream_type::HTTP_RESPONSE => {
-            let response = kind == stream_type::HTTP_RESPONSE;
+            // nginx resumes the request whichever stream is named.
+            let response = kind == stream_type::HTTP_RESPONSE && !c.data().profile.is_nginx();
             defer(c, |context_id| Deferred::Continue {
                 context_id,
                 response,
@@ -509,6 +558,7 @@ fn proxy_continue_stream(c: &mut C<'_>, kind: u32) -> HostResult {
 }
 
 fn proxy_close_stream(c: &mut C<'_>, kind: u32) -> HostResult {
+    nginx_lacks(c, "proxy_close_stream")?;
     match kind {
         stream_type::HTTP_REQUEST | stream_type::HTTP_RESPONSE => {
             defer(c, |context_id| Deferred::Reset { context_id })
@@ -562,16 +612,36 @@ fn proxy_http_call(
     let body = read(c, bptr, blen)?;
     let trailers = deserialize_pairs(&read(c, tptr, tlen)?).ok_or(Status::BadArgument)?;
     let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
-    if !(has(":path") && has(":method") && has(":authority")) {
+    let nginx = c.data().profile.is_nginx();
+    if nginx {
+        // ngx_wasm_module fails the dispatch inside the host call: a trap.
+        for name in [":method", ":path"] {
+            if !has(name) {
+                return Err(trap(format!("dispatch failed: no {name}")));
+            }
+        }
+    } else if !(has(":path") && has(":method") && has(":authority")) {
         return Err(Status::BadArgument.into());
     }
     let (worker, context_id, now) = {
         let state = c.data();
         (state.worker, state.effective, state.clock.monotonic_nanos())
     };
+    let mut doomed = None;
     let token = {
         let process = c.data().process();
-        if let Some(clusters) = &process.clusters {
+        if nginx {
+            let name =
+                nginx_host(&upstream).map_err(|why| trap(format!("dispatch failed: {why}")))?;
+            let known = name.parse::<std::net::IpAddr>().is_ok()
+                || process
+                    .clusters
+                    .as_ref()
+                    .is_none_or(|names| names.iter().any(|n| n == name));
+            if !known {
+                doomed = Some("resolver failure");
+            }
+        } else if let Some(clusters) = &process.clusters {
             if !clusters.contains(&upstream) {
                 return Err(Status::BadArgument.into());
             }
@@ -594,7 +664,41 @@ fn proxy_http_call(
     let mut process = c.data().process();
     process.last_token = token;
     process.calls.insert(token, call);
+    if let Some(reason) = doomed {
+        process.doomed_calls.push_back((token, reason));
+    }
     Ok(())
+}
+
+/// The name (or address) of an `ngx_wasm_module` dispatch host: `name`, `name:port`,
+/// `ip:port`, `[v6]:port` or a bare IP (port 80). A port must be 1 to 65535.
+fn nginx_host(host: &str) -> Result<&str, &'static str> {
+    if host.is_empty() {
+        return Err("no host");
+    }
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(host);
+    }
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => {
+            let (v6, after) = rest.split_once(']').ok_or("invalid host")?;
+            (v6, after.strip_prefix(':'))
+        }
+        None => match host.rsplit_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
+    };
+    if name.is_empty() || name.contains(['/', ' ', '@', '?', '#']) {
+        return Err("invalid host");
+    }
+    if let Some(port) = port {
+        match port.parse::<u32>() {
+            Ok(1..=65535) => {}
+            _ => return Err("invalid port"),
+        }
+    }
+    Ok(name)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -613,6 +717,7 @@ fn proxy_grpc_call(
     _timeout: u32,
     _ret_token: u32,
 ) -> HostResult {
+    nginx_lacks(_c, "proxy_grpc_call")?;
     // gRPC callouts are not modelled; InternalFailure is a status the SDK turns into an Err.
     Err(Status::InternalFailure.into())
 }
@@ -630,22 +735,27 @@ fn proxy_grpc_stream(
     _ilen: u32,
     _ret_token: u32,
 ) -> HostResult {
+    nginx_lacks(_c, "proxy_grpc_stream")?;
     Err(Status::InternalFailure.into())
 }
 
 fn proxy_grpc_send(_c: &mut C<'_>, _token: u32, _ptr: u32, _len: u32, _end: u32) -> HostResult {
+    nginx_lacks(_c, "proxy_grpc_send")?;
     Err(Status::NotFound.into())
 }
 
 fn proxy_grpc_cancel(_c: &mut C<'_>, _token: u32) -> HostResult {
+    nginx_lacks(_c, "proxy_grpc_cancel")?;
     Err(Status::NotFound.into())
 }
 
 fn proxy_grpc_close(_c: &mut C<'_>, _token: u32) -> HostResult {
+    nginx_lacks(_c, "proxy_grpc_close")?;
     Err(Status::NotFound.into())
 }
 
 fn proxy_get_status(c: &mut C<'_>, ret_code: u32, ret_ptr: u32, ret_size: u32) -> HostResult {
+    nginx_lacks(c, "proxy_get_status")?;
     let (code, message) = match &c.data().call_response {
         Some(response) => (response.status_code, response.status_message.clone()),
         None => (0, String::new()),
@@ -656,6 +766,11 @@ fn proxy_get_status(c: &mut C<'_>, ret_code: u32, ret_ptr: u32, ret_size: u32) -
 
 fn proxy_set_effective_context(c: &mut C<'_>, context_id: u32) -> HostResult {
     let state = c.data_mut();
+    if state.profile.is_nginx() {
+        // ngx_wasm_module answers Ok and changes nothing: the calls that follow act on the
+        // context of the callback that runs.
+        return Ok(());
+    }
     let known =
         context_id == ROOT_CONTEXT_ID || state.streams.get(&context_id).is_some_and(|s| s.live());
     if !known {
@@ -674,11 +789,15 @@ fn proxy_call_foreign_function(
     _ret_ptr: u32,
     _ret_size: u32,
 ) -> HostResult {
+    if _c.data().profile.is_nginx() {
+        return Err(trap("unknown foreign function"));
+    }
     // Envoy answers NotFound for a foreign function it does not register.
     Err(Status::NotFound.into())
 }
 
-fn proxy_done(_c: &mut C<'_>) -> HostResult {
+fn proxy_done(c: &mut C<'_>) -> HostResult {
+    nginx_lacks(c, "proxy_done")?;
     Ok(())
 }
 

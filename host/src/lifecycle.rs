@@ -1,10 +1,11 @@
 //! The sequence of callbacks Envoy drives on one VM: stream open, response, local reply,
 //! deferred actions, stream end, ticks, callout answers, queue notifications.
 
-use super::abi::{header, Action, Headers};
+use super::abi::{header, Action, Headers, LogLevel};
 use super::calls::{CallResponse, HttpCall};
 use super::error::HostError;
 use super::http::{ExchangeState, RequestSpec, ResponseView};
+use super::profile::HostProfile;
 use super::properties::Properties;
 use super::stream::{Deferred, LocalReply, Stream};
 use super::vm::{Vm, ROOT_CONTEXT_ID};
@@ -21,7 +22,7 @@ fn live_stream(vm: &mut Vm, context_id: u32) -> Option<&mut Stream> {
 }
 
 /// Request headers as Envoy's connection manager passes them to the first filter.
-fn request_headers(spec: &RequestSpec, request_id: u64) -> Headers {
+fn request_headers(spec: &RequestSpec, request_id: u64, profile: HostProfile) -> Headers {
     let mut headers: Headers = vec![
         (":authority".to_string(), spec.authority.clone()),
         (":path".to_string(), spec.path.clone()),
@@ -33,6 +34,10 @@ fn request_headers(spec: &RequestSpec, request_id: u64) -> Headers {
             .iter()
             .map(|(k, v)| (k.to_ascii_lowercase(), v.clone())),
     );
+    // nginx passes the client's headers as they came: it adds neither.
+    if profile.is_nginx() {
+        return headers;
+    }
     if header(&headers, "x-forwarded-proto").is_none() {
         headers.push(("x-forwarded-proto".to_string(), spec.scheme.clone()));
     }
@@ -43,8 +48,11 @@ fn request_headers(spec: &RequestSpec, request_id: u64) -> Headers {
     headers
 }
 
-/// The request's attributes (Envoy's `source.*`, `request.*`).
-fn request_properties(spec: &RequestSpec, headers: &Headers) -> Properties {
+/// The request's attributes (Envoy's `source.*`, `request.*`, or nginx's mapping of them).
+fn request_properties(spec: &RequestSpec, headers: &Headers, profile: HostProfile) -> Properties {
+    if profile.is_nginx() {
+        return nginx_request_properties(spec, headers);
+    }
     let port = spec
         .source_address
         .rsplit_once(':')
@@ -69,14 +77,52 @@ fn request_properties(spec: &RequestSpec, headers: &Headers) -> Properties {
     spec.properties.clone().or(&properties)
 }
 
+/// `ngx_wasm_module`'s request properties: nginx variables, every value a string.
+/// `source.address` is `$remote_addr` (no port), `request.path` `$request_uri`, `request.host`
+/// `$hostname` (the server's name, not the request's), `request.id` the `x-request-id` header
+/// if the client sent one.
+fn nginx_request_properties(spec: &RequestSpec, headers: &Headers) -> Properties {
+    let (address, port) = match spec.source_address.rsplit_once(':') {
+        // `[::1]:80` or `1.2.3.4:80`; a bare IPv6 address has colons but no brackets.
+        Some((address, port))
+            if port.bytes().all(|b| b.is_ascii_digit())
+                && (address.starts_with('[') || !address.contains(':')) =>
+        {
+            (
+                address.trim_start_matches('[').trim_end_matches(']'),
+                Some(port),
+            )
+        }
+        _ => (spec.source_address.as_str(), None),
+    };
+    let (url_path, query) = spec.path.split_once('?').unwrap_or((&spec.path, ""));
+    let mut properties = Properties::new()
+        .with_str("source.address", address)
+        .with_str("request.path", &spec.path)
+        .with_str("request.url_path", url_path)
+        .with_str("request.query", query)
+        .with_str("request.host", "sluice-harness")
+        .with_str("request.method", &spec.method)
+        .with_str("request.scheme", &spec.scheme)
+        .with_str("request.protocol", "HTTP/1.1");
+    if let Some(port) = port {
+        properties = properties.with_str("source.port", port);
+    }
+    if let Some(id) = header(headers, "x-request-id") {
+        properties = properties.with_str("request.id", id);
+    }
+    spec.properties.clone().or(&properties)
+}
+
 /// Opens a stream and runs the request callbacks; returns its context id.
 pub(crate) fn open(vm: &mut Vm, spec: &RequestSpec, request_id: u64) -> Result<u32, HostError> {
     let state = vm.state_mut();
     let context_id = state.next_context_id;
     state.next_context_id += 1;
-    let headers = request_headers(spec, request_id);
+    let profile = state.profile;
+    let headers = request_headers(spec, request_id, profile);
     let count = headers.len() as u32;
-    let properties = request_properties(spec, &headers);
+    let properties = request_properties(spec, &headers, profile);
     state
         .streams
         .insert(context_id, Stream::new(headers, properties));
@@ -133,7 +179,24 @@ pub(crate) fn respond(
         context_id,
         (context_id, count, 1u32),
     )?;
-    let paused = action(raw) == Action::Pause;
+    let mut paused = action(raw) == Action::Pause;
+    if paused && vm.state().profile.is_nginx() {
+        // ngx_wasm_module cannot pause a response phase: it expects a local response, warns
+        // when none came, and sends the response on.
+        paused = false;
+        let replied = vm
+            .state()
+            .deferred
+            .iter()
+            .any(|d| matches!(d, Deferred::LocalReply { .. }));
+        if !replied {
+            vm.state_mut().log(
+                LogLevel::Warn,
+                "\"ResponseHeaders\" returned \"PAUSE\": local response expected but none produced"
+                    .to_string(),
+            );
+        }
+    }
     if let Some(stream) = live_stream(vm, context_id) {
         let headers = stream.response_headers.clone().unwrap_or_default();
         stream.response = Some(view(headers, Vec::new(), paused, false));
@@ -303,6 +366,8 @@ pub(crate) fn deliver_call(
         return Ok(());
     }
     let sizes = match &response.message {
+        // nginx reports a failure with zero sizes, whatever the map holds.
+        _ if response.dispatch_status.is_some() => (0, 0, 0),
         Some(m) => (
             m.headers.len() as u32,
             m.body.len() as u32,

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::abi::LogLevel;
 use super::clock::VirtualClock;
+use super::profile::HostProfile;
 use super::properties::Properties;
 
 /// Settings for [`Proxy::new`](super::Proxy::new). `ProxyOptions::new(config)` gives one
@@ -32,6 +33,13 @@ pub struct ProxyOptions {
     pub clusters: Option<Vec<String>>,
     /// Seed for WASI `random_get` (deterministic per worker).
     pub seed: u64,
+    /// Which proxy the harness behaves as (see [`HostProfile`]). Under `NgxWasmModule`,
+    /// `clusters` lists the host names the resolver knows (`None`: every name resolves); an IP
+    /// address always does.
+    pub profile: HostProfile,
+    /// Bytes a shared queue holds (`ngx_wasm_module`'s `shm_queue` size); `None`: unbounded, as
+    /// in Envoy. Only `NgxWasmModule` enforces it, by trapping the enqueuing VM as nginx does.
+    pub queue_capacity: Option<usize>,
 }
 
 impl ProxyOptions {
@@ -57,6 +65,8 @@ impl Default for ProxyOptions {
             log_level: LogLevel::Trace,
             clusters: None,
             seed: 0,
+            profile: HostProfile::Envoy,
+            queue_capacity: None,
         }
     }
 }

@@ -8,6 +8,7 @@ use super::calls::HttpCall;
 use super::logs::LogEntry;
 use super::metrics::Stats;
 use super::options::ProxyOptions;
+use super::profile::HostProfile;
 use super::properties::Properties;
 use super::queues::{QueueReady, SharedQueues};
 use super::shared::SharedData;
@@ -28,21 +29,34 @@ pub(crate) struct Process {
     pub queue_ready: VecDeque<QueueReady>,
     pub properties: Properties,
     pub clusters: Option<Vec<String>>,
+    pub profile: HostProfile,
+    pub queue_capacity: Option<usize>,
+    /// Callouts nginx accepted but fails once the VM call returns (an unknown name: the
+    /// resolver fails), with their `:dispatch_status`.
+    pub doomed_calls: VecDeque<(u32, &'static str)>,
 }
 
 pub(crate) type SharedProcess = Arc<Mutex<Process>>;
 
 impl Process {
     pub(crate) fn new(options: &ProxyOptions) -> SharedProcess {
-        let defaults = Properties::new()
-            .with_str("plugin_name", &options.plugin_name)
-            .with_str("plugin_root_id", &options.root_id)
-            .with_str("plugin_vm_id", &options.vm_id)
-            .with_str("node.id", "sluice-harness")
-            .with_str("node.cluster", "sluice-harness")
-            .with_str("destination.address", "10.0.0.2:10000")
-            .with_int("destination.port", 10000)
-            .with_int("listener_direction", 1);
+        let defaults = match options.profile {
+            HostProfile::Envoy => Properties::new()
+                .with_str("plugin_name", &options.plugin_name)
+                .with_str("plugin_root_id", &options.root_id)
+                .with_str("plugin_vm_id", &options.vm_id)
+                .with_str("node.id", "sluice-harness")
+                .with_str("node.cluster", "sluice-harness")
+                .with_str("destination.address", "10.0.0.2:10000")
+                .with_int("destination.port", 10000)
+                .with_int("listener_direction", 1),
+            // ngx_wasm_module: the filter's name and root id; `plugin_vm_id` is not implemented,
+            // `node`, `listener_direction` are not supported, `destination.*` is the PROXY
+            // protocol's (absent without it).
+            HostProfile::NgxWasmModule => Properties::new()
+                .with_str("plugin_name", &options.plugin_name)
+                .with_str("plugin_root_id", &options.root_id),
+        };
         Arc::new(Mutex::new(Process {
             vm_id: options.vm_id.clone(),
             shared: SharedData::default(),
@@ -56,6 +70,9 @@ impl Process {
             queue_ready: VecDeque::new(),
             properties: options.properties.clone().or(&defaults),
             clusters: options.clusters.clone(),
+            profile: options.profile,
+            queue_capacity: options.queue_capacity,
+            doomed_calls: VecDeque::new(),
         }))
     }
 

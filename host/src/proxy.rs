@@ -16,6 +16,7 @@ use super::metrics::MetricValue;
 use super::module::FilterModule;
 use super::options::ProxyOptions;
 use super::process::{lock, Process, SharedProcess};
+use super::profile::HostProfile;
 use super::vm::{Vm, VmState, ROOT_CONTEXT_ID};
 
 const ABI_VERSIONS: [&str; 3] = [
@@ -38,6 +39,10 @@ const ABI_VERSIONS: [&str; 3] = [
 /// `source.port`, `request.path`, `request.url_path`, `request.query`, `request.host`,
 /// `request.method`, `request.scheme`, `request.protocol`, `request.id`, and `response.code`
 /// once responded. [`ProxyOptions::properties`] and [`RequestSpec::properties`] override them.
+///
+/// With [`ProxyOptions::profile`] set to [`HostProfile::NgxWasmModule`] it is one nginx with
+/// `ngx_wasm_module` instead (one VM and root context per nginx worker, shared data and queues
+/// in shared memory): the calls, callbacks and properties follow nginx, see [`HostProfile`].
 #[derive(Clone)]
 pub struct Proxy {
     inner: Arc<Mutex<Inner>>,
@@ -270,7 +275,8 @@ impl Proxy {
         process.queues.size(token)
     }
 
-    /// Enqueues `item` on shared queue `name` (in this proxy's vm_id), notifying its registrant.
+    /// Enqueues `item` on shared queue `name` (in this proxy's vm_id), notifying its registrant
+    /// (not under `NgxWasmModule`, which never calls `on_queue_ready`).
     pub fn enqueue(&self, name: &str, item: &[u8]) -> Result<(), HostError> {
         let mut inner = self.lock();
         {
@@ -284,7 +290,10 @@ impl Proxy {
                 .queues
                 .enqueue(token, item.to_vec())
                 .ok_or_else(no_queue)?;
-            process.queue_ready.push_back(ready);
+            // ngx_wasm_module never calls on_queue_ready.
+            if !process.profile.is_nginx() {
+                process.queue_ready.push_back(ready);
+            }
         }
         inner.pump()
     }
@@ -328,11 +337,18 @@ impl Proxy {
     /// with 0 headers, 0 body bytes, 0 trailers; the response maps and body are unavailable
     /// (reading the headers returns BadArgument, which the Rust SDK turns into a panic), and
     /// `proxy_get_status` reports BrokenConnection (11) "reset".
+    ///
+    /// Under [`HostProfile::NgxWasmModule`](super::HostProfile) the callback gets 0 headers and
+    /// the response headers hold only `:dispatch_status: broken connection`.
     pub fn fail_call(&self, token: u32) -> Result<(), HostError> {
+        if lock(&self.process()).profile.is_nginx() {
+            return self.deliver(token, CallResponse::dispatch_failure("broken connection"));
+        }
         let response = CallResponse {
             message: None,
             status_code: super::abi::Status::BrokenConnection as u32,
             status_message: "reset".to_string(),
+            dispatch_status: None,
         };
         self.deliver(token, response)
     }
@@ -340,14 +356,12 @@ impl Proxy {
     /// Times callout `token` out now, as Envoy does when its timeout elapses: the async
     /// client's router answers 504 with body `upstream request timeout` (`content-length`,
     /// `content-type: text/plain`), delivered as a response.
+    ///
+    /// Under [`HostProfile::NgxWasmModule`](super::HostProfile): 0 headers and
+    /// `:dispatch_status: timeout`.
     pub fn timeout_call(&self, token: u32) -> Result<(), HostError> {
-        self.deliver(
-            token,
-            CallResponse {
-                message: Some(timeout_reply()),
-                ..CallResponse::default()
-            },
-        )
+        let response = timeout_response(lock(&self.process()).profile);
+        self.deliver(token, response)
     }
 
     fn deliver(&self, token: u32, response: CallResponse) -> Result<(), HostError> {
@@ -394,10 +408,15 @@ impl Proxy {
                 state,
             });
         }
-        stream.properties.insert(
-            &["response", "code"],
-            i64::from(status).to_le_bytes().to_vec(),
-        );
+        // nginx serves every property as a string (`$status`).
+        let code = match lock(&inner.process).profile.is_nginx() {
+            true => status.to_string().into_bytes(),
+            false => i64::from(status).to_le_bytes().to_vec(),
+        };
+        let vm = inner.vm(id.worker)?;
+        if let Some(stream) = vm.state_mut().streams.get_mut(&id.context_id) {
+            stream.properties.insert(&["response", "code"], code);
+        }
         let mut all: Headers = vec![(":status".to_string(), status.to_string())];
         all.extend(
             headers
@@ -550,8 +569,18 @@ impl Inner {
     }
 
     /// Delivers queue-ready notifications until none are owed.
+    /// Fails the callouts nginx accepted but cannot reach (their `:dispatch_status`), then
+    /// delivers queue-ready notifications, until none are owed.
     fn pump(&mut self) -> Result<(), HostError> {
         loop {
+            let doomed = lock(&self.process).doomed_calls.pop_front();
+            if let Some((token, reason)) = doomed {
+                // Gone already if its stream ended meanwhile.
+                if lock(&self.process).calls.contains_key(&token) {
+                    self.deliver(token, CallResponse::dispatch_failure(reason))?;
+                }
+                continue;
+            }
             let Some(ready) = lock(&self.process).queue_ready.pop_front() else {
                 return Ok(());
             };
@@ -580,10 +609,7 @@ impl Inner {
             self.clock.advance_to_monotonic(due);
             match timer {
                 Timer::CallTimeout { token } => {
-                    let response = CallResponse {
-                        message: Some(timeout_reply()),
-                        ..CallResponse::default()
-                    };
+                    let response = timeout_response(lock(&self.process).profile);
                     self.deliver(token, response)?;
                 }
                 Timer::Tick { worker } => lifecycle::tick(self.vm(worker)?)?,
@@ -600,6 +626,17 @@ impl Inner {
             .remove(&token)
             .ok_or(HostError::NoSuchCall { token })?;
         lifecycle::deliver_call(self.vm(call.worker)?, &call, response)
+    }
+}
+
+/// What a callout whose timeout elapsed gets: Envoy's router answers 504; nginx fails it.
+fn timeout_response(profile: HostProfile) -> CallResponse {
+    match profile {
+        HostProfile::Envoy => CallResponse {
+            message: Some(timeout_reply()),
+            ..CallResponse::default()
+        },
+        HostProfile::NgxWasmModule => CallResponse::dispatch_failure("timeout"),
     }
 }
 

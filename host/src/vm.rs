@@ -13,6 +13,7 @@ use super::metrics::MetricIds;
 use super::module::FilterModule;
 use super::options::ProxyOptions;
 use super::process::{lock, Process, SharedProcess};
+use super::profile::HostProfile;
 use super::properties::Properties;
 use super::stream::{Deferred, Stream};
 
@@ -55,6 +56,7 @@ pub(crate) struct VmState {
     /// them: the SDK's panic hook logs it at Critical), for trap messages.
     pub errors_during_call: String,
     pub rng: u64,
+    pub profile: HostProfile,
 }
 
 impl VmState {
@@ -81,6 +83,7 @@ impl VmState {
             stdio: [String::new(), String::new()],
             errors_during_call: String::new(),
             rng: options.seed ^ (worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED,
+            profile: options.profile,
         }
     }
 

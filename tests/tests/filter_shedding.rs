@@ -2,6 +2,9 @@
 //! however a stream ends, the wait queue served by the root's ticks, and the adaptive limit
 //! following the upstream's latency.
 
+#[path = "support/hosts.rs"]
+mod hosts;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -21,6 +24,7 @@ fn module() -> &'static FilterModule {
 fn proxy(config: &str, workers: usize) -> Proxy {
     let options = ProxyOptions {
         workers,
+        profile: hosts::profile(),
         ..ProxyOptions::new(config)
     };
     Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
@@ -50,7 +54,6 @@ fn status(exchange: &Exchange) -> Option<u32> {
 const STATIC: &str = r#"{"shedding": {"class_header": "x-class",
   "bulkheads": [{"name": "api", "match": {"path_prefix": "/api/"}, "limit": {"static": 4}}]}}"#;
 
-#[test]
 fn the_workers_share_the_slots_and_every_kind_of_end_gives_one_back() {
     let proxy = proxy(STATIC, 3);
     let held: Vec<Exchange> = (0..4).map(|i| send(&proxy, i % 3, "critical")).collect();
@@ -203,7 +206,6 @@ fn drive(
     (admitted, shed)
 }
 
-#[test]
 fn the_adaptive_limit_falls_when_the_upstream_queues() {
     let proxy = proxy(
         r#"{"shedding": {"bulkheads": [{"name": "api", "limit": {"adaptive":
@@ -223,3 +225,33 @@ fn the_adaptive_limit_falls_when_the_upstream_queues() {
     let rtt = proxy.metric("sluice.shed.api.rtt_ms").unwrap();
     assert!(rtt <= 45, "rtt {rtt} ms");
 }
+
+/// Shedding beside a counter service starts in nginx: the worker sets its one tick once
+/// (ngx_wasm_module traps a second `proxy_set_tick_period_milliseconds`), and the slots still
+/// come back however a stream ends.
+fn shedding_and_a_service_share_one_tick() {
+    let config = format!(
+        r#"{{"service": {{{service}}},
+          "rules": [{{"name": "r", "key": ["client_ip"], "consistency": "cached",
+                     "limits": [{{"requests": 1000, "per": "second"}}]}}],
+          "shedding": {{"bulkheads": [{{"name": "api", "limit": {{"static": 2}}}}]}}}}"#,
+        service = hosts::service()
+    );
+    let proxy = proxy(&config, 2);
+    let first = send(&proxy, 0, "");
+    let second = send(&proxy, 1, "");
+    assert_eq!(gauge(&proxy, "api").in_flight, 2);
+    first.respond(200, &[]).unwrap();
+    second.finish().unwrap();
+    proxy.advance(Duration::from_millis(10)).unwrap();
+    assert_eq!(gauge(&proxy, "api").in_flight, 0);
+    assert!(proxy.is_alive(0) && proxy.is_alive(1));
+}
+
+// The wait queue's scenarios stay Envoy-only: a waiter is resumed from the root's tick through
+// `proxy_set_effective_context`, which ngx_wasm_module does not implement (see docs/hosts.md).
+both_hosts!(
+    the_workers_share_the_slots_and_every_kind_of_end_gives_one_back,
+    the_adaptive_limit_falls_when_the_upstream_queues,
+    shedding_and_a_service_share_one_tick,
+);

@@ -2,6 +2,9 @@
 //! grants as leases, the circuit breaker and fallbacks, strict checks. The test plays the
 //! counter service by answering the filter's callouts.
 
+#[path = "support/hosts.rs"]
+mod hosts;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -17,10 +20,11 @@ fn module() -> &'static FilterModule {
 
 fn config(consistency: &str, fallback: &str) -> String {
     format!(
-        r#"{{"service": {{"cluster": "sluice_service", "token": "s3cret", "timeout_ms": 100,
+        r#"{{"service": {{{service}, "token": "s3cret", "timeout_ms": 100,
              "sync_interval_ms": 100, "breaker_failures": 2, "breaker_cooldown_ms": 1000}},
            "rules": [{{"name": "shared", "key": ["header:x-api-key"], "consistency": "{consistency}",
-                      "limits": [{{"requests": 100, "per": "second"}}]{fallback}}}]}}"#
+                      "limits": [{{"requests": 100, "per": "second"}}]{fallback}}}]}}"#,
+        service = hosts::service()
     )
 }
 
@@ -28,6 +32,7 @@ fn proxy(config: &str, workers: usize, seed: u64) -> Proxy {
     let options = ProxyOptions {
         workers,
         seed,
+        profile: hosts::profile(),
         ..ProxyOptions::new(config)
     };
     Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
@@ -122,7 +127,6 @@ fn answer_sync_advising(proxy: &Proxy, call: &HttpCall, grants: Vec<Lease>, next
         .unwrap();
 }
 
-#[test]
 fn one_batch_per_interval_whatever_the_worker_count() {
     let proxy = proxy(&config("cached", ""), 4, 1);
     for i in 0..8 {
@@ -133,7 +137,12 @@ fn one_batch_per_interval_whatever_the_worker_count() {
     let calls = sync_calls(&proxy);
     assert_eq!(calls.len(), 1, "one batch from four workers");
     let (call, batch) = &calls[0];
-    assert_eq!(call.upstream, "sluice_service");
+    // Envoy's cluster, or the address nginx dispatches to.
+    let upstream = match hosts::profile() {
+        sluice_host::HostProfile::Envoy => "sluice_service",
+        sluice_host::HostProfile::NgxWasmModule => "127.0.0.1:8081",
+    };
+    assert_eq!(call.upstream, upstream);
     assert_eq!(call.header("authorization"), Some("Bearer s3cret"));
     assert_eq!(call.header(":method"), Some("POST"));
     assert_eq!(call.timeout, Some(Duration::from_millis(100)));
@@ -164,7 +173,6 @@ fn one_batch_per_interval_whatever_the_worker_count() {
     assert!(batch.entries.is_empty(), "{batch:?}");
 }
 
-#[test]
 fn a_grant_is_a_lease_spent_exactly_across_workers() {
     let proxy = proxy(&config("cached", ""), 3, 2);
     status(&proxy, 0, request("alice"));
@@ -190,7 +198,6 @@ fn a_grant_is_a_lease_spent_exactly_across_workers() {
     );
 }
 
-#[test]
 fn the_breaker_opens_falls_back_and_recovers() {
     let fallback =
         r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]}"#;
@@ -252,7 +259,6 @@ fn the_breaker_opens_falls_back_and_recovers() {
     );
 }
 
-#[test]
 fn headers_from_a_lease_describe_the_global_bucket() {
     let proxy = proxy(&config("cached", ""), 1, 11);
     status(&proxy, 0, request("alice"));
@@ -279,7 +285,6 @@ fn headers_from_a_lease_describe_the_global_bucket() {
     assert_eq!(state.header("retry-after"), Some("1"));
 }
 
-#[test]
 fn a_wrong_token_is_counted_and_logged() {
     let proxy = proxy(&config("cached", ""), 1, 4);
     status(&proxy, 0, request("alice"));
@@ -294,7 +299,6 @@ fn a_wrong_token_is_counted_and_logged() {
         .any(|m| m.contains("refused our token")));
 }
 
-#[test]
 fn the_service_can_turn_on_the_emergency_bypass() {
     let proxy = proxy(&config("cached", ""), 2, 5);
     status(&proxy, 0, request("alice"));
@@ -336,7 +340,6 @@ fn the_service_can_turn_on_the_emergency_bypass() {
     assert_eq!(proxy.metric("sluice.bypassed"), Some(10));
 }
 
-#[test]
 fn two_proxies_share_nothing_locally() {
     let a = proxy(&config("cached", ""), 1, 6);
     let b = proxy(&config("cached", ""), 1, 7);
@@ -378,7 +381,6 @@ fn check_answer(proxy: &Proxy, allowed: bool) {
         .unwrap();
 }
 
-#[test]
 fn strict_requests_wait_for_the_service() {
     let proxy = proxy(&config("strict", ""), 2, 8);
     let exchange = proxy.worker(1).request(request("alice")).unwrap();
@@ -398,7 +400,6 @@ fn strict_requests_wait_for_the_service() {
     assert_eq!(proxy.metric("sluice.rule.shared.denied"), Some(1));
 }
 
-#[test]
 fn a_strict_check_that_times_out_falls_back() {
     let fallback =
         r#", "fallback": {"policy": "fail_open", "limits": [{"requests": 1, "per": "minute"}]}"#;
@@ -427,7 +428,6 @@ fn a_strict_check_that_times_out_falls_back() {
     assert_eq!(proxy.metric("sluice.check.failed"), Some(2));
 }
 
-#[test]
 fn fail_closed_denies_without_the_service() {
     let fallback = r#", "fallback": {"policy": "fail_closed"}"#;
     let proxy = proxy(&config("strict", fallback), 1, 10);
@@ -445,7 +445,6 @@ fn fail_closed_denies_without_the_service() {
 
 /// One request with a 600-byte key must not be able to stop a proxy's sync: the key goes out
 /// as a fixed-size digest, and an entry the service refuses alone is dropped, not sent again.
-#[test]
 fn a_long_key_cannot_stop_the_sync() {
     let proxy = proxy(&config("cached", ""), 2, 11);
     let long = "k".repeat(600);
@@ -498,7 +497,6 @@ fn a_long_key_cannot_stop_the_sync() {
 /// While the service is away (breaker open), a flood of unique keys must not grow the proxy's
 /// memory: the shared queue and each worker's waiting keys stay bounded, the oldest forgotten.
 /// When the service is back, batches stay under the body limit.
-#[test]
 fn waiting_keys_stay_bounded_while_the_service_is_away() {
     use sluice_core::sync::outbox::{ANNOUNCE_PER_ROUND, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
     let proxy = proxy(&config("cached", ""), 2, 12);
@@ -566,15 +564,17 @@ fn waiting_keys_stay_bounded_while_the_service_is_away() {
 
 /// A strict check that fails counts against the breaker, but must not release a sync round in
 /// flight: a second batch would then go out beside the first.
-#[test]
 fn a_failed_strict_check_leaves_the_sync_round_alone() {
-    let config = r#"{"service": {"cluster": "sluice_service", "timeout_ms": 1000,
-          "sync_interval_ms": 100, "breaker_failures": 5},
+    let config = &format!(
+        r#"{{"service": {{{service}, "timeout_ms": 1000,
+          "sync_interval_ms": 100, "breaker_failures": 5}},
         "rules": [
-          {"name": "shared", "key": ["header:x-api-key"], "consistency": "cached",
-           "limits": [{"requests": 100, "per": "second"}]},
-          {"name": "exact", "key": ["header:x-api-key"], "consistency": "strict",
-           "limits": [{"requests": 100, "per": "second"}]}]}"#;
+          {{"name": "shared", "key": ["header:x-api-key"], "consistency": "cached",
+           "limits": [{{"requests": 100, "per": "second"}}]}},
+          {{"name": "exact", "key": ["header:x-api-key"], "consistency": "strict",
+           "limits": [{{"requests": 100, "per": "second"}}]}}]}}"#,
+        service = hosts::service()
+    );
     let proxy = proxy(config, 1, 13);
     let _paused = proxy.worker(0).request(request("alice")).unwrap();
     proxy.advance(Duration::from_millis(100)).unwrap();
@@ -598,7 +598,6 @@ fn a_failed_strict_check_leaves_the_sync_round_alone() {
 /// The service advises a longer interval under backpressure; the proxy follows it, but tells the
 /// service its own interval each round, so the advice comes back down once the service is well
 /// (sending the advice back as its own made a slow moment last until the proxy restarted).
-#[test]
 fn an_advised_interval_comes_back_down() {
     let proxy = proxy(&config("cached", ""), 1, 7);
     let answer = |call: &HttpCall, request: &SyncRequest, next_sync_ms: u64| {
@@ -643,7 +642,6 @@ fn an_advised_interval_comes_back_down() {
 }
 
 /// A proxy whose leases keep running out asks again early, but at most four rounds an interval.
-#[test]
 fn exhausted_leases_sync_at_most_four_times_an_interval() {
     let proxy = proxy(&config("cached", ""), 2, 11);
     let mut rounds = 0;
@@ -713,7 +711,6 @@ fn leased(seed: u64, tokens: u64, reset_ms: u64) -> Proxy {
 
 /// A key whose lease still covers its spend reports at the next round all the same: the
 /// service resizes a lease that is more than the demand (held, it stays parked).
-#[test]
 fn a_covered_lease_reports_every_interval() {
     let proxy = leased(12, 10, 0);
     assert_eq!(admitted(&proxy, 3, "alice"), 3, "from the lease of 10");
@@ -739,7 +736,6 @@ fn starve(seed: u64, ms: u64, reset_ms: u64) -> Vec<(u64, Reported)> {
 /// A key denied on an empty lease while the global bucket holds no token does not ask every
 /// round (and its denials bring no round forward), but always before its lease lapses,
 /// with every denial counted; once the bucket has a token again, it asks at once.
-#[test]
 fn a_starved_key_asks_again_before_its_lease_lapses_not_every_round() {
     // 100 a second, burst 100: 2 s to full is a second in debt, no token for a second
     let rounds = starve(13, 1_000, 2_000);
@@ -774,3 +770,50 @@ fn a_starved_key_asks_again_before_its_lease_lapses_not_every_round() {
     let alice = rounds.iter().filter(|(_, r)| !r.is_empty()).count();
     assert!(alice >= 6, "{alice} reports in {rounds:?}");
 }
+
+/// nginx given an Envoy cluster's name: its resolver does not know the name, the dispatch fails
+/// with `:dispatch_status: resolver failure` and zero headers, which counts as a failed sync and
+/// opens the breaker as any failure does.
+#[test]
+fn in_nginx_a_cluster_name_fails_like_any_unreachable_service() {
+    hosts::run_as(sluice_host::HostProfile::NgxWasmModule, || {
+        let config =
+            config("cached", "").replace(hosts::service(), r#""cluster": "sluice_service""#);
+        let options = ProxyOptions {
+            profile: hosts::profile(),
+            clusters: Some(Vec::new()),
+            ..ProxyOptions::new(config)
+        };
+        let proxy = Proxy::new(module(), options).unwrap();
+        for round in 0..2 {
+            status(&proxy, 0, request(&format!("k{round}")));
+            proxy.advance(Duration::from_millis(150)).unwrap();
+        }
+        assert!(
+            proxy.pending_calls().is_empty(),
+            "every sync failed at once"
+        );
+        assert!(proxy.metric("sluice.sync.failed").unwrap_or(0) >= 2);
+        assert_eq!(proxy.metric("sluice.sync.ok"), Some(0));
+    });
+}
+
+both_hosts!(
+    one_batch_per_interval_whatever_the_worker_count,
+    a_grant_is_a_lease_spent_exactly_across_workers,
+    the_breaker_opens_falls_back_and_recovers,
+    headers_from_a_lease_describe_the_global_bucket,
+    a_wrong_token_is_counted_and_logged,
+    the_service_can_turn_on_the_emergency_bypass,
+    two_proxies_share_nothing_locally,
+    strict_requests_wait_for_the_service,
+    a_strict_check_that_times_out_falls_back,
+    fail_closed_denies_without_the_service,
+    a_long_key_cannot_stop_the_sync,
+    waiting_keys_stay_bounded_while_the_service_is_away,
+    a_failed_strict_check_leaves_the_sync_round_alone,
+    an_advised_interval_comes_back_down,
+    exhausted_leases_sync_at_most_four_times_an_interval,
+    a_covered_lease_reports_every_interval,
+    a_starved_key_asks_again_before_its_lease_lapses_not_every_round,
+);

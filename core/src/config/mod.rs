@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::limit::{Algorithm, Limit, Period};
 use crate::policy::{
     Answer, Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy,
-    ResetFormat, Rule, Service, TierOf, WhenMissing,
+    ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
 };
 use crate::request::matcher::{HeaderTest, Template};
 use crate::request::net::Cidr;
@@ -287,7 +287,7 @@ struct RawFallback {
     limits: Option<Vec<RawLimit>>,
 }
 
-/// The counter service, as an Envoy cluster.
+/// The counter service: an Envoy cluster, or an address for nginx (ngx_wasm_module).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 #[cfg_attr(
@@ -296,9 +296,13 @@ struct RawFallback {
     schemars(rename = "Service")
 )]
 struct RawService {
-    /// The Envoy cluster of the counter service.
-    cluster: String,
-    /// The :authority of the callouts (default: the cluster name).
+    /// The Envoy cluster of the counter service (Envoy). Exactly one of cluster and address.
+    #[serde(default)]
+    cluster: Option<String>,
+    /// host:port of the counter service (nginx with ngx_wasm_module, which dispatches to an address, not a cluster), e.g. 127.0.0.1:8081. Exactly one of cluster and address.
+    #[serde(default)]
+    address: Option<String>,
+    /// The :authority of the callouts (default: the cluster name, or the address).
     #[serde(default)]
     authority: Option<String>,
     /// The bearer token the service expects.
@@ -1276,10 +1280,91 @@ fn key_part(part: &str, exact: bool) -> Result<KeyPart, String> {
     }
 }
 
-fn service(raw: RawService) -> Result<Service, ConfigError> {
-    if raw.cluster.is_empty() {
-        return Err(err("service.cluster", "must name an Envoy cluster"));
+/// Checks a counter service address as nginx's dispatch takes it: `host:port`, the host an IP
+/// address (`[v6]` bracketed) or a DNS name, the port 1 to 65535; no scheme, path, user or
+/// spaces. Returns it as given.
+pub fn service_address(address: &str) -> Result<String, String> {
+    const SHAPE: &str = "expected host:port, such as 127.0.0.1:8081 or counter.internal:8081";
+    if address.is_empty() || address.len() > 253 + 6 {
+        return Err(format!("{SHAPE}, got {} bytes", address.len()));
     }
+    if address.contains("://") {
+        return Err(format!("{address:?} has a scheme: {SHAPE}"));
+    }
+    // A path, a user, spaces or line breaks: none belongs in a dispatch's host.
+    if let Some(bad) = address
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || ".-:[]".contains(*c)))
+    {
+        return Err(format!(
+            "{address:?} has {bad:?}, which no address has: {SHAPE}"
+        ));
+    }
+    let (host, port) = match address.strip_prefix('[') {
+        Some(rest) => match rest.split_once("]:") {
+            Some((v6, port)) if v6.parse::<std::net::Ipv6Addr>().is_ok() => (v6, port),
+            _ => return Err(format!("{address:?} is not [IPv6]:port: {SHAPE}")),
+        },
+        None => match address.rsplit_once(':') {
+            Some((host, _)) if host.contains(':') => {
+                return Err(format!(
+                    "{address:?}: an IPv6 address goes in brackets, [::1]:8081"
+                ))
+            }
+            Some((host, port)) => (host, port),
+            None => return Err(format!("{address:?} has no port: {SHAPE}")),
+        },
+    };
+    let port_ok = !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && matches!(port.parse::<u32>(), Ok(1..=65_535));
+    if !port_ok {
+        return Err(format!(
+            "{address:?}: the port must be a number from 1 to 65535"
+        ));
+    }
+    let is_ip = host.parse::<std::net::IpAddr>().is_ok();
+    let is_name = !host.is_empty()
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if !(is_ip || is_name) {
+        return Err(format!(
+            "{address:?}: the host must be an IP address or a DNS name (letters, digits, - and .): {SHAPE}"
+        ));
+    }
+    Ok(address.to_string())
+}
+
+fn service(raw: RawService) -> Result<Service, ConfigError> {
+    let upstream = match (raw.cluster, raw.address) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "service",
+                "set either cluster (Envoy) or address (nginx), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(err(
+                "service",
+                "needs cluster (an Envoy cluster) or address (host:port, for nginx)",
+            ))
+        }
+        (Some(cluster), None) if cluster.is_empty() => {
+            return Err(err("service.cluster", "must name an Envoy cluster"));
+        }
+        (Some(cluster), None) => Upstream::Cluster(cluster),
+        (None, Some(address)) => Upstream::Address(
+            service_address(&address).map_err(|problem| err("service.address", problem))?,
+        ),
+    };
     let timeout_ms = raw.timeout_ms.unwrap_or(200);
     if !(1..=60_000).contains(&timeout_ms) {
         return Err(err("service.timeout_ms", "must be between 1 and 60000"));
@@ -1303,8 +1388,10 @@ fn service(raw: RawService) -> Result<Service, ConfigError> {
         ));
     }
     Ok(Service {
-        authority: raw.authority.unwrap_or_else(|| raw.cluster.clone()),
-        cluster: raw.cluster,
+        authority: raw
+            .authority
+            .unwrap_or_else(|| upstream.target().to_string()),
+        upstream,
         token: raw.token.unwrap_or_default(),
         timeout_ms,
         sync_interval_ms,

@@ -304,6 +304,10 @@ pub struct RuleAnswer {
     pub unavailable: bool,
 }
 
+/// The tick, in milliseconds, of a worker that serves shedding's wait queue or holds requests
+/// for a leaky bucket.
+pub const FINE_TICK_MS: u64 = 2;
+
 impl Limiter {
     /// A limiter whose key tables are placed by an unkeyed hash: for tests and tools. A proxy
     /// uses [`Limiter::with_secret`].
@@ -377,6 +381,28 @@ impl Limiter {
     /// [`Policy::needs_client_ip`], worked out when the limiter was made.
     pub fn needs_client_ip(&self) -> bool {
         self.needs_client_ip
+    }
+
+    /// The one tick period, in milliseconds, a worker asks of its host: the finest any part
+    /// needs. Shedding's wait queue and a leaky bucket's held requests are served every
+    /// [`FINE_TICK_MS`]; the sync ticks at a tenth of its interval (5 ms to 1 s); otherwise the
+    /// key tables' heartbeat. Set once: nginx (ngx_wasm_module) traps a second
+    /// `proxy_set_tick_period_milliseconds`, Envoy would keep the last.
+    pub fn tick_ms(&self) -> u64 {
+        let policy = &self.policy;
+        let shapes = self.rules().any(|r| {
+            r.rule
+                .limits
+                .iter()
+                .any(|l| l.algorithm() == crate::Algorithm::LeakyBucket)
+        });
+        if policy.shedding.is_some() || shapes {
+            return FINE_TICK_MS;
+        }
+        match policy.service.as_ref().filter(|_| policy.needs_service()) {
+            Some(service) => (service.sync_interval_ms / 10).clamp(5, 1_000),
+            None => crate::limit::registry::HEARTBEAT_EVERY_US / 1_000,
+        }
     }
 
     /// The rule `id` names, with its table.
