@@ -362,7 +362,16 @@ impl Exchange {
                         }
                         admitted
                     }
-                    None => answer,
+                    None => {
+                        // An asked cached key: its demand goes to the next sync, brought
+                        // forward, for a lease (a strict rule's is nothing to sync).
+                        if limiter.demand(rule, &key, moment.now_us, store) {
+                            let key = key.clone();
+                            effects.push(Effect::Announce { rule, key });
+                            effects.push(Effect::Hurry);
+                        }
+                        answer
+                    }
                 };
                 self.record(limiter, rule, &key, answer, moment.now_us, &mut effects);
             }

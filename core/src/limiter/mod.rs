@@ -209,7 +209,6 @@ impl Tally {
     /// if the check admits it.
     fn ask(&mut self, id: RuleId, rule: &Rule, key: &str) {
         self.asked.push((id, key.to_string()));
-        self.lease_exhausted = true;
         if rule.cost_header.is_some() {
             self.chargeable.push((id, key.to_string()));
         }
@@ -832,6 +831,39 @@ impl Limiter {
         verdict.allowed.then_some((answer, spent, dirty))
     }
 
+    /// The demand of an asked key ([`ask`]) once its check is answered: counted as `denied`
+    /// (demand no lease covered), so the key's next sync brings a lease sized for it. Not
+    /// before: a sync that carried the key while its check was out could lease the key's tokens
+    /// to this proxy before the check reached Redis, and the check, setting that lease aside as
+    /// any proxy's, would deny the request the lease was for. Returns whether the key got its
+    /// first unsynced count (to announce it).
+    pub fn demand(&self, rule: RuleId, key: &str, now_us: u64, store: &mut dyn Store) -> bool {
+        let Some(Enforced {
+            rule: spec, table, ..
+        }) = self.rule(rule)
+        else {
+            return false;
+        };
+        if spec.consistency != Consistency::Cached {
+            return false;
+        }
+        let fingerprint = table.fingerprint(key);
+        let limits = bucket_limits(spec);
+        let cost = spec.cost.min(u32::MAX as u64) as u32;
+        store::update(store, &table.set_key(fingerprint), |set| {
+            let mut record = match table.find(set, fingerprint) {
+                Some(record) => record,
+                None => table.find_or_fresh(set, fingerprint, limits, now_us),
+            };
+            let was_unsynced = record.unsynced();
+            record.denied = record.denied.saturating_add(cost);
+            record.seen_us = now_us;
+            table.store(set, &record, limits, now_us);
+            (!was_unsynced && record.unsynced(), true)
+        })
+        .unwrap_or(false)
+    }
+
     /// Charges `cost` more to a key a request of `rule` was admitted on (the cost its response
     /// reported): spent whatever is left, so a key can go into debt; the next requests wait for
     /// it. Cached rules report it to the service with their next sync. Returns whether the key
@@ -965,7 +997,8 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
             ),
         }
     };
-    if synced {
+    // An asked key's demand is counted once its check is answered ([`Limiter::demand`]).
+    if synced && !verdict.asks {
         let cost32 = cost.min(u32::MAX as u64) as u32;
         if verdict.allowed {
             record.spent = record.spent.saturating_add(cost32);
@@ -1015,8 +1048,9 @@ fn closed(limit: Limit, until_back_us: u64) -> RuleVerdict {
 /// is up: the service decides the request, as a strict rule's, with one check on the same global
 /// state its syncs lease from (the check sets their leases aside, so the two never admit more
 /// than the limit together), and a failed check falls back to [`closed`] (the 503). Nothing is
-/// spent here (the check counts the request); it counts as `denied` for the sync, demand the
-/// lease did not cover, so the key is announced and its next sync brings a lease sized for it.
+/// spent here (the check counts the request); once the check is answered it counts as `denied`
+/// for the sync, demand the lease did not cover ([`Limiter::demand`]), so the key is announced
+/// and its next sync brings a lease sized for it.
 /// Refusing instead would answer 503 "the rate limit service cannot be reached" while it can, to
 /// every new key and to every key idle for three sync intervals.
 fn ask(limit: Limit) -> RuleVerdict {
