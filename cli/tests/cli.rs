@@ -509,6 +509,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "bypass",
             "client_ip",
             "headers",
+            "host",
             "jwt_payload_in_metadata",
             "max_keys",
             "rules",

@@ -13,6 +13,8 @@ pub use crate::request::MAX_VALUES;
 /// The whole plugin configuration, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
+    /// The proxy the filter runs in.
+    pub host: Host,
     pub headers: HeaderStyle,
     /// How `X-RateLimit-Reset` is written: seconds from now, or a Unix timestamp.
     pub reset: ResetFormat,
@@ -393,6 +395,16 @@ pub enum Fallback {
     /// service is up is decided by the service instead, one check per request until the next
     /// sync brings it a lease.
     Closed,
+}
+
+/// The proxy the filter runs in: what it can do decides what a configuration may ask.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Host {
+    #[default]
+    Envoy,
+    /// nginx with Kong's `ngx_wasm_module`: it cannot resume a request the filter holds (no
+    /// wait queue, no leaky bucket), and dispatches to an address.
+    Nginx,
 }
 
 /// Where the host sends the callouts to the counter service.

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 use sluice_core::config::{check_rule, RuleAt};
+use sluice_core::policy::Host;
 use sluice_core::reply::{percent_encode, MAX_MESSAGE_BYTES};
 use sluice_core::{Exchange, Limiter, MemoryStore, Moment, PlainRequest, Reply, Step};
 
@@ -210,18 +211,18 @@ fn the_answer_is_checked_on_the_path_live_overrides_take() {
         limits: "rules[0].limits",
     };
     assert_eq!(
-        check_rule(&rule, 64, &at).unwrap_err().field,
+        check_rule(&rule, 64, Host::Envoy, &at).unwrap_err().field,
         "rules[0].deny_status"
     );
     let over = RuleAt::Override { limits: "limits" };
     assert_eq!(
-        check_rule(&rule, 64, &over).unwrap_err().field,
+        check_rule(&rule, 64, Host::Envoy, &over).unwrap_err().field,
         "deny_status"
     );
     rule.answer.status = 503;
     rule.answer.message = Some("a\nb".into());
     assert_eq!(
-        check_rule(&rule, 64, &over).unwrap_err().field,
+        check_rule(&rule, 64, Host::Envoy, &over).unwrap_err().field,
         "deny_message"
     );
 

@@ -86,7 +86,7 @@ fn a_service_address_is_accepted_in_every_form_nginx_dispatches_to() {
         "c-1:1",
     ] {
         let json = format!(
-            r#"{{"service": {{"address": "{address}"}}, "rules": [{{"name": "r",
+            r#"{{"host": "nginx", "service": {{"address": "{address}"}}, "rules": [{{"name": "r",
                 "key": ["client_ip"], "limits": [{{"requests": 1, "per": "second"}}]}}]}}"#
         );
         let policy = sluice_core::parse(json.as_bytes())

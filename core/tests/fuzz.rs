@@ -89,6 +89,7 @@ const TOP_LEVEL: [&str; 9] = [
     "shedding",
     "jwt_payload_in_metadata",
     "x_ratelimit_reset",
+    "host",
 ];
 
 /// Configurations to mutate: the error fixtures, the examples of the README and docs/, the corpus,

@@ -471,7 +471,7 @@ fn the_tick_is_the_finest_any_part_needs() {
     };
     let local = r#"{"rules": [{"name": "r", "key": ["client_ip"], "limits": [{"requests": 1, "per": "second"}]}]}"#;
     assert_eq!(tick(local), 1_000);
-    let synced = r#"{"service": {"address": "127.0.0.1:8081", "sync_interval_ms": 200},
+    let synced = r#"{"host": "nginx", "service": {"address": "127.0.0.1:8081", "sync_interval_ms": 200},
         "rules": [{"name": "r", "key": ["client_ip"], "limits": [{"requests": 1, "per": "second"}]}]}"#;
     assert_eq!(tick(synced), 20);
     let shaped = r#"{"service": {"cluster": "c"}, "rules": [{"name": "r", "key": ["client_ip"], "consistency": "local",

@@ -25,7 +25,7 @@ fn proxy(config: &str, workers: usize) -> Proxy {
     let options = ProxyOptions {
         workers,
         profile: hosts::profile(),
-        ..ProxyOptions::new(config)
+        ..ProxyOptions::new(hosts::config(config))
     };
     Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
 }

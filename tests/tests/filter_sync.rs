@@ -33,7 +33,7 @@ fn proxy(config: &str, workers: usize, seed: u64) -> Proxy {
         workers,
         seed,
         profile: hosts::profile(),
-        ..ProxyOptions::new(config)
+        ..ProxyOptions::new(hosts::config(config))
     };
     Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
 }

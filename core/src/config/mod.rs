@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use crate::limit::{Algorithm, Limit, Period};
 use crate::policy::{
-    Answer, Bypass, ClientIp, Consistency, Fallback, HeaderStyle, KeyPart, Matcher, Mode, Policy,
-    ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
+    Answer, Bypass, ClientIp, Consistency, Fallback, HeaderStyle, Host, KeyPart, Matcher, Mode,
+    Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
 };
 use crate::request::matcher::{HeaderTest, Template};
 use crate::request::net::Cidr;
@@ -59,6 +59,10 @@ pub(crate) fn err(field: impl Into<String>, problem: impl Into<String>) -> Confi
     schemars(title = "sluice filter configuration", rename = "Policy")
 )]
 struct RawPolicy {
+    /// The proxy the filter runs in: envoy (the default) or nginx (Kong's ngx_wasm_module). nginx cannot resume a request the filter holds, so there a bulkhead has no queue and no rule a leaky_bucket, and the counter service is named by service.address.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["envoy", "nginx", null])))]
+    host: Option<String>,
     /// Rate-limit headers on responses: none, legacy (X-RateLimit-*), draft (RateLimit-Policy and RateLimit; the default) or both.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(extend("enum" = ["none", "legacy", "draft", "both", null])))]
@@ -391,6 +395,19 @@ fn one_line(text: String) -> String {
 }
 
 fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
+    let host = match raw.host.as_deref().unwrap_or("envoy") {
+        "envoy" => Host::Envoy,
+        "nginx" => Host::Nginx,
+        other => {
+            return Err(err(
+                "host",
+                format!(
+                    "expected envoy (the default) or nginx, got {:?}",
+                    one_line(other.to_string())
+                ),
+            ))
+        }
+    };
     let headers = match raw.headers.as_deref().unwrap_or("draft") {
         "none" => HeaderStyle::None,
         "legacy" => HeaderStyle::Legacy,
@@ -459,6 +476,9 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
     }
 
     let service = raw.service.map(service).transpose()?;
+    if let Some(service) = &service {
+        check_upstream(host, &service.upstream)?;
+    }
     let jwt_payload_in_metadata = raw
         .jwt_payload_in_metadata
         .unwrap_or_else(|| "jwt_payload".to_string());
@@ -470,6 +490,14 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
     }
 
     let shedding = raw.shedding.map(shedding::shedding).transpose()?;
+    if let (Host::Nginx, Some(shedding)) = (host, &shedding) {
+        if let Some(i) = shedding.bulkheads.iter().position(|b| b.queue.is_some()) {
+            return Err(err(
+                format!("shedding.bulkheads[{i}].queue"),
+                "nginx cannot resume a request that waits (ngx_wasm_module does not switch to another request's context): leave the queue out, and a request with no slot is shed at once",
+            ));
+        }
+    }
     if raw.rules.is_empty() && shedding.is_none() {
         return Err(err(
             "rules",
@@ -497,10 +525,12 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
             r,
             service.is_some(),
             max_keys,
+            host,
         )?);
     }
 
     Ok(Policy {
+        host,
         headers,
         reset,
         bypass,
@@ -614,6 +644,7 @@ fn rule(
     raw: RawRule,
     have_service: bool,
     max_keys: u32,
+    host: Host,
 ) -> Result<Vec<Rule>, ConfigError> {
     let name_ok = !raw.name.is_empty()
         && raw.name.len() <= 64
@@ -840,7 +871,7 @@ fn rule(
             rule: at,
             limits: &limits_at,
         };
-        check_rule(&rule, max_keys, &fields)?;
+        check_rule(&rule, max_keys, host, &fields)?;
         rules.push(rule);
     }
     Ok(rules)
@@ -934,12 +965,26 @@ fn limit_field(limits: &str, k: usize, field: &str) -> String {
 /// with `max_keys` keys. The configuration checks every rule (every tier) with it, and a live
 /// override every rule it changes, in the proxy and, given the proxies' configuration, in the
 /// counter service: one code path, one message.
-pub fn check_rule(rule: &Rule, max_keys: u32, at: &RuleAt<'_>) -> Result<(), ConfigError> {
+pub fn check_rule(
+    rule: &Rule,
+    max_keys: u32,
+    host: Host,
+    at: &RuleAt<'_>,
+) -> Result<(), ConfigError> {
     check_answer(&rule.answer, at)?;
     let limits = &rule.limits;
     let consistency = rule.consistency;
     let position =
         |l: &[Limit], algorithm: Algorithm| l.iter().position(|l| l.algorithm() == algorithm);
+    // A shaper holds a request until its slot, and only the tick can let it go: nginx cannot.
+    if host == Host::Nginx {
+        if let Some(k) = position(limits, Algorithm::LeakyBucket) {
+            return Err(err(
+                limit_field(at.limits(), k, "algorithm"),
+                "leaky_bucket holds a request until its slot, and nginx cannot resume a held request: use gcra (the same rate, denying instead of delaying)",
+            ));
+        }
+    }
     // A shaper holds requests in one proxy: it has no meaning across proxies.
     if consistency != Consistency::Local {
         if let Some(k) = position(limits, Algorithm::LeakyBucket) {
@@ -1277,6 +1322,21 @@ fn key_part(part: &str, exact: bool) -> Result<KeyPart, String> {
                 ))
             }
         }
+    }
+}
+
+/// The counter service named the way `host` dispatches: a cluster in Envoy, an address in nginx.
+fn check_upstream(host: Host, upstream: &Upstream) -> Result<(), ConfigError> {
+    match (host, upstream) {
+        (Host::Envoy, Upstream::Address(_)) => Err(err(
+            "service.address",
+            "Envoy reaches the counter service through a cluster: set service.cluster (an address is for host: nginx)",
+        )),
+        (Host::Nginx, Upstream::Cluster(_)) => Err(err(
+            "service.cluster",
+            "nginx reaches the counter service by address: set service.address (host:port) instead",
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -133,6 +133,7 @@ pub fn check_limits(
         config::check_rule(
             &rule,
             policy.max_keys,
+            policy.host,
             &RuleAt::Override { limits: limits_at },
         )?;
         out.push((index, rule));

@@ -34,6 +34,18 @@ pub fn service() -> &'static str {
     }
 }
 
+/// `config` (a JSON object) for the host of this scenario: nginx's says `"host": "nginx"`, which
+/// refuses what nginx cannot do and names the service by address.
+pub fn config(config: &str) -> String {
+    match profile() {
+        HostProfile::Envoy => config.to_string(),
+        HostProfile::NgxWasmModule => {
+            let inner = config.trim_start().strip_prefix('{').unwrap_or(config);
+            format!(r#"{{"host": "nginx", {inner}"#)
+        }
+    }
+}
+
 /// One test per scenario and host.
 #[macro_export]
 macro_rules! both_hosts {
