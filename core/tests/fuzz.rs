@@ -79,7 +79,7 @@ fn corpus(dir: &str) -> Vec<(PathBuf, Vec<u8>)> {
 // ---------------------------------------------------------------------------------------------
 
 /// The top-level fields of a configuration (what an unknown one is told to pick from).
-const TOP_LEVEL: [&str; 9] = [
+const TOP_LEVEL: [&str; 10] = [
     "headers",
     "bypass",
     "client_ip",

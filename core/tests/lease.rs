@@ -150,27 +150,32 @@ fn with_the_service_down_fail_open_uses_the_fallback_and_fail_closed_denies() {
     let mut store = MemoryStore::default();
     assert_eq!(admitted(&closed, &mut store, 3, down(T0)), 0);
     // No lease yet, the service up: not refused, left to the service (one check, in the
-    // exchange), and the round brought forward for a lease.
+    // exchange); the round is brought forward once the check answers, not before.
     let asked = closed.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
     assert_eq!(asked.asked, vec![(RuleId::new(0), KEY.to_string())]);
-    assert!(asked.lease_exhausted, "the round brought forward");
+    assert!(!asked.lease_exhausted, "no round while the check is out");
     apply_lease(&closed, RuleId::new(0), KEY, &grant(2), T0, &mut store).unwrap();
     assert_eq!(admitted(&closed, &mut store, 3, up(T0 + MS)), 2);
 }
 
 /// A fail-closed cached key the service decided (no lease) reports the request as demand its
-/// lease did not cover (`denied`: the check counted it), so its next sync entry sizes a lease
-/// for it; then its requests are decided here, and reported as spent.
+/// lease did not cover (`denied`: the check counted it), once the check answered, so its next
+/// sync entry sizes a lease for it; then its requests are decided here, and reported as spent.
 #[test]
 fn an_asked_key_gets_a_lease_at_the_next_sync() {
     let closed = limiter(r#", "fallback": {"policy": "fail_closed"}"#);
     let rule = RuleId::new(0);
     let mut store = MemoryStore::default();
     let key = (rule, KEY.to_string());
-    for announced in [vec![key.clone()], vec![]] {
+    for announced in [true, false] {
         let asked = closed.decide(&mut PlainRequest::get("/"), up(T0), &mut store);
         assert_eq!(asked.asked, vec![key.clone()]);
-        assert_eq!(asked.newly_unsynced, announced, "announced once");
+        assert!(
+            asked.newly_unsynced.is_empty(),
+            "not while its check is out"
+        );
+        // The check answered: the demand counted, the key announced once.
+        assert_eq!(closed.demand(rule, KEY, T0, &mut store), announced);
     }
     let taken = take(&closed, rule, KEY, T0 + 50 * MS, 100_000, &mut store);
     let Taken::Entry(entry) = taken else {
