@@ -198,7 +198,6 @@ impl Nginx {
     }
 
     fn launch(options: &NginxOptions) -> Result<Nginx> {
-        let binary = nginx_binary()?;
         let module = nginx_module()?;
         let wasm = match options.filter {
             Filter::Sluice => wasm_path()?,
@@ -206,21 +205,10 @@ impl Nginx {
         };
         let ports = free_ports(2)?;
         let (listen_port, upstream_port) = (ports[0], ports[1]);
-        let dir = tempfile::Builder::new()
-            .prefix("sluice-nginx-")
-            .tempdir()
-            .context("creating a temp dir for nginx")?;
-        // As root the master would hand its workers to `nobody`, who cannot enter this 0700 dir: keep
-        // them the tests' user, as they are for anyone else.
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let user = if unsafe { libc::geteuid() } == 0 {
-            "user root;"
-        } else {
-            ""
-        };
+        let dir = temp_prefix()?;
         let values = [
             ("MODULE", module.display().to_string()),
-            ("USER", user.to_owned()),
+            ("USER", user_line().to_owned()),
             ("PREFIX", dir.path().display().to_string()),
             ("WORKERS", options.workers.to_string()),
             ("WASM", wasm.display().to_string()),
@@ -234,17 +222,65 @@ impl Nginx {
             .with_context(|| format!("reading {}", template_path.display()))?;
         let config = render(&template, &values)
             .with_context(|| format!("rendering {}", template_path.display()))?;
+        Nginx::spawn(
+            dir,
+            &config,
+            &[],
+            options.workers,
+            listen_port,
+            upstream_port,
+        )
+    }
+
+    /// Starts nginx on a whole configuration, the one `config` returns for the nginx's temp dir (e.g.
+    /// `nginx/nginx.conf` with its ports, module path and run dir edited: its pid file and error log
+    /// must be `<dir>/nginx.pid` and `<dir>/error.log`), with the repository root as its prefix (`-p`)
+    /// and working directory: its other relative paths are the repository's. `workers` is its `worker_processes`,
+    /// `listen_port` the server with the filter; waits as [`Nginx::start`] does.
+    pub fn start_config(
+        config: impl FnOnce(&Path) -> Result<String>,
+        workers: u32,
+        listen_port: u16,
+        upstream_port: u16,
+    ) -> Result<Nginx> {
+        let dir = temp_prefix()?;
+        let text = config(dir.path())?;
+        let mut args = vec!["-p".to_owned(), repo_root().display().to_string()];
+        if !user_line().is_empty() {
+            args.extend(["-g".to_owned(), user_line().to_owned()]);
+        }
+        let mut nginx = Nginx::spawn(dir, &text, &args, workers, listen_port, upstream_port)?;
+        nginx.wait_until_ready()?;
+        Ok(nginx)
+    }
+
+    /// Writes `config` into `dir` as `nginx.conf` and starts nginx on it (`-p dir` unless `args` say
+    /// otherwise; the error log is `dir/error.log` either way).
+    fn spawn(
+        dir: TempDir,
+        config: &str,
+        args: &[String],
+        workers: u32,
+        listen_port: u16,
+        upstream_port: u16,
+    ) -> Result<Nginx> {
+        let binary = nginx_binary()?;
         let config_path = dir.path().join("nginx.conf");
         std::fs::write(&config_path, config)
             .with_context(|| format!("writing {}", config_path.display()))?;
         // Before the error_log directive is read, nginx writes to stderr (and to its compiled-in log
-        // path, which `-e` moves into the prefix).
+        // path, which `-e` moves into the temp dir).
         let stderr = File::create(dir.path().join("stderr.log")).context("creating stderr.log")?;
 
         let mut command = Command::new(&binary);
+        if args.iter().any(|a| a == "-p") {
+            // ngx_wasm_module opens a relative module path from the working directory, not the prefix.
+            command.current_dir(repo_root());
+        } else {
+            command.arg("-p").arg(dir.path());
+        }
         command
-            .arg("-p")
-            .arg(dir.path())
+            .args(args)
             .arg("-e")
             .arg(dir.path().join("error.log"))
             .arg("-c")
@@ -269,7 +305,7 @@ impl Nginx {
         Ok(Nginx {
             child,
             dir,
-            workers: options.workers,
+            workers,
             listen_port,
             upstream_port,
         })
@@ -378,6 +414,25 @@ impl Nginx {
         }
         let _ = self.child.kill();
         Ok(self.child.wait()?)
+    }
+}
+
+/// A temp dir for one nginx: its prefix (or, with [`Nginx::start_config`], its log and pid file).
+fn temp_prefix() -> Result<TempDir> {
+    tempfile::Builder::new()
+        .prefix("sluice-nginx-")
+        .tempdir()
+        .context("creating a temp dir for nginx")
+}
+
+/// `user root;` when the tests run as root, else nothing. As root the master would hand its workers to
+/// `nobody`, who cannot enter the 0700 temp dir: they stay the tests' user, as they are for anyone else.
+fn user_line() -> &'static str {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        "user root;"
+    } else {
+        ""
     }
 }
 

@@ -7,8 +7,8 @@
 
 use serde_json::{json, Value};
 use sluice_tests::contract::checked_body;
-use sluice_tests::envoy::{agent, burst, get, Reply};
-use sluice_tests::nginx::{Filter, Nginx, NginxOptions};
+use sluice_tests::envoy::{agent, burst, free_ports, get, replace_exactly, repo_root, Reply};
+use sluice_tests::nginx::{nginx_module, Filter, Nginx, NginxOptions};
 
 fn config(limit: Value) -> String {
     json!({
@@ -314,4 +314,53 @@ fn shedding_and_a_leaky_bucket_start_together() {
     let reply = get(&agent(), &nginx.url("/api/x"), &[]).unwrap();
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(nginx.errors(), Vec::<String>::new(), "nginx logged errors");
+}
+
+/// `nginx/nginx.conf` as shipped, with only its ports, its module path and its run dir edited: it
+/// starts, its local rule `demo` admits 5 a minute on /api/, and /healthz is bypassed. (Its cached rule
+/// has no counter service here: its fallback decides.)
+#[test]
+fn the_shipped_nginx_conf_starts_and_limits() {
+    let shipped = std::fs::read_to_string(repo_root().join("nginx/nginx.conf")).unwrap();
+    let ports = free_ports(3).unwrap();
+    let (listen, upstream, service) = (ports[0], ports[1], ports[2]);
+    let module = nginx_module().unwrap();
+    let nginx = Nginx::start_config(
+        |dir| {
+            let text = replace_exactly(
+                &shipped,
+                "/usr/lib/nginx/modules/ngx_wasmx_module.so",
+                &module.display().to_string(),
+                1,
+            )?;
+            let text =
+                replace_exactly(&text, "127.0.0.1:10000", &format!("127.0.0.1:{listen}"), 2)?;
+            let text = replace_exactly(
+                &text,
+                "127.0.0.1:10001",
+                &format!("127.0.0.1:{upstream}"),
+                3,
+            )?;
+            let text =
+                replace_exactly(&text, "127.0.0.1:8081", &format!("127.0.0.1:{service}"), 2)?;
+            replace_exactly(&text, ".run/nginx/", &format!("{}/", dir.display()), 9)
+        },
+        4,
+        listen,
+        upstream,
+    )
+    .unwrap();
+    let client = agent();
+
+    let statuses: Vec<u16> = (0..6)
+        .map(|_| get(&client, &nginx.url("/api/x"), &[]).unwrap().status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429],
+        "rule demo: 5 a minute"
+    );
+    let health = get(&client, &nginx.url("/healthz"), &[]).unwrap();
+    assert_eq!(health.status, 200, "{health:?}");
+    assert!(!health.has_rate_limit_headers(), "{health:?}");
 }
