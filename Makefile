@@ -135,7 +135,7 @@ test-only: ## the tests alone (after `make deps build-wasm`), every suite with i
 	$(NEXTEST_RUN)
 	$(CARGO) test $(TEST_ARGS) --doc
 
-# The real-nginx suite (tests/tests/nginx_filter.rs): Debian's nginx 1.22.1 loading Kong's ngx_wasm_module as a
+# The real-nginx suites (tests/tests/nginx_*.rs): Debian's nginx 1.22.1 loading Kong's ngx_wasm_module as a
 # dynamic module, which no package registry carries: it is built apart from this repository, against that nginx
 # (docs/nginx.md), and SLUICE_NGINX_MODULE names the built ngx_wasmx_module.so. Without it the suite cannot run: this
 # says so in a box and exits 0. SLUICE_NGINX picks another nginx binary (default: nginx in PATH, else /usr/sbin/nginx).
