@@ -12,6 +12,7 @@ use sluice_tests::nginx::{nginx_module, Filter, Nginx, NginxOptions};
 
 fn config(limit: Value) -> String {
     json!({
+        "host": "nginx",
         "headers": "both",
         "bypass": {"paths": ["/healthz"]},
         "client_ip": {"trusted_hops": 0},
@@ -276,7 +277,7 @@ fn shedding(bulkhead_limit: u32) -> Value {
 fn a_bulkhead_gives_every_slot_back() {
     let nginx = start(
         Filter::Sluice,
-        json!({"rules": [], "shedding": shedding(2)}).to_string(),
+        json!({"host": "nginx", "rules": [], "shedding": shedding(2)}).to_string(),
         2,
     );
     let client = agent();

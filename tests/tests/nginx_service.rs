@@ -47,6 +47,9 @@ fn config(service: Names, token: &str, rules: Value) -> String {
         "rules": rules,
     });
     config["service"][field] = Value::String(value);
+    if field == "address" {
+        config["host"] = json!("nginx");
+    }
     config.to_string()
 }
 
