@@ -4,7 +4,9 @@
 #      on the build lock), so they take the CPU the compiles and the tests leave, mostly while tests wait on Envoy;
 #   2. the Wasm artifacts (`make build-wasm`, release) beside the test compile (`make test-build`, the test profile,
 #      which also builds the counter service the suites start);
-#   3. the tests (`make test-only`, cargo-nextest), then the oldest Envoy's smoke (`make test-envoy-oldest-smoke`).
+#   3. the tests (`make test-only`, cargo-nextest), then the oldest Envoy's smoke (`make test-envoy-oldest-smoke`),
+#      then the real-nginx suite (`make test-nginx`: it runs when SLUICE_NGINX_MODULE names a built ngx_wasm_module,
+#      and says in a box that it did not run otherwise).
 # Background jobs write their output to .run/ci/*.log, printed when they are waited for. Fails if any tier fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,12 +54,15 @@ finish build-wasm
 if [ ${#failed[@]} = 0 ]; then
   tier test-only "$make" --no-print-directory test-only
   tier test-envoy-oldest-smoke "$make" --no-print-directory test-envoy-oldest-smoke
+  # Real nginx with ngx_wasm_module, when SLUICE_NGINX_MODULE names a built module; else a boxed warning.
+  tier test-nginx "$make" --no-print-directory test-nginx
 fi
 finish lint
 
 echo "ci: tiers"
 printf '  %s\n' "${times[@]}"
 echo "ci: total $(now) s"
+[ -f "${SLUICE_NGINX_MODULE:-}" ] || echo "ci: WARNING: the real-nginx suite did NOT run: SLUICE_NGINX_MODULE names no built ngx_wasm_module (docs/nginx.md)"
 if [ ${#failed[@]} != 0 ]; then
   echo "ci: FAILED: ${failed[*]}" >&2
   exit 1
