@@ -4,7 +4,8 @@
 
 use sluice_core::reply::Protocol;
 use sluice_core::shed::admission::gauge;
-use sluice_core::shed::{Seat, ShedReason, ShedWorker, Shedding, WaitEnd};
+use sluice_core::shed::{Seat, ShedReason, Shedding};
+use sluice_core::worker::{ShedWorker, WaitEnd};
 use sluice_core::{Exchange, Limiter, MemoryStore, Moment, PlainRequest, Step};
 
 const MS: u64 = 1_000;

@@ -16,7 +16,7 @@ use crate::callout;
 use crate::host::{self, HostRequest, SharedData};
 use crate::shared::Shared;
 use crate::shedder::respond;
-use sluice_core::shed::WaitEnd;
+use sluice_core::worker::WaitEnd;
 
 pub struct Request {
     shared: Rc<Shared>,

@@ -10,7 +10,8 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use sluice_core::reply::Protocol;
 use sluice_core::shed::policy::BulkheadId;
-use sluice_core::shed::{Seat, ShedReason, ShedWorker, Shedding, WaitEnd};
+use sluice_core::shed::{Seat, ShedReason, Shedding};
+use sluice_core::worker::{ShedWorker, WaitEnd};
 use sluice_core::Reply;
 
 use crate::host::{self, SharedData};

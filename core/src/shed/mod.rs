@@ -17,11 +17,9 @@ pub mod policy;
 pub mod queue;
 pub mod state;
 pub mod tick;
-pub mod worker;
 
 pub use admission::{admit, release, Admission, Pressure, Seat, ShedReason};
 pub use policy::{Level, ShedMode, Shedding};
 pub use queue::{Queued, WaitQueue, Waiter};
 pub use state::Gauge;
 pub use tick::{load_report, tick, Samples};
-pub use worker::{Published, ShedWaiter, ShedWorker, TickPlan, WaitEnd};
