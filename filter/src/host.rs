@@ -288,6 +288,18 @@ impl RequestView for HostRequest<'_> {
             .collect()
     }
 
+    fn first_header(&mut self, name: &str) -> Option<String> {
+        // One value through the host: reading every header's would cost a denial (which reads
+        // `content-type` for the answer's shape) a copy of them all.
+        match self.headers.get() {
+            Some(_) => self.header(name).into_iter().next(),
+            None => hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+                .ok()
+                .flatten()
+                .map(|value| key::header_value(&value)),
+        }
+    }
+
     fn host(&mut self) -> Option<&str> {
         self.host
             .get_or_init(|| request_header(":authority"))

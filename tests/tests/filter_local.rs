@@ -270,6 +270,13 @@ fn host_calls_per_request_stay_few() {
         "one write per admitted request; a denial only reads"
     );
     assert!(total <= 20.0, "{total} host calls per request: {calls:?}");
+    // A denial reads the one header its answer's shape needs (`content-type`: gRPC or not),
+    // never a copy of every header: the rule keys on the client address alone.
+    assert_eq!(
+        calls.get("proxy_get_header_map_pairs"),
+        None,
+        "no request read every header: {calls:?}"
+    );
     assert_eq!(
         calls.get("proxy_increment_metric"),
         None,

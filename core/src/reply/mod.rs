@@ -83,8 +83,7 @@ impl Protocol {
 
     /// The protocol of `request` (it reads the request's `content-type`).
     pub fn of_request(request: &mut dyn RequestView) -> Protocol {
-        let values = request.header("content-type");
-        Protocol::of(values.first().map(String::as_str))
+        Protocol::of(request.first_header("content-type").as_deref())
     }
 }
 

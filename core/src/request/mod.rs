@@ -20,6 +20,11 @@ pub trait RequestView {
     /// Every value of a request header, by lower-case name, in order (empty when absent).
     /// A value that is not UTF-8 comes as [`header_value`] makes it.
     fn header(&mut self, name: &str) -> Vec<String>;
+    /// The first value of a request header, for a header read as one value (`content-type`):
+    /// a host can read it alone, without every header's.
+    fn first_header(&mut self, name: &str) -> Option<String> {
+        self.header(name).into_iter().next()
+    }
     /// The `:authority` (host and port) as sent.
     fn host(&mut self) -> Option<&str>;
     /// The query string as sent (after `?`, without it), if any: [`query_values`] reads it.
