@@ -343,7 +343,7 @@ def read_access_log(path):
     with open(path) as f:
         for line in f:
             parts = line.split()
-            if len(parts) == 3 and parts[2].isdigit():
+            if len(parts) >= 3 and parts[2].isdigit():
                 seconds, _, micros = parts[0].partition(".")
                 out[parts[1]] = (int(seconds) * PER_US + int(micros.ljust(6, "0")[:6]), int(parts[2]))
     return out

@@ -48,6 +48,10 @@ fn checked(reply: &Reply) -> Value {
 #[track_caller]
 fn grpc_checked(reply: &Reply, status: u32, http: &Reply) {
     assert_eq!(reply.grpc_status, Some(status), "{reply:?}");
+    assert_eq!(
+        reply.details, http.details,
+        "one name in the log, whatever the protocol"
+    );
     assert!(reply.body.is_empty(), "{reply:?}");
     assert_eq!(
         reply.headers.get("content-type"),
@@ -106,6 +110,7 @@ fn a_rate_limit_answers_429_with_the_contract() {
     assert_eq!(body["error"], "rate_limited");
     assert_eq!(body["rule"], "per-ip");
     assert_eq!(body["retryAfter"], 60);
+    assert_eq!(http.details, "sluice_rate_limited");
     assert_eq!(http.headers.get("x-ratelimit-remaining"), Some("0"));
 
     let grpc = respond(answer(&mut ip(grpc_request("/svc.S/M")), &mut store));
@@ -136,6 +141,7 @@ fn a_rule_failing_closed_answers_503_with_the_contract() {
     let body = checked(&http);
     assert_eq!(body["error"], "limiter_unavailable");
     assert_eq!(body["rule"], "exact");
+    assert_eq!(http.details, "sluice_limiter_unavailable");
     let grpc = answer(grpc_request("/svc.S/M").with_header("x-user", "alice"));
     grpc_checked(&grpc, GRPC_UNAVAILABLE, &http);
 }
@@ -161,6 +167,8 @@ fn every_shed_reason_answers_503_with_the_contract() {
             assert_eq!(body["bulkhead"], "api");
             assert_eq!(body["level"], level.name());
             assert_eq!(http.headers.get("x-sluice-shed"), Some(reason.name()));
+            // The access log's response code details: the reason, as the header says it.
+            assert_eq!(http.details, format!("sluice_shed_{}", reason.name()));
             let grpc = reply::overloaded(&shedding, seat, level, reason, 0.5, Protocol::Grpc);
             grpc_checked(&grpc, GRPC_UNAVAILABLE, &http);
             assert_eq!(grpc.headers.get("x-sluice-shed"), Some(reason.name()));

@@ -173,12 +173,13 @@ pub fn respond(reply: &sluice_core::Reply) {
     }
     let headers = reply.headers.serialized();
     let body = reply.body.as_bytes();
+    let details = reply.details.as_bytes();
     // SAFETY: every pointer is to a live buffer of the given size, read during the call only.
     let _ = unsafe {
         proxy_send_local_response(
             reply.status,
-            std::ptr::null(),
-            0,
+            details.as_ptr(),
+            details.len(),
             body.as_ptr(),
             body.len(),
             headers.as_ptr(),

@@ -96,6 +96,9 @@ pub enum ExchangeState {
         status: u32,
         headers: Headers,
         body: Vec<u8>,
+        /// The response code details the filter gave (Envoy logs them as
+        /// `%RESPONSE_CODE_DETAILS%`); empty when it gave none.
+        details: String,
     },
     /// The filter reset the stream (`proxy_close_stream`).
     Reset,

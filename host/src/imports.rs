@@ -571,8 +571,8 @@ fn proxy_close_stream(c: &mut C<'_>, kind: u32) -> HostResult {
 fn proxy_send_local_response(
     c: &mut C<'_>,
     status: u32,
-    _dptr: u32,
-    _dlen: u32,
+    dptr: u32,
+    dlen: u32,
     bptr: u32,
     blen: u32,
     hptr: u32,
@@ -580,6 +580,7 @@ fn proxy_send_local_response(
     _grpc: i32,
 ) -> HostResult {
     let body = read(c, bptr, blen)?;
+    let details = String::from_utf8_lossy(&read(c, dptr, dlen)?).into_owned();
     let headers = deserialize_pairs(&read(c, hptr, hlen)?).ok_or(Status::BadArgument)?;
     let headers = headers
         .into_iter()
@@ -589,6 +590,7 @@ fn proxy_send_local_response(
         status,
         headers,
         body,
+        details,
     };
     defer(c, |context_id| Deferred::LocalReply { context_id, reply })
 }

@@ -320,6 +320,7 @@ fn local_reply(vm: &mut Vm, context_id: u32, reply: LocalReply) -> Result<(), Ho
             status: local.status,
             headers: local.headers.clone(),
             body: local.body.clone(),
+            details: reply.details,
         };
         stream.response = Some(local);
     }

@@ -10,6 +10,8 @@ pub(crate) struct LocalReply {
     pub status: u32,
     pub headers: Headers,
     pub body: Vec<u8>,
+    /// The response code details (Envoy's `%RESPONSE_CODE_DETAILS%`).
+    pub details: String,
 }
 
 /// What a filter asked for during a VM call; like Envoy, the host acts on it once the VM call

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sluice_tests::contract::checked_body;
 use sluice_tests::envoy::{agent, burst, get, Envoy, EnvoyOptions, Reply, Template};
+use sluice_tests::eventually;
 
 fn config(limit: Value, mode: &str) -> String {
     json!({
@@ -474,4 +475,72 @@ fn a_leaky_bucket_spreads_a_burst_to_its_rate() {
             "departures too close: {served:?}"
         );
     }
+}
+
+/// A local reply names itself in Envoy's access log: `%RESPONSE_CODE_DETAILS%` is
+/// `sluice_rate_limited` on a 429 (and Envoy's own `via_upstream` on what went upstream), so an
+/// operator can tell sluice's answers from the upstream's (docs/operations.md).
+#[test]
+fn a_local_reply_names_itself_in_the_access_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let service_port = sluice_tests::envoy::free_ports(1).unwrap()[0];
+    let envoy = Envoy::start(EnvoyOptions {
+        template: Template::File(
+            sluice_tests::envoy::repo_root().join("envoy/sluice-access-log.yaml.tmpl"),
+        ),
+        plugin_config_json: config(
+            json!({"requests": 2, "per": "minute", "burst": 2}),
+            "enforce",
+        ),
+        concurrency: 1,
+        placeholders: vec![
+            ("ACCESS_LOG".into(), log.display().to_string()),
+            ("SERVICE_PORT".into(), service_port.to_string()),
+            (
+                "WASM".into(),
+                sluice_tests::envoy::wasm_path()
+                    .unwrap()
+                    .display()
+                    .to_string(),
+            ),
+        ],
+    })
+    .unwrap();
+    let client = agent();
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| get(&client, &envoy.url("/api/x"), &[]).unwrap().status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    let lines = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // Envoy writes its access log files out every 10 s (--file-flush-interval-msec).
+    assert!(
+        eventually(Duration::from_secs(20), || lines().len() >= 3),
+        "{:?}",
+        lines()
+    );
+    let details: Vec<(String, String)> = lines()
+        .iter()
+        .map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            (
+                parts[2].to_owned(),
+                parts.get(3).copied().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        details,
+        [
+            ("200".to_owned(), "via_upstream".to_owned()),
+            ("200".to_owned(), "via_upstream".to_owned()),
+            ("429".to_owned(), "sluice_rate_limited".to_owned()),
+        ]
+    );
 }

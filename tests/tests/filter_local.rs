@@ -124,6 +124,10 @@ fn a_denial_is_honest() {
     }
     let (status, state, headers) = send(&proxy, 0, get("/api/x", "10.0.0.1"));
     assert_eq!(status, 429);
+    assert!(
+        matches!(&state, ExchangeState::LocalResponse { details, .. } if details == "sluice_rate_limited"),
+        "the access log's details: {state:?}"
+    );
     assert_eq!(
         header(&headers, "retry-after"),
         Some("2"),

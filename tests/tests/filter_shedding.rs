@@ -64,11 +64,16 @@ fn the_workers_share_the_slots_and_every_kind_of_end_gives_one_back() {
         status: code,
         headers,
         body,
+        details,
     } = shed.state().unwrap()
     else {
         panic!("not shed: {:?}", shed.state());
     };
     assert_eq!(code, 503);
+    assert_eq!(
+        details, "sluice_shed_concurrency",
+        "the access log's details"
+    );
     assert!(headers
         .iter()
         .any(|(k, v)| k == "x-sluice-shed" && v == "concurrency"));
@@ -136,12 +141,14 @@ fn a_waiter_gets_the_next_slot_on_a_tick_and_one_that_waits_too_long_is_shed() {
     let ExchangeState::LocalResponse {
         status: code,
         headers,
+        details,
         ..
     } = low.state().unwrap()
     else {
         panic!("{:?}", low.state());
     };
     assert_eq!(code, 503);
+    assert_eq!(details, "sluice_shed_queue_timeout");
     assert!(headers
         .iter()
         .any(|(k, v)| k == "x-sluice-shed" && v == "queue_timeout"));

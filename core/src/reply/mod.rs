@@ -39,6 +39,24 @@ pub struct Reply {
     pub body: String,
     /// The gRPC status of a gRPC request's answer, handed to the host with the reply.
     pub grpc_status: Option<u32>,
+    /// The response code details the host logs (Envoy's `%RESPONSE_CODE_DETAILS%`): which kind
+    /// of reply, and for a shed one why: `sluice_rate_limited`, `sluice_limiter_unavailable`,
+    /// `sluice_shed_<reason>` ([`ShedReason::name`]).
+    pub details: &'static str,
+}
+
+/// The response code details of a request shed by `reason`.
+pub fn shed_details(reason: ShedReason) -> &'static str {
+    match reason {
+        ShedReason::Concurrency => "sluice_shed_concurrency",
+        ShedReason::Priority => "sluice_shed_priority",
+        ShedReason::Deadline => "sluice_shed_deadline",
+        ShedReason::Errors => "sluice_shed_errors",
+        ShedReason::Degraded => "sluice_shed_degraded",
+        ShedReason::Fleet => "sluice_shed_fleet",
+        ShedReason::QueueFull => "sluice_shed_queue_full",
+        ShedReason::QueueTimeout => "sluice_shed_queue_timeout",
+    }
 }
 
 /// The stable codes of `error`, one per kind of reply.
@@ -121,6 +139,7 @@ pub fn rate_limited(
         headers,
         body,
         grpc_status: grpc(protocol, GRPC_RESOURCE_EXHAUSTED),
+        details: "sluice_rate_limited",
     }
 }
 
@@ -137,7 +156,7 @@ pub fn limiter_unavailable(rule: &str, retry_after_us: u64, protocol: Protocol) 
         || limiter_unavailable_body(rule, retry_after),
         || unavailable_message(rule),
     );
-    unavailable(headers, body, protocol)
+    unavailable(headers, body, protocol, "sluice_limiter_unavailable")
 }
 
 /// The 503 for a request shed by `reason`. `Retry-After` is spread over [s, 2s) by `draw`, so
@@ -170,16 +189,22 @@ pub fn overloaded(
         || overloaded_body(reason, bulkhead, class, level, retry_after),
         || overloaded_message(reason),
     );
-    unavailable(headers, body, protocol)
+    unavailable(headers, body, protocol, shed_details(reason))
 }
 
 /// A 503 (gRPC UNAVAILABLE).
-fn unavailable(headers: ReplyHeaders, body: String, protocol: Protocol) -> Reply {
+fn unavailable(
+    headers: ReplyHeaders,
+    body: String,
+    protocol: Protocol,
+    details: &'static str,
+) -> Reply {
     Reply {
         status: 503,
         headers,
         body,
         grpc_status: grpc(protocol, GRPC_UNAVAILABLE),
+        details,
     }
 }
 
