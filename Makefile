@@ -108,7 +108,7 @@ check: lint ## quick: rustfmt, clippy (host and wasm32), and the tests that need
 # What CI runs (.ci/run), in scripts/ci-test.sh's order: the Wasm builds (build-wasm) beside the test compile
 # (test-build), then the tests (test-only, test-envoy-oldest-smoke) beside clippy and rustfmt (lint, niced, in a
 # target dir of its own); it prints each tier's time. BENCHMARKS.md ("CI") has the figures.
-test: deps ## everything CI checks: tests (with real Envoy, the newest and the oldest supported), clippy, rustfmt (~15 min from scratch on 2 cores)
+test: deps ## everything CI checks: tests (with real Envoy, the newest and the oldest supported), clippy, rustfmt (~11-12 min from scratch on 2 cores; BENCHMARKS.md, "CI")
 	MAKE="$(MAKE)" scripts/ci-test.sh
 
 # The suites that need real parts, by feature; `make deps build` put them all in place.
