@@ -66,6 +66,7 @@ pub async fn reset(
 ) -> Result<Json<Value>, AppError> {
     let named = name(&state, &rule_path(rule)?, &uri).await?;
     let answer = run(&state, &named, "reset", 0).await?;
+    audit(&state, &admin, &named, &answer).await;
     tracing::info!(
         who = %admin.name,
         rule = %crate::error::loggable(&named.rule),
@@ -74,6 +75,58 @@ pub async fn reset(
         "key reset"
     );
     Ok(Json(answer))
+}
+
+/// Records a reset in the audit log (`GET /admin/v1/audit`): who, when, the rule, the key and
+/// how many Redis keys went, under the set's current version (a reset changes no override). The
+/// reset is done whatever happens here: a failure is logged, not answered.
+async fn audit(state: &AppState, admin: &Admin, named: &Named, answer: &Value) {
+    let version: Result<Option<String>, _> = state
+        .backend
+        .query("audit", redis::cmd("GET").arg(overrides::VERSION_KEY))
+        .await;
+    let version = match version {
+        Ok(text) => text.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0),
+        Err(error) => {
+            tracing::warn!(%error, "a key reset was not recorded in the audit log");
+            return;
+        }
+    };
+    let entry = json!({
+        "at_ms": answer["now_ms"],
+        "version": version,
+        "who": &*admin.name,
+        "action": "reset key",
+        "target": named.rule,
+        "value": {"key": named.parts, "deleted": answer["deleted"]},
+    })
+    .to_string();
+    let cap = overrides::AUDIT_CAP as i64;
+    let pushed: Result<i64, _> = state
+        .backend
+        .query(
+            "audit",
+            redis::cmd("LPUSH").arg(overrides::AUDIT_KEY).arg(entry),
+        )
+        .await;
+    let trimmed: Result<(), _> = match pushed {
+        Ok(_) => {
+            state
+                .backend
+                .query(
+                    "audit",
+                    redis::cmd("LTRIM")
+                        .arg(overrides::AUDIT_KEY)
+                        .arg(0)
+                        .arg(cap - 1),
+                )
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    if let Err(error) = trimmed {
+        tracing::warn!(%error, "a key reset was not recorded in the audit log");
+    }
 }
 
 /// The rule of the path; 400 naming `rule` when it is not UTF-8 once percent-decoded.

@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use common::{call, post, Answer, TOKEN};
 use serde_json::{json, Value};
-use sluice_counter_service::{keys, AppState};
+use sluice_counter_service::{keys, overrides, AppState};
 use sluice_protocol::{AlgorithmSpec, LimitSpec};
 use sluice_tests::redis::{Redis, RedisCluster, Reply};
 
@@ -92,12 +92,16 @@ fn exists(redis: &Redis, key: &str) -> bool {
     redis.text(&["EXISTS", key]).unwrap() == "1"
 }
 
-/// Every key in Redis, sorted.
+/// Every key in Redis but the audit log (a reset writes to it), sorted.
 fn all_keys(redis: &Redis) -> Vec<String> {
     let Reply::Array(keys) = redis.query(&["KEYS", "*"]).unwrap() else {
         panic!("KEYS answered no array")
     };
-    let mut keys: Vec<String> = keys.iter().map(|k| k.text().unwrap().to_owned()).collect();
+    let mut keys: Vec<String> = keys
+        .iter()
+        .map(|k| k.text().unwrap().to_owned())
+        .filter(|k| k != overrides::AUDIT_KEY)
+        .collect();
     keys.sort();
     keys
 }
@@ -182,9 +186,24 @@ async fn a_key_shows_its_count_every_lease_and_its_override_and_resets_alone() {
     let mut left = before.clone();
     left.retain(|k| *k != own);
     assert_eq!(all_keys(&redis), left, "only the key's own Redis key went");
+    assert_eq!(
+        redis
+            .text(&["HGET", overrides::KEYS_KEY, "api\u{1f}alice"])
+            .unwrap(),
+        "block"
+    );
     for other in ["api\u{1f}bob", "web\u{1f}alice"] {
         assert!(exists(&redis, &keys::limit_key(other, &TEN)), "{other}");
     }
+    // the audit log says who reset what
+    let audit = ok(&state, "GET", "/admin/v1/audit?limit=1").await;
+    let entry = &audit["entries"][0];
+    assert_eq!(entry["action"], "reset key", "{audit}");
+    assert_eq!(entry["who"], "alice");
+    assert_eq!(entry["target"], "api");
+    assert_eq!(entry["value"], json!({"key": ["alice"], "deleted": 1}));
+    assert_eq!(entry["at_ms"], reset["now_ms"]);
+    assert_eq!(entry["version"], set.body["version"]);
     // the override is not the key's counts: it stays
     assert_eq!(
         ok(&state, "GET", &path).await["override"]["action"],
