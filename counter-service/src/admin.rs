@@ -11,6 +11,8 @@
 //!   `{"key": ["alice"], "action": "block", "ttl_s": …, "reason": …}`; a DELETE names the key in
 //!   its body (`{"key": […]}`) or, for a one-part key, as `?key=`.
 //! - `GET /admin/v1/audit?limit=N`: the latest changes, newest first.
+//! - `GET|DELETE /admin/v1/keys/{rule}?key=…`: one key's state, its reset
+//!   ([`crate::key_admin`]).
 //!
 //! A PUT answers the entry as set, with the new version; a DELETE the new version, or 404 when
 //! there was no such entry.

@@ -3,7 +3,7 @@
 //!
 //! `check.lua` and `sync.lua` share their clock, hash and lease load, refill and expiry through
 //! `lua/prelude.lua` (`fleet.lua` its clock and hash load; `window.lua` and `sync_window.lua` its
-//! clock, hash load, lease scan, windows and expiry; `sliding_log.lua` and `overrides.lua` its clock): each script the service runs is the
+//! clock, hash load, lease scan, windows and expiry; `sliding_log.lua` and `overrides.lua` its clock; `keys.lua` its clock, hash and lease reads, refill and windows): each script the service runs is the
 //! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
 //! reload sends that same text, on one Redis and on every node of a cluster alike.
 
@@ -25,6 +25,8 @@ pub const SLIDING_LOG_BODY_LUA: &str = include_str!("../../lua/sliding_log.lua")
 pub const SYNC_WINDOW_BODY_LUA: &str = include_str!("../../lua/sync_window.lua");
 /// `lua/overrides.lua` alone, without the prelude (it does not run so).
 pub const OVERRIDES_BODY_LUA: &str = include_str!("../../lua/overrides.lua");
+/// `lua/keys.lua` alone, without the prelude (it does not run so).
+pub const KEYS_BODY_LUA: &str = include_str!("../../lua/keys.lua");
 
 /// The script of one proxy's batch, one call per hash slot: the prelude, then `lua/sync.lua`.
 pub const SYNC_LUA: &str = concat!(
@@ -70,6 +72,13 @@ pub const OVERRIDES_LUA: &str = concat!(
     "\n",
     include_str!("../../lua/overrides.lua")
 );
+/// The script of the admin API's one key (its state, its reset): the prelude, then
+/// `lua/keys.lua`.
+pub const KEYS_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/keys.lua")
+);
 /// `lua/token_bucket.lua`: the per-request baseline for benchmarks (not used by the service; it
 /// stands alone, without the prelude, as `redis-benchmark` loads it).
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
@@ -83,6 +92,7 @@ pub struct Scripts {
     pub window: Script,
     pub sliding_log: Script,
     pub overrides: Script,
+    pub keys: Script,
 }
 
 impl Scripts {
@@ -95,6 +105,7 @@ impl Scripts {
             window: Script::new(WINDOW_LUA),
             sliding_log: Script::new(SLIDING_LOG_LUA),
             overrides: Script::new(OVERRIDES_LUA),
+            keys: Script::new(KEYS_LUA),
         }
     }
 }
@@ -110,7 +121,7 @@ mod tests {
     use super::*;
 
     /// The scripts that run after the prelude, without it.
-    const BODIES: [(&str, &str); 7] = [
+    const BODIES: [(&str, &str); 8] = [
         ("sync.lua", SYNC_BODY_LUA),
         ("sync_window.lua", SYNC_WINDOW_BODY_LUA),
         ("check.lua", CHECK_BODY_LUA),
@@ -118,6 +129,7 @@ mod tests {
         ("window.lua", WINDOW_BODY_LUA),
         ("sliding_log.lua", SLIDING_LOG_BODY_LUA),
         ("overrides.lua", OVERRIDES_BODY_LUA),
+        ("keys.lua", KEYS_BODY_LUA),
     ];
 
     /// The names the prelude defines at its top level (`local function f`, `local NAME = …`).
@@ -225,6 +237,7 @@ mod tests {
             OVERRIDES_LUA,
             format!("{PRELUDE_LUA}\n{OVERRIDES_BODY_LUA}")
         );
+        assert_eq!(KEYS_LUA, format!("{PRELUDE_LUA}\n{KEYS_BODY_LUA}"));
         let scripts = Scripts::new();
         assert_eq!(scripts.sync.get_hash(), Script::new(SYNC_LUA).get_hash());
         assert_eq!(scripts.check.get_hash(), Script::new(CHECK_LUA).get_hash());

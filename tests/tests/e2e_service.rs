@@ -3,7 +3,8 @@
 //! bound, and one cached fixed window within its bound (its 429s wait no longer than the window's end); the edge never errs or waits when the service is killed or Redis restarts under it, and syncs come
 //! back after; a wrong token is refused loudly while fallbacks answer; strict rules are exact and fail closed
 //! without a hang; strict windows are exact across proxies (a daily fixed window waits for 00:00 UTC, a
-//! sliding one does not double at a boundary). Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`,
+//! sliding one does not double at a boundary); one key spent through Envoy is seen and reset through the admin API.
+//! Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`,
 //! `SLUICE_WASM` and `SLUICE_REDIS_SERVER`).
 //!
 //! The tests in this file take turns (one lock): they measure rates and latencies, and two Envoys, a service
@@ -1875,4 +1876,123 @@ fn a_cached_rule_charges_reported_costs_across_two_proxies() {
             "proxy {p}: retry-after {retry} s; the bucket is {short} token(s) short of one, 36 s each: {denied:?}"
         );
     }
+}
+
+/// One key seen and reset through the admin API, as a client sees it: a cached rule of 5 an hour (no token comes
+/// back within the test) spent to its limit through Envoy; the service's state of the key shows its count (the
+/// bucket empty) and the proxy's lease; after `DELETE` the key is new in Redis, and once the proxy has synced
+/// again the client is admitted, while another key spent alike stays denied.
+#[test]
+fn a_key_spent_through_envoy_is_seen_and_its_reset_admits_it_again() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = admin_service(&redis, &dir);
+    let rules = json!([
+        {"name": "api", "key": ["header:x-user"], "consistency": "cached",
+         "limits": [{"requests": 5, "per": "hour"}]},
+    ]);
+    // Syncs every 500 ms: a lease lives 1.5 s, long enough to be read between two syncs.
+    let envoy = start_envoy(&service, config(service.token(), 500, rules), 2);
+    assert!(eventually(Duration::from_secs(5), || envoy
+        .stat("wasmcustom.sluice.sync.ok")
+        > 0));
+    let client = agent();
+    let url = envoy.url("/api/x");
+    let send = |user: &str| get(&client, &url, &[("x-user", user)]).unwrap().status;
+    let limits = "%5B%7B%22requests%22%3A5%2C%22per%22%3A%22hour%22%7D%5D";
+    let state_of = |user: &str| -> Value {
+        let reply = service
+            .request(
+                "GET",
+                &format!("/admin/v1/keys/api?key={user}&limits={limits}"),
+                Some("s3cret-admin-token"),
+                None,
+            )
+            .unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+        serde_json::from_str(&reply.body).unwrap()
+    };
+
+    // Spend alice's and carol's keys: requests until the service's count holds the whole hour and the proxy
+    // denies them.
+    for user in ["alice", "carol"] {
+        let spent = eventually(Duration::from_secs(20), || {
+            let denied = send(user) == 429;
+            std::thread::sleep(Duration::from_millis(50));
+            denied
+                && state_of(user)["limits"][0]["tokens"]
+                    .as_f64()
+                    .unwrap_or(5.0)
+                    < 1.0
+        });
+        assert!(spent, "{user}'s key never spent: {}", state_of(user));
+    }
+    let admitted_before: usize = (0..5).filter(|_| send("alice") == 200).count();
+    assert_eq!(admitted_before, 0, "alice's key is spent");
+
+    // Seen: the count and the lease of the proxy that synced it.
+    let seen = eventually(Duration::from_secs(5), || {
+        send("alice");
+        let state = state_of("alice");
+        let limit = &state["limits"][0];
+        limit["exists"] == true
+            && limit["tokens"].as_f64().unwrap_or(5.0) < 1.0
+            && limit["leases_total"].as_u64().unwrap_or(0) >= 1
+    });
+    let state = state_of("alice");
+    assert!(seen, "no count and lease seen: {state}");
+    let lease = &state["limits"][0]["leases"][0];
+    assert!(
+        lease["proxy"].as_str().is_some_and(|p| !p.is_empty()),
+        "{state}"
+    );
+    assert!(lease["tokens"].as_u64().is_some(), "{state}");
+    assert!(
+        state["limits"][0]["reset_ms"].as_u64().unwrap() > 0,
+        "{state}"
+    );
+
+    // Reset alice's key only.
+    let reset = service
+        .request(
+            "DELETE",
+            &format!("/admin/v1/keys/api?key=alice&limits={limits}"),
+            Some("s3cret-admin-token"),
+            None,
+        )
+        .unwrap();
+    assert_eq!(reset.status, 200, "{reset:?}");
+    let reset: Value = serde_json::from_str(&reset.body).unwrap();
+    assert_eq!(reset["deleted"], 1, "{reset}");
+    // A proxy's credential cannot: one proxy must not move the fleet.
+    let refused = service
+        .request(
+            "DELETE",
+            &format!("/admin/v1/keys/api?key=carol&limits={limits}"),
+            Some(service.token()),
+            None,
+        )
+        .unwrap();
+    assert_eq!(refused.status, 401, "{refused:?}");
+
+    // After the next sync the proxy is granted from the new key: alice is admitted again; carol is not.
+    let again = eventually(Duration::from_secs(10), || {
+        let admitted = send("alice") == 200;
+        std::thread::sleep(Duration::from_millis(50));
+        admitted
+    });
+    assert!(
+        again,
+        "alice never admitted after the reset: {}",
+        state_of("alice")
+    );
+    let carol: usize = (0..5).filter(|_| send("carol") == 200).count();
+    assert_eq!(carol, 0, "carol's key was not reset: {}", state_of("carol"));
+    let fresh = state_of("alice");
+    assert!(
+        fresh["limits"][0]["tokens"].as_f64().unwrap()
+            > state["limits"][0]["tokens"].as_f64().unwrap(),
+        "alice's key is new in Redis: {fresh} after {state}"
+    );
 }
