@@ -267,7 +267,7 @@ fn rate_limited_message(rule: &str, custom: Option<&str>, quota: &Quota) -> Stri
         "rate limit exceeded: ",
         requests,
         " requests per ",
-        period,
+        &period,
         " for rule ",
         rule,
     ]
@@ -298,7 +298,7 @@ pub fn rate_limited_body(
                 "rate limit exceeded: ",
                 requests,
                 " requests per ",
-                period,
+                &period,
                 " for rule ",
                 rule,
                 "; retry in ",
