@@ -468,4 +468,48 @@ mod tests {
             assert_eq!(LimitSpec::from(&limit), LimitSpec::calendar(100, calendar));
         }
     }
+
+    /// A duration travels as the named periods up to a day do, its length in `period_ms` and
+    /// no new field: every service that counts windows aligns a `period_ms` window to the
+    /// epoch, so it counts "7m" as the proxy does, and "1d" as "day".
+    #[test]
+    fn a_duration_travels_as_its_length_alone() {
+        use sluice_protocol::{AlgorithmSpec, LimitSpec};
+        let seven = Period::parse("7m").unwrap();
+        let window = Limit::windowed(5, seven, Algorithm::FixedWindow).unwrap();
+        assert_eq!(
+            serde_json::to_string(&LimitSpec::from(&window)).unwrap(),
+            r#"{"requests":5,"period_ms":420000,"burst":5,"algorithm":"fixed_window"}"#
+        );
+        let day = Limit::windowed(5, Period::Day, Algorithm::SlidingWindow).unwrap();
+        let one_d = Limit::windowed(5, Period::parse("1d").unwrap(), Algorithm::SlidingWindow);
+        assert_eq!(LimitSpec::from(&one_d.unwrap()), LimitSpec::from(&day));
+        let bucket = Limit::new(5, Period::from_seconds(900).unwrap(), Some(9)).unwrap();
+        assert_eq!(
+            LimitSpec::from(&bucket),
+            LimitSpec::token_bucket(5, 900_000, 9)
+        );
+        assert_eq!(
+            LimitSpec::from(&Limit::logged(5, seven).unwrap()).algorithm,
+            AlgorithmSpec::SlidingLog
+        );
+    }
+
+    /// A duration's windows start at multiples of its length since the epoch: 7 minutes (which
+    /// divides no day) at T is 49,510 s into the day but 310 s into its window.
+    #[test]
+    fn a_duration_window_is_aligned_to_the_epoch() {
+        use super::calendar::{end_us, start_us};
+        // 2026-11-30 13:45:10.5 UTC.
+        const T: u64 = 1_796_046_310_500_000;
+        let seven = Period::Every(420);
+        assert_eq!(T / 1_000_000 % 420, 310);
+        assert_eq!(start_us(seven, T), T - 310_500_000);
+        assert_eq!(end_us(seven, T), T - 310_500_000 + 420_000_000);
+        // A day's midnight is no 7-minute boundary; a 2-day window turns on every other one.
+        let midnight = 1_795_996_800_000_000;
+        assert_ne!(start_us(seven, midnight), midnight);
+        assert_eq!(start_us(Period::Every(86_400), T), midnight);
+        assert_eq!(start_us(Period::Every(172_800), T) % 172_800_000_000, 0);
+    }
 }
