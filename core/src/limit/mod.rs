@@ -140,18 +140,27 @@ impl Period {
 }
 
 impl Period {
+    /// The name of a named period (`"minute"`); `None` for a duration.
+    pub fn static_name(self) -> Option<&'static str> {
+        Some(match self {
+            Period::Second => "second",
+            Period::Minute => "minute",
+            Period::Hour => "hour",
+            Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
+            Period::Every(_) => return None,
+        })
+    }
+
     /// The period as configured: its name, or a duration in its largest whole unit (`"15m"`
     /// for 900 seconds, `"90s"`), which reads back as the same period.
     pub fn name(self) -> std::borrow::Cow<'static, str> {
         use std::borrow::Cow;
-        match self {
-            Period::Second => Cow::Borrowed("second"),
-            Period::Minute => Cow::Borrowed("minute"),
-            Period::Hour => Cow::Borrowed("hour"),
-            Period::Day => Cow::Borrowed("day"),
-            Period::Week => Cow::Borrowed("week"),
-            Period::Month => Cow::Borrowed("month"),
-            Period::Every(seconds) => {
+        match (self.static_name(), self) {
+            (Some(name), _) => Cow::Borrowed(name),
+            (None, _) => {
+                let seconds = self.seconds();
                 let (count, unit) = [(86_400, "d"), (3_600, "h"), (60, "m")]
                     .into_iter()
                     .find(|(scale, _)| seconds % scale == 0)

@@ -262,12 +262,20 @@ fn rate_limited_message(rule: &str, custom: Option<&str>, quota: &Quota) -> Stri
     }
     let mut requests = itoa::Buffer::new();
     let requests = requests.format(quota.limit.requests());
-    let period = quota.limit.period().name();
+    let named = quota.limit.period().static_name();
+    let owned;
+    let period = match named {
+        Some(name) => name,
+        None => {
+            owned = quota.limit.period().to_string();
+            owned.as_str()
+        }
+    };
     [
         "rate limit exceeded: ",
         requests,
         " requests per ",
-        &period,
+        period,
         " for rule ",
         rule,
     ]
@@ -293,12 +301,20 @@ pub fn rate_limited_body(
         None => {
             let mut requests = itoa::Buffer::new();
             let requests = requests.format(quota.limit.requests());
-            let period = quota.limit.period().name();
+            let named = quota.limit.period().static_name();
+            let owned;
+            let period = match named {
+                Some(name) => name,
+                None => {
+                    owned = quota.limit.period().to_string();
+                    owned.as_str()
+                }
+            };
             for piece in [
                 "rate limit exceeded: ",
                 requests,
                 " requests per ",
-                &period,
+                period,
                 " for rule ",
                 rule,
                 "; retry in ",
