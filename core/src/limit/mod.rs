@@ -163,7 +163,7 @@ impl Period {
                 let seconds = self.seconds();
                 let (count, unit) = [(86_400, "d"), (3_600, "h"), (60, "m")]
                     .into_iter()
-                    .find(|(scale, _)| seconds % scale == 0)
+                    .find(|(scale, _)| seconds.is_multiple_of(*scale))
                     .map_or((seconds, "s"), |(scale, unit)| (seconds / scale, unit));
                 Cow::Owned(format!("{count}{unit}"))
             }
