@@ -88,10 +88,28 @@ pub fn number(n: u64) -> String {
     out
 }
 
+/// A period for an API's consumers: its name, or a duration in words (`15 minutes`).
+pub fn period_for_consumers(period: sluice_core::limit::Period) -> String {
+    use sluice_core::limit::Period;
+    let Period::Every(seconds) = period else {
+        return period.to_string();
+    };
+    let (count, unit) = [(86_400, "day"), (3_600, "hour"), (60, "minute")]
+        .into_iter()
+        .find(|(scale, _)| seconds % scale == 0)
+        .map_or((seconds, "second"), |(scale, unit)| (seconds / scale, unit));
+    if count == 1 {
+        unit.to_string()
+    } else {
+        format!("{} {unit}s", number(count as u64))
+    }
+}
+
 /// A limit for an API's consumers: `100 per minute, bursts of up to 20`.
 pub fn limit_for_consumers(l: &Limit) -> String {
     use sluice_core::limit::Period;
-    let base = format!("{} per {}", number(l.requests()), l.period());
+    let period = period_for_consumers(l.period());
+    let base = format!("{} per {period}", number(l.requests()));
     match l.algorithm() {
         Algorithm::TokenBucket | Algorithm::Gcra if l.burst() != l.requests() => {
             format!("{base}, bursts of up to {}", number(l.burst()))
@@ -105,6 +123,11 @@ pub fn limit_for_consumers(l: &Limit) -> String {
                 Period::Day => "daily at 00:00 UTC",
                 Period::Week => "Mondays at 00:00 UTC",
                 Period::Month => "on the 1st of each month at 00:00 UTC",
+                Period::Every(_) => {
+                    return format!(
+                        "{base}, resets every {period} counted from 1970-01-01 00:00 UTC"
+                    )
+                }
             };
             format!("{base}, resets {reset}")
         }
@@ -114,6 +137,7 @@ pub fn limit_for_consumers(l: &Limit) -> String {
             number(l.requests()),
             match l.period() {
                 p @ (Period::Second | Period::Minute | Period::Hour | Period::Day) => p.to_string(),
+                Period::Every(_) => period,
                 p => format!("{p} window"),
             }
         ),

@@ -466,6 +466,39 @@ fn docs_tabulates_the_limits_per_endpoint_and_tier() {
     );
 }
 
+/// Durations: `check` accepts them, `explain` writes them as the configuration reads them back,
+/// `docs` in words, with a fixed window's epoch alignment.
+#[test]
+fn durations_are_checked_explained_and_documented() {
+    let config = br#"{"service": {"cluster": "c"}, "rules": [
+      {"name": "login", "key": ["client_ip"], "limits": [{"requests": 5, "per": "15m", "algorithm": "fixed_window"}]},
+      {"name": "api", "key": ["client_ip"], "consistency": "cached", "limits": [{"requests": 100, "per": 10, "burst": 20}]},
+      {"name": "slow", "key": ["client_ip"], "consistency": "strict", "limits": [{"requests": 10, "per": "6h", "algorithm": "sliding_log"}]}]}"#;
+    let output = sluice(&["check", "-"], config);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let output = sluice(&["explain", "--path", "/", "-"], config);
+    let text = stdout(&output);
+    for line in [
+        "   limits:      5 per 15m, fixed_window",
+        "   limits:      100 per 10s, burst 20, token_bucket",
+        "   limits:      10 per 6h, sliding_log",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    let output = sluice(&["docs", "-"], config);
+    let text = stdout(&output);
+    for cell in [
+        "| 5 per 15 minutes, resets every 15 minutes counted from 1970-01-01 00:00 UTC |",
+        "| 100 per 10 seconds, bursts of up to 20 |",
+        "| 10 in any 6 hours |",
+    ] {
+        assert!(text.contains(cell), "missing {cell:?} in\n{text}");
+    }
+}
+
 const REGENERATE: &str = "cargo run -p sluice-cli -- schema > schema/sluice.schema.json";
 
 #[test]
@@ -625,10 +658,35 @@ fn every_value_the_schema_lists_is_accepted_by_the_filter() {
             r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": "minute", "algorithm": "{algorithm}"}}]}}]}}"#
         ));
     }
-    for per in values("/definitions/Limit/properties/per") {
+    for per in values("/definitions/Limit/properties/per/oneOf/0") {
         accepts(format!(
             r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": "{per}", "algorithm": "fixed_window"}}]}}]}}"#
         ));
+    }
+    // A duration as the schema's pattern allows it, and a number of seconds within its bounds.
+    let per = &schema["definitions"]["Limit"]["properties"]["per"]["oneOf"];
+    assert_eq!(per[1]["pattern"], "^[0-9]+[smhd]$");
+    let (least, most) = (
+        per[2]["minimum"].as_u64().unwrap(),
+        per[2]["maximum"].as_u64().unwrap(),
+    );
+    for per in [
+        "\"15m\"".to_string(),
+        "\"10s\"".to_string(),
+        "\"6h\"".to_string(),
+        "\"2d\"".to_string(),
+        least.to_string(),
+        most.to_string(),
+    ] {
+        accepts(format!(
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": {per}, "algorithm": "fixed_window"}}]}}]}}"#
+        ));
+    }
+    for per in [(least - 1).to_string(), (most + 1).to_string()] {
+        let config = format!(
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": {per}}}]}}]}}"#
+        );
+        assert!(sluice_core::parse(config.as_bytes()).is_err(), "{per}");
     }
     for mode in values("/definitions/Shedding/properties/mode") {
         accepts(format!(

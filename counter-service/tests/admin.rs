@@ -224,6 +224,24 @@ async fn only_admin_tokens_open_the_admin_api_and_only_proxy_tokens_v1() {
     assert_eq!(answer.body["error"], "method_not_allowed", "{answer:?}");
 }
 
+/// A limit override may count over a duration, written as the filter's configuration writes it.
+#[tokio::test]
+async fn a_limit_override_takes_a_duration() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url());
+    let limits = json!([{"requests": 5, "per": "15m"}, {"requests": 50, "per": 21600}]);
+    let answer = admin(
+        &state,
+        "PUT",
+        "/admin/v1/overrides/limits/api",
+        Some(json!({"limits": limits})),
+    )
+    .await;
+    assert!(answer.status.is_success(), "{answer:?}");
+    let answer = admin(&state, "GET", "/admin/v1/overrides", None).await;
+    assert_eq!(answer.body["limits"]["api"]["limits"], limits, "{answer:?}");
+}
+
 #[tokio::test]
 async fn malformed_requests_are_400_naming_the_field() {
     let redis = Redis::start().unwrap();
@@ -249,6 +267,29 @@ async fn malformed_requests_are_400_naming_the_field() {
         &expected,
     );
     assert_eq!(answer.body["message"], expected);
+    // A duration an attacker with the admin token may write: refused as the filter refuses it.
+    for (per, message) in [
+        (json!("0s"), "must be at least 1 second, got \"0s\""),
+        (json!(-900), "must be at least 1 second, got -900"),
+        (json!(1.5), "a number of seconds is an integer (write 1.5 minutes as 90 or \"90s\"), got 1.5"),
+        (json!("1m30s"), "a duration is one whole number and one unit: write 1m30s as \"90s\", got \"1m30s\""),
+        (json!("18446744073709551615s"), "must be at most 366 days (31622400 seconds), got \"18446744073709551615s\""),
+        (json!(18446744073709551615u64), "must be at most 366 days (31622400 seconds), got 18446744073709551615"),
+        (json!("900"), "a number of seconds is written as a JSON number (900) or with its unit (\"900s\"), got \"900\""),
+    ] {
+        let answer = refused(
+            "PUT",
+            limits,
+            Some(json!({"limits": [{"requests": 5, "per": per}]})),
+        )
+        .await;
+        assert_error(
+            &answer,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("limits[0].per: {message}"),
+        );
+    }
     let extra = json!({"requests": 100, "per": "minute", "brust": 5});
     let expected = sluice_core::config::parse_limits(
         "limits",
@@ -1671,7 +1712,7 @@ fn a_policy_that_does_not_parse_stops_the_service_at_start() {
     assert_eq!(
         error.to_string(),
         format!(
-            "--policy {}: rules[0].limits[0].per: expected one of second, minute, hour, day, week, month, got \"fortnight\"",
+            "--policy {}: rules[0].limits[0].per: expected one of second, minute, hour, day, week, month, or a duration (\"15m\", \"6h\", 900), got \"fortnight\"",
             bad.path()
         )
     );

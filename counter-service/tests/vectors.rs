@@ -34,6 +34,8 @@ fn limit(requests: u64, period_ms: u64, burst: u64) -> Limit {
         60_000 => Period::Minute,
         3_600_000 => Period::Hour,
         86_400_000 => Period::Day,
+        // A duration: any whole number of seconds.
+        other if other % 1_000 == 0 => Period::from_seconds(other / 1_000).unwrap(),
         other => panic!("no period of {other} ms in core"),
     };
     Limit::new(requests, period, Some(burst)).unwrap()
@@ -177,7 +179,18 @@ fn random_cases_agree_bit_for_bit() {
     let script = Script::new(CHECK_LUA);
     let seed = 0x5eed_0001;
     let mut rng = Rng(seed);
-    let periods = [1_000, 60_000, 3_600_000, 86_400_000];
+    // The named periods, and durations: 10 s, 7 min (which divides no day), 15 min, 6 h, 2 days.
+    let periods = [
+        1_000,
+        60_000,
+        3_600_000,
+        86_400_000,
+        10_000,
+        420_000,
+        900_000,
+        21_600_000,
+        172_800_000,
+    ];
     for case in 0..3_000 {
         let requests = match rng.below(4) {
             0 => 1 + rng.below(3),
@@ -187,7 +200,7 @@ fn random_cases_agree_bit_for_bit() {
         };
         let burst_range = if rng.below(2) == 0 { 100 } else { 1 << 31 };
         let burst = 1 + rng.below(burst_range);
-        let period_ms = periods[rng.below(4) as usize];
+        let period_ms = periods[rng.below(periods.len() as u64) as usize];
         let limit = limit(requests, period_ms, burst);
         let ts = 1_700_000_000_000_000 + rng.below(10_000_000_000);
         let before = match rng.below(10) {
@@ -224,6 +237,14 @@ fn random_cases_agree_bit_for_bit() {
             lua.2.to_bits(),
             "case {case}: the same bits"
         );
+    }
+}
+
+/// A vector's `per` as a configuration writes it: a name, a duration, or a number of seconds.
+fn period(per: &Value) -> Period {
+    match per.as_u64() {
+        Some(seconds) => Period::from_seconds(seconds).unwrap(),
+        None => Period::parse(per.as_str().unwrap()).unwrap(),
     }
 }
 
@@ -333,7 +354,7 @@ fn hand_checked_window_steps_hold_in_rust_and_in_lua() {
             .map(|l| {
                 Limit::windowed(
                     l["requests"].as_u64().unwrap(),
-                    Period::parse(l["per"].as_str().unwrap()).unwrap(),
+                    period(&l["per"]),
                     Algorithm::parse(l["algorithm"].as_str().unwrap()).unwrap(),
                 )
                 .unwrap()
@@ -356,6 +377,16 @@ fn hand_checked_window_steps_hold_in_rust_and_in_lua() {
         }
     }
 }
+
+/// Durations (`"per": "10s"`, `"7m"`, `"15m"`, `"6h"`, `"2d"`), windows aligned to the epoch: 7
+/// minutes divides no day, and 2 days turns on every other midnight.
+const DURATIONS: [Period; 5] = [
+    Period::Every(10),
+    Period::Every(420),
+    Period::Every(900),
+    Period::Every(21_600),
+    Period::Every(172_800),
+];
 
 /// Instants where windows turn (UTC): the ends of months (February 2028 has 29 days), Mondays
 /// 00:00, Dec 31 and Jan 1.
@@ -384,8 +415,23 @@ fn random_window_traces_decide_alike_in_rust_and_in_lua() {
         Period::Day,
         Period::Week,
         Period::Month,
+        DURATIONS[0],
+        DURATIONS[1],
+        DURATIONS[2],
+        DURATIONS[3],
+        DURATIONS[4],
     ];
-    let sliding = [Period::Second, Period::Minute, Period::Hour, Period::Day];
+    let sliding = [
+        Period::Second,
+        Period::Minute,
+        Period::Hour,
+        Period::Day,
+        DURATIONS[0],
+        DURATIONS[1],
+        DURATIONS[2],
+        DURATIONS[3],
+        DURATIONS[4],
+    ];
     const TRACES: usize = 2_000;
     let mut steps = 0;
     let mut denied = 0;
@@ -478,7 +524,7 @@ fn random_window_traces_decide_alike_in_rust_and_in_lua() {
         "{steps} steps, {denied} denied"
     );
     assert!(
-        per_kind.len() == 10,
+        per_kind.len() == fixed.len() + sliding.len(),
         "every period of both windows: {per_kind:?}"
     );
 }
@@ -490,7 +536,17 @@ fn random_sliding_log_traces_decide_alike_in_rust_and_in_lua() {
     let state = runtime.block_on(async { common::state(&redis.url()) });
     let seed = 0x5eed_0003;
     let mut rng = Rng(seed);
-    let periods = [Period::Second, Period::Minute, Period::Hour, Period::Day];
+    let periods = [
+        Period::Second,
+        Period::Minute,
+        Period::Hour,
+        Period::Day,
+        DURATIONS[0],
+        DURATIONS[1],
+        DURATIONS[2],
+        DURATIONS[3],
+        DURATIONS[4],
+    ];
     const TRACES: usize = 600;
     let (mut steps, mut denied, mut at_expiry) = (0, 0, 0);
     for trace in 0..TRACES {
@@ -621,7 +677,7 @@ fn window_limits(specs: &Value) -> Vec<Limit> {
         .map(|l| {
             Limit::windowed(
                 l["requests"].as_u64().unwrap(),
-                Period::parse(l["per"].as_str().unwrap()).unwrap(),
+                period(&l["per"]),
                 Algorithm::parse(l["algorithm"].as_str().unwrap()).unwrap(),
             )
             .unwrap()
@@ -696,8 +752,23 @@ fn random_window_leases_agree_with_core() {
         Period::Day,
         Period::Week,
         Period::Month,
+        DURATIONS[0],
+        DURATIONS[1],
+        DURATIONS[2],
+        DURATIONS[3],
+        DURATIONS[4],
     ];
-    let sliding = [Period::Second, Period::Minute, Period::Hour, Period::Day];
+    let sliding = [
+        Period::Second,
+        Period::Minute,
+        Period::Hour,
+        Period::Day,
+        DURATIONS[0],
+        DURATIONS[1],
+        DURATIONS[2],
+        DURATIONS[3],
+        DURATIONS[4],
+    ];
     const TRACES: usize = 400;
     let (mut syncs, mut waits, mut later, mut capped) = (0, 0, 0, 0);
     for trace in 0..TRACES {

@@ -61,6 +61,12 @@ fn every_algorithm_decides_as_core_does() {
         r#"{"requests": 30, "per": "minute", "algorithm": "sliding_window"}"#,
         r#"{"requests": 20, "per": "minute", "algorithm": "sliding_log"}"#,
         r#"{"requests": 2, "per": "second", "algorithm": "leaky_bucket", "queue": 5}"#,
+        r#"{"requests": 40, "per": "90s", "burst": 10}"#,
+        r#"{"requests": 15, "per": 45, "algorithm": "gcra"}"#,
+        r#"{"requests": 30, "per": "7m", "algorithm": "fixed_window"}"#,
+        r#"{"requests": 30, "per": "2m", "algorithm": "sliding_window"}"#,
+        r#"{"requests": 20, "per": 70, "algorithm": "sliding_log"}"#,
+        r#"{"requests": 3, "per": "2s", "algorithm": "leaky_bucket", "queue": 5}"#,
     ] {
         let config = format!(
             r#"{{"rules": [{{"name": "per-client", "key": ["client_ip"], "limits": [{limit}]}}]}}"#
@@ -133,6 +139,41 @@ fn validation_names_the_field() {
     .expect("JSON");
     assert_eq!(good["ok"], true);
     assert_eq!(good["rules"][0]["name"], "a");
+}
+
+/// A duration's fixed window in the playground: `"7m"` windows start at multiples of 420 s since
+/// the epoch (the simulation's clock starts at one, 2026-01-01 00:00 UTC); the rule lists the
+/// period as it reads back and its length; a bad duration is named.
+#[test]
+fn a_duration_window_turns_at_its_epoch_multiples() {
+    let config = r#"{"headers": "draft", "rules": [{"name": "seven", "key": ["client_ip"],
+        "limits": [{"requests": 2, "per": "7m", "algorithm": "fixed_window"}]}]}"#;
+    let r = report(config, "0,a\n0,a\n0,a\n419.999,a\n420,a\n420,a\n420,a\n");
+    assert_eq!(r["ok"], true, "{r}");
+    let decisions: Vec<&str> = r["requests"]
+        .as_array()
+        .expect("requests")
+        .iter()
+        .map(|q| q["decision"].as_str().unwrap())
+        .collect();
+    assert_eq!(decisions[..3], ["admitted", "admitted", "denied"]);
+    assert_eq!(decisions[3], "denied", "the same window: {r}");
+    assert_eq!(decisions[4..], ["admitted", "admitted", "denied"]);
+    let limit = &r["rules"][0]["limits"][0];
+    assert_eq!(limit["per"], "7m", "{r}");
+    assert_eq!(limit["seconds"], 420, "{r}");
+    let denied = &r["requests"][2]["headers"];
+    assert!(
+        denied
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "ratelimit-policy" && h[1] == "\"seven\";q=2;w=420"),
+        "{denied}"
+    );
+    let bad = r#"{"rules": [{"name": "a", "key": ["client_ip"], "limits": [{"requests": 5, "per": "1m30s"}]}]}"#;
+    let answer: serde_json::Value = serde_json::from_str(&validate(bad)).expect("JSON");
+    assert_eq!(answer["field"], "rules[0].limits[0].per");
 }
 
 #[test]

@@ -51,6 +51,10 @@ use serde::{Deserialize, Serialize};
 /// only) has no fixed length: `period_ms` then holds its nominal length (7 days, 30 days), which
 /// bounds `requests` as any window's, and the service aligns the window to the calendar.
 ///
+/// A limit configured with a duration (`"per": "15m"`, `"per": 900`) travels as `second` to `day`
+/// do, as its length in `period_ms` and nothing else: every window of `period_ms` is aligned to
+/// the epoch on both sides, so a service that counts windows counts a duration as the proxy does.
+///
 /// Both new fields are omitted at their defaults, so a token bucket travels as before. A service
 /// older than these fields ignores them and counts a token bucket: upgrade the service before
 /// the proxies send windows.

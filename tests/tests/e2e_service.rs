@@ -613,6 +613,104 @@ fn a_strict_daily_fixed_window_is_exact_across_proxies_and_waits_for_midnight_ut
     }
 }
 
+/// A strict and a cached `"per": "10s"` fixed window through the service: the wire carries 10 s,
+/// the service aligns the window to the epoch as the proxy does. Strict: exactly 3 across two
+/// proxies, the 4th waits until the next multiple of 10 s since the epoch, and the headers say
+/// `w=10`. Each attempt uses keys of their own; one that straddled a window's end (a slow
+/// machine) is tried again rather than judged.
+#[test]
+fn a_ten_second_window_through_the_service_ends_at_a_multiple_of_ten_seconds() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let rules = json!([{
+        "name": "ten",
+        "match": {"path_prefix": "/strict/"},
+        "key": ["header:x-api-key"],
+        "consistency": "strict",
+        "limits": [{"requests": 3, "per": "10s", "algorithm": "fixed_window"}],
+        "fallback": {"policy": "fail_closed"},
+    }, {
+        "name": "quarter",
+        "match": {"path_prefix": "/cached/"},
+        "key": ["header:x-api-key"],
+        "consistency": "cached",
+        "limits": [{"requests": 1000, "per": 900, "algorithm": "sliding_window"}],
+    }]);
+    let plugin_config = config(service.token(), 100, rules);
+    let proxies: Vec<Envoy> = (0..2)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+    let client = agent();
+    let epoch_seconds = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let cached = get(
+        &client,
+        &proxies[0].url("/cached/x"),
+        &[("x-api-key", "carol")],
+    )
+    .unwrap();
+    assert_eq!(cached.status, 200, "{cached:?}");
+    assert_eq!(
+        cached.header("ratelimit-policy"),
+        Some("\"quarter\";q=1000;w=900"),
+        "{cached:?}"
+    );
+    let urls: Vec<String> = proxies.iter().map(|e| e.url("/strict/x")).collect();
+    for attempt in 0..3 {
+        // Start a second into a window: nine seconds for six requests.
+        std::thread::sleep(Duration::from_secs((11 - epoch_seconds() % 10) % 10));
+        let window = epoch_seconds() / 10;
+        let key = format!("alice-{attempt}");
+        let replies: Vec<_> = (0..6)
+            .map(|i| get(&client, &urls[i % 2], &[("x-api-key", &key)]).unwrap())
+            .collect();
+        let denied_at = epoch_seconds();
+        if denied_at / 10 != window {
+            continue;
+        }
+        let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+        assert_eq!(
+            statuses,
+            [200, 200, 200, 429, 429, 429],
+            "3 per 10 s for both proxies together; service log:\n{}",
+            service.log()
+        );
+        assert_eq!(
+            replies[0].header("ratelimit-policy"),
+            Some("\"ten\";q=3;w=10"),
+            "{:?}",
+            replies[0]
+        );
+        let denied = &replies[3];
+        let retry: u64 = denied
+            .header("retry-after")
+            .unwrap_or_else(|| panic!("no retry-after: {denied:?}"))
+            .trim()
+            .parse()
+            .unwrap();
+        let expected = 10 - denied_at % 10;
+        assert!(
+            retry.abs_diff(expected) <= 1,
+            "retry-after {retry} s, the window ends in {expected} s: {denied:?}"
+        );
+        for (i, envoy) in proxies.iter().enumerate() {
+            assert_eq!(
+                envoy.stat("wasmcustom.sluice.check.failed"),
+                0,
+                "proxy {i}: {:?}",
+                envoy.sluice_stats()
+            );
+        }
+        return;
+    }
+    panic!("three attempts straddled a window's end");
+}
+
 #[test]
 fn a_strict_sliding_window_does_not_double_at_a_second_boundary() {
     let _machine = machine();

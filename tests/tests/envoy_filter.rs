@@ -333,6 +333,73 @@ fn a_daily_fixed_window_resets_at_midnight_utc_and_says_so() {
     }
 }
 
+/// Seconds since the Unix epoch, by the system clock (which Envoy reads too).
+fn epoch_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `"per": "10s"`: a fixed window of 10 s aligned to the Unix epoch. Three requests pass, the
+/// fourth waits until the next multiple of 10 s since the epoch, and the headers say a window
+/// of 10 s. Each attempt uses a key of its own, and one that straddled a window's end (a slow
+/// machine) is tried again rather than judged.
+#[test]
+fn a_ten_second_window_ends_at_a_multiple_of_ten_seconds_since_the_epoch() {
+    let envoy = start(
+        json!({
+            "headers": "both",
+            "rules": [{"name": "ten", "key": ["header:x-user"],
+                       "limits": [{"requests": 3, "per": "10s", "algorithm": "fixed_window"}]}],
+        })
+        .to_string(),
+        2,
+    );
+    let client = agent();
+    let url = envoy.url("/api/x");
+    for attempt in 0..3 {
+        // Start a second into a window: nine seconds for four requests.
+        std::thread::sleep(Duration::from_secs((11 - epoch_seconds() % 10) % 10));
+        let window = epoch_seconds() / 10;
+        let user = format!("user-{attempt}");
+        let replies: Vec<Reply> = (0..4)
+            .map(|_| get(&client, &url, &[("x-user", &user)]).unwrap())
+            .collect();
+        let denied_at = epoch_seconds();
+        if denied_at / 10 != window {
+            continue;
+        }
+        let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+        assert_eq!(statuses, [200, 200, 200, 429], "{replies:?}");
+        let first = &replies[0];
+        assert_eq!(
+            first.header("ratelimit-policy"),
+            Some("\"ten\";q=3;w=10"),
+            "{first:?}"
+        );
+        let denied = &replies[3];
+        let expected = 10 - denied_at % 10;
+        for name in ["retry-after", "x-ratelimit-reset"] {
+            let value = int_header(denied, name);
+            assert!(
+                value.abs_diff(expected) <= 1,
+                "{name} {value} s, the window ends in {expected} s: {denied:?}"
+            );
+        }
+        let body = checked_body(&denied.body);
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("3 requests per 10s"),
+            "{body}"
+        );
+        return;
+    }
+    panic!("three attempts straddled a window's end");
+}
+
 /// The classic boundary burst: the limit's worth just before a window ends and again just
 /// after. A fixed window admits both (its definition); a sliding window admits the first only.
 #[test]

@@ -150,6 +150,79 @@ fn a_denial_is_honest() {
         .contains("50 requests per minute"));
 }
 
+/// `"per": "7m"`: a fixed window of 420 s aligned to the Unix epoch, shared by the workers. The
+/// virtual clock starts at 1,700,000,000 s, 20 s into such a window (and 240 s past a 7-minute
+/// mark counted from that day's midnight): the window ends 400 s later, and the headers and
+/// the denial say 420 s.
+#[test]
+fn a_window_of_seven_minutes_turns_at_the_epochs_multiples() {
+    let proxy = proxy(
+        r#"{"headers": "both", "rules": [{"name": "login", "key": ["client_ip"],
+            "limits": [{"requests": 3, "per": "7m", "algorithm": "fixed_window"}]}]}"#,
+        2,
+    );
+    let (_, _, first) = send(&proxy, 0, get("/", "10.0.0.1"));
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        Some("\"login\";q=3;w=420")
+    );
+    assert_eq!(header(&first, "ratelimit"), Some("\"login\";r=2;t=400"));
+    for worker in [1, 0] {
+        assert_eq!(send(&proxy, worker, get("/", "10.0.0.1")).0, 200);
+    }
+    let (status, state, headers) = send(&proxy, 1, get("/", "10.0.0.1"));
+    assert_eq!(status, 429);
+    assert_eq!(header(&headers, "retry-after"), Some("400"));
+    assert_eq!(header(&headers, "ratelimit"), Some("\"login\";r=0;t=400"));
+    let ExchangeState::LocalResponse { body, .. } = state else {
+        panic!("{state:?}");
+    };
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["retryAfter"], 400);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("3 requests per 7m"),
+        "{body}"
+    );
+    proxy.advance(Duration::from_secs(399)).unwrap();
+    let (status, _, headers) = send(&proxy, 0, get("/", "10.0.0.1"));
+    assert_eq!(status, 429);
+    assert_eq!(header(&headers, "retry-after"), Some("1"));
+    proxy.advance(Duration::from_secs(1)).unwrap();
+    let admitted = (0..5)
+        .filter(|i| send(&proxy, i % 2, get("/", "10.0.0.1")).0 == 200)
+        .count();
+    assert_eq!(
+        admitted, 3,
+        "a new window at 1,700,000,400 s, a multiple of 420"
+    );
+}
+
+/// `"per": 10`: a token bucket of 5 per 10 seconds refills one token every 2 s.
+#[test]
+fn a_bucket_per_number_of_seconds_refills_at_its_pace() {
+    let proxy = proxy(
+        r#"{"headers": "draft", "rules": [{"name": "api", "key": ["client_ip"],
+            "limits": [{"requests": 5, "per": 10}]}]}"#,
+        2,
+    );
+    for i in 0..5 {
+        assert_eq!(send(&proxy, i % 2, get("/", "10.0.0.2")).0, 200);
+    }
+    let (status, _, headers) = send(&proxy, 0, get("/", "10.0.0.2"));
+    assert_eq!(status, 429);
+    assert_eq!(header(&headers, "retry-after"), Some("2"));
+    assert_eq!(
+        header(&headers, "ratelimit-policy"),
+        Some("\"api\";q=5;w=10")
+    );
+    proxy.advance(Duration::from_secs(2)).unwrap();
+    assert_eq!(send(&proxy, 1, get("/", "10.0.0.2")).0, 200);
+    assert_eq!(send(&proxy, 0, get("/", "10.0.0.2")).0, 429);
+}
+
 #[test]
 fn bypass_and_unmatched_paths_are_not_limited() {
     let proxy = proxy(PER_IP, 1);

@@ -253,9 +253,11 @@ pub(crate) struct RawMatch {
 struct RawLimit {
     /// How many requests per period (leaky_bucket: how many leave per period).
     requests: u64,
-    /// The period: second, minute, hour, day; week and month with fixed_window only.
-    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["second", "minute", "hour", "day", "week", "month"])))]
-    per: String,
+    /// The period: second, minute, hour, day (week and month with fixed_window only), a
+    /// duration ("15m": a whole number and one unit of s, m, h, d) or a number of seconds (900),
+    /// from 1 second to 366 days. A duration's windows are aligned to the Unix epoch.
+    #[cfg_attr(feature = "schema", schemars(schema_with = "period_schema"))]
+    per: serde_json::Value,
     /// Token bucket and GCRA: how many may come at once (default requests).
     #[serde(default)]
     burst: Option<u64>,
@@ -1134,12 +1136,7 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
             )
         })?,
     };
-    let period = Period::parse(&l.per).ok_or_else(|| {
-        err(
-            format!("{at}.per"),
-            format!("expected one of {}, got {:?}", Period::NAMES, l.per),
-        )
-    })?;
+    let period = period(&l.per).map_err(|problem| err(format!("{at}.per"), problem))?;
     let shaping_fields = [
         ("delay", l.delay.is_some()),
         ("queue", l.queue.is_some()),
@@ -1236,6 +1233,48 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
     Ok(match algorithm {
         Algorithm::Gcra => limit.gcra(),
         _ => limit,
+    })
+}
+
+/// `per` as configured: a name or a duration (a string), or a number of seconds.
+fn period(per: &serde_json::Value) -> Result<Period, String> {
+    match per {
+        serde_json::Value::String(text) => Period::parse(text),
+        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(seconds), _, _) => {
+                Period::from_seconds(seconds).map_err(|why| format!("{why}, got {n}"))
+            }
+            (None, Some(_), _) => Err(format!("must be at least 1 second, got {n}")),
+            (None, None, Some(f)) if f < 1.0 => Err(format!("must be at least 1 second, got {n}")),
+            (None, None, Some(f)) if f > Period::MAX_SECONDS as f64 => Err(format!(
+                "must be at most 366 days ({} seconds), got {n}",
+                Period::MAX_SECONDS
+            )),
+            _ => Err(format!(
+                "a number of seconds is an integer (write 1.5 minutes as 90 or \"90s\"), got {n}"
+            )),
+        },
+        other => {
+            let kind = match other {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Array(_) => "an array",
+                _ => "an object",
+            };
+            Err(format!("expected {}, got {kind}", Period::EXPECTED))
+        }
+    }
+}
+
+/// The JSON Schema of `per`: a name, a duration, or a number of seconds.
+#[cfg(feature = "schema")]
+fn period_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "oneOf": [
+            {"type": "string", "enum": ["second", "minute", "hour", "day", "week", "month"]},
+            {"type": "string", "pattern": "^[0-9]+[smhd]$"},
+            {"type": "integer", "minimum": Period::MIN_SECONDS, "maximum": Period::MAX_SECONDS}
+        ]
     })
 }
 

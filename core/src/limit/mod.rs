@@ -9,7 +9,8 @@ pub mod token_bucket;
 
 use std::fmt;
 
-/// The period a limit is counted over.
+/// The period a limit is counted over: a named period of the clock or calendar, or a
+/// duration ([`Period::Every`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Period {
     Second,
@@ -20,21 +21,98 @@ pub enum Period {
     Week,
     /// A calendar month, the 1st 00:00 UTC to the next 1st (`fixed_window` only).
     Month,
+    /// A duration of this many seconds, between [`Period::MIN_SECONDS`] and
+    /// [`Period::MAX_SECONDS`] (`"15m"`, `"6h"`, `900`): its windows are aligned to the Unix
+    /// epoch (a 15-minute window starts at a multiple of 900 s since 1970-01-01 00:00 UTC), as
+    /// the named periods up to a day are.
+    Every(u32),
 }
 
 impl Period {
     pub const NAMES: &'static str = "second, minute, hour, day, week, month";
+    /// The shortest duration.
+    pub const MIN_SECONDS: u64 = 1;
+    /// The longest duration: 366 days, the longest period the counter service takes.
+    pub const MAX_SECONDS: u64 = 366 * 86_400;
+    /// What `per` takes, for error messages.
+    pub const EXPECTED: &'static str =
+        "one of second, minute, hour, day, week, month, or a duration (\"15m\", \"6h\", 900)";
 
-    pub fn parse(name: &str) -> Option<Period> {
-        match name {
-            "second" => Some(Period::Second),
-            "minute" => Some(Period::Minute),
-            "hour" => Some(Period::Hour),
-            "day" => Some(Period::Day),
-            "week" => Some(Period::Week),
-            "month" => Some(Period::Month),
-            _ => None,
+    /// A period as configured: a name (`"minute"`) or a duration (`"15m"`), or why not. A
+    /// number of seconds written as a number is [`Period::from_seconds`]'s.
+    pub fn parse(text: &str) -> Result<Period, String> {
+        match text {
+            "second" => return Ok(Period::Second),
+            "minute" => return Ok(Period::Minute),
+            "hour" => return Ok(Period::Hour),
+            "day" => return Ok(Period::Day),
+            "week" => return Ok(Period::Week),
+            "month" => return Ok(Period::Month),
+            _ => {}
         }
+        // Echoed in the error, at most 40 characters of it.
+        let shown: String = text.chars().take(40).collect();
+        let refused = |why: &str| format!("{why}, got {shown:?}");
+        if text.is_empty() {
+            return Err(format!("expected {}, got \"\"", Period::EXPECTED));
+        }
+        if text.trim() != text {
+            return Err(refused("must not start or end with spaces"));
+        }
+        let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, unit) = text.split_at(digits);
+        if number.is_empty() {
+            return Err(refused(&format!("expected {}", Period::EXPECTED)));
+        }
+        if unit.is_empty() {
+            return Err(refused(&format!(
+                "a number of seconds is written as a JSON number ({number}) or with its unit (\"{number}s\")"
+            )));
+        }
+        let scale: u64 = match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3_600,
+            "d" => 86_400,
+            _ if unit.starts_with('.') => 0,
+            _ if unit.bytes().skip(1).any(|b| b.is_ascii_digit()) => {
+                return Err(refused(
+                    "a duration is one whole number and one unit: write 1m30s as \"90s\"",
+                ))
+            }
+            _ => return Err(refused(
+                "the unit must be s, m, h or d (a calendar week or month is \"week\" or \"month\")",
+            )),
+        };
+        if scale == 0 {
+            return Err(refused(
+                "a duration is a whole number of its unit: write 1.5h as \"90m\"",
+            ));
+        }
+        // Too many digits for a u64 is too long a period all the same.
+        let seconds = number
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale))
+            .unwrap_or(u64::MAX);
+        Period::from_seconds(seconds).map_err(|why| refused(&why))
+    }
+
+    /// A duration of `seconds`, or why not: between [`Period::MIN_SECONDS`] and
+    /// [`Period::MAX_SECONDS`].
+    pub fn from_seconds(seconds: u64) -> Result<Period, String> {
+        if seconds < Period::MIN_SECONDS {
+            return Err("must be at least 1 second".to_string());
+        }
+        if seconds > Period::MAX_SECONDS {
+            return Err(format!(
+                "must be at most 366 days ({} seconds)",
+                Period::MAX_SECONDS
+            ));
+        }
+        u32::try_from(seconds)
+            .map(Period::Every)
+            .map_err(|_| "must be at most 366 days".to_string())
     }
 
     /// Whether windows of this period follow the calendar rather than a fixed length.
@@ -52,6 +130,7 @@ impl Period {
             Period::Day => 86_400,
             Period::Week => 7 * 86_400,
             Period::Month => 30 * 86_400,
+            Period::Every(seconds) => seconds as u64,
         }
     }
 
@@ -61,22 +140,40 @@ impl Period {
 }
 
 impl Period {
-    /// The period's name, as configured.
-    pub fn name(self) -> &'static str {
-        match self {
+    /// The name of a named period (`"minute"`); `None` for a duration.
+    pub fn static_name(self) -> Option<&'static str> {
+        Some(match self {
             Period::Second => "second",
             Period::Minute => "minute",
             Period::Hour => "hour",
             Period::Day => "day",
             Period::Week => "week",
             Period::Month => "month",
+            Period::Every(_) => return None,
+        })
+    }
+
+    /// The period as configured: its name, or a duration in its largest whole unit (`"15m"`
+    /// for 900 seconds, `"90s"`), which reads back as the same period.
+    pub fn name(self) -> std::borrow::Cow<'static, str> {
+        use std::borrow::Cow;
+        match (self.static_name(), self) {
+            (Some(name), _) => Cow::Borrowed(name),
+            (None, _) => {
+                let seconds = self.seconds();
+                let (count, unit) = [(86_400, "d"), (3_600, "h"), (60, "m")]
+                    .into_iter()
+                    .find(|(scale, _)| seconds.is_multiple_of(*scale))
+                    .map_or((seconds, "s"), |(scale, unit)| (seconds / scale, unit));
+                Cow::Owned(format!("{count}{unit}"))
+            }
         }
     }
 }
 
 impl fmt::Display for Period {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
@@ -379,5 +476,49 @@ mod tests {
             let limit = Limit::windowed(100, period, Algorithm::FixedWindow).unwrap();
             assert_eq!(LimitSpec::from(&limit), LimitSpec::calendar(100, calendar));
         }
+    }
+
+    /// A duration travels as the named periods up to a day do, its length in `period_ms` and
+    /// no new field: every service that counts windows aligns a `period_ms` window to the
+    /// epoch, so it counts "7m" as the proxy does, and "1d" as "day".
+    #[test]
+    fn a_duration_travels_as_its_length_alone() {
+        use sluice_protocol::{AlgorithmSpec, LimitSpec};
+        let seven = Period::parse("7m").unwrap();
+        let window = Limit::windowed(5, seven, Algorithm::FixedWindow).unwrap();
+        assert_eq!(
+            serde_json::to_string(&LimitSpec::from(&window)).unwrap(),
+            r#"{"requests":5,"period_ms":420000,"burst":5,"algorithm":"fixed_window"}"#
+        );
+        let day = Limit::windowed(5, Period::Day, Algorithm::SlidingWindow).unwrap();
+        let one_d = Limit::windowed(5, Period::parse("1d").unwrap(), Algorithm::SlidingWindow);
+        assert_eq!(LimitSpec::from(&one_d.unwrap()), LimitSpec::from(&day));
+        let bucket = Limit::new(5, Period::from_seconds(900).unwrap(), Some(9)).unwrap();
+        assert_eq!(
+            LimitSpec::from(&bucket),
+            LimitSpec::token_bucket(5, 900_000, 9)
+        );
+        assert_eq!(
+            LimitSpec::from(&Limit::logged(5, seven).unwrap()).algorithm,
+            AlgorithmSpec::SlidingLog
+        );
+    }
+
+    /// A duration's windows start at multiples of its length since the epoch: 7 minutes (which
+    /// divides no day) at T is 49,510 s into the day but 310 s into its window.
+    #[test]
+    fn a_duration_window_is_aligned_to_the_epoch() {
+        use super::calendar::{end_us, start_us};
+        // 2026-11-30 13:45:10.5 UTC.
+        const T: u64 = 1_796_046_310_500_000;
+        let seven = Period::Every(420);
+        assert_eq!(T / 1_000_000 % 420, 310);
+        assert_eq!(start_us(seven, T), T - 310_500_000);
+        assert_eq!(end_us(seven, T), T - 310_500_000 + 420_000_000);
+        // A day's midnight is no 7-minute boundary; a 2-day window turns on every other one.
+        let midnight = 1_795_996_800_000_000;
+        assert_ne!(start_us(seven, midnight), midnight);
+        assert_eq!(start_us(Period::Every(86_400), T), midnight);
+        assert_eq!(start_us(Period::Every(172_800), T) % 172_800_000_000, 0);
     }
 }

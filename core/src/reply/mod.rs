@@ -287,7 +287,15 @@ fn rate_limited_message(rule: &str, custom: Option<&str>, quota: &Quota) -> Stri
     }
     let mut requests = itoa::Buffer::new();
     let requests = requests.format(quota.limit.requests());
-    let period = quota.limit.period().name();
+    let named = quota.limit.period().static_name();
+    let owned;
+    let period = match named {
+        Some(name) => name,
+        None => {
+            owned = quota.limit.period().to_string();
+            owned.as_str()
+        }
+    };
     [
         "rate limit exceeded: ",
         requests,
@@ -318,7 +326,15 @@ pub fn rate_limited_body(
         None => {
             let mut requests = itoa::Buffer::new();
             let requests = requests.format(quota.limit.requests());
-            let period = quota.limit.period().name();
+            let named = quota.limit.period().static_name();
+            let owned;
+            let period = match named {
+                Some(name) => name,
+                None => {
+                    owned = quota.limit.period().to_string();
+                    owned.as_str()
+                }
+            };
             for piece in [
                 "rate limit exceeded: ",
                 requests,
