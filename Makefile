@@ -240,7 +240,7 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
 	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
 
-bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping and algorithms (~20 min)
+bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping, algorithms, and nginx beside Envoy with SLUICE_NGINX_MODULE (~20 min, ~35 with nginx)
 	$(VENV)/bin/python bench/bench.py
 	$(CARGO) run -q --release -p sluice-tests --features wasm --example hotpath
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
