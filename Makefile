@@ -51,7 +51,7 @@ export SLUICE_STACK := $(CURDIR)/$(STACK)
 .NOTPARALLEL:
 .PHONY: help deps rust-deps apt-deps playground-deps nextest-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
-.PHONY: test-nginx
+.PHONY: test-nginx bench-nginx
 .PHONY: build-wasm test-build test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix test-replicas test-reload bench-redis-scripts
 
 help: ## this list
@@ -240,7 +240,7 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
 	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
 
-bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping and algorithms (~20 min)
+bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping, algorithms, and nginx beside Envoy with SLUICE_NGINX_MODULE (~20 min, ~35 with nginx)
 	$(VENV)/bin/python bench/bench.py
 	$(CARGO) run -q --release -p sluice-tests --features wasm --example hotpath
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
@@ -251,6 +251,20 @@ bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a mini
 	$(VENV)/bin/python bench/overload.py
 	$(VENV)/bin/python bench/shaping.py
 	$(VENV)/bin/python bench/algorithms.py
+	$(MAKE) bench-nginx
+
+# sluice in nginx beside Envoy (bench/nginx.py): needs ngx_wasm_module, built apart (docs/nginx.md), named by
+# SLUICE_NGINX_MODULE as for test-nginx; without it, one line says so and nothing runs (exit 0).
+bench-nginx: ## nginx beside Envoy, one run: no limiter, the native limiter (limit_req, local_ratelimit), the floor, sluice local and (nginx) cached; needs SLUICE_NGINX_MODULE (~15 min)
+	@if [ -z "$${SLUICE_NGINX_MODULE:-}" ]; then \
+	  echo "bench-nginx did not run: SLUICE_NGINX_MODULE is not set (the built ngx_wasmx_module.so, see docs/nginx.md)"; \
+	elif [ ! -f "$$SLUICE_NGINX_MODULE" ]; then \
+	  echo "bench-nginx did not run: SLUICE_NGINX_MODULE=$$SLUICE_NGINX_MODULE is not a file (see docs/nginx.md)"; \
+	else \
+	  scripts/apt-install.sh nginx redis-server wrk && \
+	  $(MAKE) $(ENVOY) build-filter build-service build-stack && \
+	  SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(VENV)/bin/python bench/nginx.py; \
+	fi
 
 bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms; plot in bench/accuracy.svg
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy

@@ -130,8 +130,10 @@ def free_ports(n):
     return ports
 
 
-def render(template, values):
-    with open(os.path.join(ENVOY_DIR, template)) as f:
+def render(template, values, directory=ENVOY_DIR):
+    """A template of `directory` with its {{PLACEHOLDERS}} filled (PLUGIN_CONFIG escaped for a YAML single-quoted
+    string); a placeholder left without a value is an error."""
+    with open(os.path.join(directory, template)) as f:
         text = f.read()
     for key, value in values.items():
         if key == "PLUGIN_CONFIG":
@@ -143,9 +145,9 @@ def render(template, values):
     return text
 
 
-def die_with_parent():
+def die_with_parent(sig=signal.SIGKILL):
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    libc.prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
 def http_get(url, timeout=1.0):
@@ -154,6 +156,8 @@ def http_get(url, timeout=1.0):
 
 
 class Envoy:
+    has_counters = True  # its admin's /stats
+
     def __init__(self, envoy, wasm, template, values, concurrency, workdir, name):
         listen, admin, upstream = free_ports(3)
         self.listen, self.admin = listen, admin
@@ -245,14 +249,34 @@ def wrk(url, threads, connections, seconds, out_path=None):
     return text
 
 
-def machine():
+def measure(proxy, threads, connections, duration, out_path):
+    """One measured run against a started proxy (an Envoy, or bench/nginx.py's nginx): 2 s of warm-up, then wrk
+    on its edge at /api/bench. Returns wrk's figures with the proxy's CPU time per request, and its counters
+    before and after (proxy.counters(), {} where the host has none to read)."""
+    url = f"http://127.0.0.1:{proxy.listen}/api/bench"
+    wrk(url, threads, connections, 2)  # warm-up
+    # sluice hands its request counters to Envoy's stats on its tick (1 s): read them after one
+    if proxy.has_counters:
+        time.sleep(1.2)
+    before = proxy.counters()
+    cpu = proxy.cpu_seconds()
+    result = parse_wrk(wrk(url, threads, connections, duration, out_path))
+    # The proxy's CPU time per request: unlike requests/s, it barely moves when other work shares the machine
+    # (it covers the edge with the filter and the upstream behind it, a second listener of the same proxy).
+    result["cpu_us"] = (proxy.cpu_seconds() - cpu) * 1e6 / max(result["requests"], 1)
+    if proxy.has_counters:
+        time.sleep(1.2)
+    return result, before, proxy.counters()
+
+
+def machine(envoy):
     model = "unknown"
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    envoy_version = subprocess.run([ARGS.envoy, "--version"], capture_output=True, text=True).stdout.strip()
+    envoy_version = subprocess.run([envoy, "--version"], capture_output=True, text=True).stdout.strip()
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.splitlines()[0]
     return {"nproc": os.cpu_count(), "cpu": model, "envoy": envoy_version.split("version:")[-1].strip(), "wrk": wrk_version}
 
@@ -262,7 +286,7 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     for name in os.listdir(workdir):
         os.remove(os.path.join(workdir, name))
-    info = machine()
+    info = machine(ARGS.envoy)
     print(f"bench: {ARGS.rounds} round(s) x {len(VARIANTS)} variants, wrk -t{ARGS.threads} -c{ARGS.connections} "
           f"-d{ARGS.duration}s, Envoy --concurrency {ARGS.concurrency}; {info['nproc']} CPUs, {info['cpu']}",
           file=sys.stderr)
@@ -274,19 +298,8 @@ def main():
             wasm = {"floor": ARGS.floor_wasm, "baseline": ARGS.baseline_wasm}.get(limiter, ARGS.wasm)
             envoy = Envoy(ARGS.envoy, wasm, template, values, ARGS.concurrency, workdir, tag)
             try:
-                url = f"http://127.0.0.1:{envoy.listen}/api/bench"
-                wrk(url, ARGS.threads, ARGS.connections, 2)  # warm-up
-                # sluice hands its request counters to Envoy's stats on its tick (1 s): read them after one
-                time.sleep(1.2)
-                before = envoy.counters()
-                cpu = envoy.cpu_seconds()
-                result = parse_wrk(wrk(url, ARGS.threads, ARGS.connections, ARGS.duration,
-                                       os.path.join(workdir, f"{tag}.wrk.txt")))
-                # Envoy's CPU time per request: unlike requests/s, it barely moves when other work shares the
-                # machine (it covers the edge listener with the filter and the upstream listener behind it).
-                result["cpu_us"] = (envoy.cpu_seconds() - cpu) * 1e6 / max(result["requests"], 1)
-                time.sleep(1.2)
-                after = envoy.counters()
+                result, before, after = measure(envoy, ARGS.threads, ARGS.connections, ARGS.duration,
+                                                os.path.join(workdir, f"{tag}.wrk.txt"))
             finally:
                 envoy.stop()
             result.update(round=r + 1, variant=name, limiter=limiter)
