@@ -280,6 +280,16 @@ fn push_escaped(out: &mut String, text: &str) {
     }
 }
 
+/// The limit's period as a message names it: a named period borrowed (`minute`), a duration
+/// written out (`15m`).
+fn period_name(quota: &Quota) -> std::borrow::Cow<'static, str> {
+    let period = quota.limit.period();
+    match period.static_name() {
+        Some(name) => std::borrow::Cow::Borrowed(name),
+        None => std::borrow::Cow::Owned(period.to_string()),
+    }
+}
+
 /// The message of a denial: the rule's own, or what the limit is.
 fn rate_limited_message(rule: &str, custom: Option<&str>, quota: &Quota) -> String {
     if let Some(custom) = custom {
@@ -287,20 +297,12 @@ fn rate_limited_message(rule: &str, custom: Option<&str>, quota: &Quota) -> Stri
     }
     let mut requests = itoa::Buffer::new();
     let requests = requests.format(quota.limit.requests());
-    let named = quota.limit.period().static_name();
-    let owned;
-    let period = match named {
-        Some(name) => name,
-        None => {
-            owned = quota.limit.period().to_string();
-            owned.as_str()
-        }
-    };
+    let period = period_name(quota);
     [
         "rate limit exceeded: ",
         requests,
         " requests per ",
-        period,
+        &period,
         " for rule ",
         rule,
     ]
@@ -326,20 +328,12 @@ pub fn rate_limited_body(
         None => {
             let mut requests = itoa::Buffer::new();
             let requests = requests.format(quota.limit.requests());
-            let named = quota.limit.period().static_name();
-            let owned;
-            let period = match named {
-                Some(name) => name,
-                None => {
-                    owned = quota.limit.period().to_string();
-                    owned.as_str()
-                }
-            };
+            let period = period_name(quota);
             for piece in [
                 "rate limit exceeded: ",
                 requests,
                 " requests per ",
-                period,
+                &period,
                 " for rule ",
                 rule,
                 "; retry in ",
