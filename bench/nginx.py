@@ -55,7 +55,10 @@ def nginx_single_quoted(value):
 
 
 def proxy_wasm(config):
-    return f"            proxy_wasm sluice '{nginx_single_quoted(config)}';"
+    return (
+        "            proxy_wasm_request_headers_in_access on;\n"
+        f"            proxy_wasm sluice '{nginx_single_quoted(config)}';"
+    )
 
 
 def nginx_sluice_config(limit, token=None, service_port=None):

@@ -63,6 +63,10 @@ pub struct NginxOptions {
     pub plugin_config: String,
     /// `worker_processes`.
     pub workers: u32,
+    /// `proxy_wasm_request_headers_in_access`: on, as `nginx/nginx.conf` ships. Off runs the
+    /// filter's request hook in the rewrite phase, where ngx_wasm_module does not hold a paused
+    /// request (docs/nginx.md).
+    pub headers_in_access: bool,
 }
 
 impl Default for NginxOptions {
@@ -71,6 +75,7 @@ impl Default for NginxOptions {
             filter: Filter::Sluice,
             plugin_config: r#"{"rules":[]}"#.to_owned(),
             workers: 2,
+            headers_in_access: true,
         }
     }
 }
@@ -215,6 +220,15 @@ impl Nginx {
             ("LISTEN_PORT", listen_port.to_string()),
             ("UPSTREAM_PORT", upstream_port.to_string()),
             ("PLUGIN_CONFIG", nginx_single_quoted(&options.plugin_config)),
+            (
+                "HEADERS_IN_ACCESS",
+                if options.headers_in_access {
+                    "on"
+                } else {
+                    "off"
+                }
+                .to_owned(),
+            ),
         ]
         .map(|(k, v)| (k.to_owned(), v));
         let template_path = template();

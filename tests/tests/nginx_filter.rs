@@ -31,6 +31,7 @@ fn start(filter: Filter, plugin_config: String, workers: u32) -> Nginx {
         filter,
         plugin_config,
         workers,
+        ..NginxOptions::default()
     })
     .unwrap()
 }
@@ -217,6 +218,7 @@ fn a_bad_limit_period_is_refused_naming_the_field() {
         filter: Filter::Sluice,
         plugin_config: config(json!({"requests": 50, "per": "fortnight", "burst": 50})),
         workers: 2,
+        ..NginxOptions::default()
     })
     .unwrap();
 
@@ -338,4 +340,20 @@ fn the_shipped_nginx_conf_starts_and_limits() {
     let health = get(&client, &nginx.url("/healthz"), &[]).unwrap();
     assert_eq!(health.status, 200, "{health:?}");
     assert!(!health.has_rate_limit_headers(), "{health:?}");
+    // Each `proxy_wasm sluice` comes with its request hook in the access phase, the only phase where
+    // ngx_wasm_module holds a paused request (nginx_service::checked_rules_hold_every_request_...).
+    let lines: Vec<&str> = shipped.lines().map(str::trim).collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.starts_with("proxy_wasm sluice") {
+            let block_start = lines[..i]
+                .iter()
+                .rposition(|l| l.ends_with('{'))
+                .unwrap_or(0);
+            assert!(
+                lines[block_start..i].contains(&"proxy_wasm_request_headers_in_access on;"),
+                "line {}: proxy_wasm sluice without proxy_wasm_request_headers_in_access on;",
+                i + 1
+            );
+        }
+    }
 }
