@@ -135,16 +135,31 @@ test-only: ## the tests alone (after `make deps build-wasm`), every suite with i
 	$(NEXTEST_RUN)
 	$(CARGO) test $(TEST_ARGS) --doc
 
-# The real-nginx suites (tests/tests/nginx_*.rs): Debian's nginx 1.22.1 loading Kong's ngx_wasm_module as a
-# dynamic module, which no package registry carries: it is built apart from this repository, against that nginx
-# (docs/nginx.md), and SLUICE_NGINX_MODULE names the built ngx_wasmx_module.so. Without it the suite cannot run: this
-# says so in a box and exits 0. SLUICE_NGINX picks another nginx binary (default: nginx in PATH, else /usr/sbin/nginx).
-# nginx_service also starts Redis, the counter service and an Envoy (one fleet, two hosts).
+# nginx with Kong's ngx_wasm_module, the second host (docs/nginx.md). No package registry carries the module: its
+# source is a checkout of its public repository, at .deps/ngx_wasm_module or NGX_WASM_MODULE_SRC, pinned here.
+# `make nginx` builds it as a dynamic module for Debian's nginx 1.22.1 (nginx-dev's source tree, Debian's own
+# configure flags) with the Wasmtime C API from crates.io (nginx/wasmtime-c-api), into
+# target/nginx/ngx_wasmx_module.so (scripts/nginx-module.sh; ~5 min the first time on 2 cores, for Wasmtime; then ~15 s).
+NGX_WASM_MODULE_SRC ?= .deps/ngx_wasm_module
+NGX_WASM_MODULE_REF := prerelease-0.6.0
+NGX_WASM_MODULE_COMMIT := c62213bae4dd913328edc981769d66155b0948ae
+NGINX_MODULE_BUILT := target/nginx/ngx_wasmx_module.so
+.PHONY: nginx
+nginx: ## build ngx_wasm_module for Debian's nginx from a checkout (NGX_WASM_MODULE_SRC, default .deps/ngx_wasm_module)
+	NGX_WASM_MODULE_SRC="$(NGX_WASM_MODULE_SRC)" NGX_WASM_MODULE_REF="$(NGX_WASM_MODULE_REF)" \
+	  NGX_WASM_MODULE_COMMIT="$(NGX_WASM_MODULE_COMMIT)" CARGO="$(CARGO)" scripts/nginx-module.sh
+
+# The real-nginx suites (tests/tests/nginx_*.rs) load the module SLUICE_NGINX_MODULE names, by default the one
+# `make nginx` built. With neither, the suite cannot run: this says so in a box and exits 0. SLUICE_NGINX picks
+# another nginx binary (default: nginx in PATH, else /usr/sbin/nginx). nginx_service also starts Redis, the counter
+# service and an Envoy (one fleet, two hosts).
 NGINX_SUITES := nginx_filter nginx_service
-test-nginx: ## the real-nginx suite, with ngx_wasm_module from SLUICE_NGINX_MODULE (docs/nginx.md); says loudly when it cannot run
-	@reason=""; \
-	if [ -z "$${SLUICE_NGINX_MODULE:-}" ]; then reason="SLUICE_NGINX_MODULE is not set"; \
-	elif [ ! -f "$$SLUICE_NGINX_MODULE" ]; then reason="SLUICE_NGINX_MODULE=$$SLUICE_NGINX_MODULE is not a file"; fi; \
+test-nginx: ## the real-nginx suite, with the module `make nginx` built or SLUICE_NGINX_MODULE names (docs/nginx.md); says loudly when it cannot run
+	@module="$${SLUICE_NGINX_MODULE:-}"; \
+	if [ -z "$$module" ] && [ -f $(NGINX_MODULE_BUILT) ]; then module="$(CURDIR)/$(NGINX_MODULE_BUILT)"; fi; \
+	reason=""; \
+	if [ -z "$$module" ]; then reason="no module: neither SLUICE_NGINX_MODULE nor $(NGINX_MODULE_BUILT) (make nginx)"; \
+	elif [ ! -f "$$module" ]; then reason="SLUICE_NGINX_MODULE=$$module is not a file"; fi; \
 	if [ -n "$$reason" ]; then \
 	  line="WARNING: the real-nginx suite did NOT run: $$reason (ngx_wasm_module, see docs/nginx.md)"; \
 	  bar=$$(printf '%*s' $${#line} '' | tr ' ' '='); \
@@ -152,7 +167,7 @@ test-nginx: ## the real-nginx suite, with ngx_wasm_module from SLUICE_NGINX_MODU
 	else \
 	  scripts/apt-install.sh nginx redis-server && \
 	  $(MAKE) $(ENVOY) build-filter build-service && \
-	  SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
+	  SLUICE_NGINX_MODULE="$$module" SLUICE_REDIS_SERVER="$$(command -v redis-server)" \
 	  $(CARGO) test -p sluice-tests --features nginx,envoy,redis $(foreach suite,$(NGINX_SUITES),--test $(suite)); \
 	fi
 
@@ -240,7 +255,7 @@ run: deps build build-stack ## the demo: Redis (:6390), the counter service (:80
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
 	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
 
-bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping, algorithms, and nginx beside Envoy with SLUICE_NGINX_MODULE (~20 min, ~35 with nginx)
+bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping, algorithms, and nginx beside Envoy when the module is built (~20 min, ~35 with nginx)
 	$(VENV)/bin/python bench/bench.py
 	$(CARGO) run -q --release -p sluice-tests --features wasm --example hotpath
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q -p sluice-tests --features wasm,redis --example accuracy
@@ -253,17 +268,19 @@ bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a mini
 	$(VENV)/bin/python bench/algorithms.py
 	$(MAKE) bench-nginx
 
-# sluice in nginx beside Envoy (bench/nginx.py): needs ngx_wasm_module, built apart (docs/nginx.md), named by
-# SLUICE_NGINX_MODULE as for test-nginx; without it, one line says so and nothing runs (exit 0).
-bench-nginx: ## nginx beside Envoy, one run: no limiter, the native limiter (limit_req, local_ratelimit), the floor, sluice local and (nginx) cached; needs SLUICE_NGINX_MODULE (~15 min)
-	@if [ -z "$${SLUICE_NGINX_MODULE:-}" ]; then \
-	  echo "bench-nginx did not run: SLUICE_NGINX_MODULE is not set (the built ngx_wasmx_module.so, see docs/nginx.md)"; \
-	elif [ ! -f "$$SLUICE_NGINX_MODULE" ]; then \
-	  echo "bench-nginx did not run: SLUICE_NGINX_MODULE=$$SLUICE_NGINX_MODULE is not a file (see docs/nginx.md)"; \
+# sluice in nginx beside Envoy (bench/nginx.py): needs ngx_wasm_module, the module `make nginx` built or the one
+# SLUICE_NGINX_MODULE names, as for test-nginx; without either, one line says so and nothing runs (exit 0).
+bench-nginx: ## nginx beside Envoy, one run: no limiter, the native limiter (limit_req, local_ratelimit), the floor, sluice local and (nginx) cached; needs the module (make nginx) (~15 min)
+	@module="$${SLUICE_NGINX_MODULE:-}"; \
+	if [ -z "$$module" ] && [ -f $(NGINX_MODULE_BUILT) ]; then module="$(CURDIR)/$(NGINX_MODULE_BUILT)"; fi; \
+	if [ -z "$$module" ]; then \
+	  echo "bench-nginx did not run: no module: neither SLUICE_NGINX_MODULE nor $(NGINX_MODULE_BUILT) (make nginx, see docs/nginx.md)"; \
+	elif [ ! -f "$$module" ]; then \
+	  echo "bench-nginx did not run: SLUICE_NGINX_MODULE=$$module is not a file (see docs/nginx.md)"; \
 	else \
 	  scripts/apt-install.sh nginx redis-server wrk && \
 	  $(MAKE) $(ENVOY) build-filter build-service build-stack && \
-	  SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(VENV)/bin/python bench/nginx.py; \
+	  SLUICE_NGINX_MODULE="$$module" SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(VENV)/bin/python bench/nginx.py; \
 	fi
 
 bench-accuracy: deps build ## four proxies sharing one limit vs one exact token bucket, sync every 50/100/250 ms; plot in bench/accuracy.svg

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages whose command is missing, as root. A word is a command that is also its package's
-# name, or COMMAND=PACKAGE when they differ (chromedriver=chromium-driver).
+# name, or COMMAND=PACKAGE when they differ (chromedriver=chromium-driver), or /PATH=PACKAGE for a package with no
+# command (/usr/share/nginx/src/configure=nginx-dev: installed when that file is missing).
 # Usage: scripts/apt-install.sh redis-server wrk chromedriver=chromium-driver
 set -euo pipefail
 
@@ -8,6 +9,7 @@ missing=()
 for pkg in "$@"; do
   case "$pkg" in
     python3-venv) missing+=("$pkg") ;;  # a module, not a command: asked for only when `python3 -m venv` failed
+    /*=*) [ -e "${pkg%%=*}" ] || missing+=("${pkg#*=}") ;;
     *=*) command -v "${pkg%%=*}" >/dev/null 2>&1 || missing+=("${pkg#*=}") ;;
     *) command -v "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;
   esac
