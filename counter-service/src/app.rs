@@ -14,7 +14,7 @@ use tower::ServiceBuilder;
 
 use crate::error::{AppError, ErrorReport};
 use crate::state::AppState;
-use crate::{admin, auth, check_handler, key_admin, probes, sync_handler};
+use crate::{admin, auth, check_handler, key_admin, probes, status, sync_handler};
 
 /// The whole service as a `Router`, testable without a socket (`tower::ServiceExt::oneshot`).
 pub fn app(state: AppState) -> Router {
@@ -68,7 +68,9 @@ pub fn app(state: AppState) -> Router {
     let operators = Router::new()
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
-        .route("/metrics", get(probes::metrics));
+        .route("/metrics", get(probes::metrics))
+        // Without credentials, for status pages and clients: bounded in rate and cached.
+        .route("/v1/status", get(status::status));
     Router::new()
         .merge(v1)
         .merge(admin)

@@ -48,6 +48,9 @@ pub enum AppError {
     /// The route exists, not for this method (the method); `Allow` lists the right ones.
     #[error("method {0} not allowed on this endpoint (see the Allow header)")]
     MethodNotAllowed(String),
+    /// Past an endpoint's own rate bound (`/v1/status`).
+    #[error("too many requests, retry later")]
+    TooManyRequests,
     /// Any other error status the framework answered without a body of ours.
     #[error("{}", .0.canonical_reason().unwrap_or("error").to_ascii_lowercase())]
     Status(StatusCode),
@@ -82,6 +85,7 @@ impl AppError {
             AppError::NotFound | AppError::NoOverride(_) => "not_found",
             AppError::AdminDisabled => "admin_disabled",
             AppError::MethodNotAllowed(_) => "method_not_allowed",
+            AppError::TooManyRequests => "rate_limited",
             AppError::Status(status) if status.is_server_error() => "internal",
             AppError::Status(_) => "bad_request",
         }
@@ -100,6 +104,7 @@ impl AppError {
                 StatusCode::NOT_FOUND
             }
             AppError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            AppError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             AppError::Status(status) => *status,
         }
     }
@@ -131,7 +136,7 @@ impl IntoResponse for AppError {
             message: self.to_string(),
         };
         let mut response = (status, Json(body)).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

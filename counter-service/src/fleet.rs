@@ -104,6 +104,10 @@ pub async fn level(
             metrics.fleet_load_level.set(fleet.level);
             metrics.fleet_proxies.set(fleet.proxies as i64);
             metrics.fleet_credentials.set(fleet.credentials as i64);
+            if fleet.credentials > 0 {
+                let now = std::time::Instant::now();
+                state.status.fleet_answered(fleet.level, fleet.proxies, now);
+            }
             (fleet.credentials > 0).then_some(fleet.level)
         }
         Err(error) => {

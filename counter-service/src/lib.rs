@@ -25,6 +25,7 @@ pub mod scripts;
 pub mod server;
 pub mod settings;
 pub mod state;
+pub mod status;
 pub mod sync_handler;
 pub mod validate;
 

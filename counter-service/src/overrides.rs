@@ -726,6 +726,21 @@ fn answer(
     }
 }
 
+/// Whether the emergency bypass is in force now: the head this replica read within
+/// `--overrides-refresh-ms`, else one read (the set itself only when it changed since the one
+/// this replica holds). An error when Redis does not answer.
+pub async fn bypass_now(state: &AppState) -> Result<bool, BackendError> {
+    let cache = &state.overrides;
+    let refresh = state.settings.overrides_refresh();
+    if !refresh.is_zero() {
+        if let Some(head) = cache.fresh_head(refresh, Instant::now()) {
+            return Ok(head.bypass);
+        }
+    }
+    let cached = cache.current().map(|set| set.version);
+    Ok(read(state, cached, None, false, false, 0).await?.bypass())
+}
+
 /// The whole set as the admin API shows it (`GET /admin/v1/overrides`): the version, the
 /// bypass, the limits by target and the keys by rule, each with who set it, when, why and
 /// when it expires.

@@ -144,6 +144,11 @@ pub struct Settings {
         default_value_t = 256
     )]
     pub fleet_max_proxies_per_credential: u64,
+
+    /// Most answers a second of `GET /v1/status`, the endpoint without credentials (1 to 10000);
+    /// past it, 429 with `Retry-After`. One status is built every 2 s at most, whatever the rate.
+    #[arg(long, env = "SLUICE_STATUS_RATE_PER_S", default_value_t = 20)]
+    pub status_rate_per_s: u64,
 }
 
 /// Longest `--max-sync-interval-ms`: one hour.
@@ -154,6 +159,9 @@ pub const MAX_GRANT_TTL_INTERVALS: u64 = 100;
 pub const MAX_FLEET_REPORT_AGE_MS: u64 = 3 * MAX_SYNC_INTERVAL_MS;
 /// Most `--fleet-max-proxies-per-credential`: a credential's reports are read in one call.
 pub const MAX_FLEET_PROXIES_PER_CREDENTIAL: u64 = 10_000;
+
+/// Most `--status-rate-per-s`.
+pub const MAX_STATUS_RATE_PER_S: u64 = 10_000;
 
 /// Largest admin API body (`--max-body-bytes` bounds it too).
 pub const ADMIN_MAX_BODY_BYTES: usize = 64 << 10;
@@ -194,6 +202,7 @@ impl Settings {
                 "--fleet-max-proxies-per-credential",
                 self.fleet_max_proxies_per_credential,
             ),
+            ("--status-rate-per-s", self.status_rate_per_s),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -225,6 +234,11 @@ impl Settings {
             return Err(format!(
                 "--fleet-max-proxies-per-credential must be at most \
                  {MAX_FLEET_PROXIES_PER_CREDENTIAL}"
+            ));
+        }
+        if self.status_rate_per_s > MAX_STATUS_RATE_PER_S {
+            return Err(format!(
+                "--status-rate-per-s must be at most {MAX_STATUS_RATE_PER_S}"
             ));
         }
         if self.min_sync_interval_ms > self.max_sync_interval_ms {

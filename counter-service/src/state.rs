@@ -24,6 +24,8 @@ pub struct AppState {
     pub scripts: Arc<Scripts>,
     pub metrics: Arc<Metrics>,
     pub overrides: Arc<override_cache::Cache>,
+    /// `GET /v1/status`'s memory.
+    pub status: Arc<crate::status::StatusCache>,
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -59,6 +61,7 @@ impl AppState {
             scripts: Arc::new(Scripts::new()),
             metrics,
             overrides: Arc::default(),
+            status: Arc::default(),
             in_flight: Arc::new(AtomicUsize::new(0)),
         })
     }
