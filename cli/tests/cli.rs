@@ -541,6 +541,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
         [
             "bypass",
             "client_ip",
+            "docs_url",
             "headers",
             "host",
             "jwt_payload_in_metadata",

@@ -597,13 +597,16 @@ impl Exchange {
     fn unavailable(&self, limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
         let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
         crate::reply::limiter_unavailable(name, retry_after_us, self.protocol)
+            .linking(limiter.policy().docs_url.as_deref())
     }
 
     fn denial(&self, limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
-        let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
-            return crate::reply::limiter_unavailable("", retry_after_us, self.protocol);
-        };
         let policy = limiter.policy();
+        let docs = policy.docs_url.as_deref();
+        let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
+            return crate::reply::limiter_unavailable("", retry_after_us, self.protocol)
+                .linking(docs);
+        };
         let reset = Reset::of(policy.reset, self.decided_us);
         crate::reply::rate_limited(
             spec,
@@ -613,6 +616,7 @@ impl Exchange {
             reset,
             self.protocol,
         )
+        .linking(docs)
     }
 }
 
@@ -683,14 +687,17 @@ impl Exchange {
                     would: false,
                 });
                 self.protocol = Protocol::of_request(request);
-                return Some(crate::reply::overloaded(
-                    shedding,
-                    seat,
-                    level,
-                    reason,
-                    moment.draw,
-                    self.protocol,
-                ));
+                return Some(
+                    crate::reply::overloaded(
+                        shedding,
+                        seat,
+                        level,
+                        reason,
+                        moment.draw,
+                        self.protocol,
+                    )
+                    .linking(shedding.docs_url.as_deref()),
+                );
             }
         };
         if let Some(name) = &shedding.degradation_header {
@@ -768,7 +775,8 @@ impl Exchange {
         let shedding = limiter.policy().shedding.as_ref()?;
         self.unseated(limiter, store);
         let reason = ShedReason::QueueFull;
-        let reply = crate::reply::overloaded(shedding, seat, level, reason, draw, self.protocol);
+        let reply = crate::reply::overloaded(shedding, seat, level, reason, draw, self.protocol)
+            .linking(shedding.docs_url.as_deref());
         Some((seat, reply))
     }
 

@@ -40,6 +40,8 @@ pub struct Policy {
     /// Where Envoy's `jwt_authn` writes a verified token's payload (its `payload_in_metadata`),
     /// which `jwt:CLAIM` key parts read.
     pub jwt_payload_in_metadata: String,
+    /// A page for clients about the limits: the 429 and 503 bodies name it.
+    pub docs_url: Option<String>,
 }
 
 /// Per configured rule, its key overrides that give a first-present part the value a client sent

@@ -215,7 +215,8 @@ impl ShedWorker {
                 id: w.id,
                 seat: w.seat,
                 reason,
-                reply: overloaded(shedding, w.seat, level, reason, draw, protocol),
+                reply: overloaded(shedding, w.seat, level, reason, draw, protocol)
+                    .linking(shedding.docs_url.as_deref()),
             });
         }
         plan

@@ -191,3 +191,84 @@ fn the_schema_refuses_what_the_contract_does_not_allow() {
         assert!(!validator.is_valid(&body), "{bad}");
     }
 }
+
+/// `docs_url`: every kind of reply names it in its body (`docs`) and in a `Link` header, the
+/// bodies still valid; a gRPC answer carries only the header.
+#[test]
+fn every_reply_links_the_configured_docs() {
+    const DOCS: &str = "https://api.example.com/docs/rate-limits?lang=en#429";
+    let l = limiter(&format!(
+        r#"{{"docs_url": "{DOCS}", "service": {{"cluster": "svc"}},
+        "rules": [
+          {{"name": "per-ip", "key": ["client_ip"], "limits": [{{"requests": 1, "per": "minute"}}]}},
+          {{"name": "exact", "key": ["header:x-user"], "consistency": "strict",
+            "limits": [{{"requests": 10, "per": "second"}}], "fallback": {{"policy": "fail_closed"}}}}],
+        "shedding": {{"bulkheads": [{{"name": "api", "limit": {{"static": 4}}}}]}}}}"#
+    ));
+    let link = format!("<{DOCS}>; rel=\"help\"");
+    let mut store = MemoryStore::default();
+    let mut denied = None;
+    for _ in 0..2 {
+        let mut request = PlainRequest::get("/").from_ip("10.0.0.1");
+        let (_, step, _) = Exchange::start(&l, &mut request, None, Moment::at(T0), &mut store);
+        denied = Some(step);
+    }
+    let http = respond(denied.unwrap());
+    assert_eq!(checked(&http)["docs"], DOCS, "{http:?}");
+    assert_eq!(http.headers.get("link"), Some(link.as_str()));
+
+    let mut request = PlainRequest::get("/").with_header("x-user", "alice");
+    let (mut exchange, step, _) =
+        Exchange::start(&l, &mut request, None, Moment::at(T0), &mut store);
+    assert_eq!(step, Step::Wait);
+    let none: Option<CheckResponse> = None;
+    let (step, _) = exchange.answered(&l, 0, none, Moment::at(T0), &mut store);
+    let unavailable = respond(step.unwrap());
+    assert_eq!(checked(&unavailable)["docs"], DOCS, "{unavailable:?}");
+
+    let shedding = l.policy().shedding.as_ref().unwrap();
+    let seat = Seat {
+        bulkhead: 0,
+        class: shedding.default_class,
+    };
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let shed = reply::overloaded(
+            shedding,
+            seat,
+            Level::High,
+            ShedReason::Concurrency,
+            0.5,
+            protocol,
+        )
+        .linking(shedding.docs_url.as_deref());
+        assert_eq!(shed.headers.get("link"), Some(link.as_str()), "{shed:?}");
+        match protocol {
+            Protocol::Http => assert_eq!(checked(&shed)["docs"], DOCS),
+            Protocol::Grpc => assert!(shed.body.is_empty(), "{shed:?}"),
+        }
+    }
+}
+
+/// `docs_url` goes verbatim into a header and a JSON string: whatever could end either, or is not a
+/// web page, is refused naming the field.
+#[test]
+fn a_docs_url_that_could_break_a_reply_is_refused() {
+    let long = format!("https://example.com/{}", "a".repeat(600));
+    for url in [
+        "javascript:alert(1)",
+        "ftp://example.com/",
+        "https://",
+        "https://example.com/\r\nSet-Cookie: a=b",
+        "https://example.com/a b",
+        "https://example.com/\",\"rule\":\"x",
+        "https://example.com/>; rel=\"next\"",
+        "https://example.com/\\",
+        "https://exämple.com/",
+        long.as_str(),
+    ] {
+        let config = serde_json::json!({"docs_url": url, "rules": [{"name": "r", "key": ["client_ip"],
+            "limits": [{"requests": 1, "per": "minute"}]}]});
+        let error = sluice_core::parse(config.to_string().as_bytes()).unwrap_err();
+        assert_eq!(error.field, "docs_url", "{url:?}: {error}");
+    }
+}

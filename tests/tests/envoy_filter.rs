@@ -25,6 +25,15 @@ fn config(limit: Value, mode: &str) -> String {
     .to_string()
 }
 
+const DOCS_URL: &str = "https://api.example.com/docs/rate-limits";
+
+/// `config` with `docs_url` set to [`DOCS_URL`].
+fn with_docs_url(config: String) -> String {
+    let mut config: Value = serde_json::from_str(&config).unwrap();
+    config["docs_url"] = json!(DOCS_URL);
+    config.to_string()
+}
+
 fn per_ip_50_per_minute() -> String {
     config(
         json!({"requests": 50, "per": "minute", "burst": 50}),
@@ -559,10 +568,10 @@ fn a_local_reply_names_itself_in_the_access_log() {
         template: Template::File(
             sluice_tests::envoy::repo_root().join("envoy/sluice-access-log.yaml.tmpl"),
         ),
-        plugin_config_json: config(
+        plugin_config_json: with_docs_url(config(
             json!({"requests": 2, "per": "minute", "burst": 2}),
             "enforce",
-        ),
+        )),
         concurrency: 1,
         placeholders: vec![
             ("ACCESS_LOG".into(), log.display().to_string()),
@@ -578,10 +587,16 @@ fn a_local_reply_names_itself_in_the_access_log() {
     })
     .unwrap();
     let client = agent();
-    let statuses: Vec<u16> = (0..3)
-        .map(|_| get(&client, &envoy.url("/api/x"), &[]).unwrap().status)
+    let replies: Vec<_> = (0..3)
+        .map(|_| get(&client, &envoy.url("/api/x"), &[]).unwrap())
         .collect();
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 200, 429]);
+    // docs_url: the 429 links the page for clients, in its body and a Link header.
+    let denied = &replies[2];
+    assert_eq!(checked_body(&denied.body)["docs"], DOCS_URL, "{denied:?}");
+    let link = format!("<{DOCS_URL}>; rel=\"help\"");
+    assert_eq!(denied.header("link"), Some(link.as_str()), "{denied:?}");
     let lines = || {
         std::fs::read_to_string(&log)
             .unwrap_or_default()

@@ -92,6 +92,9 @@ struct RawPolicy {
     /// The payload_in_metadata of Envoy's jwt_authn providers, where jwt:CLAIM key parts read verified claims (default jwt_payload).
     #[serde(default)]
     jwt_payload_in_metadata: Option<String>,
+    /// A page for clients about your limits, such as https://api.example.com/docs/rate-limits: the 429 and 503 bodies name it (docs) and carry it in a Link header (rel="help"). http or https, printable ASCII without spaces, quotes or angle brackets, at most 512 bytes.
+    #[serde(default)]
+    docs_url: Option<String>,
 }
 
 /// Requests that skip every rule.
@@ -491,7 +494,11 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         ));
     }
 
-    let shedding = raw.shedding.map(shedding::shedding).transpose()?;
+    let docs_url = raw.docs_url.map(docs_url).transpose()?;
+    let mut shedding = raw.shedding.map(shedding::shedding).transpose()?;
+    if let Some(shedding) = &mut shedding {
+        shedding.docs_url = docs_url.clone();
+    }
     if let (Host::Nginx, Some(shedding)) = (host, &shedding) {
         if let Some(i) = shedding.bulkheads.iter().position(|b| b.queue.is_some()) {
             return Err(err(
@@ -545,7 +552,42 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         key_expires: Default::default(),
         bare_key_overrides: Default::default(),
         jwt_payload_in_metadata,
+        docs_url,
     })
+}
+
+/// Longest `docs_url`.
+pub const MAX_DOCS_URL_BYTES: usize = 512;
+
+/// `docs_url`: an absolute http(s) URL that goes verbatim into a header and a JSON string, so
+/// nothing in it can end either (no control character, space, quote, backslash or angle bracket).
+fn docs_url(url: String) -> Result<String, ConfigError> {
+    let problem = if url.len() > MAX_DOCS_URL_BYTES {
+        Some(format!("longer than {MAX_DOCS_URL_BYTES} bytes"))
+    } else if !(url.starts_with("https://") || url.starts_with("http://")) {
+        Some(format!(
+            "must start with https:// or http://, got {:?}",
+            one_line(url.clone())
+        ))
+    } else if url
+        .split_once("://")
+        .is_some_and(|(_, rest)| rest.is_empty())
+    {
+        Some("has no host".to_owned())
+    } else if let Some(c) = url
+        .chars()
+        .find(|c| !c.is_ascii_graphic() || matches!(c, '"' | '\\' | '<' | '>'))
+    {
+        Some(format!(
+            "may hold only printable ASCII without spaces, quotes, backslashes or angle brackets, got {c:?}"
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(err("docs_url", problem)),
+        None => Ok(url),
+    }
 }
 
 /// A request matcher; `at` is its field, e.g. `rules[0].match`.

@@ -410,6 +410,7 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         fleet_margin,
         retry_after_s,
         bulkheads,
+        docs_url: None,
     })
 }
 

@@ -45,6 +45,29 @@ pub struct Reply {
     pub details: &'static str,
 }
 
+impl Reply {
+    /// The reply linking to `docs` (the policy's `docs_url`), if any: a `"docs"` field at the end
+    /// of an HTTP body and a `Link: <docs>; rel="help"` header (a gRPC answer has only the header).
+    /// `docs` was checked by the configuration: nothing in it ends a JSON string or the header.
+    pub fn linking(mut self, docs: Option<&str>) -> Reply {
+        let Some(docs) = docs else {
+            return self;
+        };
+        if self.body.ends_with('}') {
+            self.body.pop();
+            self.body.push_str(",\"docs\":\"");
+            push_escaped(&mut self.body, docs);
+            self.body.push_str("\"}");
+        }
+        let mut link = String::with_capacity(docs.len() + 14);
+        link.push('<');
+        link.push_str(docs);
+        link.push_str(">; rel=\"help\"");
+        self.headers.push("link", &link);
+        self
+    }
+}
+
 /// The response code details of a request shed by `reason`.
 pub fn shed_details(reason: ShedReason) -> &'static str {
     match reason {

@@ -184,6 +184,8 @@ pub struct Shedding {
     pub fleet_margin: f64,
     pub retry_after_s: u64,
     pub bulkheads: Vec<Bulkhead>,
+    /// The policy's `docs_url`, which its 503s name.
+    pub docs_url: Option<String>,
 }
 
 /// The default classes, as in the seed: free, basic, premium, enterprise, critical.
