@@ -574,15 +574,15 @@ fn docs_url(url: String) -> Result<String, ConfigError> {
         .is_some_and(|(_, rest)| rest.is_empty())
     {
         Some("has no host".to_owned())
-    } else if let Some(c) = url
-        .chars()
-        .find(|c| !c.is_ascii_graphic() || matches!(c, '"' | '\\' | '<' | '>'))
-    {
-        Some(format!(
-            "may hold only printable ASCII without spaces, quotes, backslashes or angle brackets, got {c:?}"
-        ))
     } else {
-        None
+        url.chars()
+            .find(|c| !c.is_ascii_graphic() || matches!(c, '"' | '\\' | '<' | '>'))
+            .map(|c| {
+                format!(
+                    "may hold only printable ASCII without spaces, quotes, backslashes or angle \
+                     brackets, got {c:?}"
+                )
+            })
     };
     match problem {
         Some(problem) => Err(err("docs_url", problem)),
