@@ -95,7 +95,10 @@ pub fn markdown(loaded: &Loaded) -> String {
                 && r.key.iter().any(|p| {
                     matches!(
                         p,
-                        KeyPart::Header(_) | KeyPart::Query { .. } | KeyPart::Claim(_)
+                        KeyPart::Header(_)
+                            | KeyPart::Query { .. }
+                            | KeyPart::Claim(_)
+                            | KeyPart::Cookie(_)
                     )
                 })
         })

@@ -168,6 +168,7 @@ pub fn key_part_for_consumers(part: &KeyPart) -> String {
         KeyPart::Header(name) => format!("header `{name}`"),
         KeyPart::Query { name, .. } => format!("query parameter `{name}`"),
         KeyPart::Claim(name) => format!("token claim `{name}`"),
+        KeyPart::Cookie(name) => format!("cookie `{name}`"),
         KeyPart::Path => "path".to_string(),
         KeyPart::Method => "method".to_string(),
         KeyPart::Const(_) => "everyone together".to_string(),
