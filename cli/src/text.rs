@@ -229,3 +229,12 @@ mod tests {
         assert_eq!(key("r\u{1f}\u{1e}many"), "r:\\x1emany");
     }
 }
+
+/// A penalty's length as configured: its largest whole unit (`10m`, `90s`).
+pub fn penalty(micros: u64) -> String {
+    let seconds = micros / 1_000_000;
+    match sluice_core::Period::from_seconds(seconds) {
+        Ok(period) => period.name().into_owned(),
+        Err(_) => format!("{seconds}s"),
+    }
+}

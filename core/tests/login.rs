@@ -298,7 +298,10 @@ fn what_the_new_fields_refuse() {
         (r#""penalty": "1000y","#, "rules[0].penalty"),
         (r#""penalty": 31622401,"#, "rules[0].penalty"),
         (r#""penalty": 18446744073709551615,"#, "rules[0].penalty"),
-        (r#""penalty": "999999999999999999999d","#, "rules[0].penalty"),
+        (
+            r#""penalty": "999999999999999999999d","#,
+            "rules[0].penalty",
+        ),
         (r#""penalty": -1,"#, "rules[0].penalty"),
         (r#""penalty": 1.5,"#, "rules[0].penalty"),
         (r#""penalty": "month","#, "rules[0].penalty"),
@@ -352,7 +355,13 @@ fn what_the_new_fields_refuse() {
            "limits": [{"requests": 5, "per": "second", "algorithm": "leaky_bucket"}]}]}"#,
         "rules[0].count_when",
     );
-    for bad in ["cookie:", "cookie:a b", "cookie:a;b", "cookie:a=b", "cookie:\u{e9}"] {
+    for bad in [
+        "cookie:",
+        "cookie:a b",
+        "cookie:a;b",
+        "cookie:a=b",
+        "cookie:\u{e9}",
+    ] {
         refused(
             &format!(
                 r#"{{"rules": [{{"name": "r", "key": [{bad:?}], "limits": [{{"requests": 5, "per": "minute"}}]}}]}}"#

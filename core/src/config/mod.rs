@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use crate::limit::{Algorithm, Limit, Period};
 use crate::policy::{
-    Answer, Bypass, ClientIp, Consistency, CountWhen, Fallback, HeaderStyle, Host, KeyPart, Matcher, Mode,
-    Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
+    Answer, Bypass, ClientIp, Consistency, CountWhen, Fallback, HeaderStyle, Host, KeyPart,
+    Matcher, Mode, Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
 };
 use crate::request::matcher::{HeaderTest, Template};
 use crate::request::net::Cidr;
@@ -209,7 +209,7 @@ struct RawRule {
 )]
 struct RawCountWhen {
     /// Response statuses counted, 100 to 599, such as [401, 403] (one to 32 of them).
-    #[cfg_attr(feature = "schema", schemars(extend("items" = {"type": "integer", "minimum": 100, "maximum": 599}, "minItems": 1, "maxItems": 32)))]
+    #[cfg_attr(feature = "schema", schemars(extend("items" = {"type": "integer", "minimum": 100, "maximum": 599}), extend("minItems" = 1), extend("maxItems" = 32)))]
     statuses: Vec<u64>,
 }
 
@@ -1373,7 +1373,8 @@ fn penalty_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "oneOf": [
             {"type": "string", "enum": ["second", "minute", "hour", "day"]},
             {"type": "string", "pattern": "^[0-9]+[smhd]$"},
-            {"type": "integer", "minimum": Period::MIN_SECONDS, "maximum": Period::MAX_SECONDS}
+            {"type": "integer", "minimum": Period::MIN_SECONDS, "maximum": Period::MAX_SECONDS},
+            {"type": "null"}
         ]
     })
 }

@@ -837,7 +837,7 @@ mod tests {
             evicted, None,
             "nothing of the other layout is taken for a record"
         );
-        assert_eq!(set.len(), HEAD + record_len(1, 9));
+        assert_eq!(set.len(), HEAD + record_len(1, 10));
         assert_eq!(new.find(&set, 42), Some(Record::fresh(42, &log, 9)));
         assert_eq!(old.find(&set, 42), None, "and back");
     }
