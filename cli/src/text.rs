@@ -194,6 +194,15 @@ pub fn key_for_consumers(parts: &[KeyPart]) -> String {
     }
 }
 
+/// A penalty's length as configured: its largest whole unit (`10m`, `90s`).
+pub fn penalty(micros: u64) -> String {
+    let seconds = micros / 1_000_000;
+    match sluice_core::Period::from_seconds(seconds) {
+        Ok(period) => period.name().into_owned(),
+        Err(_) => format!("{seconds}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,14 +236,5 @@ mod tests {
     fn keys_show_their_separators_as_colons() {
         assert_eq!(key("per-ip\u{1f}203.0.113.7"), "per-ip:203.0.113.7");
         assert_eq!(key("r\u{1f}\u{1e}many"), "r:\\x1emany");
-    }
-}
-
-/// A penalty's length as configured: its largest whole unit (`10m`, `90s`).
-pub fn penalty(micros: u64) -> String {
-    let seconds = micros / 1_000_000;
-    match sluice_core::Period::from_seconds(seconds) {
-        Ok(period) => period.name().into_owned(),
-        Err(_) => format!("{seconds}s"),
     }
 }
