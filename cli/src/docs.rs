@@ -55,9 +55,18 @@ pub fn markdown(loaded: &Loaded) -> String {
                 .map(text::limit_for_consumers)
                 .collect::<Vec<_>>()
                 .join("; "),
-            match &rule.cost_header {
-                None => rule.cost.to_string(),
-                Some(header) => format!("{} + the response's `{header}`", rule.cost),
+            match (&rule.cost_header, &rule.count_when) {
+                (Some(header), _) => format!("{} + the response's `{header}`", rule.cost),
+                (None, Some(when)) => format!(
+                    "{} when the response's status is {}",
+                    rule.cost,
+                    when.statuses
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                (None, None) => rule.cost.to_string(),
             },
             mode(rule),
             format!("`{}`", rule.name),
@@ -89,13 +98,23 @@ pub fn markdown(loaded: &Loaded) -> String {
             text::key_part_for_consumers(&t.from),
         ));
     }
+    for rule in policy.rules.iter().filter(|r| r.penalty_us > 0) {
+        notes.push(format!(
+            "A client that goes over `{}` is refused for {} after, whatever its limit: Retry-After says when it ends.",
+            rule.name,
+            text::penalty(rule.penalty_us)
+        ));
+    }
     let keyed_by_request = |when: WhenMissing| {
         policy.rules.iter().any(|r| {
             r.when_missing == when
                 && r.key.iter().any(|p| {
                     matches!(
                         p,
-                        KeyPart::Header(_) | KeyPart::Query { .. } | KeyPart::Claim(_)
+                        KeyPart::Header(_)
+                            | KeyPart::Query { .. }
+                            | KeyPart::Claim(_)
+                            | KeyPart::Cookie(_)
                     )
                 })
         })

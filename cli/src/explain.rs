@@ -140,6 +140,12 @@ pub struct RuleReport {
     pub limits: Vec<LimitReport>,
     pub cost: u64,
     pub cost_header: Option<String>,
+    /// The response statuses a `count_when` rule counts (none: every request counts up front).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count_when: Option<Vec<u32>>,
+    /// How long a key stays denied once it went over (`penalty`), as configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub penalty: Option<String>,
     pub consistency: &'static str,
     pub fallback: Option<String>,
     pub mode: &'static str,
@@ -307,6 +313,8 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
             .collect(),
         cost: rule.cost,
         cost_header: rule.cost_header.clone(),
+        count_when: rule.count_when.as_ref().map(|c| c.statuses.clone()),
+        penalty: (rule.penalty_us > 0).then(|| text::penalty(rule.penalty_us)),
         consistency: text::consistency(rule.consistency),
         fallback: text::fallback(rule),
         mode: text::mode(rule.mode),
@@ -590,6 +598,20 @@ pub fn render(e: &Explanation) -> String {
             None => {
                 let _ = writeln!(out, "   cost:        {}", rule.cost);
             }
+        }
+        if let Some(statuses) = &rule.count_when {
+            let statuses: Vec<String> = statuses.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                out,
+                "   counted:     only when the response's status is {} (checked up front, spent after the answer)",
+                statuses.join(", ")
+            );
+        }
+        if let Some(penalty) = &rule.penalty {
+            let _ = writeln!(
+                out,
+                "   penalty:     a key that goes over stays denied for {penalty}"
+            );
         }
         let _ = writeln!(out, "   consistency: {}", rule.consistency);
         if let Some(fallback) = &rule.fallback {

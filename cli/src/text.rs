@@ -168,6 +168,7 @@ pub fn key_part_for_consumers(part: &KeyPart) -> String {
         KeyPart::Header(name) => format!("header `{name}`"),
         KeyPart::Query { name, .. } => format!("query parameter `{name}`"),
         KeyPart::Claim(name) => format!("token claim `{name}`"),
+        KeyPart::Cookie(name) => format!("cookie `{name}`"),
         KeyPart::Path => "path".to_string(),
         KeyPart::Method => "method".to_string(),
         KeyPart::Const(_) => "everyone together".to_string(),
@@ -190,6 +191,15 @@ pub fn key_for_consumers(parts: &[KeyPart]) -> String {
         "everyone together".to_string()
     } else {
         own.join(" + ")
+    }
+}
+
+/// A penalty's length as configured: its largest whole unit (`10m`, `90s`).
+pub fn penalty(micros: u64) -> String {
+    let seconds = micros / 1_000_000;
+    match sluice_core::Period::from_seconds(seconds) {
+        Ok(period) => period.name().into_owned(),
+        Err(_) => format!("{seconds}s"),
     }
 }
 

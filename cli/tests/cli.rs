@@ -499,6 +499,46 @@ fn durations_are_checked_explained_and_documented() {
     }
 }
 
+#[test]
+fn login_fields_are_checked_explained_and_documented() {
+    let config = br#"{"rules": [
+      {"name": "login", "key": ["cookie:sid"], "count_when": {"statuses": [403, 401]},
+       "penalty": "10m", "limits": [{"requests": 5, "per": "minute"}]}]}"#;
+    let output = sluice(&["check", "-"], config);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let output = sluice(
+        &["explain", "--path", "/", "--header", "cookie: sid=abc", "-"],
+        config,
+    );
+    let text = stdout(&output);
+    for line in [
+        "   counted:     only when the response's status is 401, 403 (checked up front, spent after the answer)",
+        "   penalty:     a key that goes over stays denied for 10m",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    let output = sluice(&["docs", "-"], config);
+    let text = stdout(&output);
+    for cell in [
+        "1 when the response's status is 401, 403",
+        "A client that goes over `login` is refused for 10m after",
+    ] {
+        assert!(text.contains(cell), "missing {cell:?} in\n{text}");
+    }
+    let bad = br#"{"rules": [{"name": "login", "key": ["client_ip"], "penalty": 0,
+       "limits": [{"requests": 5, "per": "minute"}]}]}"#;
+    let output = sluice(&["check", "-"], bad);
+    assert_ne!(output.status.code(), Some(0));
+    assert!(
+        stderr(&output).contains("rules[0].penalty"),
+        "{}",
+        stderr(&output)
+    );
+}
+
 const REGENERATE: &str = "cargo run -p sluice-cli -- schema > schema/sluice.schema.json";
 
 #[test]
@@ -565,6 +605,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "consistency",
             "cost",
             "cost_header",
+            "count_when",
             "deny_message",
             "deny_status",
             "fallback",
@@ -575,6 +616,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "match",
             "mode",
             "name",
+            "penalty",
             "query_names",
             "ramp_percent",
             "tiers",

@@ -467,6 +467,54 @@ impl Exchange {
         effects
     }
 
+    /// Whether a rule that admitted this request counts it by its response's status
+    /// (`count_when`): the host then reads the status and calls [`Exchange::response_status`].
+    pub fn counts_by_status(&self, limiter: &Limiter) -> bool {
+        self.chargeable.iter().any(|(rule, _)| {
+            limiter
+                .rule(*rule)
+                .is_some_and(|r| r.rule.count_when.is_some())
+        })
+    }
+
+    /// The response's status was seen: the rules that count by it (`count_when`) charge their
+    /// cost to their keys when it is one they count; a status they do not count spends nothing.
+    /// Runs once: later calls charge nothing. Returns the effects (announcements of keys whose
+    /// counts the sync has not seen, and what was charged).
+    pub fn response_status(
+        &mut self,
+        limiter: &Limiter,
+        status: u32,
+        now_us: u64,
+        store: &mut dyn Store,
+    ) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let (answered, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.chargeable)
+            .into_iter()
+            .partition(|(rule, _)| {
+                limiter
+                    .rule(*rule)
+                    .is_some_and(|r| r.rule.count_when.is_some())
+            });
+        self.chargeable = kept;
+        for (rule, key) in answered {
+            let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
+                continue;
+            };
+            if !spec.count_when.as_ref().is_some_and(|c| c.counts(status)) {
+                continue;
+            }
+            if limiter.charge(rule, &key, spec.cost, now_us, store) {
+                effects.push(Effect::Announce { rule, key });
+            }
+            effects.push(Effect::Charged {
+                rule,
+                cost: spec.cost,
+            });
+        }
+        effects
+    }
+
     /// The response headers whose values the rules that admitted this request charge.
     pub fn cost_headers<'a>(&self, limiter: &'a Limiter) -> Vec<&'a str> {
         let mut names: Vec<&str> = self

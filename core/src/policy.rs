@@ -224,12 +224,32 @@ pub struct Rule {
     pub cost: u64,
     /// A response header whose value (whole tokens) is charged after the response.
     pub cost_header: Option<String>,
+    /// Counts only the requests whose response matches: each request is checked up front
+    /// (denied once the key is over) but spends nothing until its answer, which spends `cost`
+    /// when it matches.
+    pub count_when: Option<CountWhen>,
+    /// How long a key stays denied once it went over, in microseconds (0: no penalty).
+    pub penalty_us: u64,
     /// The tier this rule counts, for a rule with tiers.
     pub tier: Option<TierOf>,
     /// What a request missing a key part gets.
     pub when_missing: WhenMissing,
     /// What a client the rule denies is answered, and where its rate-limit headers go.
     pub answer: Answer,
+}
+
+/// Which responses a `count_when` rule counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountWhen {
+    /// Response statuses (100 to 599), sorted, without duplicates.
+    pub statuses: Vec<u32>,
+}
+
+impl CountWhen {
+    /// Whether a response of `status` is counted.
+    pub fn counts(&self, status: u32) -> bool {
+        self.statuses.binary_search(&status).is_ok()
+    }
 }
 
 /// A rule's own answer (its `deny_status`, `deny_message`, `headers_on_admitted`,
@@ -334,6 +354,9 @@ pub enum KeyPart {
     },
     /// A claim of the JWT `jwt_authn` verified (never of an unverified token).
     Claim(String),
+    /// A cookie of the request's `Cookie` headers, by name (case-sensitive, as cookie names are):
+    /// [`crate::request::cookie_values`].
+    Cookie(String),
     Path,
     Method,
     Const(String),
@@ -350,6 +373,7 @@ impl KeyPart {
             KeyPart::Header(n) => format!("header:{n}"),
             KeyPart::Query { name, .. } => format!("query:{name}"),
             KeyPart::Claim(n) => format!("jwt:{n}"),
+            KeyPart::Cookie(n) => format!("cookie:{n}"),
             KeyPart::Path => "path".into(),
             KeyPart::Method => "method".into(),
             KeyPart::Const(v) => format!("const:{v}"),
@@ -541,6 +565,7 @@ impl KeyPart {
                 None => Vec::new(),
             },
             KeyPart::Claim(name) => request.claim(name).into_iter().collect(),
+            KeyPart::Cookie(name) => crate::request::cookie_values(&request.header("cookie"), name),
             KeyPart::First(alternatives) => alternatives
                 .iter()
                 .map(|alt| alt.values(request))

@@ -357,6 +357,16 @@ impl HttpContext for Request {
             }
         }
         let limiter = Rc::clone(&self.limiter);
+        // Rules that count by the answer (`count_when`): its status decides.
+        if self.exchange.counts_by_status(&limiter) {
+            let status = host::response_header(":status")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let effects =
+                self.exchange
+                    .response_status(&limiter, status, host::now_us(), &mut SharedData);
+            let _ = self.carry_out(effects);
+        }
         // What the upstream says this request cost, charged to the rules that count it.
         for name in self.exchange.cost_headers(&limiter) {
             if let Some(value) = host::response_header(name) {

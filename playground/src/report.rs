@@ -57,7 +57,7 @@ pub fn validation(config: &str) -> Validation {
         Ok(policy) => Validation::Valid(Valid {
             ok: true,
             rules: rules(&policy),
-            notes: notes(&policy),
+            notes: notes(&policy, true),
         }),
         Err(e) => Validation::Invalid(Invalid::new(&e.field, &e.problem)),
     }
@@ -120,9 +120,23 @@ fn consistency(c: Consistency) -> &'static str {
     }
 }
 
-/// How the simulation differs from a proxy for this policy.
-pub fn notes(policy: &Policy) -> Vec<String> {
+/// How the simulation differs from a proxy for this policy, over a trace whose requests say
+/// their response's status (`statuses`) or not.
+pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
     let mut notes = Vec::new();
+    for rule in policy.rules.iter().filter(|r| r.count_when.is_some()) {
+        notes.push(if statuses {
+            format!(
+                "rule {} counts only the answers whose status it names (count_when): a request of the trace without status=NNN is taken as answered 200",
+                rule.name
+            )
+        } else {
+            format!(
+                "rule {} counts only the answers whose status it names (count_when), and the trace gives no status (extras status=401): it counts nothing here",
+                rule.name
+            )
+        });
+    }
     for rule in &policy.rules {
         if rule.consistency != Consistency::Local {
             notes.push(format!(

@@ -33,7 +33,7 @@ pub fn simulate(config: &str, trace: &str) -> Result<Report, Invalid> {
 /// report's notes say so.
 pub fn simulate_policy(mut policy: Policy, arrivals: &[Arrival]) -> Report {
     let rules = report::rules(&policy);
-    let notes = report::notes(&policy);
+    let notes = report::notes(&policy, arrivals.iter().any(|a| a.status.is_some()));
     for rule in &mut policy.rules {
         rule.consistency = Consistency::Local;
     }
@@ -181,12 +181,17 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
         ),
         Step::Continue | Step::Wait | Step::Queue { .. } => (
             "admitted",
-            200,
+            arrival.status.unwrap_or(200),
             owned(exchange.response_headers(limiter)),
             None,
             None,
         ),
     };
+    // The upstream's answer: the rules that count by its status (`count_when`) count it now.
+    if decision == "admitted" || decision == "delayed" {
+        let status = arrival.status.unwrap_or(200);
+        exchange.response_status(limiter, status, now_us, store);
+    }
     let retry_after = headers
         .iter()
         .find(|(n, _)| *n == "retry-after")

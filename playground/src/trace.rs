@@ -12,7 +12,8 @@
 //! `x-api-key` header and its JWT `sub` claim, so rules keyed on `client_ip`,
 //! `header:x-api-key` or `jwt:sub` see one key per client. `path` defaults to `/`, `method` to
 //! `GET`. `extras` are `name=value` pairs separated by `;`: a request header, or a verified JWT
-//! claim when the name starts with `jwt:`. Blank lines, `#` comments and a first line of
+//! claim when the name starts with `jwt:`, or `status=NNN`: the status the upstream answers it
+//! (default 200), which rules that count by the answer (`count_when`) read. Blank lines, `#` comments and a first line of
 //! column names are skipped; lines are played in time order.
 
 use std::net::IpAddr;
@@ -37,6 +38,8 @@ pub struct Arrival {
     pub headers: Vec<(String, String)>,
     /// Verified JWT claims besides the client's `sub`.
     pub claims: Vec<(String, String)>,
+    /// The status the upstream answers it (`status=NNN`), if the trace says.
+    pub status: Option<u32>,
     /// Its line in the CSV (1-based), for messages.
     pub line: usize,
 }
@@ -125,6 +128,7 @@ pub fn parse_trace(csv: &str) -> Result<Vec<Arrival>, String> {
         let method = field(3, "GET").to_ascii_uppercase();
         let mut headers = Vec::new();
         let mut claims = Vec::new();
+        let mut status = None;
         for pair in field(4, "")
             .split(';')
             .map(str::trim)
@@ -136,6 +140,17 @@ pub fn parse_trace(csv: &str) -> Result<Vec<Arrival>, String> {
                 ));
             };
             let (name, value) = (name.trim(), value.trim());
+            if name == "status" {
+                match value.parse::<u32>() {
+                    Ok(s) if (100..=599).contains(&s) => status = Some(s),
+                    _ => {
+                        return Err(format!(
+                            "line {line}: extras: status: expected an HTTP status, 100 to 599, got \"{value}\""
+                        ))
+                    }
+                }
+                continue;
+            }
             match name.strip_prefix("jwt:") {
                 Some(claim) => claims.push((claim.to_string(), value.to_string())),
                 None => headers.push((name.to_ascii_lowercase(), value.to_string())),
@@ -153,6 +168,7 @@ pub fn parse_trace(csv: &str) -> Result<Vec<Arrival>, String> {
             method,
             headers,
             claims,
+            status,
             line,
         });
     }

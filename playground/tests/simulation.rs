@@ -202,3 +202,55 @@ fn cached_rules_and_shedding_are_named_in_the_notes() {
         .as_str()
         .is_some_and(|n| n.starts_with("rule shared is cached")));
 }
+
+/// A penalty needs no upstream: played as a proxy would. Counting by the answer needs the
+/// trace's statuses (`status=NNN`): without them, the notes say it counts nothing.
+#[test]
+fn penalties_are_played_and_count_when_reads_the_traces_statuses() {
+    let config = r#"{"rules": [{"name": "login", "key": ["client_ip"], "penalty": "10m",
+        "count_when": {"statuses": [401]}, "limits": [{"requests": 2, "per": "minute"}]}]}"#;
+    // Two failures, then out for ten minutes: the bucket has room again after a minute, but the
+    // penalty denies until 600 s after the denial at 2 s.
+    let trace = "0,a,/login,POST,status=401\n1,a,/login,POST,status=401\n2,a,/login,POST\n\
+                 100,a,/login,POST\n603,a,/login,POST\n";
+    let r = report(config, trace);
+    assert_eq!(r["ok"], true, "{r}");
+    let decisions: Vec<&str> = r["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["decision"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        decisions,
+        ["admitted", "admitted", "denied", "denied", "admitted"]
+    );
+    assert_eq!(r["requests"][0]["status"], 401);
+    assert_eq!(r["requests"][3]["retry_after"], 502);
+    // Without statuses, nothing is counted, and the notes say why.
+    let r = report(config, "0,a\n0,a\n0,a\n0,a\n");
+    assert_eq!(r["totals"]["admitted"], 4);
+    assert!(
+        r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.contains("gives no status"))),
+        "{}",
+        r["notes"]
+    );
+    // Attacker's test: the trace is the user's; a status outside 100 to 599 is refused, named.
+    for bad in [
+        "0,a,/,GET,status=99\n",
+        "0,a,/,GET,status=600\n",
+        "0,a,/,GET,status=x\n",
+    ] {
+        let r = report(config, bad);
+        assert_eq!(r["ok"], false, "{bad}");
+        assert!(
+            r["message"].as_str().unwrap().contains("status"),
+            "{}",
+            r["message"]
+        );
+    }
+}

@@ -361,3 +361,42 @@ fn a_rule_that_skips_a_missing_claim_counts_only_the_users() {
     );
     assert_eq!(statuses(&envoy, "/x", &[], 4), [200; 4], "skipped");
 }
+
+/// Login protection as a user writes it: failed logins (401) counted per session cookie, a
+/// success never; once over, the cookie's key is denied for its 10-minute penalty (Retry-After
+/// says so), across Envoy's two workers; a request without the cookie is counted with every
+/// such request, never exempt.
+#[test]
+fn failed_logins_are_counted_by_the_answer_then_a_penalty_keeps_the_key_out() {
+    let envoy = start(
+        json!([
+            {"name": "login", "match": {"path_prefix": "/login"}, "key": ["cookie:sid"],
+             "count_when": {"statuses": [401, 403]}, "penalty": "10m",
+             "limits": [{"requests": 3, "per": "minute"}]},
+        ]),
+        2,
+    );
+    let right = [("cookie", "theme=dark; sid=alice"), ("x-password", "right")];
+    let wrong = [("cookie", "theme=dark; sid=alice"), ("x-password", "wrong")];
+    assert_eq!(
+        statuses(&envoy, "/login", &right, 10),
+        [200; 10],
+        "successful logins are not counted"
+    );
+    assert_eq!(statuses(&envoy, "/login", &wrong, 3), [401; 3]);
+    // Over: denied up front, even with the right password, for the penalty.
+    let client = agent();
+    let denied = get(&client, &envoy.url("/login"), &right).unwrap();
+    assert_eq!(denied.status, 429, "{denied:?}");
+    let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!((590..=600).contains(&retry), "retry-after {retry}");
+    assert_eq!(statuses(&envoy, "/login", &right, 4), [429; 4]);
+    // Another session is not touched; no cookie at all is one shared key, not a way out.
+    let other = [("cookie", "sid=bob"), ("x-password", "right")];
+    assert_eq!(statuses(&envoy, "/login", &other, 2), [200; 2]);
+    let anonymous = [("x-password", "wrong")];
+    assert_eq!(
+        statuses(&envoy, "/login", &anonymous, 5),
+        [401, 401, 401, 429, 429]
+    );
+}

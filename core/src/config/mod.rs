@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use crate::limit::{Algorithm, Limit, Period};
 use crate::policy::{
-    Answer, Bypass, ClientIp, Consistency, Fallback, HeaderStyle, Host, KeyPart, Matcher, Mode,
-    Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
+    Answer, Bypass, ClientIp, Consistency, CountWhen, Fallback, HeaderStyle, Host, KeyPart,
+    Matcher, Mode, Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
 };
 use crate::request::matcher::{HeaderTest, Template};
 use crate::request::net::Cidr;
@@ -145,7 +145,7 @@ struct RawRule {
     /// Which requests the rule applies to: every part set must match (none: every request).
     #[serde(default, rename = "match")]
     matcher: Option<RawMatch>,
-    /// What is counted together: client_ip, client_ip/BITS, path, method, header:NAME, query:NAME, jwt:CLAIM, const:VALUE, or first-present alternatives such as jwt:sub|client_ip.
+    /// What is counted together: client_ip, client_ip/BITS, path, method, header:NAME, query:NAME, jwt:CLAIM, cookie:NAME, const:VALUE, or first-present alternatives such as jwt:sub|client_ip.
     key: Vec<String>,
     /// One to eight limits, all enforced, of one algorithm. A rule has limits or tiers.
     #[serde(default)]
@@ -173,6 +173,13 @@ struct RawRule {
     /// A response header whose value (whole tokens) is charged after the response.
     #[serde(default)]
     cost_header: Option<String>,
+    /// Counts only the requests whose response matches, such as {"statuses": [401, 403]} (failed logins): every request is checked up front (denied once the key is over) and spends its cost only when its response matches. Local and cached rules.
+    #[serde(default)]
+    count_when: Option<RawCountWhen>,
+    /// How long a key stays denied once it went over: a duration ("10m": a whole number and one unit of s, m, h, d) or a number of seconds, from 1 second to 366 days. Retry-After and the rate-limit headers report its end.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "penalty_schema"))]
+    penalty: Option<serde_json::Value>,
     /// A request without one of the key's parts (no such header, query parameter or verified claim, no readable client address): count (the default) counts it with all such requests of the rule, the part's value being the missing marker; skip does not count it.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(extend("enum" = ["count", "skip", null])))]
@@ -193,6 +200,20 @@ struct RawRule {
     /// Whether a denial by this rule carries its rate-limit headers (default true; Retry-After is always sent).
     #[serde(default)]
     headers_on_denied: Option<bool>,
+}
+
+/// Which responses a count_when rule counts.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "CountWhen")
+)]
+struct RawCountWhen {
+    /// Response statuses counted, 100 to 599, such as [401, 403] (one to 32 of them).
+    #[cfg_attr(feature = "schema", schemars(extend("items" = {"type": "integer", "minimum": 100, "maximum": 599}), extend("minItems" = 1), extend("maxItems" = 32)))]
+    statuses: Vec<u64>,
 }
 
 /// A rule's limits per tier: each tier is a rule of its own, named rule/tier.
@@ -812,6 +833,29 @@ fn rule(
         Some(name) => Some(name.to_ascii_lowercase()),
     };
 
+    let count_when = match raw.count_when {
+        None => None,
+        Some(c) => Some(count_when(&format!("{at}.count_when"), c, consistency)?),
+    };
+    if count_when.is_some() && cost_header.is_some() {
+        return Err(err(
+            format!("{at}.count_when"),
+            "a rule counts by its answer's status (count_when) or charges the cost its answer reports (cost_header), not both: write two rules with the same key",
+        ));
+    }
+    let penalty_us = match &raw.penalty {
+        None => 0,
+        Some(value) => period(value)
+            .and_then(|p| match p.calendar() {
+                true => Err(format!(
+                    "is a length of time: a duration (\"10m\", \"1h\") or seconds, not a calendar {}",
+                    p.name()
+                )),
+                false => Ok(p.micros()),
+            })
+            .map_err(|problem| err(format!("{at}.penalty"), problem))?,
+    };
+
     let answer = Answer {
         // Checked with the rest of the rule (`check_rule`).
         status: raw
@@ -907,6 +951,8 @@ fn rule(
             fallback,
             cost,
             cost_header: cost_header.clone(),
+            count_when: count_when.clone(),
+            penalty_us,
             tier,
             when_missing,
             answer: answer.clone(),
@@ -919,6 +965,40 @@ fn rule(
         rules.push(rule);
     }
     Ok(rules)
+}
+
+/// A rule's `count_when`: one to 32 statuses of 100 to 599; a rule that can count after the
+/// answer (not strict: its service check counts before it).
+fn count_when(
+    at: &str,
+    raw: RawCountWhen,
+    consistency: Consistency,
+) -> Result<CountWhen, ConfigError> {
+    if consistency == Consistency::Strict {
+        return Err(err(
+            at,
+            "a strict rule's check counts the request before its answer: count by the answer in a local or cached rule",
+        ));
+    }
+    if raw.statuses.is_empty() || raw.statuses.len() > 32 {
+        return Err(err(
+            format!("{at}.statuses"),
+            format!("must hold 1 to 32 statuses, got {}", raw.statuses.len()),
+        ));
+    }
+    let mut statuses = Vec::with_capacity(raw.statuses.len());
+    for (j, &status) in raw.statuses.iter().enumerate() {
+        if !(100..=599).contains(&status) {
+            return Err(err(
+                format!("{at}.statuses[{j}]"),
+                format!("must be an HTTP status, 100 to 599, got {status}"),
+            ));
+        }
+        statuses.push(status as u32);
+    }
+    statuses.sort_unstable();
+    statuses.dedup();
+    Ok(CountWhen { statuses })
 }
 
 fn fallback(
@@ -1077,6 +1157,26 @@ pub fn check_rule(
                 "a leaky_bucket sends a request on its schedule before the response: it cannot charge after the fact",
             ));
         }
+    }
+    if rule.count_when.is_some() {
+        if let Some(k) = position(limits, Algorithm::LeakyBucket) {
+            return Err(err(
+                at.rule_field("count_when", k, "algorithm"),
+                "a leaky_bucket sends a request on its schedule before the response: it cannot count by the answer",
+            ));
+        }
+        if consistency == Consistency::Cached && rule.fallback == Fallback::Closed {
+            return Err(err(
+                at.rule_field("count_when", 0, "consistency"),
+                "a fail_closed cached rule asks the service to count a key it holds no lease for, before the answer: use fail_open with count_when",
+            ));
+        }
+    }
+    if rule.penalty_us > 0 && consistency == Consistency::Strict {
+        return Err(err(
+            at.own_field("penalty"),
+            "a strict rule is decided by the service, which does not keep penalties yet: use a local or cached rule",
+        ));
     }
     // The local buckets keep a sliding log's timestamps for every key a proxy remembers.
     let buckets = crate::limiter::bucket_limits(rule);
@@ -1308,6 +1408,19 @@ fn period(per: &serde_json::Value) -> Result<Period, String> {
     }
 }
 
+/// The JSON Schema of `penalty`: a duration, or a number of seconds.
+#[cfg(feature = "schema")]
+fn penalty_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "oneOf": [
+            {"type": "string", "enum": ["second", "minute", "hour", "day"]},
+            {"type": "string", "pattern": "^[0-9]+[smhd]$"},
+            {"type": "integer", "minimum": Period::MIN_SECONDS, "maximum": Period::MAX_SECONDS},
+            {"type": "null"}
+        ]
+    })
+}
+
 /// The JSON Schema of `per`: a name, a duration, or a number of seconds.
 #[cfg(feature = "schema")]
 fn period_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -1395,11 +1508,25 @@ fn key_part(part: &str, exact: bool) -> Result<KeyPart, String> {
                     return Err(format!("{part:?} does not name a header"));
                 }
                 Ok(KeyPart::Header(name.to_ascii_lowercase()))
+            } else if let Some(name) = part.strip_prefix("cookie:") {
+                // RFC 6265's cookie-name (an RFC 7230 token), less `|`, which separates
+                // alternatives.
+                let valid = !name.is_empty()
+                    && name.len() <= 256
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`~".contains(&b));
+                if !valid {
+                    return Err(format!(
+                        "{part:?} does not name a cookie (cookie:session_id: letters, digits and !#$%&'*+-.^_`~)"
+                    ));
+                }
+                Ok(KeyPart::Cookie(name.to_string()))
             } else if let Some(value) = part.strip_prefix("const:") {
                 Ok(KeyPart::Const(value.to_string()))
             } else {
                 Err(format!(
-                    "expected client_ip, client_ip/BITS, path, method, header:NAME, query:NAME, jwt:CLAIM, const:VALUE or alternatives a|b, got {part:?}"
+                    "expected client_ip, client_ip/BITS, path, method, header:NAME, query:NAME, jwt:CLAIM, cookie:NAME, const:VALUE or alternatives a|b, got {part:?}"
                 ))
             }
         }

@@ -46,10 +46,10 @@ const GHOST_AREA: usize = GHOSTS * GHOST_LEN;
 /// Most limits one rule may have.
 pub use sluice_protocol::MAX_LIMITS;
 
-const HEADER: usize = 56;
+const HEADER: usize = 64;
 /// The version of the record format, part of every layout's tag: a set written in an earlier
-/// format reads as empty (2: the header holds `global_token_at_us`).
-const RECORD_FORMAT: u8 = 2;
+/// format reads as empty (2: the header holds `global_token_at_us`; 3: `penalty_until_us`).
+const RECORD_FORMAT: u8 = 3;
 const PER_LIMIT: usize = 16;
 
 /// Bytes of one record for a rule with `limits` limits whose sliding logs keep `log` timestamps.
@@ -88,6 +88,8 @@ pub struct Record {
     /// whichever limit is short. 0: the service did not say (an older one), and the
     /// wait is worked out from `global_remaining` and `global_reset_at_us`.
     pub global_token_at_us: u64,
+    /// Until when the key is denied for having gone over (a rule's `penalty`; 0: it is not).
+    pub penalty_until_us: u64,
     /// Local buckets, one per limit: the rule's own limits (local consistency) or its fallback.
     pub buckets: [LimitState; MAX_LIMITS],
     /// The rings of its sliding logs, one after the other in limit order (empty for other
@@ -131,6 +133,7 @@ impl Record {
             global_remaining: 0,
             global_reset_at_us: 0,
             global_token_at_us: 0,
+            penalty_until_us: 0,
             buckets,
             logs: vec![0; log],
         }
@@ -222,6 +225,7 @@ impl Record {
             global_remaining: u32_at(36),
             global_reset_at_us: u64_at(40),
             global_token_at_us: u64_at(48),
+            penalty_until_us: u64_at(56),
             buckets,
             logs: (0..log)
                 .map(|i| u64_at(HEADER + limits * PER_LIMIT + 8 * i))
@@ -239,6 +243,7 @@ impl Record {
         bytes[36..40].copy_from_slice(&self.global_remaining.to_le_bytes());
         bytes[40..48].copy_from_slice(&self.global_reset_at_us.to_le_bytes());
         bytes[48..56].copy_from_slice(&self.global_token_at_us.to_le_bytes());
+        bytes[56..64].copy_from_slice(&self.penalty_until_us.to_le_bytes());
         for (i, bucket) in self.buckets.iter().enumerate().take(limits) {
             let at = HEADER + i * PER_LIMIT;
             bytes[at..at + 8].copy_from_slice(&bucket.tokens.to_bits().to_le_bytes());
@@ -492,7 +497,9 @@ impl Table {
             .min_by_key(|&at| {
                 let r = Record::read(&set[at..at + len], self.limits, self.log);
                 let costly = r.full_at_us(limits, now_us) > now_us;
-                (r.unsynced(), costly, r.seen_us)
+                // A key in its penalty is kept over one that is not: evicted, it would lose it.
+                let penalized = r.penalty_until_us > now_us;
+                (r.unsynced(), penalized, costly, r.seen_us)
             })
             .unwrap_or(HEAD);
         let victim = Record::read(&set[victim_at..victim_at + len], self.limits, self.log);
@@ -800,15 +807,15 @@ mod tests {
     }
 
     /// A set holds records of one layout: one of another layout, even of a length that would
-    /// read as whole records (72-byte records read as 144-byte ones), reads as empty and is
+    /// read as whole records (80-byte records read as 160-byte ones), reads as empty and is
     /// started over when written.
     #[test]
     fn a_set_of_another_layout_reads_as_empty() {
         let hasher = KeyHasher::new([1, 2]);
         let bucket = vec![Limit::new(10, Period::Minute, None).unwrap()];
-        // 56 + 16 + 9 × 8 = 144 = 2 × (56 + 16).
-        let log = vec![Limit::logged(9, Period::Minute).unwrap()];
-        assert_eq!(record_len(1, 9), 2 * record_len(1, 0));
+        // 64 + 16 + 10 × 8 = 160 = 2 × (64 + 16).
+        let log = vec![Limit::logged(10, Period::Minute).unwrap()];
+        assert_eq!(record_len(1, 10), 2 * record_len(1, 0));
         let old = Table::live("r", &bucket, 64, hasher);
         let new = Table::live("r", &log, 64, hasher);
         assert_eq!(old.set_key(5), new.set_key(5), "one live table");
@@ -830,7 +837,7 @@ mod tests {
             evicted, None,
             "nothing of the other layout is taken for a record"
         );
-        assert_eq!(set.len(), HEAD + record_len(1, 9));
+        assert_eq!(set.len(), HEAD + record_len(1, 10));
         assert_eq!(new.find(&set, 42), Some(Record::fresh(42, &log, 9)));
         assert_eq!(old.find(&set, 42), None, "and back");
     }

@@ -122,6 +122,7 @@ fn notable(policy: &Policy, index: usize) -> bool {
         && rule.mode == Mode::Enforce
         && rule.ramp_percent >= 100
         && rule.cost_header.is_none()
+        && rule.count_when.is_none()
         && last
         && !strict
         && policy.shedding.is_none()
@@ -184,13 +185,16 @@ impl Tally {
 
     fn admit(&mut self, id: RuleId, rule: &Rule, key: &str, fingerprint: u64, v: &RuleVerdict) {
         self.delay_us = self.delay_us.max(v.delay_us);
-        self.spent.push(Spent {
-            rule: id,
-            fingerprint,
-            how: v.spend,
-            cost: rule.cost,
-        });
-        if rule.cost_header.is_some() {
+        // A rule that counts by the answer spent nothing yet: nothing to give back.
+        if rule.count_when.is_none() {
+            self.spent.push(Spent {
+                rule: id,
+                fingerprint,
+                how: v.spend,
+                cost: rule.cost,
+            });
+        }
+        if rule.cost_header.is_some() || rule.count_when.is_some() {
             self.chargeable.push((id, key.to_string()));
         }
         self.outcomes.push((id, Outcome::Allowed));
@@ -583,13 +587,18 @@ impl Limiter {
                 None => table.find_or_fresh(set, fingerprint, limits, now),
             };
             let was_unsynced = record.unsynced();
-            let verdict = judge(rule, &mut record, conditions);
+            let penalty_was = record.penalty_until_us;
+            let verdict = match rule.count_when {
+                None => judge(rule, &mut record, conditions),
+                Some(_) => peek(rule, &mut record, conditions),
+            };
             // A local denial changes nothing a later request could tell apart (the refill is a
             // function of the stored stamp), so it skips the write, keeping the deny path to one
             // read; it still refreshes the key's recency once a second. A key seen later than
             // now (the clock was stepped back) is written, so its buckets keep the new time.
             let unchanged = !verdict.allowed
                 && rule.consistency == Consistency::Local
+                && record.penalty_until_us == penalty_was
                 && seen_us.is_some_and(|seen| {
                     now.saturating_sub(seen) < RECENCY_US
                         && seen <= now.saturating_add(crate::limit::token_bucket::CLOCK_STEP_US)
@@ -962,8 +971,60 @@ pub fn bucket_limits(rule: &Rule) -> &[Limit] {
     }
 }
 
-/// One rule's answer for one record, spending on allow and counting for the sync.
+/// A `count_when` rule's answer for one record: [`judge`]'s, spending nothing (the answer's
+/// status decides whether the request is charged: [`Limiter::charge`]). What a denial writes is
+/// kept: the demand the sync reports, and a penalty it starts.
+fn peek(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
+    let mut probe = record.clone();
+    let verdict = judge(rule, &mut probe, conditions);
+    if !verdict.allowed {
+        record.denied = probe.denied;
+        record.penalty_until_us = probe.penalty_until_us;
+    }
+    verdict
+}
+
+/// The denial of a key in its penalty until `until_us`: nothing spent, every limit told to wait
+/// for the penalty's end (at most the rule's penalty from `now`, whatever a record says).
+fn penalized(rule: &Rule, until_us: u64, now: u64) -> RuleVerdict {
+    let wait = until_us.saturating_sub(now).min(rule.penalty_us);
+    RuleVerdict {
+        allowed: false,
+        quota: Quota {
+            limit: first_limit(rule),
+            remaining: 0,
+            reset_us: wait,
+        },
+        retry_after_us: wait,
+        spend: Spend::Buckets,
+        delay_us: 0,
+        unavailable: false,
+        asks: false,
+    }
+}
+
+/// One rule's answer for one record, spending on allow and counting for the sync. A rule with a
+/// `penalty` denies a key in its penalty outright, and starts one when it denies a key.
 fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
+    let now = conditions.now_us;
+    if rule.penalty_us > 0 && record.penalty_until_us > now {
+        if rule.consistency != Consistency::Local {
+            let cost32 = rule.cost.min(u32::MAX as u64) as u32;
+            record.denied = record.denied.saturating_add(cost32);
+        }
+        return penalized(rule, record.penalty_until_us, now);
+    }
+    let mut verdict = judge_limits(rule, record, conditions);
+    if rule.penalty_us > 0 && !verdict.allowed && !verdict.unavailable && !verdict.asks {
+        record.penalty_until_us = now.saturating_add(rule.penalty_us);
+        verdict.retry_after_us = verdict.retry_after_us.max(rule.penalty_us);
+        verdict.quota.reset_us = verdict.quota.reset_us.max(rule.penalty_us);
+    }
+    verdict
+}
+
+/// [`judge`] by the rule's limits alone.
+fn judge_limits(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
     let now = conditions.now_us;
     let synced = rule.consistency != Consistency::Local;
     let cost = rule.cost;

@@ -332,7 +332,7 @@ fn impossible(part: &KeyPart, value: &str) -> Option<String> {
         }
         KeyPart::Const(constant) => (value != constant)
             .then(|| format!("the part is const:{constant}: its only value is {constant:?}, got {value:?}")),
-        KeyPart::Header(_) | KeyPart::Query { .. } | KeyPart::Claim(_) => None,
+        KeyPart::Header(_) | KeyPart::Query { .. } | KeyPart::Claim(_) | KeyPart::Cookie(_) => None,
         KeyPart::First(_) => Some("alternatives do not nest".into()),
     }
 }

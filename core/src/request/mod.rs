@@ -56,6 +56,40 @@ pub fn query_values(query: &str, name: &str, exact: bool) -> Vec<String> {
     distinct_of(values)
 }
 
+/// Most `name=value` pairs of a request's `Cookie` headers [`cookie_values`] reads: a header of
+/// thousands of cookies costs no more than this many (a cookie past them reads as missing, which
+/// counts the request in the rule's bucket of requests without it: never exempt).
+pub const MAX_COOKIES: usize = 256;
+
+/// The distinct values (at most [`MAX_VALUES`]: the first ones and the last, as a repeated
+/// header's) of cookie `name` in a request's `Cookie` header values, among their first
+/// [`MAX_COOKIES`] pairs. Pairs are separated by `;` (and HTTP/2's several `cookie` headers are
+/// read in order, as one); a name matches exactly (cookie names are case-sensitive), the value is
+/// trimmed of spaces and of one pair of double quotes (RFC 6265's `cookie-value`). A duplicate
+/// name counts the request against each of its values, as a repeated header does: a junk first
+/// cookie cannot escape an exhausted real one. A pair without `=`, or an empty value, is not a
+/// value: a request with nothing else reads as missing (never exempt). A header that is not
+/// UTF-8 came as [`header_value`] makes it and holds no cookie.
+pub fn cookie_values(headers: &[String], name: &str) -> Vec<String> {
+    let values = headers
+        .iter()
+        .flat_map(|header| header.split(';'))
+        .take(MAX_COOKIES)
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            if key.trim() != name {
+                return None;
+            }
+            let value = value.trim();
+            let value = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(value);
+            (!value.is_empty()).then(|| unmarked(value).into_owned())
+        });
+    distinct_of(values)
+}
+
 /// Whether two names are the same in any case: ASCII without allocation; otherwise by Unicode
 /// lower case or upper case (the Kelvin sign `K` is `k` in lower case), either way.
 fn same_name_any_case(a: &str, b: &str) -> bool {

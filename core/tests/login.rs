@@ -1,0 +1,380 @@
+//! Login protection: a rule that counts only the requests whose answer matches (`count_when`),
+//! a `penalty` that keeps a key denied once it went over, and `cookie:NAME` key parts; and what
+//! each refuses of a configuration, naming the field.
+
+use sluice_core::policy::RuleId;
+use sluice_core::sync::proxy::{take, Taken};
+use sluice_core::{Effect, Exchange, Limiter, MemoryStore, Moment, PlainRequest, Step};
+
+const SECOND: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * SECOND;
+
+fn limiter(json: &str) -> Limiter {
+    Limiter::new(sluice_core::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn login(user: &str) -> PlainRequest {
+    PlainRequest::get("/login").with_header("x-user", user)
+}
+
+/// Starts a request at `now`: its step, and the exchange.
+fn start(
+    limiter: &Limiter,
+    request: &mut PlainRequest,
+    now: u64,
+    store: &mut MemoryStore,
+) -> (Exchange, Step) {
+    let (exchange, step, _) = Exchange::start(limiter, request, None, Moment::at(now), store);
+    (exchange, step)
+}
+
+/// A request of `user` at `now` answered `status`: whether it went upstream.
+fn attempt(
+    limiter: &Limiter,
+    user: &str,
+    status: u32,
+    now: u64,
+    store: &mut MemoryStore,
+) -> Result<(), sluice_core::Reply> {
+    let (mut exchange, step) = start(limiter, &mut login(user), now, store);
+    match step {
+        Step::Continue => {
+            exchange.response_status(limiter, status, now, store);
+            Ok(())
+        }
+        Step::Respond(reply) => Err(reply),
+        other => panic!("{other:?}"),
+    }
+}
+
+const FAILED_LOGINS: &str = r#"{"rules": [{"name": "login", "key": ["header:x-user"],
+    "count_when": {"statuses": [401, 403]},
+    "limits": [{"requests": 5, "per": "minute"}]}]}"#;
+
+#[test]
+fn only_the_answers_that_match_are_counted() {
+    let limiter = limiter(FAILED_LOGINS);
+    let mut store = MemoryStore::default();
+    // A hundred successful logins in a second spend nothing.
+    for i in 0..100 {
+        assert!(attempt(&limiter, "alice", 200, T0 + i, &mut store).is_ok());
+    }
+    // Five failures are let through and counted; the sixth attempt is denied up front, whatever
+    // its answer would have been.
+    for i in 0..5 {
+        assert!(attempt(&limiter, "alice", 401, T0 + 200 + i, &mut store).is_ok());
+    }
+    let denied = attempt(&limiter, "alice", 200, T0 + 300, &mut store).unwrap_err();
+    assert_eq!(denied.status, 429);
+    // Another account is not touched, and a 403 counts as a 401 does.
+    for i in 0..5 {
+        assert!(attempt(&limiter, "bob", 403, T0 + 400 + i, &mut store).is_ok());
+    }
+    assert!(attempt(&limiter, "bob", 200, T0 + 500, &mut store).is_err());
+    // A minute on, a failure is back (5 a minute: one every 12 s).
+    assert!(attempt(&limiter, "alice", 401, T0 + 13 * SECOND, &mut store).is_ok());
+    assert!(attempt(&limiter, "alice", 401, T0 + 13 * SECOND + 1, &mut store).is_err());
+}
+
+#[test]
+fn a_request_without_an_answer_or_denied_by_a_later_rule_is_not_counted() {
+    let limiter = limiter(
+        r#"{"rules": [
+        {"name": "login", "key": ["header:x-user"], "count_when": {"statuses": [401]},
+         "limits": [{"requests": 2, "per": "minute"}]},
+        {"name": "all", "key": ["const:all"], "limits": [{"requests": 3, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    // Three requests without their answer seen (reset streams): nothing charged to the key.
+    for i in 0..3 {
+        let (_, step) = start(&limiter, &mut login("alice"), T0 + i, &mut store);
+        assert_eq!(step, Step::Continue);
+    }
+    // The second rule denies now: the first charges nothing for it, even on a 401.
+    let (mut exchange, step) = start(&limiter, &mut login("alice"), T0 + 10, &mut store);
+    assert!(matches!(step, Step::Respond(_)), "{step:?}");
+    assert!(!exchange.counts_by_status(&limiter));
+    assert!(exchange
+        .response_status(&limiter, 401, T0 + 10, &mut store)
+        .is_empty());
+}
+
+#[test]
+fn the_status_is_counted_once() {
+    let limiter = limiter(FAILED_LOGINS);
+    let mut store = MemoryStore::default();
+    let (mut exchange, step) = start(&limiter, &mut login("alice"), T0, &mut store);
+    assert_eq!(step, Step::Continue);
+    assert!(exchange.counts_by_status(&limiter));
+    let effects = exchange.response_status(&limiter, 401, T0, &mut store);
+    assert_eq!(
+        effects,
+        vec![Effect::Charged {
+            rule: RuleId::new(0),
+            cost: 1
+        }]
+    );
+    assert!(exchange
+        .response_status(&limiter, 401, T0, &mut store)
+        .is_empty());
+    assert!(!exchange.counts_by_status(&limiter));
+}
+
+/// A cached rule counts by the answer too: nothing from the lease up front, the failure reported
+/// to the service with the next sync.
+#[test]
+fn a_cached_rule_reports_what_its_answers_counted() {
+    let limiter = limiter(
+        r#"{"service": {"cluster": "svc"}, "rules": [{"name": "login", "key": ["header:x-user"],
+        "consistency": "cached", "count_when": {"statuses": [401]},
+        "limits": [{"requests": 5, "per": "minute"}]}]}"#,
+    );
+    let rule = RuleId::new(0);
+    let key = "login\u{1f}alice";
+    let mut store = MemoryStore::default();
+    for (i, status) in [200, 401, 200, 401, 401].into_iter().enumerate() {
+        assert!(attempt(&limiter, "alice", status, T0 + i as u64, &mut store).is_ok());
+    }
+    let Taken::Entry(entry) = take(&limiter, rule, key, T0 + 10, 100_000, &mut store) else {
+        panic!("no entry");
+    };
+    assert_eq!((entry.spent, entry.denied), (3, 0), "three failures");
+}
+
+const PENALTY: &str = r#"{"headers": "legacy", "rules": [{"name": "login", "key": ["header:x-user"],
+    "penalty": "10m", "limits": [{"requests": 3, "per": "minute"}]}]}"#;
+
+#[test]
+fn a_key_that_went_over_stays_denied_for_its_penalty() {
+    let limiter = limiter(PENALTY);
+    let mut store = MemoryStore::default();
+    for i in 0..3 {
+        assert!(attempt(&limiter, "alice", 200, T0 + i, &mut store).is_ok());
+    }
+    // Over: denied, told to come back when the penalty ends.
+    let first = attempt(&limiter, "alice", 200, T0 + 10, &mut store).unwrap_err();
+    assert_eq!(first.headers.get("retry-after"), Some("600"));
+    assert_eq!(first.headers.get("x-ratelimit-reset"), Some("600"));
+    // A minute later the bucket is full again, but the key is still in its penalty: denied,
+    // told the time left.
+    let later = attempt(&limiter, "alice", 200, T0 + 10 + 60 * SECOND, &mut store).unwrap_err();
+    assert_eq!(later.headers.get("retry-after"), Some("540"));
+    // Another key is not.
+    assert!(attempt(&limiter, "bob", 200, T0 + 20, &mut store).is_ok());
+    // Once it is over, the key has its full limit again.
+    let after = T0 + 10 + 600 * SECOND;
+    for i in 0..3 {
+        assert!(attempt(&limiter, "alice", 200, after + i, &mut store).is_ok());
+    }
+}
+
+/// The penalty is in the key's record in the shared store: every worker (each its own limiter
+/// over the one store) denies the key.
+#[test]
+fn every_worker_keeps_the_penalty() {
+    let mut store = MemoryStore::default();
+    let one = limiter(PENALTY);
+    let two = limiter(PENALTY);
+    for i in 0..4 {
+        let _ = attempt(&one, "alice", 200, T0 + i, &mut store);
+    }
+    let denied = attempt(&two, "alice", 200, T0 + 3 + 120 * SECOND, &mut store).unwrap_err();
+    assert_eq!(denied.headers.get("retry-after"), Some("480"));
+}
+
+/// A penalty with count_when: the failures that went over start it.
+#[test]
+fn failed_logins_then_a_penalty() {
+    let limiter = limiter(
+        r#"{"rules": [{"name": "login", "key": ["header:x-user"], "penalty": 900,
+        "count_when": {"statuses": [401]}, "limits": [{"requests": 2, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    assert!(attempt(&limiter, "alice", 401, T0, &mut store).is_ok());
+    assert!(attempt(&limiter, "alice", 401, T0 + 1, &mut store).is_ok());
+    let denied = attempt(&limiter, "alice", 200, T0 + 2, &mut store).unwrap_err();
+    assert_eq!(denied.headers.get("retry-after"), Some("900"));
+    assert!(attempt(&limiter, "alice", 200, T0 + 899 * SECOND, &mut store).is_err());
+    assert!(attempt(&limiter, "alice", 200, T0 + 901 * SECOND, &mut store).is_ok());
+}
+
+#[test]
+fn a_cookie_keys_the_rule() {
+    let limiter = limiter(
+        r#"{"rules": [{"name": "r", "key": ["cookie:sid"], "limits": [{"requests": 1, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let with = |cookies: &[&str], now: u64, store: &mut MemoryStore| {
+        let mut request = PlainRequest::get("/");
+        for c in cookies {
+            request = request.with_header("cookie", c);
+        }
+        let (_, step) = start(&limiter, &mut request, now, store);
+        step == Step::Continue
+    };
+    assert!(with(&["theme=dark; sid=abc"], T0, &mut store));
+    assert!(!with(&["sid=abc; theme=light"], T0 + 1, &mut store));
+    // Quoted and spaced as RFC 6265 allows: the same cookie.
+    assert!(!with(&["  sid = \"abc\" "], T0 + 2, &mut store));
+    // Another value, another bucket; names are case-sensitive.
+    assert!(with(&["sid=def"], T0 + 3, &mut store));
+    assert!(with(&["SID=abc"], T0 + 4, &mut store), "no sid: missing");
+}
+
+/// Attacker's test: whoever sends the request controls the Cookie header. Leaving the cookie out,
+/// emptying it, burying it, or sending it twice never escapes the limit of its value.
+#[test]
+fn a_missing_or_forged_cookie_never_exempts_a_request() {
+    use sluice_core::limiter::key::build;
+    let policy = sluice_core::parse(
+        br#"{"rules": [{"name": "r", "key": ["cookie:sid"], "limits": [{"requests": 1, "per": "minute"}]}]}"#,
+    )
+    .unwrap();
+    let rule = &policy.rules[0];
+    let keys = |cookies: &[&str]| {
+        let mut request = PlainRequest::get("/");
+        for c in cookies {
+            request = request.with_header("cookie", c);
+        }
+        build(rule, &mut request)
+    };
+    let missing = keys(&[]);
+    assert_eq!(missing, vec!["r\u{1f}\u{1e}missing".to_string()]);
+    // No value, a pair without `=`, an empty cookie header, another cookie: all missing, one
+    // shared bucket (never none).
+    for forged in [
+        vec!["sid="],
+        vec!["sid"],
+        vec![""],
+        vec!["other=1"],
+        vec!["sid=\"\""],
+    ] {
+        assert_eq!(keys(&forged), missing, "{forged:?}");
+    }
+    // A duplicate name counts the request against each value: a junk first cookie does not hide
+    // the real one.
+    assert_eq!(
+        keys(&["sid=junk; sid=abc"]),
+        vec!["r\u{1f}junk".to_string(), "r\u{1f}abc".to_string()]
+    );
+    assert_eq!(
+        keys(&["sid=junk", "sid=abc"]),
+        vec!["r\u{1f}junk".to_string(), "r\u{1f}abc".to_string()]
+    );
+    // Thousands of cookies are read no further than MAX_COOKIES pairs; a value as long as the
+    // header becomes a digest.
+    let many: String = (0..100_000).map(|i| format!("c{i}=v; ")).collect();
+    let buried = format!("{many}sid=abc");
+    assert_eq!(keys(&[&buried]), missing);
+    let huge = format!("sid={}", "x".repeat(100_000));
+    let key = keys(&[&huge]);
+    assert_eq!(key.len(), 1);
+    assert!(key[0].len() <= sluice_core::limiter::key::MAX_KEY_BYTES);
+    // A value that looks like sluice's own marker is not one.
+    assert_ne!(keys(&["sid=\u{1e}missing"]), missing);
+}
+
+fn refused(json: &str, field: &str) {
+    match sluice_core::parse(json.as_bytes()) {
+        Ok(_) => panic!("accepted: {json}"),
+        Err(e) => assert!(e.to_string().contains(field), "{e} does not name {field}"),
+    }
+}
+
+fn rule(extra: &str) -> String {
+    format!(
+        r#"{{"service": {{"cluster": "svc"}}, "rules": [{{"name": "r", "key": ["client_ip"], {extra}
+        "limits": [{{"requests": 5, "per": "minute"}}]}}]}}"#
+    )
+}
+
+/// Attacker's test: whoever writes the configuration (or a file it is generated from). The worst
+/// values of each new field are refused, naming it.
+#[test]
+fn what_the_new_fields_refuse() {
+    for (extra, field) in [
+        (r#""penalty": 0,"#, "rules[0].penalty"),
+        (r#""penalty": "0s","#, "rules[0].penalty"),
+        (r#""penalty": "1000y","#, "rules[0].penalty"),
+        (r#""penalty": 31622401,"#, "rules[0].penalty"),
+        (r#""penalty": 18446744073709551615,"#, "rules[0].penalty"),
+        (
+            r#""penalty": "999999999999999999999d","#,
+            "rules[0].penalty",
+        ),
+        (r#""penalty": -1,"#, "rules[0].penalty"),
+        (r#""penalty": 1.5,"#, "rules[0].penalty"),
+        (r#""penalty": "month","#, "rules[0].penalty"),
+        (r#""penalty": true,"#, "rules[0].penalty"),
+        (
+            r#""penalty": "1m", "consistency": "strict","#,
+            "rules[0].penalty",
+        ),
+        (
+            r#""count_when": {"statuses": []},"#,
+            "rules[0].count_when.statuses",
+        ),
+        (
+            r#""count_when": {"statuses": [99]},"#,
+            "rules[0].count_when.statuses[0]",
+        ),
+        (
+            r#""count_when": {"statuses": [401, 600]},"#,
+            "rules[0].count_when.statuses[1]",
+        ),
+        (
+            r#""count_when": {"statuses": [18446744073709551615]},"#,
+            "rules[0].count_when.statuses[0]",
+        ),
+        (r#""count_when": {"status": [401]},"#, "count_when"),
+        (
+            r#""count_when": {"statuses": [401]}, "consistency": "strict","#,
+            "rules[0].count_when",
+        ),
+        (
+            r#""count_when": {"statuses": [401]}, "cost_header": "x-cost","#,
+            "rules[0].count_when",
+        ),
+        (
+            r#""count_when": {"statuses": [401]}, "fallback": {"policy": "fail_closed"},"#,
+            "rules[0].count_when",
+        ),
+    ] {
+        refused(&rule(extra), field);
+    }
+    let many: Vec<String> = (100..133).map(|s| s.to_string()).collect();
+    refused(
+        &rule(&format!(
+            r#""count_when": {{"statuses": [{}]}},"#,
+            many.join(",")
+        )),
+        "rules[0].count_when.statuses",
+    );
+    refused(
+        r#"{"rules": [{"name": "r", "key": ["client_ip"], "count_when": {"statuses": [401]},
+           "limits": [{"requests": 5, "per": "second", "algorithm": "leaky_bucket"}]}]}"#,
+        "rules[0].count_when",
+    );
+    for bad in [
+        "cookie:",
+        "cookie:a b",
+        "cookie:a;b",
+        "cookie:a=b",
+        "cookie:\u{e9}",
+    ] {
+        refused(
+            &format!(
+                r#"{{"rules": [{{"name": "r", "key": [{bad:?}], "limits": [{{"requests": 5, "per": "minute"}}]}}]}}"#
+            ),
+            "rules[0].key[0]",
+        );
+    }
+    // The longest penalty and a status of each class are taken.
+    for extra in [
+        r#""penalty": "366d","#,
+        r#""penalty": 1,"#,
+        r#""count_when": {"statuses": [100, 599, 401, 401]},"#,
+    ] {
+        sluice_core::parse(rule(extra).as_bytes()).unwrap_or_else(|e| panic!("{extra}: {e}"));
+    }
+}
