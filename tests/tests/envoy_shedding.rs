@@ -1093,7 +1093,10 @@ fn per_key_concurrency_is_bounded_and_every_end_gives_the_slot_back() {
             last = Some(reply);
             free
         });
-        assert!(free, "after {what}, alice's slots did not all come back: {last:?}");
+        assert!(
+            free,
+            "after {what}, alice's slots did not all come back: {last:?}"
+        );
     };
     all_free("nothing");
 
@@ -1106,7 +1109,11 @@ fn per_key_concurrency_is_bounded_and_every_end_gives_the_slot_back() {
     assert_eq!(denied.status, 429, "{denied:?}");
     assert_eq!(retry_after(&denied), 1, "{denied:?}");
     assert_eq!(denied.header("x-ratelimit-limit"), Some("3"), "{denied:?}");
-    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"), "{denied:?}");
+    assert_eq!(
+        denied.header("x-ratelimit-remaining"),
+        Some("0"),
+        "{denied:?}"
+    );
     assert_eq!(
         denied.header("ratelimit-policy"),
         Some("\"inflight\";q=3;qu=\"concurrent-requests\""),

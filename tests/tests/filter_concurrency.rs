@@ -125,7 +125,10 @@ fn every_kind_of_end_gives_the_slot_back() {
         e.finish().unwrap();
     }
     let again: Vec<Exchange> = (0..3).map(|i| send(&proxy, i, "alice")).collect();
-    assert!(again.iter().all(|e| status(e) == 200), "all three slots back");
+    assert!(
+        again.iter().all(|e| status(e) == 200),
+        "all three slots back"
+    );
 }
 
 /// A request another rule answers locally gives its slot back with its reply.

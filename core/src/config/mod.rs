@@ -248,7 +248,8 @@ pub(crate) struct RawMatch {
 #[cfg_attr(
     feature = "schema",
     derive(schemars::JsonSchema),
-    schemars(rename = "Limit")
+    schemars(rename = "Limit"),
+    schemars(extend("anyOf" = [{"required": ["requests", "per"]}, {"required": ["concurrent"]}]))
 )]
 struct RawLimit {
     /// How many requests per period (leaky_bucket: how many leave per period). Required, unless the limit is concurrent.
