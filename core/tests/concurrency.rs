@@ -311,7 +311,7 @@ fn interleaved_starts_and_ends_never_exceed_the_slots() {
         x ^= x >> 7;
         x ^= x << 17;
         let now = T0 + i;
-        if x % 3 != 0 || open.is_empty() {
+        if !x.is_multiple_of(3) || open.is_empty() {
             let (exchange, step) = start(&limiter, &mut store, "alice", now);
             match step {
                 Step::Continue => {

@@ -35,7 +35,10 @@ pub struct LimitView<'a> {
 impl LimitView<'_> {
     /// A concurrency limit's places ([`crate::limit::concurrency`]).
     fn slots<'s>(&'s mut self, limit: &Limit) -> Option<Slots<'s>> {
-        (limit.algorithm() == Algorithm::Concurrency).then(|| Slots {
+        if limit.algorithm() != Algorithm::Concurrency {
+            return None;
+        }
+        Some(Slots {
             places: &mut *self.ring,
         })
     }
