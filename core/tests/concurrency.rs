@@ -330,3 +330,55 @@ fn interleaved_starts_and_ends_never_exceed_the_slots() {
     }
     assert!(admitted_total > 100, "{admitted_total}");
 }
+
+/// A live limit override (an operator through the counter service's admin API) may set a local
+/// rule's concurrency as the configuration does, and is refused, naming the field, where the
+/// configuration would refuse it: a cached rule, a rate mixed in, a hostile figure.
+#[test]
+fn a_live_override_of_concurrency_is_checked_as_the_configuration() {
+    use serde_json::json;
+    use sluice_core::overrides::check_limits;
+    let policy = sluice_core::parse(
+        br#"{"service": {"cluster": "s"}, "rules": [
+          {"name": "inflight", "key": ["client_ip"], "consistency": "local", "limits": [{"concurrent": 5}]},
+          {"name": "shared", "key": ["client_ip"], "limits": [{"requests": 5, "per": "second"}]}]}"#,
+    )
+    .unwrap();
+    let rules = check_limits(
+        &policy,
+        "inflight",
+        &[json!({"concurrent": 20, "max_hold": "1m"})],
+        "target",
+        "limits",
+    )
+    .unwrap();
+    assert_eq!(rules[0].1.limits[0].requests(), 20);
+    for (target, limits, field) in [
+        (
+            "shared",
+            vec![json!({"concurrent": 5})],
+            "limits[0].concurrent",
+        ),
+        (
+            "inflight",
+            vec![json!({"concurrent": 0})],
+            "limits[0].concurrent",
+        ),
+        (
+            "inflight",
+            vec![json!({"concurrent": 5, "max_hold": "1000d"})],
+            "limits[0].max_hold",
+        ),
+        (
+            "inflight",
+            vec![
+                json!({"concurrent": 5}),
+                json!({"requests": 1, "per": "second"}),
+            ],
+            "limits[1].algorithm",
+        ),
+    ] {
+        let error = check_limits(&policy, target, &limits, "target", "limits").unwrap_err();
+        assert_eq!(error.field, field, "{target} {limits:?}: {error}");
+    }
+}
