@@ -1098,13 +1098,36 @@ fn per_key_concurrency_is_bounded_and_every_end_gives_the_slot_back() {
             "after {what}, alice's slots did not all come back: {last:?}"
         );
     };
+    // Admissions of the rule, as Envoy's stats have them once every worker's tick flushed them (at most a
+    // second after): read twice over a tick, until they agree. Waiting on them, not on probes, keeps a probe
+    // from taking a slot the requests being held need.
+    let admitted = || {
+        let mut last = envoy.stat("wasmcustom.sluice.rule.inflight.allowed");
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(1_100));
+            let now = envoy.stat("wasmcustom.sluice.rule.inflight.allowed");
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    };
+    let filled = |before: u64, what: &str| {
+        let all = eventually(Duration::from_secs(5), || {
+            envoy.stat("wasmcustom.sluice.rule.inflight.allowed") >= before + 3
+        });
+        assert!(
+            all,
+            "{what} were not all admitted; {:?}",
+            envoy.sluice_stats()
+        );
+    };
     all_free("nothing");
 
-    let held = hold(&envoy, 3, "/api/slow", &[alice, (DELAY, "1500")]);
-    let full = eventually(Duration::from_secs(3), || {
-        send(&envoy, "/api/x", &[alice]).0.status == 429
-    });
-    assert!(full, "three held requests did not fill alice's slots");
+    let before = admitted();
+    let held = hold(&envoy, 3, "/api/slow", &[alice, (DELAY, "2500")]);
+    filled(before, "the three held requests");
     let (denied, took) = send(&envoy, "/api/x", &[alice]);
     assert_eq!(denied.status, 429, "{denied:?}");
     assert_eq!(retry_after(&denied), 1, "{denied:?}");
@@ -1145,13 +1168,16 @@ fn per_key_concurrency_is_bounded_and_every_end_gives_the_slot_back() {
 
     // Clients that give up: their slots come back when Envoy resets their streams, not when the upstream would
     // have answered.
+    let before = admitted();
     let dangling: Vec<Dangling> = (0..3)
-        .map(|_| dangle(&envoy, "/api/gone", &[alice, (DELAY, "5000")]))
+        .map(|_| dangle(&envoy, "/api/gone", &[alice, (DELAY, "8000")]))
         .collect();
-    let full = eventually(Duration::from_secs(3), || {
-        send(&envoy, "/api/x", &[alice]).0.status == 429
-    });
-    assert!(full, "the dangling requests did not hold alice's slots");
+    filled(before, "the dangling requests");
+    let (full, _) = send(&envoy, "/api/x", &[alice]);
+    assert_eq!(
+        full.status, 429,
+        "the dangling requests hold alice's slots: {full:?}"
+    );
     for d in dangling {
         d.close();
     }
