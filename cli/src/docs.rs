@@ -133,6 +133,19 @@ pub fn markdown(loaded: &Loaded) -> String {
                 .to_string(),
         );
     }
+    let in_flight = policy.rules.iter().any(|r| {
+        r.limits
+            .iter()
+            .any(|l| l.algorithm() == sluice_core::Algorithm::Concurrency)
+    });
+    if in_flight {
+        notes.push(
+            "A limit of requests in flight counts a request from when it is admitted until its \
+             response ends (or the client goes away): a request over it is answered \
+             `429 Too Many Requests` with `Retry-After: 1`, since when another ends is not known."
+                .to_string(),
+        );
+    }
     if policy.rules.iter().any(|r| r.mode == Mode::Warn) {
         notes.push(format!(
             "A limit in warning does not refuse requests yet: a response over it carries `{WARN_HEADER}` with the rule's name."

@@ -165,7 +165,11 @@ pub struct TierReport {
 #[derive(Debug, Serialize)]
 pub struct LimitReport {
     pub requests: u64,
+    /// The period; `in flight` for a concurrent limit (whose `requests` are at once).
     pub per: String,
+    /// A concurrent limit's `max_hold`: the longest a slot is held when its release is lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_hold: Option<String>,
     pub burst: u64,
     pub algorithm: &'static str,
     pub text: String,
@@ -305,7 +309,12 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
             .iter()
             .map(|l| LimitReport {
                 requests: l.requests(),
-                per: l.period().to_string(),
+                per: match l.algorithm() {
+                    sluice_core::Algorithm::Concurrency => "in flight".to_string(),
+                    _ => l.period().to_string(),
+                },
+                max_hold: (l.algorithm() == sluice_core::Algorithm::Concurrency)
+                    .then(|| l.period().to_string()),
                 burst: l.burst(),
                 algorithm: l.algorithm().name(),
                 text: text::limit(l),

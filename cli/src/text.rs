@@ -36,6 +36,13 @@ pub fn key(key: &str) -> String {
 
 /// `100 per minute, burst 20, token_bucket`.
 pub fn limit(l: &Limit) -> String {
+    if l.algorithm() == Algorithm::Concurrency {
+        return format!(
+            "{} in flight at once, max_hold {}, concurrency",
+            l.requests(),
+            l.period()
+        );
+    }
     let base = format!("{} per {}", l.requests(), l.period());
     match l.algorithm() {
         Algorithm::TokenBucket | Algorithm::Gcra => {
@@ -108,6 +115,7 @@ pub fn period_for_consumers(period: sluice_core::limit::Period) -> String {
 /// A limit for an API's consumers: `100 per minute, bursts of up to 20`.
 pub fn limit_for_consumers(l: &Limit) -> String {
     use sluice_core::limit::Period;
+
     let period = period_for_consumers(l.period());
     let base = format!("{} per {period}", number(l.requests()));
     match l.algorithm() {
@@ -141,6 +149,17 @@ pub fn limit_for_consumers(l: &Limit) -> String {
                 p => format!("{p} window"),
             }
         ),
+        Algorithm::Concurrency => {
+            let noun = if l.requests() == 1 {
+                "request"
+            } else {
+                "requests"
+            };
+            format!(
+                "{} {noun} in flight at once (a further one is answered 429, Retry-After: 1)",
+                number(l.requests())
+            )
+        }
         Algorithm::LeakyBucket => {
             let s = l.shaping();
             if s.queue == 0 {

@@ -539,6 +539,51 @@ fn login_fields_are_checked_explained_and_documented() {
     );
 }
 
+#[test]
+fn concurrent_limits_are_checked_explained_and_documented() {
+    let config = br#"{"rules": [
+      {"name": "inflight", "key": ["header:x-api-key"], "limits": [{"concurrent": 10, "max_hold": "5m"}]}]}"#;
+    let output = sluice(&["check", "-"], config);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let output = sluice(
+        &["explain", "--path", "/", "-H", "x-api-key: k1", "-"],
+        config,
+    );
+    let text = stdout(&output);
+    let line = "   limits:      10 in flight at once, max_hold 5m, concurrency";
+    assert!(
+        text.lines().any(|l| l == line),
+        "missing {line:?} in\n{text}"
+    );
+    let output = sluice(&["explain", "--json", "--path", "/", "-"], config);
+    let json: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let limit = &json["rules"][0]["limits"][0];
+    assert_eq!(limit["requests"], 10, "{json}");
+    assert_eq!(limit["per"], "in flight", "{json}");
+    assert_eq!(limit["max_hold"], "5m", "{json}");
+    let text = stdout(&sluice(&["docs", "-"], config));
+    assert!(
+        text.contains(
+            "| 10 requests in flight at once (a further one is answered 429, Retry-After: 1) |"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("A limit of requests in flight counts a request"),
+        "{text}"
+    );
+    // Refused as the filter refuses it, the field named.
+    let cached = br#"{"service": {"cluster": "c"}, "rules": [
+      {"name": "inflight", "key": ["client_ip"], "consistency": "cached", "limits": [{"concurrent": 10}]}]}"#;
+    let output = sluice(&["check", "-"], cached);
+    assert_ne!(output.status.code(), Some(0));
+    assert!(
+        stderr(&output).contains("rules[0].consistency"),
+        "{}",
+        stderr(&output)
+    );
+}
+
 const REGENERATE: &str = "cargo run -p sluice-cli -- schema > schema/sluice.schema.json";
 
 #[test]
@@ -625,7 +670,12 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
     );
     assert_eq!(rule["required"], serde_json::json!(["name", "key"]));
     let limit = &schema["definitions"]["Limit"];
-    assert_eq!(limit["required"], serde_json::json!(["requests", "per"]));
+    assert_eq!(limit["required"], Value::Null);
+    assert_eq!(
+        limit["anyOf"],
+        serde_json::json!([{"required": ["requests", "per"]}, {"required": ["concurrent"]}]),
+        "a rate, or requests in flight"
+    );
     assert_eq!(
         schema["definitions"]["Match"]["properties"]["methods"]["default"],
         serde_json::json!([])
@@ -695,11 +745,34 @@ fn every_value_the_schema_lists_is_accepted_by_the_filter() {
         ));
     }
     let algorithms = values("/definitions/Limit/properties/algorithm");
-    assert_eq!(algorithms.len(), 6);
+    assert_eq!(algorithms.len(), 7);
     for algorithm in &algorithms {
+        let limit = match algorithm.as_str() {
+            "concurrency" => r#"{"concurrent": 5, "algorithm": "concurrency"}"#.to_string(),
+            _ => format!(r#"{{"requests": 5, "per": "minute", "algorithm": "{algorithm}"}}"#),
+        };
         accepts(format!(
-            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"requests": 5, "per": "minute", "algorithm": "{algorithm}"}}]}}]}}"#
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{limit}]}}]}}"#
         ));
+    }
+    for max_hold in values("/definitions/Limit/properties/max_hold/oneOf/0") {
+        accepts(format!(
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"concurrent": 5, "max_hold": "{max_hold}"}}]}}]}}"#
+        ));
+    }
+    let max_hold = &schema["definitions"]["Limit"]["properties"]["max_hold"]["oneOf"];
+    assert_eq!(max_hold[1]["pattern"], "^[0-9]+[smhd]$");
+    let most = max_hold[2]["maximum"].as_u64().unwrap();
+    for (held, ok) in [
+        ("1", true),
+        (&most.to_string(), true),
+        ("0", false),
+        (&(most + 1).to_string(), false),
+    ] {
+        let config = format!(
+            r#"{{"rules": [{{"name": "a", "key": ["const:all"], "limits": [{{"concurrent": 5, "max_hold": {held}}}]}}]}}"#
+        );
+        assert_eq!(sluice_core::parse(config.as_bytes()).is_ok(), ok, "{held}");
     }
     for per in values("/definitions/Limit/properties/per/oneOf/0") {
         accepts(format!(

@@ -863,10 +863,15 @@ impl Exchange {
         }
     }
 
-    /// The stream ended, however it ended (response, reset, timeout, local reply): the slot
-    /// goes back and the latency becomes a sample. Runs once; later calls do nothing.
+    /// The stream ended, however it ended (response, reset, timeout, local reply): the
+    /// concurrency slots it took and its bulkhead slot go back, and the latency becomes a
+    /// sample. Runs once; later calls do nothing.
     pub fn finish(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Vec<Effect> {
         let mut effects = Vec::new();
+        if !self.spent.is_empty() {
+            limiter.release(&self.spent, store);
+            self.spent.clear();
+        }
         let Some((seat, since_us)) = self.seat.take() else {
             return effects;
         };

@@ -152,6 +152,17 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
                 .into(),
         );
     }
+    let in_flight = policy.rules.iter().any(|r| {
+        r.limits
+            .iter()
+            .any(|l| l.algorithm() == sluice_core::limit::Algorithm::Concurrency)
+    });
+    if in_flight {
+        notes.push(
+            "requests in flight (concurrent limits) are held for the trace's duration column, in seconds; a request without one ends at once and holds no slot"
+                .into(),
+        );
+    }
     if policy.rules.iter().any(|r| r.cost_header.is_some()) {
         notes.push("costs reported by responses (cost_header) are not simulated".into());
     }

@@ -66,9 +66,26 @@ pub fn simulate_policy(mut policy: Policy, arrivals: &[Arrival]) -> Report {
     };
     let mut requests = Vec::with_capacity(arrivals.len());
 
-    for arrival in arrivals {
+    // Requests in flight, by when their response ends: each gives back what it holds (a
+    // concurrent limit's slot) then, as the filter's stream end does.
+    let mut in_flight: std::collections::BinaryHeap<InFlight> = Default::default();
+    for (order, arrival) in arrivals.iter().enumerate() {
         let now_us = EPOCH_US + arrival.at_us;
-        let answer = play(&limiter, &mut store, arrival, now_us);
+        while in_flight.peek().is_some_and(|f| f.ends_us <= now_us) {
+            if let Some(mut ended) = in_flight.pop() {
+                ended.exchange.finish(&limiter, &mut store);
+            }
+        }
+        let (answer, mut exchange) = play(&limiter, &mut store, arrival, now_us);
+        if arrival.duration_us > 0 && matches!(answer.decision, "admitted" | "delayed") {
+            in_flight.push(InFlight {
+                ends_us: now_us.saturating_add(arrival.duration_us),
+                order,
+                exchange,
+            });
+        } else {
+            exchange.finish(&limiter, &mut store);
+        }
         let b = ((arrival.at_us as f64 / 1e6 / bucket_s) as usize).min(buckets - 1);
         totals.offered += 1;
         series.offered[b] += 1;
@@ -119,9 +136,43 @@ pub fn simulate_policy(mut policy: Policy, arrivals: &[Arrival]) -> Report {
     }
 }
 
+/// An admitted request whose response has not ended yet: the soonest to end first (then the
+/// first to arrive).
+struct InFlight {
+    ends_us: u64,
+    order: usize,
+    exchange: Exchange,
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, other: &Self) -> bool {
+        (self.ends_us, self.order) == (other.ends_us, other.order)
+    }
+}
+
+impl Eq for InFlight {}
+
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for InFlight {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Reversed: the heap pops the soonest end.
+        (other.ends_us, other.order).cmp(&(self.ends_us, self.order))
+    }
+}
+
 /// One request through the exchange, as the filter would: its answer, its headers, and each
-/// rule's key and limits just after.
-fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u64) -> Answer {
+/// rule's key and limits just after; and the exchange, whose stream ends when the caller says.
+fn play(
+    limiter: &Limiter,
+    store: &mut MemoryStore,
+    arrival: &Arrival,
+    now_us: u64,
+) -> (Answer, Exchange) {
     let mut request = arrival.request();
     let moment = Moment::at(now_us);
     let (mut exchange, mut step, effects) = Exchange::start(
@@ -222,7 +273,7 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
             }
         })
         .collect();
-    Answer {
+    let answer = Answer {
         t: arrival.at_us as f64 / 1e6,
         line: arrival.line,
         client: arrival.client.clone(),
@@ -236,7 +287,8 @@ fn play(limiter: &Limiter, store: &mut MemoryStore, arrival: &Arrival, now_us: u
         headers,
         body,
         outcomes,
-    }
+    };
+    (answer, exchange)
 }
 
 /// Headers with owned names, as a local reply's come.

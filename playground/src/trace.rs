@@ -1,10 +1,11 @@
 //! A trace: the requests to play, one CSV line each.
 //!
 //! ```text
-//! # seconds,client,path,method,extras
+//! # seconds,client,path,method,extras,duration
 //! 0.000,alice,/api/items
 //! 0.250,10.0.0.7,/api/items,POST
 //! 1.5,bob,/api/export,GET,x-tier=pro;jwt:plan=pro
+//! 2.0,bob,/api/report,GET,,30
 //! ```
 //!
 //! `seconds` is the arrival after the start of the trace; `client` is who sends it: its address
@@ -13,8 +14,10 @@
 //! `header:x-api-key` or `jwt:sub` see one key per client. `path` defaults to `/`, `method` to
 //! `GET`. `extras` are `name=value` pairs separated by `;`: a request header, or a verified JWT
 //! claim when the name starts with `jwt:`, or `status=NNN`: the status the upstream answers it
-//! (default 200), which rules that count by the answer (`count_when`) read. Blank lines, `#` comments and a first line of
-//! column names are skipped; lines are played in time order.
+//! (default 200), which rules that count by the answer (`count_when`) read. `duration` is how
+//! long, in seconds, an admitted request stays in flight (its response ends then): what a
+//! concurrent limit counts; 0 (the default) ends it at once. Blank lines, `#` comments and a
+//! first line of column names are skipped; lines are played in time order.
 
 use std::net::IpAddr;
 
@@ -40,6 +43,9 @@ pub struct Arrival {
     pub claims: Vec<(String, String)>,
     /// The status the upstream answers it (`status=NNN`), if the trace says.
     pub status: Option<u32>,
+    /// Microseconds it stays in flight once admitted (the trace's `duration`; 0: it ends at
+    /// once).
+    pub duration_us: u64,
     /// Its line in the CSV (1-based), for messages.
     pub line: usize,
 }
@@ -107,9 +113,9 @@ pub fn parse_trace(csv: &str) -> Result<Vec<Arrival>, String> {
                 "line {line}: seconds: expected 0 to {MAX_SECONDS} (31 days), got {seconds}"
             ));
         }
-        if fields.len() > 5 {
+        if fields.len() > 6 {
             return Err(format!(
-                "line {line}: expected at most 5 columns (seconds,client,path,method,extras), got {}",
+                "line {line}: expected at most 6 columns (seconds,client,path,method,extras,duration), got {}",
                 fields.len()
             ));
         }
@@ -156,6 +162,15 @@ pub fn parse_trace(csv: &str) -> Result<Vec<Arrival>, String> {
                 None => headers.push((name.to_ascii_lowercase(), value.to_string())),
             }
         }
+        let duration = field(5, "0");
+        let duration_s = match duration.parse::<f64>() {
+            Ok(d) if (0.0..=MAX_SECONDS).contains(&d) => d,
+            _ => {
+                return Err(format!(
+                    "line {line}: duration: expected 0 to {MAX_SECONDS} seconds, got \"{duration}\""
+                ))
+            }
+        };
         if arrivals.len() == MAX_REQUESTS {
             return Err(format!(
                 "line {line}: at most {MAX_REQUESTS} requests in a trace"
@@ -169,6 +184,7 @@ pub fn parse_trace(csv: &str) -> Result<Vec<Arrival>, String> {
             headers,
             claims,
             status,
+            duration_us: (duration_s * 1e6).round() as u64,
             line,
         });
     }

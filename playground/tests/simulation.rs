@@ -254,3 +254,65 @@ fn penalties_are_played_and_count_when_reads_the_traces_statuses() {
         );
     }
 }
+
+/// Per-key concurrency in the playground: an admitted request holds its slot for the trace's
+/// `duration` column, and its slot is free again when that ends; a request without a duration
+/// holds none; the notes say how in-flight requests are simulated; a bad duration is named.
+#[test]
+fn concurrent_limits_hold_slots_for_the_traces_durations() {
+    let config = r#"{"headers": "both", "rules": [{"name": "inflight", "key": ["client_ip"],
+        "limits": [{"concurrent": 2}]}]}"#;
+    let trace = "seconds,client,path,method,extras,duration\n\
+        0,a,/,GET,,10\n\
+        1,a,/,GET,,5\n\
+        2,a\n\
+        3,b,/,GET,,1\n\
+        5.999,a,/,GET,,1\n\
+        6,a,/,GET,,1\n\
+        6.5,a\n\
+        7,a\n\
+        7,a\n";
+    let r = report(config, trace);
+    assert_eq!(r["ok"], true, "{r}");
+    let decisions: Vec<&str> = r["requests"]
+        .as_array()
+        .expect("requests")
+        .iter()
+        .map(|q| q["decision"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            "admitted", // a holds 1 until 10 s
+            "admitted", // a holds 2 until 6 s
+            "denied",   // a is full
+            "admitted", // b has its own
+            "denied",   // 5.999: still full
+            "admitted", // 6: the 5 s one ended; holds 2 until 7 s
+            "denied",   // 6.5: full again
+            "admitted", // 7: the 1 s one ended, and this one ends at once
+            "admitted", // ... so does this one
+        ],
+        "{r}"
+    );
+    let denied = &r["requests"][2];
+    assert_eq!(denied["retry_after"], 1, "{denied}");
+    assert_eq!(denied["rule"], "inflight");
+    assert!(
+        r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("duration column")),
+        "{r}"
+    );
+    for bad in ["-1", "soon", "99999999999"] {
+        let r = report(config, &format!("0,a,/,GET,,{bad}\n"));
+        assert_eq!(r["ok"], false, "{bad}: {r}");
+        let message = r["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("trace: line 1: duration: expected 0 to"),
+            "{message}"
+        );
+    }
+}

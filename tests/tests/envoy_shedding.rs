@@ -1063,3 +1063,134 @@ fn a_lying_token_holder_does_not_shed_the_fleet() {
     }
     held_b.all_ok();
 }
+
+/// Per-key concurrency (a rule's `{"concurrent": N}` limit, not shedding) in real Envoy, two workers: a key's
+/// requests in flight are bounded, the next is 429 with `Retry-After: 1` and headers that say what is limited, and
+/// every way a stream ends gives its slot back: a response, the upstream's error, Envoy's route timeout (504), a
+/// client that gives up, a local reply by another rule.
+#[test]
+fn per_key_concurrency_is_bounded_and_every_end_gives_the_slot_back() {
+    let _machine = machine();
+    let envoy = start_with(
+        json!({
+            "headers": "both",
+            "rules": [
+                {"name": "inflight", "key": ["header:x-user"],
+                 "limits": [{"concurrent": 3, "max_hold": "10m"}]},
+                {"name": "hourly", "match": {"path_prefix": "/limited/"}, "key": ["header:x-user"],
+                 "limits": [{"requests": 1, "per": "hour"}]},
+            ],
+        }),
+        1,
+    );
+    let alice = ("x-user", "alice");
+    // The key's slots are all free again: a quick request of alice's is told it leaves two (its own is the third).
+    let all_free = |what: &str| {
+        let mut last = None;
+        let free = eventually(Duration::from_secs(3), || {
+            let (reply, _) = send(&envoy, "/api/x", &[alice]);
+            let free = reply.status == 200 && reply.header("x-ratelimit-remaining") == Some("2");
+            last = Some(reply);
+            free
+        });
+        assert!(
+            free,
+            "after {what}, alice's slots did not all come back: {last:?}"
+        );
+    };
+    // Admissions of the rule, as Envoy's stats have them once every worker's tick flushed them (at most a
+    // second after): read twice over a tick, until they agree. Waiting on them, not on probes, keeps a probe
+    // from taking a slot the requests being held need.
+    let admitted = || {
+        let mut last = envoy.stat("wasmcustom.sluice.rule.inflight.allowed");
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(1_100));
+            let now = envoy.stat("wasmcustom.sluice.rule.inflight.allowed");
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    };
+    let filled = |before: u64, what: &str| {
+        let all = eventually(Duration::from_secs(5), || {
+            envoy.stat("wasmcustom.sluice.rule.inflight.allowed") >= before + 3
+        });
+        assert!(
+            all,
+            "{what} were not all admitted; {:?}",
+            envoy.sluice_stats()
+        );
+    };
+    all_free("nothing");
+
+    let before = admitted();
+    let held = hold(&envoy, 3, "/api/slow", &[alice, (DELAY, "2500")]);
+    filled(before, "the three held requests");
+    let (denied, took) = send(&envoy, "/api/x", &[alice]);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(retry_after(&denied), 1, "{denied:?}");
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("3"), "{denied:?}");
+    assert_eq!(
+        denied.header("x-ratelimit-remaining"),
+        Some("0"),
+        "{denied:?}"
+    );
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some("\"inflight\";q=3;qu=\"concurrent-requests\""),
+        "{denied:?}"
+    );
+    let body = denied.json().unwrap();
+    assert_eq!(body["rule"], "inflight", "{body}");
+    assert!(
+        took < Duration::from_millis(300),
+        "answered at once: {took:?}"
+    );
+    let (bob, _) = send(&envoy, "/api/x", &[("x-user", "bob")]);
+    assert_eq!(bob.status, 200, "another key has its own slots: {bob:?}");
+    held.all_ok();
+    all_free("three responses");
+
+    // The upstream's own errors.
+    for status in ["503", "500", "503", "500"] {
+        let (reply, _) = send(&envoy, "/api/x", &[alice, (ABORT, status)]);
+        assert_eq!(reply.status.to_string(), status, "{reply:?}");
+    }
+    all_free("the upstream's errors");
+
+    // Envoy's route timeout (504), three at once.
+    for (reply, _) in hold(&envoy, 3, "/short/x", &[alice, (DELAY, "1000")]).finish() {
+        assert_eq!(reply.status, 504, "the route timeout: {reply:?}");
+    }
+    all_free("three route timeouts");
+
+    // Clients that give up: their slots come back when Envoy resets their streams, not when the upstream would
+    // have answered.
+    let before = admitted();
+    let dangling: Vec<Dangling> = (0..3)
+        .map(|_| dangle(&envoy, "/api/gone", &[alice, (DELAY, "8000")]))
+        .collect();
+    filled(before, "the dangling requests");
+    let (full, _) = send(&envoy, "/api/x", &[alice]);
+    assert_eq!(
+        full.status, 429,
+        "the dangling requests hold alice's slots: {full:?}"
+    );
+    for d in dangling {
+        d.close();
+    }
+    all_free("three clients that gave up");
+
+    // A local reply by another rule: each denial gives back the slot it took.
+    for i in 0..6 {
+        let (reply, _) = send(&envoy, "/limited/x", &[alice]);
+        let expected = if i == 0 { 200 } else { 429 };
+        assert_eq!(reply.status, expected, "request {i}: {reply:?}");
+        if i > 0 {
+            assert_eq!(reply.json().unwrap()["rule"], "hourly", "{reply:?}");
+        }
+    }
+    all_free("five denials by another rule");
+}

@@ -272,22 +272,33 @@ pub(crate) struct RawMatch {
 #[cfg_attr(
     feature = "schema",
     derive(schemars::JsonSchema),
-    schemars(rename = "Limit")
+    schemars(rename = "Limit"),
+    schemars(extend("anyOf" = [{"required": ["requests", "per"]}, {"required": ["concurrent"]}]))
 )]
 struct RawLimit {
-    /// How many requests per period (leaky_bucket: how many leave per period).
-    requests: u64,
+    /// How many requests per period (leaky_bucket: how many leave per period). Required, unless the limit is concurrent.
+    #[serde(default)]
+    requests: Option<u64>,
     /// The period: second, minute, hour, day (week and month with fixed_window only), a
     /// duration ("15m": a whole number and one unit of s, m, h, d) or a number of seconds (900),
-    /// from 1 second to 366 days. A duration's windows are aligned to the Unix epoch.
+    /// from 1 second to 366 days. A duration's windows are aligned to the Unix epoch. Required,
+    /// unless the limit is concurrent.
+    #[serde(default, deserialize_with = "present")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "period_schema"))]
-    per: serde_json::Value,
+    per: Option<serde_json::Value>,
+    /// Per-key concurrency instead of a rate: at most this many requests of a key in flight at once across the proxy's workers (1 to 1000), each holding its slot until its stream ends. Local consistency only; no requests, per or burst.
+    #[serde(default)]
+    concurrent: Option<u64>,
+    /// Concurrent limits: the longest a slot is held when its release is lost (a worker crashed): a duration ("10m") or a number of seconds, 1 s to 1 day (default 10 minutes). Set it above the longest request.
+    #[serde(default, deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "max_hold_schema"))]
+    max_hold: Option<serde_json::Value>,
     /// Token bucket and GCRA: how many may come at once (default requests).
     #[serde(default)]
     burst: Option<u64>,
     /// How the limit counts (default token_bucket).
     #[serde(default)]
-    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log", "leaky_bucket", null])))]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log", "leaky_bucket", "concurrency", null])))]
     algorithm: Option<String>,
     /// Leaky bucket: requests of a burst that pass at once.
     #[serde(default)]
@@ -1127,7 +1138,41 @@ pub fn check_rule(
             ));
         }
     }
+    // Slots are counted in one proxy's shared memory and given back at the stream's end.
+    if let Some(k) = position(limits, Algorithm::Concurrency) {
+        if consistency != Consistency::Local {
+            return Err(err(
+                at.rule_field("consistency", k, "concurrent"),
+                "a concurrent limit counts the requests in flight in one proxy (across its workers): local consistency only",
+            ));
+        }
+        if limits.len() > 1 {
+            return Err(err(
+                limit_field(at.limits(), 1, ""),
+                "a concurrent limit is its rule's only limit; limit the rate in another rule with the same key",
+            ));
+        }
+        if rule.cost != 1 {
+            return Err(err(
+                at.rule_field("cost", k, "concurrent"),
+                "a request in flight holds one slot: a concurrent rule's cost is 1",
+            ));
+        }
+        if rule.cost_header.is_some() {
+            return Err(err(
+                at.rule_field("cost_header", k, "concurrent"),
+                "a concurrent limit counts requests in flight: it has no cost to charge after the fact",
+            ));
+        }
+    }
     if let Fallback::Open(fallback) = &rule.fallback {
+        if consistency != Consistency::Local && position(fallback, Algorithm::Concurrency).is_some()
+        {
+            return Err(err(
+                at.bucket_limits(false),
+                "a concurrent limit cannot stand in for a shared rate: use a rate limit",
+            ));
+        }
         if consistency != Consistency::Local && position(fallback, Algorithm::LeakyBucket).is_some()
         {
             return Err(err(
@@ -1189,10 +1234,17 @@ pub fn check_rule(
             .enumerate()
             .max_by_key(|(k, l)| (l.log_len(), std::cmp::Reverse(*k)))
             .map_or(0, |(k, _)| k);
+        let slots = buckets
+            .get(k)
+            .is_some_and(|l| l.algorithm() == Algorithm::Concurrency);
+        let (field, what) = match slots {
+            true => ("concurrent", "its slots keep"),
+            false => ("requests", "its sliding logs keep"),
+        };
         return Err(err(
-            limit_field(&at.bucket_limits(own), k, "requests"),
+            limit_field(&at.bucket_limits(own), k, field),
             format!(
-                "its sliding logs keep {log} timestamps per key: {} MiB for max_keys {max_keys}, more than the {} MiB a rule may take; lower requests or max_keys",
+                "{what} {log} timestamps per key: {} MiB for max_keys {max_keys}, more than the {} MiB a rule may take; lower {field} or max_keys",
                 bytes >> 20,
                 MAX_LOG_BYTES >> 20
             ),
@@ -1269,6 +1321,24 @@ fn limits(at: &str, raw: &[RawLimit]) -> Result<Vec<Limit>, ConfigError> {
 }
 
 fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
+    if l.concurrent.is_some() || l.algorithm.as_deref() == Some("concurrency") {
+        return concurrent(at, l);
+    }
+    if l.max_hold.is_some() {
+        return Err(err(
+            format!("{at}.max_hold"),
+            "max_hold bounds a concurrent limit's slots; this limit is a rate (add \"concurrent\" or remove max_hold)",
+        ));
+    }
+    let Some(requests) = l.requests else {
+        return Err(err(
+            format!("{at}.requests"),
+            "missing field `requests` (or `concurrent`, for a limit of requests in flight)",
+        ));
+    };
+    let Some(per) = &l.per else {
+        return Err(err(format!("{at}.per"), "missing field `per`"));
+    };
     let algorithm = match l.algorithm.as_deref() {
         None => Algorithm::TokenBucket,
         Some(name) => Algorithm::parse(name).ok_or_else(|| {
@@ -1278,7 +1348,7 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
             )
         })?,
     };
-    let period = period(&l.per).map_err(|problem| err(format!("{at}.per"), problem))?;
+    let period = period(per).map_err(|problem| err(format!("{at}.per"), problem))?;
     let shaping_fields = [
         ("delay", l.delay.is_some()),
         ("queue", l.queue.is_some()),
@@ -1318,7 +1388,7 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
             queue,
             max_delay_ms,
         };
-        return Limit::leaky(l.requests, period, shaping).map_err(|problem| {
+        return Limit::leaky(requests, period, shaping).map_err(|problem| {
             let field = if problem.starts_with("week") {
                 "per"
             } else {
@@ -1334,7 +1404,7 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
                 "sliding_log admits `requests` in any span of `per` and has no burst; burst is for token_bucket and gcra",
             ));
         }
-        return Limit::logged(l.requests, period).map_err(|problem| {
+        return Limit::logged(requests, period).map_err(|problem| {
             let field = if problem.starts_with("week") {
                 "per"
             } else {
@@ -1353,7 +1423,7 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
                 ),
             ));
         }
-        return Limit::windowed(l.requests, period, algorithm).map_err(|problem| {
+        return Limit::windowed(requests, period, algorithm).map_err(|problem| {
             let field = if problem.starts_with("week") {
                 "per"
             } else {
@@ -1362,7 +1432,7 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
             err(format!("{at}.{field}"), problem)
         });
     }
-    let limit = Limit::new(l.requests, period, l.burst).map_err(|problem| {
+    let limit = Limit::new(requests, period, l.burst).map_err(|problem| {
         let field = if problem.starts_with("burst") {
             "burst"
         } else if problem.starts_with("week") {
@@ -1375,6 +1445,69 @@ fn limit(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
     Ok(match algorithm {
         Algorithm::Gcra => limit.gcra(),
         _ => limit,
+    })
+}
+
+/// A field that is there, whatever its value (`null` too: refused by its own check, not taken
+/// for a field left out).
+fn present<'de, D>(deserializer: D) -> Result<Option<serde_json::Value>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    <serde_json::Value as Deserialize>::deserialize(deserializer).map(Some)
+}
+
+/// A concurrent limit (`{"concurrent": 10, "max_hold": "10m"}`): no rate's fields.
+fn concurrent(at: &str, l: &RawLimit) -> Result<Limit, ConfigError> {
+    let rate_fields = [
+        ("requests", l.requests.is_some()),
+        ("per", l.per.is_some()),
+        ("burst", l.burst.is_some()),
+        ("delay", l.delay.is_some()),
+        ("queue", l.queue.is_some()),
+        ("max_delay_ms", l.max_delay_ms.is_some()),
+    ];
+    if let Some((field, _)) = rate_fields.iter().find(|(_, set)| *set) {
+        return Err(err(
+            format!("{at}.{field}"),
+            format!("a concurrent limit counts requests in flight, not a rate: no {field} (write {{\"concurrent\": N}})"),
+        ));
+    }
+    if let Some(other) = l.algorithm.as_deref().filter(|a| *a != "concurrency") {
+        return Err(err(
+            format!("{at}.algorithm"),
+            format!("a concurrent limit's algorithm is concurrency (or left out), got {other:?}"),
+        ));
+    }
+    let Some(concurrent) = l.concurrent else {
+        return Err(err(
+            format!("{at}.concurrent"),
+            "the concurrency algorithm takes its limit from `concurrent` (requests in flight at once), not requests and per",
+        ));
+    };
+    let max_hold = match &l.max_hold {
+        None => Period::Every(crate::limit::concurrency::DEFAULT_MAX_HOLD_S as u32),
+        Some(value) => period(value).map_err(|problem| err(format!("{at}.max_hold"), problem))?,
+    };
+    Limit::concurrent(concurrent, max_hold).map_err(|problem| {
+        let field = if problem.starts_with("max_hold") {
+            "max_hold"
+        } else {
+            "concurrent"
+        };
+        err(format!("{at}.{field}"), problem)
+    })
+}
+
+/// The JSON Schema of `max_hold`: a duration or a number of seconds.
+#[cfg(feature = "schema")]
+fn max_hold_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "oneOf": [
+            {"type": "string", "enum": ["second", "minute", "hour", "day"]},
+            {"type": "string", "pattern": "^[0-9]+[smhd]$"},
+            {"type": "integer", "minimum": 1, "maximum": crate::limit::concurrency::MAX_MAX_HOLD_S}
+        ]
     })
 }
 

@@ -21,6 +21,7 @@
 //! `remaining`; in a later window of a longer limit's ghost, nothing until its window ends.
 
 use crate::limit::calendar;
+use crate::limit::concurrency::Slots;
 use crate::limit::sliding_log::{self, Log};
 use crate::limit::token_bucket::{LimitState, Verdict};
 use crate::limit::{Algorithm, Limit};
@@ -32,6 +33,25 @@ pub struct LimitView<'a> {
 }
 
 impl LimitView<'_> {
+    /// A concurrency limit's places ([`crate::limit::concurrency`]).
+    fn slots<'s>(&'s mut self, limit: &Limit) -> Option<Slots<'s>> {
+        if limit.algorithm() != Algorithm::Concurrency {
+            return None;
+        }
+        Some(Slots {
+            places: &mut *self.ring,
+        })
+    }
+
+    /// Gives back the slot of a request a concurrency limit admitted with `lapse_us`
+    /// ([`crate::limit::concurrency::lapse_us`]); other limits give back `cost`.
+    pub fn release(&mut self, limit: &Limit, cost: u64, lapse_us: u64) {
+        match self.slots(limit) {
+            Some(mut slots) => slots.release(lapse_us),
+            None => self.give_back(limit, cost),
+        }
+    }
+
     fn log(&mut self) -> Option<Log<'_>> {
         if self.ring.is_empty() {
             return None;
@@ -46,6 +66,9 @@ impl LimitView<'_> {
     /// back: a bucket then keeps the new time (see [`LimitState::refilled`]), so it refills from
     /// there even while it only denies.
     pub fn check(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
+        if let Some(mut slots) = self.slots(limit) {
+            return slots.step(limit, now_us, cost, false);
+        }
         match self.log() {
             Some(mut log) => log.step(limit, now_us, cost, false),
             None => {
@@ -65,6 +88,9 @@ impl LimitView<'_> {
 
     /// Admits `cost` if it may be, spending it.
     pub fn admit(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
+        if let Some(mut slots) = self.slots(limit) {
+            return slots.step(limit, now_us, cost, true);
+        }
         if let Some(mut log) = self.log() {
             return log.step(limit, now_us, cost, true);
         }
@@ -73,8 +99,12 @@ impl LimitView<'_> {
         verdict
     }
 
-    /// See [`LimitState::give_back`].
+    /// See [`LimitState::give_back`]. A concurrency limit gives back by the slot
+    /// ([`LimitView::release`]): nothing here.
     pub fn give_back(&mut self, limit: &Limit, cost: u64) {
+        if limit.algorithm() == Algorithm::Concurrency {
+            return;
+        }
         match self.log() {
             Some(mut log) => log.give_back(cost),
             None => *self.bucket = self.bucket.give_back(limit, cost),
@@ -83,6 +113,9 @@ impl LimitView<'_> {
 
     /// See [`LimitState::spend`].
     pub fn spend(&mut self, limit: &Limit, now_us: u64, cost: u64) {
+        if let Some(mut slots) = self.slots(limit) {
+            return slots.take(limit, now_us, cost);
+        }
         match self.log() {
             Some(mut log) => log.spend(limit, now_us, cost),
             None => *self.bucket = self.bucket.spend(limit, now_us, cost),
@@ -92,6 +125,10 @@ impl LimitView<'_> {
     /// Charges `cost` after the fact (a response's reported cost): spent whatever is left,
     /// into debt for the counting algorithms, so the next requests wait until it is repaid.
     pub fn charge(&mut self, limit: &Limit, now_us: u64, cost: u64) {
+        if let Some(mut slots) = self.slots(limit) {
+            // A concurrency rule charges nothing after the fact (refused by the configuration).
+            return slots.take(limit, now_us, 0);
+        }
         match self.log() {
             Some(mut log) => log.spend(limit, now_us, cost),
             None => *self.bucket = self.bucket.charge(limit, now_us, cost),
@@ -100,6 +137,9 @@ impl LimitView<'_> {
 
     /// See [`LimitState::ghost_us`].
     pub fn ghost_us(&mut self, limit: &Limit, now_us: u64) -> u64 {
+        if let Some(slots) = self.slots(limit) {
+            return slots.ghost_us(limit, now_us);
+        }
         match self.log() {
             Some(log) => log.ghost_us(now_us),
             None => self.bucket.ghost_us(limit, now_us),
@@ -108,6 +148,9 @@ impl LimitView<'_> {
 
     /// See [`LimitState::returning`].
     pub fn returning(&mut self, limit: &Limit, now_us: u64, ghost_us: u64) {
+        if let Some(mut slots) = self.slots(limit) {
+            return slots.returning(ghost_us);
+        }
         match self.log() {
             Some(mut log) => log.returning(ghost_us),
             None => *self.bucket = LimitState::returning(limit, now_us, ghost_us),
@@ -129,7 +172,7 @@ impl LimitState {
                 stamp_us: calendar::start_us(limit.period(), now_us),
             },
             Algorithm::SlidingWindow => Sliding::at(limit, now_us).pack(),
-            Algorithm::SlidingLog => sliding_log::fresh(),
+            Algorithm::SlidingLog | Algorithm::Concurrency => sliding_log::fresh(),
         }
     }
 
@@ -141,7 +184,7 @@ impl LimitState {
             Algorithm::LeakyBucket => leaky(self, limit, now_us, cost, false),
             Algorithm::FixedWindow => fixed(self, limit, now_us, cost, false),
             Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, false),
-            Algorithm::SlidingLog => (without_ring(limit), self),
+            Algorithm::SlidingLog | Algorithm::Concurrency => (without_ring(limit), self),
         }
     }
 
@@ -153,7 +196,7 @@ impl LimitState {
             Algorithm::LeakyBucket => leaky(self, limit, now_us, cost, true),
             Algorithm::FixedWindow => fixed(self, limit, now_us, cost, true),
             Algorithm::SlidingWindow => sliding(self, limit, now_us, cost, true),
-            Algorithm::SlidingLog => (without_ring(limit), self),
+            Algorithm::SlidingLog | Algorithm::Concurrency => (without_ring(limit), self),
         }
     }
 
@@ -174,7 +217,7 @@ impl LimitState {
                 s.current = (s.current - cost as f64).max(0.0);
                 s.pack()
             }
-            Algorithm::SlidingLog => self,
+            Algorithm::SlidingLog | Algorithm::Concurrency => self,
         }
     }
 
@@ -208,7 +251,7 @@ impl LimitState {
                 s.current = (s.current + cost_f).min(limit.requests() as f64);
                 s.pack()
             }
-            Algorithm::SlidingLog => self,
+            Algorithm::SlidingLog | Algorithm::Concurrency => self,
         }
     }
 
@@ -240,7 +283,7 @@ impl LimitState {
                 s.current += cost_f;
                 s.pack()
             }
-            Algorithm::SlidingLog => self,
+            Algorithm::SlidingLog | Algorithm::Concurrency => self,
         }
     }
 
@@ -262,7 +305,7 @@ impl LimitState {
                 }
                 calendar::end_us(limit.period(), now_us) - 1 - verdict.remaining
             }
-            Algorithm::SlidingLog => now_us,
+            Algorithm::SlidingLog | Algorithm::Concurrency => now_us,
         }
     }
 
@@ -302,7 +345,7 @@ impl LimitState {
                     }
                 }
             }
-            Algorithm::SlidingLog => fresh,
+            Algorithm::SlidingLog | Algorithm::Concurrency => fresh,
         }
     }
 }

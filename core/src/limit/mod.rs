@@ -2,6 +2,7 @@
 
 pub mod algorithm;
 pub mod calendar;
+pub mod concurrency;
 pub mod registry;
 pub mod sliding_log;
 pub mod table;
@@ -197,6 +198,9 @@ pub enum Algorithm {
     /// Exact: one timestamp per request admitted in the last `period`; admitted while fewer
     /// than `requests` are.
     SlidingLog,
+    /// Per-key concurrency: at most `requests` in flight at once, each slot held until its
+    /// stream ends or `period` (`max_hold`) has passed ([`crate::limit::concurrency`]).
+    Concurrency,
 }
 
 /// A leaky bucket's shaping: how many of a burst pass at once, how many wait, for how long.
@@ -209,7 +213,7 @@ pub struct Shaping {
 
 impl Algorithm {
     pub const NAMES: &'static str =
-        "token_bucket, gcra, fixed_window, sliding_window, sliding_log, leaky_bucket";
+        "token_bucket, gcra, fixed_window, sliding_window, sliding_log, leaky_bucket, concurrency";
 
     pub fn parse(name: &str) -> Option<Algorithm> {
         match name {
@@ -219,6 +223,7 @@ impl Algorithm {
             "sliding_window" => Some(Algorithm::SlidingWindow),
             "leaky_bucket" => Some(Algorithm::LeakyBucket),
             "sliding_log" => Some(Algorithm::SlidingLog),
+            "concurrency" => Some(Algorithm::Concurrency),
             _ => None,
         }
     }
@@ -231,6 +236,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::SlidingLog => "sliding_log",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -347,9 +353,36 @@ impl Limit {
         })
     }
 
-    /// Timestamps a key's record keeps for this limit (a sliding log's), else 0.
+    /// Per-key concurrency: at most `concurrent` requests in flight (at most [`MAX_LOG`], each
+    /// a place in every key's record), a slot held no longer than `max_hold` (a duration of at
+    /// most [`concurrency::MAX_MAX_HOLD_S`]). Its `requests` and `burst` are `concurrent`, its
+    /// period `max_hold`.
+    pub fn concurrent(concurrent: u64, max_hold: Period) -> Result<Limit, &'static str> {
+        if concurrent == 0 {
+            return Err("must be at least 1");
+        }
+        if concurrent > MAX_LOG {
+            return Err("a key's record keeps one place per slot: at most 1000");
+        }
+        if max_hold.calendar() || max_hold.seconds() > concurrency::MAX_MAX_HOLD_S {
+            return Err("max_hold must be a duration of at most a day (86400 seconds)");
+        }
+        Ok(Limit {
+            requests: concurrent,
+            period: max_hold,
+            burst: concurrent,
+            algorithm: Algorithm::Concurrency,
+            shaping: Shaping::default(),
+        })
+    }
+
+    /// Places a key's record keeps for this limit: a sliding log's timestamps, a concurrency
+    /// limit's slots; else 0.
     pub fn log_len(&self) -> usize {
-        if self.algorithm == Algorithm::SlidingLog {
+        if matches!(
+            self.algorithm,
+            Algorithm::SlidingLog | Algorithm::Concurrency
+        ) {
             self.requests as usize
         } else {
             0

@@ -97,6 +97,9 @@ pub struct Spent {
     pub(crate) fingerprint: u64,
     pub(crate) how: Spend,
     pub(crate) cost: u64,
+    /// A concurrency rule's slot: when it lapses, which names it for its release
+    /// ([`crate::limit::concurrency::lapse_us`]); 0 for other rules.
+    pub(crate) lapse_us: u64,
 }
 
 #[cfg(test)]

@@ -126,10 +126,13 @@ fn notable(policy: &Policy, index: usize) -> bool {
         && last
         && !strict
         && policy.shedding.is_none()
-        && !rule
-            .limits
-            .iter()
-            .any(|l| l.algorithm() == Algorithm::LeakyBucket)
+        && !rule.limits.iter().any(|l| {
+            // A release frees a concurrency slot at any time.
+            matches!(
+                l.algorithm(),
+                Algorithm::LeakyBucket | Algorithm::Concurrency
+            )
+        })
 }
 
 #[cfg_attr(test, derive(Debug, PartialEq))]
@@ -183,7 +186,14 @@ impl Tally {
         matches!(self.denial, Some(Decision::Unavailable { .. }))
     }
 
-    fn admit(&mut self, id: RuleId, rule: &Rule, key: &str, fingerprint: u64, v: &RuleVerdict) {
+    fn admit(
+        &mut self,
+        (id, rule): (RuleId, &Rule),
+        key: &str,
+        fingerprint: u64,
+        v: &RuleVerdict,
+        now_us: u64,
+    ) {
         self.delay_us = self.delay_us.max(v.delay_us);
         // A rule that counts by the answer spent nothing yet: nothing to give back.
         if rule.count_when.is_none() {
@@ -192,6 +202,7 @@ impl Tally {
                 fingerprint,
                 how: v.spend,
                 cost: rule.cost,
+                lapse_us: slot_lapse(rule, now_us),
             });
         }
         if rule.cost_header.is_some() || rule.count_when.is_some() {
@@ -548,7 +559,7 @@ impl Limiter {
         }
         tally.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
         if verdict.allowed {
-            tally.admit(id, rule, key, fingerprint, &verdict);
+            tally.admit((id, rule), key, fingerprint, &verdict, now);
         } else if verdict.unavailable && rule.mode == Mode::Enforce {
             tally.outcomes.push((id, Outcome::FailedClosed));
             tally.denial = Some(Decision::Unavailable {
@@ -830,6 +841,7 @@ impl Limiter {
             fingerprint,
             how: verdict.spend,
             cost: spec.cost,
+            lapse_us: 0,
         };
         let answer = RuleAnswer {
             allowed: verdict.allowed,
@@ -918,21 +930,30 @@ impl Limiter {
         .unwrap_or(false)
     }
 
-    /// Gives back the tokens a request spent (it was denied after they were spent).
+    /// Gives back the tokens a request spent (it was denied after they were spent), and the
+    /// slots it took.
     pub fn refund(&self, spent: &[Spent], store: &mut dyn Store) {
         for s in spent {
-            self.refund_one(s.rule, s.fingerprint, s.how, s.cost, store);
+            self.refund_one(s, store);
         }
     }
 
-    fn refund_one(
-        &self,
-        index: RuleId,
-        fingerprint: u64,
-        how: Spend,
-        cost: u64,
-        store: &mut dyn Store,
-    ) {
+    /// The stream of a request admitted with `spent` ended, however it ended: the concurrency
+    /// slots it took go back (its rate-limit tokens stay spent).
+    pub fn release(&self, spent: &[Spent], store: &mut dyn Store) {
+        for s in spent.iter().filter(|s| s.lapse_us != 0) {
+            self.refund_one(s, store);
+        }
+    }
+
+    fn refund_one(&self, spent: &Spent, store: &mut dyn Store) {
+        let Spent {
+            rule: index,
+            fingerprint,
+            how,
+            cost,
+            lapse_us,
+        } = *spent;
         let cost32 = cost.min(u32::MAX as u64) as u32;
         let Some(Enforced { rule, table, .. }) = self.rule(index) else {
             return;
@@ -949,7 +970,7 @@ impl Limiter {
                 }
                 Spend::Buckets => {
                     for (limit, mut state) in record.states(bucket_limits(rule)) {
-                        state.give_back(limit, cost);
+                        state.release(limit, cost, lapse_us);
                     }
                 }
             }
@@ -959,6 +980,17 @@ impl Limiter {
             table.store(set, &record, bucket_limits(rule), record.seen_us);
             ((), true)
         });
+    }
+}
+
+/// When the slot a request of `rule` admitted at `now_us` takes lapses, for a concurrency rule
+/// (its one limit is one; local only): what names the slot for its release. 0 otherwise.
+fn slot_lapse(rule: &Rule, now_us: u64) -> u64 {
+    match rule.limits.as_slice() {
+        [limit] if limit.algorithm() == Algorithm::Concurrency => {
+            crate::limit::concurrency::lapse_us(limit, now_us)
+        }
+        _ => 0,
     }
 }
 

@@ -190,7 +190,7 @@ pub fn each_header(
         header("x-ratelimit-reset", itoa::Buffer::new().format(legacy));
     }
     if style.draft() {
-        fn quoted(value: &mut String, rule: &str, parts: [(&str, u64); 2]) {
+        fn quoted<const N: usize>(value: &mut String, rule: &str, parts: [(&str, u64); N]) {
             value.clear();
             value.push('"');
             value.push_str(rule);
@@ -203,8 +203,15 @@ pub fn each_header(
             }
         }
         let mut value = String::with_capacity(rule.len() + 32);
-        let window = quota.limit.period().seconds();
-        quoted(&mut value, rule, [("q", requests), ("w", window)]);
+        if quota.limit.algorithm() == crate::limit::Algorithm::Concurrency {
+            // Requests in flight, not per a window: the draft's quota unit says so, and there
+            // is no `w`.
+            quoted(&mut value, rule, [("q", requests)]);
+            value.push_str(";qu=\"concurrent-requests\"");
+        } else {
+            let window = quota.limit.period().seconds();
+            quoted(&mut value, rule, [("q", requests), ("w", window)]);
+        }
         header("ratelimit-policy", &value);
         quoted(&mut value, rule, [("r", remaining), ("t", reset)]);
         header("ratelimit", &value);
@@ -317,6 +324,31 @@ mod tests {
         assert_eq!(
             format!("{reply:?}")[..41].to_string(),
             r#"[("retry-after", "7"), ("content-type", ""#
+        );
+    }
+
+    /// A concurrent limit's policy names its unit (requests in flight) and no window: its
+    /// `max_hold` is no window of a rate.
+    #[test]
+    fn a_concurrent_limit_says_so_and_names_no_window() {
+        let quota = Quota {
+            limit: Limit::concurrent(10, Period::Every(600)).unwrap(),
+            remaining: 3,
+            reset_us: 1_000_000,
+        };
+        let h = render(HeaderStyle::Both, "inflight", &quota, Reset::Seconds);
+        assert_eq!(
+            h,
+            vec![
+                ("x-ratelimit-limit", "10".to_string()),
+                ("x-ratelimit-remaining", "3".to_string()),
+                ("x-ratelimit-reset", "1".to_string()),
+                (
+                    "ratelimit-policy",
+                    "\"inflight\";q=10;qu=\"concurrent-requests\"".to_string()
+                ),
+                ("ratelimit", "\"inflight\";r=3;t=1".to_string()),
+            ]
         );
     }
 

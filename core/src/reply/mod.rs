@@ -320,6 +320,9 @@ fn rate_limited_message(rule: &str, custom: Option<&str>, quota: &Quota) -> Stri
     }
     let mut requests = itoa::Buffer::new();
     let requests = requests.format(quota.limit.requests());
+    if quota.limit.algorithm() == crate::limit::Algorithm::Concurrency {
+        return [IN_FLIGHT, requests, " at once for rule ", rule].concat();
+    }
     let period = period_name(quota);
     [
         "rate limit exceeded: ",
@@ -331,6 +334,9 @@ fn rate_limited_message(rule: &str, custom: Option<&str>, quota: &Quota) -> Stri
     ]
     .concat()
 }
+
+/// How a concurrent limit's denial begins.
+const IN_FLIGHT: &str = "too many requests in flight: at most ";
 
 /// The JSON body of a denial. Rule names are validated to `[A-Za-z0-9._-]`, so they need no
 /// escaping; a rule's own message is escaped.
@@ -351,19 +357,33 @@ pub fn rate_limited_body(
         None => {
             let mut requests = itoa::Buffer::new();
             let requests = requests.format(quota.limit.requests());
-            let period = period_name(quota);
-            for piece in [
-                "rate limit exceeded: ",
-                requests,
-                " requests per ",
-                &period,
-                " for rule ",
-                rule,
-                "; retry in ",
-                retry,
-                " s",
-            ] {
-                body.push_str(piece);
+            if quota.limit.algorithm() == crate::limit::Algorithm::Concurrency {
+                for piece in [
+                    IN_FLIGHT,
+                    requests,
+                    " at once for rule ",
+                    rule,
+                    "; retry in ",
+                    retry,
+                    " s",
+                ] {
+                    body.push_str(piece);
+                }
+            } else {
+                let period = period_name(quota);
+                for piece in [
+                    "rate limit exceeded: ",
+                    requests,
+                    " requests per ",
+                    &period,
+                    " for rule ",
+                    rule,
+                    "; retry in ",
+                    retry,
+                    " s",
+                ] {
+                    body.push_str(piece);
+                }
             }
         }
     }
