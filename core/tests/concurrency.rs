@@ -192,6 +192,14 @@ fn unsupported_combinations_are_refused_with_the_field_named() {
             "rules[0].limits[0].per",
         ),
         (
+            r#"{"rules": [{"name": "r", "key": ["client_ip"], "count_when": {"statuses": [401]}, "limits": [{"concurrent": 5}]}]}"#.to_string(),
+            "rules[0].count_when",
+        ),
+        (
+            r#"{"rules": [{"name": "r", "key": ["client_ip"], "penalty": "1m", "limits": [{"concurrent": 5}]}]}"#.to_string(),
+            "rules[0].penalty",
+        ),
+        (
             r#"{"rules": [{"name": "r", "key": ["client_ip"], "limits": [{"concurrent": 5, "requests": 5}]}]}"#.to_string(),
             "rules[0].limits[0].requests",
         ),

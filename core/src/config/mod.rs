@@ -1164,6 +1164,18 @@ pub fn check_rule(
                 "a concurrent limit counts requests in flight: it has no cost to charge after the fact",
             ));
         }
+        if rule.count_when.is_some() {
+            return Err(err(
+                at.rule_field("count_when", k, "concurrent"),
+                "a concurrent limit counts every request while it is in flight: it cannot wait for the answer to count it",
+            ));
+        }
+        if rule.penalty_us > 0 {
+            return Err(err(
+                at.rule_field("penalty", k, "concurrent"),
+                "a concurrent limit frees a slot when a request ends: a penalty would outlast it; limit the key's rate with a penalty in another rule",
+            ));
+        }
     }
     if let Fallback::Open(fallback) = &rule.fallback {
         if consistency != Consistency::Local && position(fallback, Algorithm::Concurrency).is_some()
