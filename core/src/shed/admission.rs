@@ -15,7 +15,7 @@
 //! `never_shed_paths` and requests of no bulkhead are neither shed nor counted.
 
 use crate::request::RequestView;
-use crate::shed::policy::{BulkheadId, ClassId, Level, LimitKind, ShedMode, Shedding};
+use crate::shed::policy::{Bulkhead, BulkheadId, ClassId, Level, LimitKind, Shedding};
 use crate::shed::state::Gauge;
 use crate::store::{self, Store, StoreError};
 
@@ -85,7 +85,8 @@ pub struct Seat {
 pub enum Admission {
     /// Not governed: no bulkhead, a never-shed path, or no shedding configured.
     Exempt { level: Level },
-    /// Holds a slot until [`release`]. `would_shed`: what monitor and warn modes let through.
+    /// Holds a slot until [`release`]. `would_shed`: what monitor and warn modes (or an enforce
+    /// mode's ramp, outside its share) let through.
     Admitted {
         seat: Seat,
         level: Level,
@@ -218,7 +219,7 @@ pub fn admit(
                 .map(|&(_, class)| class)
         })
         .unwrap_or(shedding.default_class);
-    let threshold = shedding.classes.get(class).and_then(|c| c.threshold);
+    let threshold = spec.threshold(class);
     let expensive = spec.expensive.iter().any(|m| m.matches(request));
     let deadline = deadline_us(request, spec.timeout_ms);
     let seat = Seat { bulkhead, class };
@@ -246,13 +247,13 @@ pub fn admit(
                 None
             }
         });
-        let enforce = shedding.mode == ShedMode::Enforce;
+        let enforce = spec.enforces(pressure.draw);
         // A slot a waiter of this class or a more important one could take now is theirs:
         // the newcomer queues behind them (waiters are seated on their worker's tick).
         let behind = reason.is_none()
             && threshold.is_some()
             && spec.queue.is_some()
-            && waiter_ahead(shedding, &gauge, class, in_flight, limit);
+            && waiter_ahead(shedding, spec, &gauge, class, in_flight, limit);
         let reason = if behind {
             Some(ShedReason::Concurrency)
         } else {
@@ -304,11 +305,7 @@ pub fn admit_waiter(
     let Some(spec) = shedding.bulkheads.get(seat.bulkhead) else {
         return Ok(false);
     };
-    let threshold = shedding
-        .classes
-        .get(seat.class)
-        .and_then(|c| c.threshold)
-        .unwrap_or(1.0);
+    let threshold = spec.threshold(seat.class).unwrap_or(1.0);
     store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
         let fleet = believed_fleet(shedding, &gauge, fleet);
@@ -345,6 +342,7 @@ pub fn count_waiter(
 /// Whether a waiter of `class` or of a more important class could take a slot now.
 fn waiter_ahead(
     shedding: &Shedding,
+    spec: &Bulkhead,
     gauge: &Gauge,
     class: ClassId,
     in_flight: f64,
@@ -353,11 +351,7 @@ fn waiter_ahead(
     let rank = shedding.rank(class);
     gauge.waiting.iter().enumerate().any(|(w, &n)| {
         n > 0 && shedding.rank(w) >= rank && {
-            let t = shedding
-                .classes
-                .get(w)
-                .and_then(|c| c.threshold)
-                .unwrap_or(1.0);
+            let t = spec.threshold(w).unwrap_or(1.0);
             in_flight < t * limit && in_flight < limit
         }
     })
