@@ -4,7 +4,7 @@
 
 mod shedding;
 
-pub use shedding::override_bulkhead;
+pub use shedding::{check_bulkhead_override, override_bulkhead};
 
 use std::fmt;
 

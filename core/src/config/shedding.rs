@@ -624,6 +624,51 @@ fn limit(at: &str, raw: RawLimit) -> Result<LimitKind, ConfigError> {
     })
 }
 
+/// The checks of a bulkhead override (`json`) that need no configuration, for a counter service
+/// that was not given the proxies': its fields, the mode, the ramp's range (and of an enforce
+/// mode, when it gives one), the limit's bounds, the thresholds' range and the class names' form.
+/// The proxies check the rest ([`override_bulkhead`]) and leave out what fails.
+pub fn check_bulkhead_override(json: &serde_json::Value) -> Result<(), ConfigError> {
+    let raw: RawBulkheadOverride = serde_path_to_error::deserialize(json).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "bulkhead".into() } else { path };
+        err(field, e.into_inner().to_string())
+    })?;
+    if raw.mode.is_none()
+        && raw.ramp_percent.is_none()
+        && raw.limit.is_none()
+        && raw.classes.is_empty()
+    {
+        return Err(err(
+            "bulkhead",
+            "give at least one of mode, ramp_percent, limit, classes",
+        ));
+    }
+    if let Some(l) = raw.limit {
+        limit("limit", l)?;
+    }
+    let mode = raw
+        .mode
+        .as_deref()
+        .map(|m| shed_mode("mode", m))
+        .transpose()?
+        .unwrap_or(ShedMode::Enforce);
+    ramp("ramp_percent", raw.ramp_percent, mode)?;
+    for (name, threshold) in raw.classes {
+        let field = format!("classes.{name}");
+        if !name_ok(&name) {
+            return Err(err(
+                field,
+                "a class name must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
+            ));
+        }
+        threshold
+            .map(|t| in_range(&field, t, 0.01, 1.0))
+            .transpose()?;
+    }
+    Ok(())
+}
+
 /// `bulkhead` with a live override (`json`, the admin API's format) applied, checked as the
 /// configuration checks a bulkhead, every error naming its field under `at`
 /// (`bulkheads.api.limit.static`): the mode, the ramp (of an enforce mode only), the limit
@@ -646,6 +691,7 @@ pub fn override_bulkhead(
     let raw: RawBulkheadOverride = serde_path_to_error::deserialize(json).map_err(|e| {
         let path = e.path().to_string();
         let name = match path.as_str() {
+            "." if at.is_empty() => "bulkhead".to_string(),
             "." => at.to_string(),
             seq if seq.starts_with('[') => format!("{at}{seq}"),
             _ => field(&path),
@@ -658,7 +704,7 @@ pub fn override_bulkhead(
         && raw.classes.is_empty()
     {
         return Err(err(
-            at,
+            if at.is_empty() { "bulkhead" } else { at },
             "give at least one of mode, ramp_percent, limit, classes",
         ));
     }
