@@ -179,33 +179,17 @@ pub fn level(shedding: &Shedding, gauge: &Gauge, fleet: Option<f64>) -> Level {
     shedding.levels.level(gauge.utilization().max(fleet))
 }
 
-/// Decides one request, taking its slot when it is admitted.
-pub fn admit(
-    shedding: &Shedding,
-    request: &mut dyn RequestView,
-    pressure: Pressure,
-    store: &mut dyn Store,
-) -> Admission {
+/// The bulkhead a request belongs to and its class; `None` when shedding does not govern it (a
+/// never-shed path, no bulkhead matches).
+pub fn classify(shedding: &Shedding, request: &mut dyn RequestView) -> Option<Seat> {
     let path = request.path();
     if shedding.never_shed_paths.iter().any(|p| p == path) {
-        return Admission::Exempt {
-            level: Level::Normal,
-        };
+        return None;
     }
-    let Some(bulkhead) = shedding
+    let bulkhead = shedding
         .bulkheads
         .iter()
-        .position(|b| b.matcher.matches(request))
-    else {
-        return Admission::Exempt {
-            level: Level::Normal,
-        };
-    };
-    let Some(spec) = shedding.bulkheads.get(bulkhead) else {
-        return Admission::Exempt {
-            level: Level::Normal,
-        };
-    };
+        .position(|b| b.matcher.matches(request))?;
     let named = shedding.class_header.as_ref().and_then(|header| {
         let values = request.header(header);
         shedding.named_class(values.first().map(String::as_str))
@@ -219,10 +203,30 @@ pub fn admit(
                 .map(|&(_, class)| class)
         })
         .unwrap_or(shedding.default_class);
+    Some(Seat { bulkhead, class })
+}
+
+/// Decides one request, taking its slot when it is admitted.
+pub fn admit(
+    shedding: &Shedding,
+    request: &mut dyn RequestView,
+    pressure: Pressure,
+    store: &mut dyn Store,
+) -> Admission {
+    let Some(seat) = classify(shedding, request) else {
+        return Admission::Exempt {
+            level: Level::Normal,
+        };
+    };
+    let Some(spec) = shedding.bulkheads.get(seat.bulkhead) else {
+        return Admission::Exempt {
+            level: Level::Normal,
+        };
+    };
+    let (bulkhead, class) = (seat.bulkhead, seat.class);
     let threshold = spec.threshold(class);
     let expensive = spec.expensive.iter().any(|m| m.matches(request));
     let deadline = deadline_us(request, spec.timeout_ms);
-    let seat = Seat { bulkhead, class };
 
     let decided = store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
