@@ -132,11 +132,20 @@ pub fn notes(policy: &Policy) -> Vec<String> {
             ));
         }
     }
-    if policy.shedding.is_some() {
+    if let Some(shedding) = &policy.shedding {
         notes.push(
             "shedding is not simulated (it needs upstream latencies): only the rate limits decide"
                 .into(),
         );
+        for b in &shedding.bulkheads {
+            use sluice_core::shed::policy::ShedMode;
+            let rollout = match (b.mode, b.ramp_percent) {
+                (ShedMode::Enforce, 100) => continue,
+                (ShedMode::Enforce, p) => format!("enforces {p}% of what it would shed"),
+                (mode, _) => format!("is in {} mode: it would shed nothing", mode.name()),
+            };
+            notes.push(format!("bulkhead {} {rollout}", b.name));
+        }
     }
     if policy.rules.iter().any(|r| r.cost_header.is_some()) {
         notes.push("costs reported by responses (cost_header) are not simulated".into());
