@@ -55,6 +55,9 @@ pub(crate) struct RawShedding {
     retry_after_s: Option<u64>,
     /// The bulkheads: a request belongs to the first whose match it matches. At least one, at most 64.
     bulkheads: Vec<RawBulkhead>,
+    /// Class name → its guaranteed share of every bulkhead's limit (0.01 to 1; the shares add up to 1 at most). A request of a class under its share is never shed for concurrency or priority, even with the bulkhead full, as in Netflix's partitioned limiter.
+    #[serde(default)]
+    guaranteed: BTreeMap<String, f64>,
 }
 
 /// A class for the requests of a route.
@@ -446,6 +449,28 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         3_600,
     )?;
 
+    let mut guaranteed = Vec::new();
+    if !raw.guaranteed.is_empty() {
+        guaranteed = vec![0.0; classes.len()];
+        let mut total = 0.0;
+        for (name, share) in &raw.guaranteed {
+            let field = format!("shedding.guaranteed.{name}");
+            let Some(id) = classes.iter().position(|c| &c.name == name) else {
+                return Err(err(field, format!("{name:?} is not a class")));
+            };
+            let share = in_range(&field, *share, 0.01, 1.0)?;
+            total += share;
+            if let Some(slot) = guaranteed.get_mut(id) {
+                *slot = share;
+            }
+        }
+        if total > 1.0 + 1e-9 {
+            return Err(err(
+                "shedding.guaranteed",
+                format!("the shares add up to {total}, more than the whole limit (1)"),
+            ));
+        }
+    }
     if raw.bulkheads.is_empty() {
         return Err(err("shedding.bulkheads", "must hold at least one bulkhead"));
     }
@@ -480,6 +505,7 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         fleet_margin,
         retry_after_s,
         bulkheads,
+        guaranteed,
     })
 }
 

@@ -234,6 +234,10 @@ pub fn admit(
         let level = level(shedding, &gauge, pressure.fleet);
         let limit = limit_of(shedding, bulkhead, &gauge) as f64;
         let in_flight = gauge.in_flight as f64;
+        // Under its guaranteed share, a class takes a slot even from a full bulkhead.
+        let under_guarantee = shedding
+            .guaranteed_slots(class, limit)
+            .is_some_and(|g| (gauge.class_in_flight(class) as f64) < g);
         let reason = threshold.and_then(|t| {
             if expensive && level >= Level::High {
                 Some(ShedReason::Degraded)
@@ -243,9 +247,9 @@ pub fn admit(
                 Some(ShedReason::Errors)
             } else if deadline.is_some_and(|d| gauge.rtt_us > 0 && d < gauge.rtt_us as u64) {
                 Some(ShedReason::Deadline)
-            } else if in_flight >= limit {
+            } else if in_flight >= limit && !under_guarantee {
                 Some(ShedReason::Concurrency)
-            } else if in_flight >= t * limit {
+            } else if in_flight >= t * limit && !under_guarantee {
                 Some(ShedReason::Priority)
             } else {
                 None
@@ -255,6 +259,7 @@ pub fn admit(
         // A slot a waiter of this class or a more important one could take now is theirs:
         // the newcomer queues behind them (waiters are seated on their worker's tick).
         let behind = reason.is_none()
+            && !under_guarantee
             && threshold.is_some()
             && spec.queue.is_some()
             && waiter_ahead(shedding, spec, &gauge, class, in_flight, limit);
@@ -283,6 +288,9 @@ pub fn admit(
             }
             would_shed => {
                 gauge.in_flight = gauge.in_flight.saturating_add(1);
+                if !shedding.guaranteed.is_empty() {
+                    gauge.add_class_in_flight(class, 1);
+                }
                 *bytes = gauge.encode();
                 let admitted = Admission::Admitted {
                     seat,
@@ -314,11 +322,17 @@ pub fn admit_waiter(
         let mut gauge = Gauge::decode(bytes);
         let fleet = believed_fleet(shedding, &gauge, fleet);
         let limit = limit_of(shedding, seat.bulkhead, &gauge) as f64;
+        let under_guarantee = shedding
+            .guaranteed_slots(seat.class, limit)
+            .is_some_and(|g| (gauge.class_in_flight(seat.class) as f64) < g);
         let room = (gauge.in_flight as f64) < threshold * limit && (gauge.in_flight as f64) < limit;
-        if !room || fleet.is_some_and(|f| f >= threshold && threshold < 1.0) {
+        if !(room || under_guarantee) || fleet.is_some_and(|f| f >= threshold && threshold < 1.0) {
             return (false, false);
         }
         gauge.in_flight = gauge.in_flight.saturating_add(1);
+        if !shedding.guaranteed.is_empty() {
+            gauge.add_class_in_flight(seat.class, 1);
+        }
         gauge.add_waiting(seat.class, -1);
         *bytes = gauge.encode();
         (true, true)
@@ -369,6 +383,11 @@ pub fn release(shedding: &Shedding, seat: Seat, store: &mut dyn Store) -> Result
     store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
         gauge.in_flight = gauge.in_flight.saturating_sub(1);
+        // Counted by class while some class was guaranteed a share (a reload may have removed
+        // it since: the counts still come down).
+        if !gauge.class_in_flight.is_empty() {
+            gauge.add_class_in_flight(seat.class, -1);
+        }
         *bytes = gauge.encode();
         ((), true)
     })

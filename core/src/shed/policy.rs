@@ -222,6 +222,10 @@ pub struct Shedding {
     pub fleet_margin: f64,
     pub retry_after_s: u64,
     pub bulkheads: Vec<Bulkhead>,
+    /// Each class's guaranteed share of every bulkhead's limit, by [`ClassId`] (0: none); empty
+    /// when no class has one. As Netflix's partitioned limiter: a request of a class under its
+    /// share is never shed for `concurrency` or `priority`, even with the bulkhead full.
+    pub guaranteed: Vec<f64>,
 }
 
 /// The default classes, as in the seed: free, basic, premium, enterprise, critical.
@@ -250,6 +254,13 @@ impl Shedding {
                 .iter()
                 .position(|c| c.name.eq_ignore_ascii_case(v))
         })
+    }
+
+    /// The slots `class` is guaranteed of `limit`, if it has a share: the share of the limit,
+    /// rounded up, at least one.
+    pub fn guaranteed_slots(&self, class: ClassId, limit: f64) -> Option<f64> {
+        let share = self.guaranteed.get(class).copied().unwrap_or(0.0);
+        (share > 0.0).then(|| (share * limit).ceil().max(1.0))
     }
 
     /// Higher is more important: classes never shed first, then by threshold.
