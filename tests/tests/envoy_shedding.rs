@@ -903,6 +903,38 @@ fn each_bulkhead_has_its_own_mode_and_ramp_and_warn_logs_what_it_would_shed() {
     held_w.all_ok();
 }
 
+/// A guaranteed share per class, as Netflix's partitioned limiter: `premium`, guaranteed half of 4 slots, takes 2
+/// from a bulkhead that `basic` filled, and is shed past them; without the guarantee it was shed at once.
+#[test]
+fn a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "classes": {"basic": 1.0},
+        "guaranteed": {"premium": 0.5},
+        "bulkheads": [{"name": "api", "limit": {"static": 4}}],
+    }));
+    let held = hold(&envoy, 4, "/api/slow", &[(DELAY, "3000"), (CLASS, "basic")]);
+    wait_in_flight(&envoy, "api", 4);
+    assert_shed(
+        &send(&envoy, "/api/x", &[(CLASS, "basic")]).0,
+        "concurrency",
+    );
+    let premium = hold(
+        &envoy,
+        2,
+        "/api/slow",
+        &[(DELAY, "1500"), (CLASS, "premium")],
+    );
+    wait_in_flight(&envoy, "api", 6);
+    assert_shed(
+        &send(&envoy, "/api/x", &[(CLASS, "premium")]).0,
+        "concurrency",
+    );
+    premium.all_ok();
+    held.all_ok();
+}
+
 /// A bulkhead's mode and limit changed live through the counter service's admin API, as a rule's limits are: a
 /// monitoring bulkhead turned to enforce sheds, an override that fails the configuration's checks is refused 400
 /// naming its field, and deleting the override brings the configured mode back. Needs Redis and the counter service

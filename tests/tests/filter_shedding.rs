@@ -449,6 +449,33 @@ fn a_bulkheads_mode_and_limit_change_live() {
     held.finish().unwrap();
 }
 
+/// A class guaranteed half the slots (`premium`, 2 of 4) takes them from a full bulkhead, on any
+/// worker, and no more; they come back however its streams end.
+fn a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead() {
+    let config = r#"{"shedding": {"class_header": "x-class", "classes": {"basic": 1.0},
+      "guaranteed": {"premium": 0.5},
+      "bulkheads": [{"name": "api", "limit": {"static": 4}}]}}"#;
+    let proxy = proxy(config, 2);
+    let held: Vec<Exchange> = (0..4).map(|i| send(&proxy, i % 2, "basic")).collect();
+    assert!(held.iter().all(|e| status(e) == Some(200)));
+    assert_eq!(status(&send(&proxy, 0, "basic")), Some(503));
+    let premium: Vec<Exchange> = (0..2).map(|i| send(&proxy, i, "premium")).collect();
+    assert!(
+        premium.iter().all(|e| status(e) == Some(200)),
+        "within its share"
+    );
+    assert_eq!(
+        status(&send(&proxy, 1, "premium")),
+        Some(503),
+        "past its share"
+    );
+    assert_eq!(gauge(&proxy, "api").class_in_flight(2), 2);
+    premium[0].respond(200, &[]).unwrap();
+    premium[1].finish().unwrap();
+    assert_eq!(gauge(&proxy, "api").class_in_flight(2), 0);
+    assert_eq!(gauge(&proxy, "api").in_flight, 4);
+}
+
 // The wait queue's scenarios stay Envoy-only: a waiter is resumed from the root's tick through
 // `proxy_set_effective_context`, which ngx_wasm_module does not implement (see docs/hosts.md).
 both_hosts!(
@@ -458,4 +485,5 @@ both_hosts!(
     a_warn_bulkhead_logs_its_would_be_sheds_once_a_second_per_worker,
     each_bulkhead_sheds_by_its_own_mode_and_ramp,
     a_bulkheads_mode_and_limit_change_live,
+    a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead,
 );
