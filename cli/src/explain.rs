@@ -118,6 +118,9 @@ pub struct ShedReport {
     pub ramp_percent: Option<u8>,
     /// The share of the limit in flight at which its class is shed; `None`: never.
     pub threshold: Option<f64>,
+    /// The class's guaranteed share of the limit (`shedding.guaranteed`), if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guaranteed: Option<f64>,
     pub limit: Option<String>,
 }
 
@@ -268,6 +271,9 @@ pub fn explain(loaded: &Loaded, args: &RequestArgs) -> Explanation {
             mode: spec.map(|b| b.mode.name()),
             ramp_percent: spec.map(|b| b.ramp_percent),
             threshold: seat.zip(spec).and_then(|(s, b)| b.threshold(s.class)),
+            guaranteed: seat
+                .and_then(|s| shedding.guaranteed.get(s.class).copied())
+                .filter(|&g| g > 0.0),
             limit: spec.map(|b| match b.limit {
                 LimitKind::Static(n) => format!("{n} in flight"),
                 LimitKind::Adaptive(a) => {
@@ -307,6 +313,13 @@ fn render_shedding(out: &mut String, report: &ShedReport) {
         None => {
             let _ = write!(out, ", class {class} never shed (counted in flight)");
         }
+    }
+    if let Some(g) = report.guaranteed {
+        let _ = write!(
+            out,
+            ", guaranteed {}% of the limit (admitted under it even when the bulkhead is full)",
+            (g * 100.0).round()
+        );
     }
     out.push('\n');
     let mode = match (report.mode, report.ramp_percent) {

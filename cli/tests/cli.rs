@@ -473,6 +473,20 @@ fn check_explain_and_docs_know_each_bulkheads_mode_ramp_and_thresholds() {
             && text.contains("Load shedding of `rest` is in monitor mode"),
         "{text}"
     );
+    let guaranteed = SHEDDING_ROLLOUT.replace(
+        r#""mode": "monitor","#,
+        r#""mode": "monitor", "guaranteed": {"premium": 0.2},"#,
+    );
+    let output = sluice(
+        &["explain", "-", "--path", "/api/x", "-H", "x-class: premium"],
+        guaranteed.as_bytes(),
+    );
+    assert!(
+        stdout(&output)
+            .contains("class premium shed from 90% of the limit, guaranteed 20% of the limit"),
+        "{}",
+        stdout(&output)
+    );
     // A ramp of a bulkhead that does not enforce: the filter's message, naming the field.
     let bad = SHEDDING_ROLLOUT.replace(r#""mode": "warn""#, r#""mode": "warn", "ramp_percent": 5"#);
     let output = sluice(&["check", "-"], bad.as_bytes());
