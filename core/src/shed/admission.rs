@@ -9,7 +9,8 @@
 //! 3. `errors`: a draw falls under the success-rate rejection probability;
 //! 4. `deadline`: its own deadline is shorter than the upstream's current latency;
 //! 5. `concurrency` / `priority`: in flight is at the limit, or at its class's share of it.
-//!    These two may wait in the bulkhead's queue instead.
+//!    These two may wait in the bulkhead's queue instead. Neither sheds a request whose class
+//!    is under its guaranteed share of the limit (`guaranteed`, as Netflix's partitioned limiter).
 //!
 //! A class without a threshold (`critical`) is never shed, but counted in flight. Paths in
 //! `never_shed_paths` and requests of no bulkhead are neither shed nor counted.
@@ -206,7 +207,8 @@ pub fn classify(shedding: &Shedding, request: &mut dyn RequestView) -> Option<Se
     Some(Seat { bulkhead, class })
 }
 
-/// Decides one request, taking its slot when it is admitted.
+/// Decides one request, taking its slot when it is admitted. In monitor and warn modes (and an
+/// enforce mode's ramp, outside its share) a would-be shed is admitted with `would_shed`.
 pub fn admit(
     shedding: &Shedding,
     request: &mut dyn RequestView,
