@@ -89,6 +89,7 @@ pub fn configured_name(rule: &sluice_core::policy::Rule) -> &str {
 
 /// One line: the rules, their tiers, the counter service, shedding.
 pub fn summary(policy: &Policy) -> String {
+    use sluice_core::shed::policy::ShedMode;
     // Configured rules in order, each with its tiers.
     let mut configured: Vec<(&str, Vec<&str>)> = Vec::new();
     for rule in &policy.rules {
@@ -126,10 +127,23 @@ pub fn summary(policy: &Policy) -> String {
         None => "no counter service".to_string(),
     });
     if let Some(shedding) = &policy.shedding {
-        parts.push(format!(
+        let rolling: Vec<String> = shedding
+            .bulkheads
+            .iter()
+            .filter_map(|b| match (b.mode, b.ramp_percent) {
+                (ShedMode::Enforce, 100) => None,
+                (ShedMode::Enforce, p) => Some(format!("{} enforces {p}%", b.name)),
+                (mode, _) => Some(format!("{} in {}", b.name, mode.name())),
+            })
+            .collect();
+        let mut line = format!(
             "shedding: {}",
             plural(shedding.bulkheads.len(), "bulkhead", "bulkheads")
-        ));
+        );
+        if !rolling.is_empty() {
+            line.push_str(&format!(" ({})", rolling.join(", ")));
+        }
+        parts.push(line);
     }
     format!("valid: {}", parts.join("; "))
 }

@@ -14,6 +14,13 @@ pub fn markdown(loaded: &Loaded) -> String {
     let mut out = String::from("## Rate limits\n\n");
     if policy.rules.is_empty() {
         out.push_str("No rate limits are configured.\n");
+        let notes = shedding_notes(policy);
+        if !notes.is_empty() {
+            out.push('\n');
+            for note in notes {
+                let _ = writeln!(out, "{note}");
+            }
+        }
         return out;
     }
     out.push_str(
@@ -151,6 +158,7 @@ pub fn markdown(loaded: &Loaded) -> String {
             "A limit in warning does not refuse requests yet: a response over it carries `{WARN_HEADER}` with the rule's name."
         ));
     }
+    notes.extend(shedding_notes(policy));
     if !policy.bypass.paths.is_empty() {
         let paths: Vec<String> = policy
             .bypass
@@ -167,6 +175,35 @@ pub fn markdown(loaded: &Loaded) -> String {
         }
     }
     out
+}
+
+/// What a consumer sees of load shedding being rolled out: a bulkhead that does not answer 503
+/// yet (monitor, warn), or only some of the time (a ramp).
+fn shedding_notes(policy: &sluice_core::Policy) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(shedding) = &policy.shedding {
+        use sluice_core::shed::policy::ShedMode;
+        for b in &shedding.bulkheads {
+            match (b.mode, b.ramp_percent) {
+                (ShedMode::Enforce, 100) => {}
+                (ShedMode::Enforce, p) => notes.push(format!(
+                    "Load shedding of `{}` is being rolled out: {p}% of the requests it would shed get 503 Service Unavailable, the others go on.",
+                    b.name
+                )),
+                (mode, _) => notes.push(format!(
+                    "Load shedding of `{}` is in {} mode: it answers no 503 yet{}.",
+                    b.name,
+                    mode.name(),
+                    if mode == ShedMode::Warn {
+                        ", and a response it would have shed carries `x-sluice-would-shed` with the reason"
+                    } else {
+                        ""
+                    }
+                )),
+            }
+        }
+    }
+    notes
 }
 
 /// A table cell: no pipe or line break may end it early.

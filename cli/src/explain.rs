@@ -9,6 +9,7 @@ use sluice_core::limiter::key;
 use sluice_core::policy::{Mode, Rule};
 use sluice_core::request::matcher::{HeaderTest, Matcher};
 use sluice_core::request::net::{resolve_client, strip_port, ClientFrom};
+use sluice_core::shed::policy::LimitKind;
 use sluice_core::{Limiter, PlainRequest, RequestView};
 
 use crate::config::{configured_name, plural, Loaded};
@@ -100,6 +101,27 @@ pub struct Explanation {
     pub bypass_reason: Option<String>,
     /// Every rule, in order (a rule with tiers is one rule per tier).
     pub rules: Vec<RuleReport>,
+    /// The bulkhead that governs the request, when the configuration sheds load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shedding: Option<ShedReport>,
+}
+
+/// How load shedding would treat the request.
+#[derive(Debug, Serialize)]
+pub struct ShedReport {
+    /// The bulkhead it belongs to; `None`: not governed (a never-shed path, or no bulkhead matches).
+    pub bulkhead: Option<String>,
+    pub class: Option<String>,
+    /// enforce, monitor or warn: the bulkhead's own, else the shedding's.
+    pub mode: Option<&'static str>,
+    /// The share of would-be sheds an enforce bulkhead sheds, in percent.
+    pub ramp_percent: Option<u8>,
+    /// The share of the limit in flight at which its class is shed; `None`: never.
+    pub threshold: Option<f64>,
+    /// The class's guaranteed share of the limit (`shedding.guaranteed`), if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guaranteed: Option<f64>,
+    pub limit: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -248,12 +270,80 @@ pub fn explain(loaded: &Loaded, args: &RequestArgs) -> Explanation {
         .rules()
         .map(|enforced| report(loaded, enforced.rule, &mut request))
         .collect();
+    let shedding = policy.shedding.as_ref().map(|shedding| {
+        let seat = sluice_core::shed::admission::classify(shedding, &mut request);
+        let spec = seat.and_then(|s| shedding.bulkheads.get(s.bulkhead));
+        ShedReport {
+            bulkhead: spec.map(|b| b.name.clone()),
+            class: seat
+                .and_then(|s| shedding.classes.get(s.class))
+                .map(|c| c.name.clone()),
+            mode: spec.map(|b| b.mode.name()),
+            ramp_percent: spec.map(|b| b.ramp_percent),
+            threshold: seat.zip(spec).and_then(|(s, b)| b.threshold(s.class)),
+            guaranteed: seat
+                .and_then(|s| shedding.guaranteed.get(s.class).copied())
+                .filter(|&g| g > 0.0),
+            limit: spec.map(|b| match b.limit {
+                LimitKind::Static(n) => format!("{n} in flight"),
+                LimitKind::Adaptive(a) => {
+                    format!("adaptive, {} to {} in flight", a.min, a.max)
+                }
+            }),
+        }
+    });
     Explanation {
         request: summary,
         bypassed,
         bypass_reason,
         rules,
+        shedding,
     }
+}
+
+/// The shedding lines of an explanation.
+fn render_shedding(out: &mut String, report: &ShedReport) {
+    let Some(bulkhead) = &report.bulkhead else {
+        out.push_str("shedding: not governed (a never-shed path, or no bulkhead matches)\n");
+        return;
+    };
+    let _ = write!(out, "shedding: bulkhead {bulkhead}");
+    if let Some(limit) = &report.limit {
+        let _ = write!(out, " ({limit})");
+    }
+    let class = report.class.as_deref().unwrap_or_default();
+    match report.threshold {
+        Some(t) => {
+            let _ = write!(
+                out,
+                ", class {class} shed from {}% of the limit",
+                (t * 100.0).round()
+            );
+        }
+        None => {
+            let _ = write!(out, ", class {class} never shed (counted in flight)");
+        }
+    }
+    if let Some(g) = report.guaranteed {
+        let _ = write!(
+            out,
+            ", guaranteed {}% of the limit (admitted under it even when the bulkhead is full)",
+            (g * 100.0).round()
+        );
+    }
+    out.push('\n');
+    let mode = match (report.mode, report.ramp_percent) {
+        (Some("enforce"), Some(p)) if p < 100 => {
+            format!("enforce, ramping: {p}% of would-be sheds are shed, the others admitted and counted")
+        }
+        (Some("enforce"), _) => "enforce: over its share it is answered 503".to_string(),
+        (Some("monitor"), _) => "monitor: never shed, what would be shed is counted".to_string(),
+        (Some("warn"), _) => {
+            "warn: never shed, what would be shed is counted, said in x-sluice-would-shed and logged".to_string()
+        }
+        _ => String::new(),
+    };
+    let _ = writeln!(out, "          mode {mode}");
 }
 
 fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleReport {
@@ -544,6 +634,9 @@ pub fn render(e: &Explanation) -> String {
             );
         }
         None => out.push_str("bypassed: no\n"),
+    }
+    if let Some(shedding) = &e.shedding {
+        render_shedding(&mut out, shedding);
     }
     if e.rules.is_empty() {
         out.push_str("\nno rate-limit rules (the configuration only sheds load)\n");

@@ -412,6 +412,92 @@ fn explain_of_a_shedding_only_configuration_has_no_rules() {
     assert!(stdout(&output).contains("no rate-limit rules"));
 }
 
+/// Shedding rolled out per bulkhead: a mode and a ramp of its own, its own class thresholds.
+const SHEDDING_ROLLOUT: &str = r#"{"shedding": {"mode": "monitor", "class_header": "x-class", "bulkheads": [
+  {"name": "api", "match": {"path_prefix": "/api/"}, "limit": {"static": 32}, "mode": "enforce",
+   "ramp_percent": 25, "classes": {"free": 0.5}},
+  {"name": "search", "match": {"path_prefix": "/search/"}, "limit": {"static": 8}, "mode": "warn"},
+  {"name": "rest", "limit": {"static": 8}}]}}"#;
+
+#[test]
+fn check_explain_and_docs_know_each_bulkheads_mode_ramp_and_thresholds() {
+    let output = sluice(&["check", "-"], SHEDDING_ROLLOUT.as_bytes());
+    assert_eq!(
+        stdout(&output),
+        "valid: 0 rules; no counter service; shedding: 3 bulkheads (api enforces 25%, search in \
+         warn, rest in monitor)\n"
+    );
+    let output = sluice(
+        &["explain", "-", "--path", "/api/x", "-H", "x-class: free"],
+        SHEDDING_ROLLOUT.as_bytes(),
+    );
+    let text = stdout(&output);
+    assert!(
+        text.contains(
+            "shedding: bulkhead api (32 in flight), class free shed from 50% of the limit\n"
+        ) && text.contains("mode enforce, ramping: 25% of would-be sheds are shed"),
+        "{text}"
+    );
+    let output = sluice(
+        &[
+            "explain",
+            "-",
+            "--path",
+            "/api/x",
+            "-H",
+            "x-class: free",
+            "--json",
+        ],
+        SHEDDING_ROLLOUT.as_bytes(),
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        json["shedding"],
+        serde_json::json!({"bulkhead": "api", "class": "free", "mode": "enforce", "ramp_percent": 25,
+                           "threshold": 0.5, "limit": "32 in flight"})
+    );
+    let output = sluice(
+        &["explain", "-", "--path", "/search/x"],
+        SHEDDING_ROLLOUT.as_bytes(),
+    );
+    assert!(
+        stdout(&output).contains("mode warn: never shed"),
+        "{}",
+        stdout(&output)
+    );
+    let output = sluice(&["docs", "-"], SHEDDING_ROLLOUT.as_bytes());
+    let text = stdout(&output);
+    assert!(
+        text.contains("Load shedding of `api` is being rolled out: 25% of the requests")
+            && text.contains("Load shedding of `search` is in warn mode")
+            && text.contains("Load shedding of `rest` is in monitor mode"),
+        "{text}"
+    );
+    let guaranteed = SHEDDING_ROLLOUT.replace(
+        r#""mode": "monitor","#,
+        r#""mode": "monitor", "guaranteed": {"premium": 0.2},"#,
+    );
+    let output = sluice(
+        &["explain", "-", "--path", "/api/x", "-H", "x-class: premium"],
+        guaranteed.as_bytes(),
+    );
+    assert!(
+        stdout(&output)
+            .contains("class premium shed from 90% of the limit, guaranteed 20% of the limit"),
+        "{}",
+        stdout(&output)
+    );
+    // A ramp of a bulkhead that does not enforce: the filter's message, naming the field.
+    let bad = SHEDDING_ROLLOUT.replace(r#""mode": "warn""#, r#""mode": "warn", "ramp_percent": 5"#);
+    let output = sluice(&["check", "-"], bad.as_bytes());
+    assert_ne!(output.status.code(), Some(0));
+    assert!(
+        stderr(&output).contains("shedding.bulkheads[1].ramp_percent: ramps an enforce bulkhead"),
+        "{}",
+        stderr(&output)
+    );
+}
+
 #[test]
 fn explain_and_docs_refuse_an_invalid_configuration_with_the_filters_message() {
     let path = repo().join("core/tests/config/bad_template.json");
@@ -807,6 +893,11 @@ fn every_value_the_schema_lists_is_accepted_by_the_filter() {
     for mode in values("/definitions/Shedding/properties/mode") {
         accepts(format!(
             r#"{{"shedding": {{"mode": "{mode}", "bulkheads": [{{"name": "b", "limit": {{"static": 4}}}}]}}}}"#
+        ));
+    }
+    for mode in values("/definitions/Bulkhead/properties/mode") {
+        accepts(format!(
+            r#"{{"shedding": {{"bulkheads": [{{"name": "b", "limit": {{"static": 4}}, "mode": "{mode}"}}]}}}}"#
         ));
     }
     for drop in values("/definitions/Queue/properties/drop") {

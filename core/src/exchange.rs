@@ -118,6 +118,9 @@ pub enum Effect {
     ClearRequestHeader { name: String },
     /// A warn rule would have denied this key: tell the operator (a rate-limited log line).
     Warn { rule: RuleId, key: String },
+    /// A warn bulkhead would have shed this request (of `seat`'s class, for `reason`): tell the
+    /// operator (a rate-limited log line).
+    WarnShed { seat: Seat, reason: ShedReason },
     /// A response's reported cost was charged to a rule (metrics).
     Charged { rule: RuleId, cost: u64 },
     /// The stream ended after the upstream answered: a latency and status sample.
@@ -702,7 +705,12 @@ impl Exchange {
                         reason,
                         would: true,
                     });
-                    if shedding.mode == ShedMode::Warn {
+                    let warn = shedding
+                        .bulkheads
+                        .get(seat.bulkhead)
+                        .is_some_and(|b| b.mode == ShedMode::Warn);
+                    if warn {
+                        effects.push(Effect::WarnShed { seat, reason });
                         self.warned = Some(reason);
                         effects.push(Effect::RequestHeader {
                             name: WOULD_SHED_HEADER.into(),

@@ -7,6 +7,9 @@
 //! - `PUT|DELETE /admin/v1/overrides/bypass`: `{"enabled": true, "ttl_s": 600, "reason": "…"}`.
 //! - `PUT|DELETE /admin/v1/overrides/limits/{rule or rule/tier}`:
 //!   `{"limits": [{"requests": 100, "per": "minute"}], "ttl_s": …, "reason": …}`.
+//! - `PUT|DELETE /admin/v1/overrides/bulkheads/{name}`: `{"mode": "enforce", "ramp_percent": 25,
+//!   "limit": {"static": 64}, "classes": {"free": 0.5}, "ttl_s": …, "reason": …}` (at least one
+//!   of the four), checked as the configuration checks a bulkhead.
 //! - `PUT|DELETE /admin/v1/overrides/keys/{rule}` (a whole rule, every tier):
 //!   `{"key": ["alice"], "action": "block", "ttl_s": …, "reason": …}`; a DELETE names the key in
 //!   its body (`{"key": […]}`) or, for a one-part key, as `?key=`.
@@ -22,7 +25,7 @@ use axum::http::Uri;
 use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use sluice_protocol::KeyAction;
 
 use crate::auth::Admin;
@@ -169,6 +172,83 @@ pub async fn delete_limits(
     delete(&state, &admin, Change::DeleteLimits { target }, missing).await
 }
 
+/// `PUT /admin/v1/overrides/bulkheads/{name}`: the body is the override (`mode`, `ramp_percent`,
+/// `limit`, `classes`), with `ttl_s` and `reason`. Without the proxies' configuration, every check
+/// that needs none is made (the mode, the ramp, the limit's bounds, the thresholds' range); with
+/// it (`--policy`), all of them (the bulkhead, its classes, a ramp of its mode), as the proxies
+/// make them.
+pub async fn put_bulkhead(
+    State(state): State<AppState>,
+    Extension(admin): Extension<Admin>,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, AppError> {
+    bulkhead_name("bulkhead", &name)?;
+    let mut body = body;
+    let ttl_s = match body.remove("ttl_s") {
+        None | Some(Value::Null) => None,
+        Some(ttl) => Some(ttl.as_u64().ok_or_else(|| {
+            AppError::invalid(
+                "ttl_s",
+                format!("must be a whole number of seconds, got {ttl}"),
+            )
+        })?),
+    };
+    let reason = match body.remove("reason") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(reason)) => Some(reason),
+        Some(other) => {
+            return Err(AppError::invalid(
+                "reason",
+                format!("must be a string, got {other}"),
+            ))
+        }
+    };
+    let value = Value::Object(body);
+    let checked = match &state.policy {
+        Some(policy) => {
+            sluice_core::overrides::check_bulkhead(policy, &name, &value, "bulkhead", "")
+                .map(|_| ())
+        }
+        None => sluice_core::config::check_bulkhead_override(&value),
+    };
+    checked.map_err(|error| AppError::invalid(error.field, error.problem))?;
+    let note = note(ttl_s, reason)?;
+    let fields = json!({"bulkhead": name, "override": value});
+    let change = Change::SetBulkhead { name, value, note };
+    set(&state, &admin, change, fields).await
+}
+
+/// `DELETE /admin/v1/overrides/bulkheads/{name}`
+pub async fn delete_bulkhead(
+    State(state): State<AppState>,
+    Extension(admin): Extension<Admin>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, AppError> {
+    bulkhead_name("bulkhead", &name)?;
+    let missing = format!("bulkhead override for {name:?}");
+    delete(&state, &admin, Change::DeleteBulkhead { name }, missing).await
+}
+
+/// A bulkhead's name: 1 to [`MAX_NAME_BYTES`] characters of a-z, A-Z, 0-9, `-`, `_`, `.`.
+pub fn bulkhead_name(field: &str, value: &str) -> Result<(), AppError> {
+    if value.contains('/') {
+        return Err(AppError::invalid(
+            field,
+            format!("must be a bulkhead's name, got {value:?}"),
+        ));
+    }
+    target_name(field, value).map_err(|_| {
+        AppError::invalid(
+            field,
+            format!(
+                "must be a bulkhead's name: 1 to {MAX_NAME_BYTES} characters of a-z, A-Z, 0-9, \
+                 '-', '_', '.', got {value:?}"
+            ),
+        )
+    })
+}
+
 /// `PUT /admin/v1/overrides/keys/{rule}`
 pub async fn put_key(
     State(state): State<AppState>,
@@ -256,6 +336,7 @@ async fn set(
     let reason = match &change {
         Change::SetBypass { note, .. }
         | Change::SetLimits { note, .. }
+        | Change::SetBulkhead { note, .. }
         | Change::SetKey { note, .. } => note.reason.clone(),
         _ => None,
     };

@@ -45,6 +45,10 @@ pub fn app(state: AppState) -> Router {
             put(admin::put_limits).delete(admin::delete_limits),
         )
         .route(
+            "/admin/v1/overrides/bulkheads/{*name}",
+            put(admin::put_bulkhead).delete(admin::delete_bulkhead),
+        )
+        .route(
             "/admin/v1/overrides/keys/{*rule}",
             put(admin::put_key).delete(admin::delete_key),
         )

@@ -117,6 +117,16 @@ pub enum Change {
     DeleteLimits {
         target: String,
     },
+    /// `value` (a bulkhead override's JSON object) replaces what it names of bulkhead `name`.
+    /// Kept beside the limits, as `bulkhead:NAME` ([`sluice_core::overrides::BULKHEAD_PREFIX`]).
+    SetBulkhead {
+        name: String,
+        value: Value,
+        note: Note,
+    },
+    DeleteBulkhead {
+        name: String,
+    },
     /// The key of `rule` made of `key` (its parts, in order) is blocked or allowed.
     SetKey {
         rule: String,
@@ -138,6 +148,8 @@ impl Change {
             Change::ClearBypass => ("clear bypass", "clear_bypass"),
             Change::SetLimits { .. } => ("set limits", "set_limits"),
             Change::DeleteLimits { .. } => ("delete limits", "delete_limits"),
+            Change::SetBulkhead { .. } => ("set bulkhead", "set_bulkhead"),
+            Change::DeleteBulkhead { .. } => ("delete bulkhead", "delete_bulkhead"),
             Change::SetKey { .. } => ("set key", "set_key"),
             Change::DeleteKey { .. } => ("delete key", "delete_key"),
         }
@@ -148,6 +160,7 @@ impl Change {
         match self {
             Change::SetBypass { .. } | Change::ClearBypass => "bypass",
             Change::SetLimits { target, .. } | Change::DeleteLimits { target } => target,
+            Change::SetBulkhead { name, .. } | Change::DeleteBulkhead { name } => name,
             Change::SetKey { rule, .. } | Change::DeleteKey { rule, .. } => rule,
         }
     }
@@ -159,6 +172,9 @@ impl Change {
             Change::SetLimits { target, .. } | Change::DeleteLimits { target } => {
                 ("limits", target.clone())
             }
+            Change::SetBulkhead { name, .. } | Change::DeleteBulkhead { name } => {
+                ("limits", bulkhead_target(name))
+            }
             Change::SetKey { rule, key, .. } | Change::DeleteKey { rule, key } => {
                 ("keys", key_field(rule, key))
             }
@@ -169,6 +185,7 @@ impl Change {
         match self {
             Change::SetBypass { note, .. }
             | Change::SetLimits { note, .. }
+            | Change::SetBulkhead { note, .. }
             | Change::SetKey { note, .. } => Some(note),
             _ => None,
         }
@@ -179,9 +196,12 @@ impl Change {
         let mut value = match self {
             Change::SetBypass { enabled, .. } => json!({"enabled": enabled}),
             Change::SetLimits { limits, .. } => json!({"limits": limits}),
+            Change::SetBulkhead { value, .. } => json!({"bulkhead": value}),
             Change::SetKey { key, action, .. } => json!({"key": key, "action": action}),
             Change::DeleteKey { key, .. } => json!({"key": key}),
-            Change::ClearBypass | Change::DeleteLimits { .. } => Value::Null,
+            Change::ClearBypass | Change::DeleteLimits { .. } | Change::DeleteBulkhead { .. } => {
+                Value::Null
+            }
         };
         if let (Some(note), Value::Object(map)) = (self.note(), &mut value) {
             map.insert("ttl_s".into(), json!(note.ttl_s));
@@ -189,6 +209,12 @@ impl Change {
         }
         value
     }
+}
+
+/// The field of a bulkhead override in [`LIMITS_KEY`]: `bulkhead:NAME`, which no rule or tier
+/// can be named (':' is not allowed in names).
+pub fn bulkhead_target(name: &str) -> String {
+    format!("{}{name}", sluice_core::overrides::BULKHEAD_PREFIX)
 }
 
 /// The field of a key override in [`KEYS_KEY`]: the rule, then each part, joined by U+001F.
@@ -232,13 +258,16 @@ pub enum Refused {
 pub fn refusal(change: &Change, refused: Refused, max_set_bytes: u64) -> AppError {
     let field = match change {
         Change::SetLimits { .. } => "target",
+        Change::SetBulkhead { .. } => "bulkhead",
         _ => "key",
     };
     match refused {
         Refused::Full => match change {
-            Change::SetLimits { .. } => AppError::invalid(
+            Change::SetLimits { .. } | Change::SetBulkhead { .. } => AppError::invalid(
                 field,
-                format!("at most {MAX_LIMIT_OVERRIDES} limit overrides are kept: delete one first"),
+                format!(
+                    "at most {MAX_LIMIT_OVERRIDES} limit and bulkhead overrides are kept: delete one first"
+                ),
             ),
             _ => AppError::invalid(
                 field,
@@ -248,6 +277,7 @@ pub fn refusal(change: &Change, refused: Refused, max_set_bytes: u64) -> AppErro
         Refused::EntryBytes(bytes) => AppError::invalid(
             match change {
                 Change::SetLimits { .. } => "limits",
+                Change::SetBulkhead { .. } => "bulkhead",
                 _ => "key",
             },
             format!(
@@ -287,7 +317,10 @@ pub async fn write(
     let audit = audit.strip_prefix('{').unwrap_or(&audit);
     let mut invocation = invocation(state, now_override_us);
     let written = match change {
-        Change::ClearBypass | Change::DeleteLimits { .. } | Change::DeleteKey { .. } => {
+        Change::ClearBypass
+        | Change::DeleteLimits { .. }
+        | Change::DeleteBulkhead { .. }
+        | Change::DeleteKey { .. } => {
             invocation.arg("delete").arg(kind).arg(&field).arg(audit);
             let (version, expired, done): (String, Vec<String>, i64) =
                 state.backend.invoke("overrides", &invocation).await?;
@@ -300,12 +333,19 @@ pub async fn write(
                 expires_at_ms: None,
             }
         }
-        Change::SetBypass { .. } | Change::SetLimits { .. } | Change::SetKey { .. } => {
+        Change::SetBypass { .. }
+        | Change::SetLimits { .. }
+        | Change::SetBulkhead { .. }
+        | Change::SetKey { .. } => {
             let (value, max_entries) = match change {
                 Change::SetBypass { enabled, .. } => (if *enabled { "1" } else { "0" }.into(), 0),
                 Change::SetLimits { limits, .. } => {
                     (Value::from(limits.clone()).to_string(), MAX_LIMIT_OVERRIDES)
                 }
+                Change::SetBulkhead { value, .. } => (
+                    Value::from(vec![value.clone()]).to_string(),
+                    MAX_LIMIT_OVERRIDES,
+                ),
                 Change::SetKey { action, .. } => (action_name(*action).into(), MAX_KEY_OVERRIDES),
                 _ => (String::new(), 0),
             };
@@ -767,10 +807,22 @@ pub async fn view(state: &AppState, now_override_us: u64) -> Result<Value, Backe
         value => record("bypass", json!({"enabled": value == "1"})),
     };
     let mut limits = Map::new();
+    let mut bulkheads = Map::new();
     for (target, json) in pairs(&stored.limits) {
         let parsed: Value = serde_json::from_str(json).unwrap_or(Value::Null);
         let entry = format!("limits\u{1f}{target}");
-        limits.insert(target.to_owned(), record(&entry, json!({"limits": parsed})));
+        match target.strip_prefix(sluice_core::overrides::BULKHEAD_PREFIX) {
+            Some(name) => {
+                let value = match parsed {
+                    Value::Array(mut one) if one.len() == 1 => one.remove(0),
+                    other => other,
+                };
+                bulkheads.insert(name.to_owned(), record(&entry, json!({"bulkhead": value})));
+            }
+            None => {
+                limits.insert(target.to_owned(), record(&entry, json!({"limits": parsed})));
+            }
+        }
     }
     let mut keys: BTreeMap<&str, Map<String, Value>> = BTreeMap::new();
     for (field, action) in pairs(&stored.keys) {
@@ -788,6 +840,7 @@ pub async fn view(state: &AppState, now_override_us: u64) -> Result<Value, Backe
         "version": read.version,
         "bypass": bypass,
         "limits": limits,
+        "bulkheads": bulkheads,
         "keys": keys,
     }))
 }

@@ -148,7 +148,7 @@ fn audit_log(redis: &Redis) -> Vec<Value> {
 async fn only_admin_tokens_open_the_admin_api_and_only_proxy_tokens_v1() {
     let redis = Redis::start().unwrap();
     let state = admin_state(&redis.url());
-    let empty = json!({"version": 0, "bypass": null, "limits": {}, "keys": {}});
+    let empty = json!({"version": 0, "bypass": null, "limits": {}, "bulkheads": {}, "keys": {}});
     for token in [ALICE, BOB] {
         let answer = admin_as(&state, token, "GET", "/admin/v1/overrides", None).await;
         assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
@@ -639,6 +639,7 @@ async fn each_kind_is_set_read_deleted_and_audited() {
                        "set_at_ms": set_at, "expires_at_ms": null},
             "limits": {"api/gold": {"limits": limits, "who": "bob", "reason": null,
                                     "set_at_ms": gold_at, "expires_at_ms": gold_at + 600_000}},
+            "bulkheads": {},
             "keys": {
                 "api": {"alice\u{1f}GET": {"key": ["alice", "GET"], "action": "block", "who": "alice",
                                           "reason": null, "set_at_ms": at(&blocked), "expires_at_ms": null}},
@@ -710,7 +711,7 @@ async fn each_kind_is_set_read_deleted_and_audited() {
     let view = admin(&state, "GET", "/admin/v1/overrides", None).await;
     assert_eq!(
         view.body,
-        json!({"version": v1 + 8, "bypass": null, "limits": {}, "keys": {}})
+        json!({"version": v1 + 8, "bypass": null, "limits": {}, "bulkheads": {}, "keys": {}})
     );
     // only the version, the audit log, the change log and the sizes are left
     assert_eq!(redis.text(&["DBSIZE"]).unwrap(), "4");
@@ -1285,7 +1286,7 @@ async fn the_set_is_bounded() {
         &answer,
         StatusCode::BAD_REQUEST,
         "invalid_request",
-        "target: at most 1000 limit overrides are kept: delete one first",
+        "target: at most 1000 limit and bulkhead overrides are kept: delete one first",
     );
     put(&state, "/admin/v1/overrides/limits/rule-3", limits).await;
 

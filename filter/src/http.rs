@@ -148,6 +148,18 @@ impl Request {
                     let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
                     shared.warn(name, &key, host::now_us());
                 }
+                Effect::WarnShed { seat, reason } => {
+                    if let Some(shedding) = limiter.policy().shedding.as_ref() {
+                        let bulkhead = shedding.bulkheads.get(seat.bulkhead);
+                        let class = shedding.classes.get(seat.class);
+                        shared.warn_shed(
+                            bulkhead.map_or("", |b| b.name.as_str()),
+                            class.map_or("", |c| c.name.as_str()),
+                            reason.name(),
+                            host::now_us(),
+                        );
+                    }
+                }
                 Effect::Charged { rule, cost } => shared.metrics.charged(rule, cost),
                 Effect::Announce { rule, key } => {
                     let forgotten = shared.announcer.announce(limiter, rule, key);

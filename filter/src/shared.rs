@@ -38,6 +38,9 @@ pub struct Shared {
     /// When this worker last logged a warn rule's would-be denial, and how many it did not
     /// log since (one line a second per worker).
     pub warn_log: Cell<(u64, u64)>,
+    /// The same for a warn bulkhead's would-be sheds (a line of its own, so that one kind does
+    /// not silence the other).
+    pub shed_warn_log: Cell<(u64, u64)>,
     /// The vector a request's effects are collected in, kept between requests (empty).
     pub effects: RefCell<Vec<Effect>>,
 }
@@ -49,12 +52,9 @@ impl Shared {
     /// Logs that a warn rule would have denied `key`, at most once a second per worker (the
     /// lines it skips are counted in the next).
     pub fn warn(&self, rule: &str, key: &str, now_us: u64) {
-        let (last, skipped) = self.warn_log.get();
-        if last != 0 && now_us.saturating_sub(last) < WARN_LOG_EVERY_US {
-            self.warn_log.set((last, skipped + 1));
+        let Some(more) = throttled(&self.warn_log, now_us) else {
             return;
-        }
-        self.warn_log.set((now_us, 0));
+        };
         let shown: String = key
             .chars()
             .map(|c| {
@@ -66,15 +66,38 @@ impl Shared {
             })
             .filter(|c| !c.is_control())
             .collect();
-        let more = if skipped > 0 {
-            format!(" ({skipped} more since the last line)")
-        } else {
-            String::new()
-        };
         crate::host::log_warn(&format!(
             "sluice: rule {rule} (warn) would deny key {shown:?}{more}"
         ));
     }
+
+    /// Logs that a warn bulkhead would have shed a request of `class` for `reason`, at most once
+    /// a second per worker (the lines it skips are counted in the next). The names are the
+    /// configuration's (a class header's value is only ever one of its class names).
+    pub fn warn_shed(&self, bulkhead: &str, class: &str, reason: &str, now_us: u64) {
+        let Some(more) = throttled(&self.shed_warn_log, now_us) else {
+            return;
+        };
+        crate::host::log_warn(&format!(
+            "sluice: bulkhead {bulkhead} (warn) would shed class {class} ({reason}){more}"
+        ));
+    }
+}
+
+/// Whether a line may be logged now (at most one a second per `log`): `Some` of what to add to
+/// it (how many were skipped since the last), or `None` (skipped, and counted).
+fn throttled(log: &Cell<(u64, u64)>, now_us: u64) -> Option<String> {
+    let (last, skipped) = log.get();
+    if last != 0 && now_us.saturating_sub(last) < WARN_LOG_EVERY_US {
+        log.set((last, skipped + 1));
+        return None;
+    }
+    log.set((now_us, 0));
+    Some(if skipped > 0 {
+        format!(" ({skipped} more since the last line)")
+    } else {
+        String::new()
+    })
 }
 
 impl Shared {
@@ -99,6 +122,7 @@ impl Shared {
             shedder,
             shaper: Default::default(),
             warn_log: Cell::new((0, 0)),
+            shed_warn_log: Cell::new((0, 0)),
             effects: RefCell::default(),
         }
     }
@@ -127,6 +151,11 @@ impl Shared {
             return;
         };
         let (overridden, problems) = overrides::apply(policy, &live);
+        let bulkheads = live
+            .limits
+            .keys()
+            .filter(|t| t.starts_with(overrides::BULKHEAD_PREFIX))
+            .count();
         for problem in problems.iter().take(overrides::MAX_LOGGED_PROBLEMS) {
             crate::host::log_warn(&format!("sluice: live override not applied: {problem}"));
         }
@@ -143,8 +172,9 @@ impl Shared {
         let _ = proxy_wasm::hostcalls::log(
             proxy_wasm::types::LogLevel::Info,
             &format!(
-                "sluice: live overrides version {version} applied ({} limit(s), {} key rule(s))",
-                live.limits.len(),
+                "sluice: live overrides version {version} applied ({} limit(s), {} bulkhead(s), {} key rule(s))",
+                live.limits.len() - bulkheads,
+                bulkheads,
                 live.keys.len()
             ),
         );

@@ -146,11 +146,20 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
             ));
         }
     }
-    if policy.shedding.is_some() {
+    if let Some(shedding) = &policy.shedding {
         notes.push(
             "shedding is not simulated (it needs upstream latencies): only the rate limits decide"
                 .into(),
         );
+        for b in &shedding.bulkheads {
+            use sluice_core::shed::policy::ShedMode;
+            let rollout = match (b.mode, b.ramp_percent) {
+                (ShedMode::Enforce, 100) => continue,
+                (ShedMode::Enforce, p) => format!("enforces {p}% of what it would shed"),
+                (mode, _) => format!("is in {} mode: it would shed nothing", mode.name()),
+            };
+            notes.push(format!("bulkhead {} {rollout}", b.name));
+        }
     }
     let in_flight = policy.rules.iter().any(|r| {
         r.limits

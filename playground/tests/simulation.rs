@@ -190,6 +190,28 @@ fn a_bad_trace_line_is_named() {
 }
 
 #[test]
+fn a_bulkheads_rollout_is_named_in_the_notes() {
+    let config = r#"{"rules": [{"name": "r", "key": ["const:all"], "limits": [{"requests": 2, "per": "minute"}]}],
+        "shedding": {"mode": "warn", "bulkheads": [{"name": "api", "limit": {"static": 4}},
+        {"name": "pay", "limit": {"static": 4}, "mode": "enforce", "ramp_percent": 10}]}}"#;
+    let r = report(config, "0,a\n");
+    let notes: Vec<&str> = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        notes.contains(&"bulkhead api is in warn mode: it would shed nothing"),
+        "{notes:?}"
+    );
+    assert!(
+        notes.contains(&"bulkhead pay enforces 10% of what it would shed"),
+        "{notes:?}"
+    );
+}
+
+#[test]
 fn cached_rules_and_shedding_are_named_in_the_notes() {
     let config = r#"{"service": {"cluster": "s"}, "rules": [{"name": "shared", "key": ["const:all"],
         "consistency": "cached", "limits": [{"requests": 2, "per": "minute"}]}]}"#;

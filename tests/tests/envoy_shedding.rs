@@ -831,6 +831,206 @@ fn monitor_only_counts_and_warn_also_tells_the_upstream_and_the_client() {
     }
 }
 
+/// Each bulkhead rolls out on its own: of a monitoring shedding, a warn bulkhead admits, tells the upstream and the
+/// client, and logs a line naming the bulkhead, the class and the reason (warn mode promised that line and wrote
+/// none); an enforce bulkhead with a 50% ramp sheds about half its would-be sheds and counts the rest.
+#[test]
+fn each_bulkhead_has_its_own_mode_and_ramp_and_warn_logs_what_it_would_shed() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "mode": "monitor",
+        "class_header": CLASS,
+        "bulkheads": [
+            {"name": "told", "match": {"path_prefix": "/told/"}, "limit": {"static": 1}, "mode": "warn"},
+            {"name": "ramped", "match": {"path_prefix": "/ramped/"}, "limit": {"static": 1}, "mode": "enforce",
+             "ramp_percent": 50},
+            {"name": "watched", "match": {"path_prefix": "/watched/"}, "limit": {"static": 1}},
+        ],
+    }));
+    let held = hold(&envoy, 1, "/told/slow", &[(DELAY, "3000")]);
+    let held_r = hold(&envoy, 1, "/ramped/slow", &[(DELAY, "3000")]);
+    let held_w = hold(&envoy, 1, "/watched/slow", &[(DELAY, "3000")]);
+    wait_in_flight(&envoy, "told", 1);
+    wait_in_flight(&envoy, "ramped", 1);
+    wait_in_flight(&envoy, "watched", 1);
+
+    let (over, _) = send(&envoy, "/told/x", &[(CLASS, "free")]);
+    assert_eq!(over.status, 200, "warn never sheds: {over:?}");
+    assert_eq!(
+        over.header("x-sluice-would-shed"),
+        Some("concurrency"),
+        "{over:?}"
+    );
+    let (watched, _) = send(&envoy, "/watched/x", &[(CLASS, "free")]);
+    assert_eq!(
+        watched.status, 200,
+        "the shedding's mode, monitor: {watched:?}"
+    );
+    assert_eq!(watched.header("x-sluice-would-shed"), None, "{watched:?}");
+    let line = "sluice: bulkhead told (warn) would shed class free (concurrency)";
+    let logged = eventually(Duration::from_secs(3), || envoy.log().contains(line));
+    let log = envoy.log();
+    assert!(
+        logged,
+        "the operator's log line; log tail: {}",
+        &log[log.len().saturating_sub(2_000)..]
+    );
+    assert!(
+        !log.contains("bulkhead watched"),
+        "a monitor bulkhead only counts"
+    );
+
+    let statuses: Vec<u16> = (0..100)
+        .map(|_| send(&envoy, "/ramped/x", &[]).0.status)
+        .collect();
+    let shed = statuses.iter().filter(|&&s| s == 503).count();
+    assert_eq!(
+        shed + statuses.iter().filter(|&&s| s == 200).count(),
+        100,
+        "{statuses:?}"
+    );
+    assert!(
+        (25..=75).contains(&shed),
+        "{shed} of 100 would-be sheds shed at a 50% ramp"
+    );
+    let counted = eventually(Duration::from_secs(3), || {
+        shed_stat(&envoy, "ramped", "shed.concurrency") == shed as u64
+            && shed_stat(&envoy, "ramped", "would_shed.concurrency") == 100 - shed as u64
+    });
+    assert!(counted, "{:?}", envoy.sluice_stats());
+    held.all_ok();
+    held_r.all_ok();
+    held_w.all_ok();
+}
+
+/// A guaranteed share per class, as Netflix's partitioned limiter: `premium`, guaranteed half of 4 slots, takes 2
+/// from a bulkhead that `basic` filled, and is shed past them; without the guarantee it was shed at once.
+#[test]
+fn a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "classes": {"basic": 1.0},
+        "guaranteed": {"premium": 0.5},
+        "bulkheads": [{"name": "api", "limit": {"static": 4}}],
+    }));
+    let held = hold(&envoy, 4, "/api/slow", &[(DELAY, "3000"), (CLASS, "basic")]);
+    wait_in_flight(&envoy, "api", 4);
+    assert_shed(
+        &send(&envoy, "/api/x", &[(CLASS, "basic")]).0,
+        "concurrency",
+    );
+    let premium = hold(
+        &envoy,
+        2,
+        "/api/slow",
+        &[(DELAY, "1500"), (CLASS, "premium")],
+    );
+    wait_in_flight(&envoy, "api", 6);
+    assert_shed(
+        &send(&envoy, "/api/x", &[(CLASS, "premium")]).0,
+        "concurrency",
+    );
+    premium.all_ok();
+    held.all_ok();
+}
+
+/// A bulkhead's mode and limit changed live through the counter service's admin API, as a rule's limits are: a
+/// monitoring bulkhead turned to enforce sheds, an override that fails the configuration's checks is refused 400
+/// naming its field, and deleting the override brings the configured mode back. Needs Redis and the counter service
+/// (the `redis` feature).
+#[cfg(feature = "redis")]
+#[test]
+fn a_bulkheads_mode_and_limit_change_live_through_the_admin_api() {
+    use sluice_tests::redis::Redis;
+    use sluice_tests::service::{Service, ServiceOptions};
+
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let admins = dir.path().join("admins");
+    std::fs::write(&admins, "robot s3cret-admin-token\n").unwrap();
+    let service = Service::start_with(
+        ServiceOptions::new(redis.url()).arg(format!("--admin-tokens-file={}", admins.display())),
+    )
+    .unwrap();
+    let port = service.address().expect("the service listens").port();
+    let envoy = start_with(
+        json!({
+            "service": {
+                "cluster": "sluice_service",
+                "authority": "sluice_service",
+                "token": service.token(),
+                "timeout_ms": 200,
+                "sync_interval_ms": 100,
+            },
+            "shedding": {
+                "mode": "monitor",
+                "fleet": false,
+                "bulkheads": [{"name": "api", "limit": {"static": 1}}],
+            },
+        }),
+        port,
+    );
+    let admin = |method: &str, body: Option<&str>| {
+        service
+            .request(
+                method,
+                "/admin/v1/overrides/bulkheads/api",
+                Some("s3cret-admin-token"),
+                body,
+            )
+            .unwrap()
+    };
+    // Held under the route's 5 s timeout; each phase holds its own.
+    let held = hold(&envoy, 1, "/api/slow", &[(DELAY, "4000")]);
+    wait_in_flight(&envoy, "api", 1);
+    assert_eq!(send(&envoy, "/api/x", &[]).0.status, 200, "monitor");
+
+    let refused = admin(
+        "PUT",
+        Some(r#"{"mode": "enforce", "limit": {"static": 0}}"#),
+    );
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert!(
+        refused
+            .body
+            .contains("limit.static: must be between 1 and 1000000, got 0"),
+        "{refused:?}"
+    );
+    let set = admin("PUT", Some(r#"{"mode": "enforce", "reason": "roll out"}"#));
+    assert_eq!(set.status, 200, "{set:?}");
+    let mut last = None;
+    let enforced = eventually(Duration::from_secs(5), || {
+        let reply = send(&envoy, "/api/x", &[]).0;
+        let shed = reply.status == 503;
+        last = Some(reply);
+        shed
+    });
+    assert!(
+        enforced,
+        "never enforced: {last:?}; {:?}",
+        envoy.sluice_stats()
+    );
+    assert_shed(last.as_ref().unwrap(), "concurrency");
+    held.finish();
+    wait_in_flight(&envoy, "api", 0);
+
+    let deleted = admin("DELETE", None);
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let held = hold(&envoy, 1, "/api/slow", &[(DELAY, "4000")]);
+    wait_in_flight(&envoy, "api", 1);
+    let monitoring = eventually(Duration::from_secs(3), || {
+        send(&envoy, "/api/x", &[]).0.status == 200
+    });
+    assert!(
+        monitoring,
+        "the configured mode never came back; {:?}",
+        envoy.sluice_stats()
+    );
+    held.all_ok();
+}
+
 #[test]
 fn the_metrics_count_what_was_shed_by_reason_and_class_and_the_latency() {
     let _machine = machine();

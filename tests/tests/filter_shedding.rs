@@ -255,10 +255,235 @@ fn shedding_and_a_service_share_one_tick() {
     assert!(proxy.is_alive(0) && proxy.is_alive(1));
 }
 
+/// Two bulkheads of a monitoring shedding: `watched` (the shedding's mode) and `told`, a warn
+/// bulkhead; `ramped` enforces half its would-be sheds.
+const MODES: &str = r#"{"shedding": {"mode": "monitor", "class_header": "x-class",
+  "bulkheads": [{"name": "watched", "match": {"path_prefix": "/w/"}, "limit": {"static": 1}},
+                {"name": "told", "match": {"path_prefix": "/t/"}, "limit": {"static": 1}, "mode": "warn"},
+                {"name": "ramped", "match": {"path_prefix": "/r/"}, "limit": {"static": 1}, "mode": "enforce", "ramp_percent": 50}]}}"#;
+
+fn send_to(proxy: &Proxy, worker: usize, path: &str, class: &str) -> Exchange {
+    let spec = RequestSpec::get(path).header("x-class", class);
+    proxy.worker(worker).request(spec).unwrap()
+}
+
+fn warn_lines(proxy: &Proxy) -> Vec<String> {
+    proxy
+        .log_messages(sluice_host::LogLevel::Warn)
+        .into_iter()
+        .filter(|m| m.contains("(warn) would shed"))
+        .collect()
+}
+
+/// A warn bulkhead logs what it would have shed (the bulkhead, the class, the reason), at most a
+/// line a second per worker with how many it skipped; a monitor bulkhead only counts. Before,
+/// warn mode promised the line and wrote none.
+fn a_warn_bulkhead_logs_its_would_be_sheds_once_a_second_per_worker() {
+    let proxy = proxy(MODES, 1);
+    let _held = [
+        send_to(&proxy, 0, "/w/x", "basic"),
+        send_to(&proxy, 0, "/t/x", "basic"),
+    ];
+    for _ in 0..3 {
+        assert_eq!(status(&send_to(&proxy, 0, "/w/x", "free")), Some(200));
+    }
+    assert!(warn_lines(&proxy).is_empty(), "monitor only counts");
+    for _ in 0..5 {
+        assert_eq!(status(&send_to(&proxy, 0, "/t/x", "free")), Some(200));
+    }
+    assert_eq!(
+        warn_lines(&proxy),
+        ["sluice: bulkhead told (warn) would shed class free (concurrency)"],
+        "one line a second"
+    );
+    proxy.advance(Duration::from_millis(1_100)).unwrap();
+    assert_eq!(status(&send_to(&proxy, 0, "/t/x", "premium")), Some(200));
+    let lines = warn_lines(&proxy);
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("sluice: bulkhead told (warn) would shed class premium (concurrency) (4 more since the last line)"),
+        "{lines:?}"
+    );
+    proxy.advance(Duration::from_millis(20)).unwrap();
+    assert_eq!(
+        proxy.metric("sluice.shed.told.would_shed.concurrency"),
+        Some(6)
+    );
+    assert_eq!(
+        proxy.metric("sluice.shed.watched.would_shed.concurrency"),
+        Some(3)
+    );
+}
+
+/// Each bulkhead sheds by its own mode: of a monitoring shedding, the enforce bulkhead with a
+/// 50% ramp sheds about half its would-be sheds and lets the rest through, counted.
+fn each_bulkhead_sheds_by_its_own_mode_and_ramp() {
+    let proxy = proxy(MODES, 2);
+    let _held = send_to(&proxy, 0, "/r/x", "basic");
+    let mut shed = 0;
+    for i in 0..200 {
+        let e = send_to(&proxy, i % 2, "/r/x", "basic");
+        match status(&e) {
+            Some(503) => shed += 1,
+            Some(200) => e.finish().unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        (60..=140).contains(&shed),
+        "{shed} of 200 shed at a 50% ramp"
+    );
+    proxy.advance(Duration::from_millis(20)).unwrap();
+    assert_eq!(
+        proxy.metric("sluice.shed.ramped.shed.concurrency"),
+        Some(shed)
+    );
+    assert_eq!(
+        proxy.metric("sluice.shed.ramped.would_shed.concurrency"),
+        Some(200 - shed)
+    );
+}
+
+/// A proxy syncing with a counter service every 100 ms (the test plays the service), one
+/// monitoring bulkhead of one slot.
+fn synced() -> String {
+    format!(
+        r#"{{"service": {{{service}, "token": "t", "timeout_ms": 100, "sync_interval_ms": 100}},
+          "shedding": {{"mode": "monitor", "class_header": "x-class",
+                        "bulkheads": [{{"name": "api", "limit": {{"static": 1}}}}]}}}}"#,
+        service = hosts::service()
+    )
+}
+
+/// Lets the next sync go out and answers it with `live`: every worker applies it on its tick.
+fn push_overrides(proxy: &Proxy, live: &sluice_core::protocol::LiveOverrides) {
+    use sluice_core::protocol::{Hints, SyncRequest, SyncResponse};
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let calls: Vec<_> = proxy
+        .pending_calls()
+        .into_iter()
+        .filter(|c| c.header(":path") == Some("/v1/sync"))
+        .collect();
+    assert!(!calls.is_empty(), "no sync went out");
+    for call in calls {
+        let request: SyncRequest = serde_json::from_slice(&call.body).unwrap();
+        assert!(request.entries.is_empty());
+        let mut response = SyncResponse {
+            grants: Vec::new(),
+            hints: Hints {
+                next_sync_ms: 100,
+                ..Hints::default()
+            },
+        };
+        response.hints.overrides.live = Some(live.clone());
+        let body = serde_json::to_vec(&response).unwrap();
+        proxy.answer_call(call.token, 200, &[], &body).unwrap();
+    }
+    proxy.advance(Duration::from_millis(20)).unwrap();
+}
+
+fn bulkhead_override(
+    version: u64,
+    value: serde_json::Value,
+) -> sluice_core::protocol::LiveOverrides {
+    sluice_core::protocol::LiveOverrides {
+        version,
+        limits: [("bulkhead:api".to_string(), vec![value])].into(),
+        ..Default::default()
+    }
+}
+
+/// A live override turns a monitoring bulkhead to enforce and then widens its limit, on every
+/// worker, without a reload; one that fails the configuration's checks is logged, counted and
+/// left out (the bulkhead keeps what it had).
+fn a_bulkheads_mode_and_limit_change_live() {
+    let proxy = proxy(&synced(), 2);
+    let held = send_to(&proxy, 0, "/x", "basic");
+    assert_eq!(
+        status(&send_to(&proxy, 1, "/x", "basic")),
+        Some(200),
+        "monitor"
+    );
+    push_overrides(
+        &proxy,
+        &bulkhead_override(2, serde_json::json!({"mode": "enforce"})),
+    );
+    for worker in 0..2 {
+        assert_eq!(
+            status(&send_to(&proxy, worker, "/x", "basic")),
+            Some(503),
+            "worker {worker}"
+        );
+    }
+    push_overrides(
+        &proxy,
+        &bulkhead_override(
+            3,
+            serde_json::json!({"mode": "enforce", "limit": {"static": 0}}),
+        ),
+    );
+    let refused: Vec<String> = proxy
+        .log_messages(sluice_host::LogLevel::Warn)
+        .into_iter()
+        .filter(|m| m.contains("live override not applied"))
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|m| m.contains("bulkheads.api.limit.static: must be between 1 and 1000000, got 0")),
+        "{refused:?}"
+    );
+    // Left out: the bulkhead is as configured again (monitor), not at a limit of 0.
+    assert_eq!(status(&send_to(&proxy, 0, "/x", "basic")), Some(200));
+    push_overrides(
+        &proxy,
+        &bulkhead_override(
+            4,
+            serde_json::json!({"mode": "enforce", "limit": {"static": 3}}),
+        ),
+    );
+    let more: Vec<Exchange> = (0..2)
+        .map(|i| send_to(&proxy, i, "/x", "critical"))
+        .collect();
+    assert!(more.iter().all(|e| status(e) == Some(200)));
+    held.finish().unwrap();
+}
+
+/// A class guaranteed half the slots (`premium`, 2 of 4) takes them from a full bulkhead, on any
+/// worker, and no more; they come back however its streams end.
+fn a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead() {
+    let config = r#"{"shedding": {"class_header": "x-class", "classes": {"basic": 1.0},
+      "guaranteed": {"premium": 0.5},
+      "bulkheads": [{"name": "api", "limit": {"static": 4}}]}}"#;
+    let proxy = proxy(config, 2);
+    let held: Vec<Exchange> = (0..4).map(|i| send(&proxy, i % 2, "basic")).collect();
+    assert!(held.iter().all(|e| status(e) == Some(200)));
+    assert_eq!(status(&send(&proxy, 0, "basic")), Some(503));
+    let premium: Vec<Exchange> = (0..2).map(|i| send(&proxy, i, "premium")).collect();
+    assert!(
+        premium.iter().all(|e| status(e) == Some(200)),
+        "within its share"
+    );
+    assert_eq!(
+        status(&send(&proxy, 1, "premium")),
+        Some(503),
+        "past its share"
+    );
+    assert_eq!(gauge(&proxy, "api").class_in_flight(2), 2);
+    premium[0].respond(200, &[]).unwrap();
+    premium[1].finish().unwrap();
+    assert_eq!(gauge(&proxy, "api").class_in_flight(2), 0);
+    assert_eq!(gauge(&proxy, "api").in_flight, 4);
+}
+
 // The wait queue's scenarios stay Envoy-only: a waiter is resumed from the root's tick through
 // `proxy_set_effective_context`, which ngx_wasm_module does not implement (see docs/hosts.md).
 both_hosts!(
     the_workers_share_the_slots_and_every_kind_of_end_gives_one_back,
     the_adaptive_limit_falls_when_the_upstream_queues,
     shedding_and_a_service_share_one_tick,
+    a_warn_bulkhead_logs_its_would_be_sheds_once_a_second_per_worker,
+    each_bulkhead_sheds_by_its_own_mode_and_ramp,
+    a_bulkheads_mode_and_limit_change_live,
+    a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead,
 );

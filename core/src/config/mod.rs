@@ -4,6 +4,8 @@
 
 mod shedding;
 
+pub use shedding::{check_bulkhead_override, override_bulkhead};
+
 use std::fmt;
 
 use serde::Deserialize;

@@ -19,7 +19,7 @@ use crate::shed::policy::{
     schemars(rename = "Shedding")
 )]
 pub(crate) struct RawShedding {
-    /// enforce (the default); monitor: shed nothing, count what would be shed; warn: as monitor, and say so in headers.
+    /// The default of every bulkhead's mode: enforce (the default); monitor: shed nothing, count what would be shed; warn: as monitor, say so in headers and log a line.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(extend("enum" = ["monitor", "warn", "enforce", null])))]
     mode: Option<String>,
@@ -55,6 +55,9 @@ pub(crate) struct RawShedding {
     retry_after_s: Option<u64>,
     /// The bulkheads: a request belongs to the first whose match it matches. At least one, at most 64.
     bulkheads: Vec<RawBulkhead>,
+    /// Class name → its guaranteed share of every bulkhead's limit (0.01 to 1; the shares add up to 1 at most). A request of a class under its share is never shed for concurrency or priority, even with the bulkhead full, as in Netflix's partitioned limiter.
+    #[serde(default)]
+    guaranteed: BTreeMap<String, f64>,
 }
 
 /// A class for the requests of a route.
@@ -118,6 +121,31 @@ struct RawBulkhead {
     /// Matchers of the routes shed from level high on, before any class is.
     #[serde(default)]
     expensive: Vec<RawMatch>,
+    /// This bulkhead's mode (default: the shedding's mode): enforce; monitor: shed nothing, count what would be shed; warn: as monitor, say so in headers and log a line.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["monitor", "warn", "enforce", null])))]
+    mode: Option<String>,
+    /// In enforce mode, the share of would-be sheds actually shed, in percent (0 to 100; default 100).
+    #[serde(default)]
+    ramp_percent: Option<u8>,
+    /// This bulkhead's thresholds of some classes (name → threshold, null never sheds), over the shedding's; only classes the shedding has.
+    #[serde(default)]
+    classes: BTreeMap<String, Option<f64>>,
+}
+
+/// A live override of one bulkhead (the admin API's `PUT /admin/v1/overrides/bulkheads/NAME`):
+/// what it gives replaces the bulkhead's, checked as the configuration checks it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBulkheadOverride {
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    ramp_percent: Option<u8>,
+    #[serde(default)]
+    limit: Option<RawLimit>,
+    #[serde(default)]
+    classes: BTreeMap<String, Option<f64>>,
 }
 
 /// A bulkhead's limit of requests in flight.
@@ -268,18 +296,63 @@ fn name_ok(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
-pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
-    let mode = match raw.mode.as_deref().unwrap_or("enforce") {
-        "monitor" => ShedMode::Monitor,
-        "warn" => ShedMode::Warn,
-        "enforce" => ShedMode::Enforce,
-        other => {
+fn shed_mode(field: &str, mode: &str) -> Result<ShedMode, ConfigError> {
+    match mode {
+        "monitor" => Ok(ShedMode::Monitor),
+        "warn" => Ok(ShedMode::Warn),
+        "enforce" => Ok(ShedMode::Enforce),
+        other => Err(err(
+            field,
+            format!("expected one of monitor, warn, enforce, got {other:?}"),
+        )),
+    }
+}
+
+/// A ramp of `mode`: 0 to 100, and only of an enforce mode (as a rule's).
+fn ramp(field: &str, ramp_percent: Option<u8>, mode: ShedMode) -> Result<u8, ConfigError> {
+    match ramp_percent {
+        None => Ok(100),
+        Some(p) if p > 100 => Err(err(field, format!("must be between 0 and 100, got {p}"))),
+        Some(_) if mode != ShedMode::Enforce => Err(err(
+            field,
+            "ramps an enforce bulkhead (the share of would-be sheds it sheds); this bulkhead does not enforce",
+        )),
+        Some(p) => Ok(p),
+    }
+}
+
+/// A bulkhead's own thresholds over the shedding's `classes`: only classes the shedding has
+/// (each is a waiting count in the bulkhead's shared gauge, so none is added here).
+fn thresholds(
+    at: &str,
+    classes: &[Class],
+    own: BTreeMap<String, Option<f64>>,
+    mut thresholds: Vec<Option<f64>>,
+) -> Result<Vec<Option<f64>>, ConfigError> {
+    for (name, threshold) in own {
+        let field = format!("{at}.{name}");
+        let Some(id) = classes.iter().position(|c| c.name == name) else {
+            let names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
             return Err(err(
-                "shedding.mode",
-                format!("expected one of monitor, warn, enforce, got {other:?}"),
-            ))
+                field,
+                format!(
+                    "{name:?} is not a class of shedding.classes ({}); a bulkhead sets the thresholds of those only",
+                    names.join(", ")
+                ),
+            ));
+        };
+        let threshold = threshold
+            .map(|t| in_range(&field, t, 0.01, 1.0))
+            .transpose()?;
+        if let Some(slot) = thresholds.get_mut(id) {
+            *slot = threshold;
         }
-    };
+    }
+    Ok(thresholds)
+}
+
+pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
+    let mode = shed_mode("shedding.mode", raw.mode.as_deref().unwrap_or("enforce"))?;
     let class_header = raw
         .class_header
         .as_deref()
@@ -376,6 +449,28 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         3_600,
     )?;
 
+    let mut guaranteed = Vec::new();
+    if !raw.guaranteed.is_empty() {
+        guaranteed = vec![0.0; classes.len()];
+        let mut total = 0.0;
+        for (name, share) in &raw.guaranteed {
+            let field = format!("shedding.guaranteed.{name}");
+            let Some(id) = classes.iter().position(|c| &c.name == name) else {
+                return Err(err(field, format!("{name:?} is not a class")));
+            };
+            let share = in_range(&field, *share, 0.01, 1.0)?;
+            total += share;
+            if let Some(slot) = guaranteed.get_mut(id) {
+                *slot = share;
+            }
+        }
+        if total > 1.0 + 1e-9 {
+            return Err(err(
+                "shedding.guaranteed",
+                format!("the shares add up to {total}, more than the whole limit (1)"),
+            ));
+        }
+    }
     if raw.bulkheads.is_empty() {
         return Err(err("shedding.bulkheads", "must hold at least one bulkhead"));
     }
@@ -384,7 +479,7 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
     }
     let mut bulkheads: Vec<Bulkhead> = Vec::with_capacity(raw.bulkheads.len());
     for (i, b) in raw.bulkheads.into_iter().enumerate() {
-        let b = bulkhead(&format!("shedding.bulkheads[{i}]"), b)?;
+        let b = bulkhead(&format!("shedding.bulkheads[{i}]"), b, mode, &classes)?;
         if bulkheads.iter().any(|other| other.name == b.name) {
             return Err(err(
                 format!("shedding.bulkheads[{i}].name"),
@@ -411,10 +506,16 @@ pub(crate) fn shedding(raw: RawShedding) -> Result<Shedding, ConfigError> {
         retry_after_s,
         bulkheads,
         docs_url: None,
+        guaranteed,
     })
 }
 
-fn bulkhead(at: &str, raw: RawBulkhead) -> Result<Bulkhead, ConfigError> {
+fn bulkhead(
+    at: &str,
+    raw: RawBulkhead,
+    default_mode: ShedMode,
+    classes: &[Class],
+) -> Result<Bulkhead, ConfigError> {
     if !name_ok(&raw.name) {
         return Err(err(
             format!("{at}.name"),
@@ -425,42 +526,14 @@ fn bulkhead(at: &str, raw: RawBulkhead) -> Result<Bulkhead, ConfigError> {
         ));
     }
     let request_matcher = matcher(&format!("{at}.match"), raw.matcher)?;
-    let limit = match raw.limit {
-        RawLimit::Static(n) => {
-            LimitKind::Static(int_range(&format!("{at}.limit.static"), n, 1, 1_000_000)?)
-        }
-        RawLimit::Adaptive(a) => {
-            let field = |f: &str| format!("{at}.limit.adaptive.{f}");
-            let min = int_range(&field("min"), a.min, 1, 1_000_000)?;
-            let max = int_range(&field("max"), a.max, min, 1_000_000)?;
-            let initial = int_range(
-                &field("initial"),
-                a.initial.unwrap_or(20.clamp(min, max)),
-                min,
-                max,
-            )?;
-            let tolerance = in_range(&field("tolerance"), a.tolerance.unwrap_or(1.5), 1.05, 10.0)?;
-            let window_ms = int_range(&field("window_ms"), a.window_ms.unwrap_or(100), 10, 60_000)?;
-            let probe_interval_ms = a.probe_interval_ms.unwrap_or(30_000);
-            if probe_interval_ms != 0 && probe_interval_ms < window_ms * 10 {
-                return Err(err(
-                    field("probe_interval_ms"),
-                    format!(
-                        "must be 0 (never probe) or at least 10 windows ({} ms), got {probe_interval_ms}",
-                        window_ms * 10
-                    ),
-                ));
-            }
-            LimitKind::Adaptive(Adaptive {
-                min,
-                max,
-                initial,
-                tolerance,
-                window_ms,
-                probe_interval_ms,
-            })
-        }
+    let limit = limit(&format!("{at}.limit"), raw.limit)?;
+    let mode = match raw.mode.as_deref() {
+        Some(m) => shed_mode(&format!("{at}.mode"), m)?,
+        None => default_mode,
     };
+    let ramp_percent = ramp(&format!("{at}.ramp_percent"), raw.ramp_percent, mode)?;
+    let global: Vec<Option<f64>> = classes.iter().map(|c| c.threshold).collect();
+    let thresholds = thresholds(&format!("{at}.classes"), classes, raw.classes, global)?;
     let queue = raw
         .queue
         .map(|q| {
@@ -532,5 +605,152 @@ fn bulkhead(at: &str, raw: RawBulkhead) -> Result<Bulkhead, ConfigError> {
         timeout_ms,
         success_rate,
         expensive,
+        mode,
+        ramp_percent,
+        thresholds,
     })
+}
+
+/// A bulkhead's limit; `at` names it (`shedding.bulkheads[0].limit`).
+fn limit(at: &str, raw: RawLimit) -> Result<LimitKind, ConfigError> {
+    Ok(match raw {
+        RawLimit::Static(n) => {
+            LimitKind::Static(int_range(&format!("{at}.static"), n, 1, 1_000_000)?)
+        }
+        RawLimit::Adaptive(a) => {
+            let field = |f: &str| format!("{at}.adaptive.{f}");
+            let min = int_range(&field("min"), a.min, 1, 1_000_000)?;
+            let max = int_range(&field("max"), a.max, min, 1_000_000)?;
+            let initial = int_range(
+                &field("initial"),
+                a.initial.unwrap_or(20.clamp(min, max)),
+                min,
+                max,
+            )?;
+            let tolerance = in_range(&field("tolerance"), a.tolerance.unwrap_or(1.5), 1.05, 10.0)?;
+            let window_ms = int_range(&field("window_ms"), a.window_ms.unwrap_or(100), 10, 60_000)?;
+            let probe_interval_ms = a.probe_interval_ms.unwrap_or(30_000);
+            if probe_interval_ms != 0 && probe_interval_ms < window_ms * 10 {
+                return Err(err(
+                    field("probe_interval_ms"),
+                    format!(
+                        "must be 0 (never probe) or at least 10 windows ({} ms), got {probe_interval_ms}",
+                        window_ms * 10
+                    ),
+                ));
+            }
+            LimitKind::Adaptive(Adaptive {
+                min,
+                max,
+                initial,
+                tolerance,
+                window_ms,
+                probe_interval_ms,
+            })
+        }
+    })
+}
+
+/// The checks of a bulkhead override (`json`) that need no configuration, for a counter service
+/// that was not given the proxies': its fields, the mode, the ramp's range (and of an enforce
+/// mode, when it gives one), the limit's bounds, the thresholds' range and the class names' form.
+/// The proxies check the rest ([`override_bulkhead`]) and leave out what fails.
+pub fn check_bulkhead_override(json: &serde_json::Value) -> Result<(), ConfigError> {
+    let raw: RawBulkheadOverride = serde_path_to_error::deserialize(json).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "bulkhead".into() } else { path };
+        err(field, e.into_inner().to_string())
+    })?;
+    if raw.mode.is_none()
+        && raw.ramp_percent.is_none()
+        && raw.limit.is_none()
+        && raw.classes.is_empty()
+    {
+        return Err(err(
+            "bulkhead",
+            "give at least one of mode, ramp_percent, limit, classes",
+        ));
+    }
+    if let Some(l) = raw.limit {
+        limit("limit", l)?;
+    }
+    let mode = raw
+        .mode
+        .as_deref()
+        .map(|m| shed_mode("mode", m))
+        .transpose()?
+        .unwrap_or(ShedMode::Enforce);
+    ramp("ramp_percent", raw.ramp_percent, mode)?;
+    for (name, threshold) in raw.classes {
+        let field = format!("classes.{name}");
+        if !name_ok(&name) {
+            return Err(err(
+                field,
+                "a class name must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.'",
+            ));
+        }
+        threshold
+            .map(|t| in_range(&field, t, 0.01, 1.0))
+            .transpose()?;
+    }
+    Ok(())
+}
+
+/// `bulkhead` with a live override (`json`, the admin API's format) applied, checked as the
+/// configuration checks a bulkhead, every error naming its field under `at`
+/// (`bulkheads.api.limit.static`): the mode, the ramp (of an enforce mode only), the limit
+/// (static or adaptive, each bound), the thresholds of classes the shedding has (a class cannot
+/// be added live: the shared gauge keeps a waiting count per class). What it does not give is
+/// kept; a mode without a ramp is the whole mode.
+pub fn override_bulkhead(
+    shedding: &Shedding,
+    bulkhead: &Bulkhead,
+    json: &serde_json::Value,
+    at: &str,
+) -> Result<Bulkhead, ConfigError> {
+    let field = |f: &str| {
+        if at.is_empty() {
+            f.to_string()
+        } else {
+            format!("{at}.{f}")
+        }
+    };
+    let raw: RawBulkheadOverride = serde_path_to_error::deserialize(json).map_err(|e| {
+        let path = e.path().to_string();
+        let name = match path.as_str() {
+            "." if at.is_empty() => "bulkhead".to_string(),
+            "." => at.to_string(),
+            seq if seq.starts_with('[') => format!("{at}{seq}"),
+            _ => field(&path),
+        };
+        err(name, e.into_inner().to_string())
+    })?;
+    if raw.mode.is_none()
+        && raw.ramp_percent.is_none()
+        && raw.limit.is_none()
+        && raw.classes.is_empty()
+    {
+        return Err(err(
+            if at.is_empty() { "bulkhead" } else { at },
+            "give at least one of mode, ramp_percent, limit, classes",
+        ));
+    }
+    let mut out = bulkhead.clone();
+    if let Some(limit) = raw.limit {
+        out.limit = self::limit(&field("limit"), limit)?;
+    }
+    if let Some(mode) = raw.mode.as_deref() {
+        out.mode = shed_mode(&field("mode"), mode)?;
+        out.ramp_percent = 100;
+    }
+    if raw.ramp_percent.is_some() {
+        out.ramp_percent = ramp(&field("ramp_percent"), raw.ramp_percent, out.mode)?;
+    }
+    out.thresholds = thresholds(
+        &field("classes"),
+        &shedding.classes,
+        raw.classes,
+        bulkhead.thresholds.clone(),
+    )?;
+    Ok(out)
 }

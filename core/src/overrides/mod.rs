@@ -15,6 +15,11 @@ use crate::protocol::{LiveOverrides, KEY_PART_SEPARATOR, MAX_KEY_BYTES};
 pub const OVERRIDES_KEY: &str = "sluice/overrides";
 /// Most lines a proxy logs about one set's entries it did not apply (it counts them all).
 pub const MAX_LOGGED_PROBLEMS: usize = 20;
+/// A limit override whose target starts with this overrides a bulkhead of `shedding`
+/// (`bulkhead:api`), its value the override's one JSON object ([`check_bulkhead`]). No rule can
+/// be named so (':' is not allowed in names), so the set carries them beside the rules' limits,
+/// under the same bounds, deltas, ttls and audit.
+pub const BULKHEAD_PREFIX: &str = "bulkhead:";
 
 /// `policy` with `live` applied, and what could not be applied, one line each: a limit override
 /// the configuration's checks refuse (the rule's consistency, its cost, the memory its sliding
@@ -33,6 +38,26 @@ pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
     targets.sort_by_key(|(target, _)| target.contains('/'));
     for (target, json) in targets {
         let at = format!("limits.{target}");
+        if let Some(name) = target.strip_prefix(BULKHEAD_PREFIX) {
+            let at = format!("bulkheads.{name}");
+            let checked = match json.as_slice() {
+                [one] => check_bulkhead(policy, name, one, &at, &at),
+                _ => Err(err(&at, "expected one override object")),
+            };
+            match checked {
+                Ok((index, bulkhead)) => {
+                    let slot = applied
+                        .shedding
+                        .as_mut()
+                        .and_then(|s| s.bulkheads.get_mut(index));
+                    if let Some(slot) = slot {
+                        *slot = bulkhead;
+                    }
+                }
+                Err(e) => problems.push(e.to_string()),
+            }
+            continue;
+        }
         match check_limits(policy, target, json, &at, &at) {
             Ok(rules) => {
                 for (index, rule) in rules {
@@ -139,6 +164,40 @@ pub fn check_limits(
         out.push((index, rule));
     }
     Ok(out)
+}
+
+/// The bulkhead `name` of `policy` (by index) with the live override `json` applied, checked as
+/// the configuration checks a bulkhead ([`config::override_bulkhead`]): the error names an unknown
+/// bulkhead as `name_at` and the override's fields under `at` (`mode`, `limit.static`...).
+pub fn check_bulkhead(
+    policy: &Policy,
+    name: &str,
+    json: &serde_json::Value,
+    name_at: &str,
+    at: &str,
+) -> Result<(usize, crate::shed::policy::Bulkhead), ConfigError> {
+    let Some(shedding) = policy.shedding.as_ref() else {
+        return Err(err(
+            name_at,
+            format!("no bulkhead named {name:?}: the configuration has no shedding"),
+        ));
+    };
+    let Some(index) = shedding.bulkheads.iter().position(|b| b.name == name) else {
+        let names: Vec<&str> = shedding.bulkheads.iter().map(|b| b.name.as_str()).collect();
+        return Err(err(
+            name_at,
+            format!(
+                "no bulkhead named {name:?}; the bulkheads are {}",
+                names.join(", ")
+            ),
+        ));
+    };
+    let bulkhead = shedding
+        .bulkheads
+        .get(index)
+        .ok_or_else(|| err(name_at, "no such bulkhead"))?;
+    let overridden = config::override_bulkhead(shedding, bulkhead, json, at)?;
+    Ok((index, overridden))
 }
 
 /// What one part of a key override matches.

@@ -9,13 +9,14 @@
 //! 3. `errors`: a draw falls under the success-rate rejection probability;
 //! 4. `deadline`: its own deadline is shorter than the upstream's current latency;
 //! 5. `concurrency` / `priority`: in flight is at the limit, or at its class's share of it.
-//!    These two may wait in the bulkhead's queue instead.
+//!    These two may wait in the bulkhead's queue instead. Neither sheds a request whose class
+//!    is under its guaranteed share of the limit (`guaranteed`, as Netflix's partitioned limiter).
 //!
 //! A class without a threshold (`critical`) is never shed, but counted in flight. Paths in
 //! `never_shed_paths` and requests of no bulkhead are neither shed nor counted.
 
 use crate::request::RequestView;
-use crate::shed::policy::{BulkheadId, ClassId, Level, LimitKind, ShedMode, Shedding};
+use crate::shed::policy::{Bulkhead, BulkheadId, ClassId, Level, LimitKind, Shedding};
 use crate::shed::state::Gauge;
 use crate::store::{self, Store, StoreError};
 
@@ -85,7 +86,8 @@ pub struct Seat {
 pub enum Admission {
     /// Not governed: no bulkhead, a never-shed path, or no shedding configured.
     Exempt { level: Level },
-    /// Holds a slot until [`release`]. `would_shed`: what monitor and warn modes let through.
+    /// Holds a slot until [`release`]. `would_shed`: what monitor and warn modes (or an enforce
+    /// mode's ramp, outside its share) let through.
     Admitted {
         seat: Seat,
         level: Level,
@@ -178,33 +180,17 @@ pub fn level(shedding: &Shedding, gauge: &Gauge, fleet: Option<f64>) -> Level {
     shedding.levels.level(gauge.utilization().max(fleet))
 }
 
-/// Decides one request, taking its slot when it is admitted.
-pub fn admit(
-    shedding: &Shedding,
-    request: &mut dyn RequestView,
-    pressure: Pressure,
-    store: &mut dyn Store,
-) -> Admission {
+/// The bulkhead a request belongs to and its class; `None` when shedding does not govern it (a
+/// never-shed path, no bulkhead matches).
+pub fn classify(shedding: &Shedding, request: &mut dyn RequestView) -> Option<Seat> {
     let path = request.path();
     if shedding.never_shed_paths.iter().any(|p| p == path) {
-        return Admission::Exempt {
-            level: Level::Normal,
-        };
+        return None;
     }
-    let Some(bulkhead) = shedding
+    let bulkhead = shedding
         .bulkheads
         .iter()
-        .position(|b| b.matcher.matches(request))
-    else {
-        return Admission::Exempt {
-            level: Level::Normal,
-        };
-    };
-    let Some(spec) = shedding.bulkheads.get(bulkhead) else {
-        return Admission::Exempt {
-            level: Level::Normal,
-        };
-    };
+        .position(|b| b.matcher.matches(request))?;
     let named = shedding.class_header.as_ref().and_then(|header| {
         let values = request.header(header);
         shedding.named_class(values.first().map(String::as_str))
@@ -218,10 +204,31 @@ pub fn admit(
                 .map(|&(_, class)| class)
         })
         .unwrap_or(shedding.default_class);
-    let threshold = shedding.classes.get(class).and_then(|c| c.threshold);
+    Some(Seat { bulkhead, class })
+}
+
+/// Decides one request, taking its slot when it is admitted. In monitor and warn modes (and an
+/// enforce mode's ramp, outside its share) a would-be shed is admitted with `would_shed`.
+pub fn admit(
+    shedding: &Shedding,
+    request: &mut dyn RequestView,
+    pressure: Pressure,
+    store: &mut dyn Store,
+) -> Admission {
+    let Some(seat) = classify(shedding, request) else {
+        return Admission::Exempt {
+            level: Level::Normal,
+        };
+    };
+    let Some(spec) = shedding.bulkheads.get(seat.bulkhead) else {
+        return Admission::Exempt {
+            level: Level::Normal,
+        };
+    };
+    let (bulkhead, class) = (seat.bulkhead, seat.class);
+    let threshold = spec.threshold(class);
     let expensive = spec.expensive.iter().any(|m| m.matches(request));
     let deadline = deadline_us(request, spec.timeout_ms);
-    let seat = Seat { bulkhead, class };
 
     let decided = store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
@@ -229,6 +236,10 @@ pub fn admit(
         let level = level(shedding, &gauge, pressure.fleet);
         let limit = limit_of(shedding, bulkhead, &gauge) as f64;
         let in_flight = gauge.in_flight as f64;
+        // Under its guaranteed share, a class takes a slot even from a full bulkhead.
+        let under_guarantee = shedding
+            .guaranteed_slots(class, limit)
+            .is_some_and(|g| (gauge.class_in_flight(class) as f64) < g);
         let reason = threshold.and_then(|t| {
             if expensive && level >= Level::High {
                 Some(ShedReason::Degraded)
@@ -238,21 +249,22 @@ pub fn admit(
                 Some(ShedReason::Errors)
             } else if deadline.is_some_and(|d| gauge.rtt_us > 0 && d < gauge.rtt_us as u64) {
                 Some(ShedReason::Deadline)
-            } else if in_flight >= limit {
+            } else if in_flight >= limit && !under_guarantee {
                 Some(ShedReason::Concurrency)
-            } else if in_flight >= t * limit {
+            } else if in_flight >= t * limit && !under_guarantee {
                 Some(ShedReason::Priority)
             } else {
                 None
             }
         });
-        let enforce = shedding.mode == ShedMode::Enforce;
+        let enforce = spec.enforces(pressure.draw);
         // A slot a waiter of this class or a more important one could take now is theirs:
         // the newcomer queues behind them (waiters are seated on their worker's tick).
         let behind = reason.is_none()
+            && !under_guarantee
             && threshold.is_some()
             && spec.queue.is_some()
-            && waiter_ahead(shedding, &gauge, class, in_flight, limit);
+            && waiter_ahead(shedding, spec, &gauge, class, in_flight, limit);
         let reason = if behind {
             Some(ShedReason::Concurrency)
         } else {
@@ -278,6 +290,9 @@ pub fn admit(
             }
             would_shed => {
                 gauge.in_flight = gauge.in_flight.saturating_add(1);
+                if !shedding.guaranteed.is_empty() {
+                    gauge.add_class_in_flight(class, 1);
+                }
                 *bytes = gauge.encode();
                 let admitted = Admission::Admitted {
                     seat,
@@ -304,20 +319,22 @@ pub fn admit_waiter(
     let Some(spec) = shedding.bulkheads.get(seat.bulkhead) else {
         return Ok(false);
     };
-    let threshold = shedding
-        .classes
-        .get(seat.class)
-        .and_then(|c| c.threshold)
-        .unwrap_or(1.0);
+    let threshold = spec.threshold(seat.class).unwrap_or(1.0);
     store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
         let fleet = believed_fleet(shedding, &gauge, fleet);
         let limit = limit_of(shedding, seat.bulkhead, &gauge) as f64;
+        let under_guarantee = shedding
+            .guaranteed_slots(seat.class, limit)
+            .is_some_and(|g| (gauge.class_in_flight(seat.class) as f64) < g);
         let room = (gauge.in_flight as f64) < threshold * limit && (gauge.in_flight as f64) < limit;
-        if !room || fleet.is_some_and(|f| f >= threshold && threshold < 1.0) {
+        if !(room || under_guarantee) || fleet.is_some_and(|f| f >= threshold && threshold < 1.0) {
             return (false, false);
         }
         gauge.in_flight = gauge.in_flight.saturating_add(1);
+        if !shedding.guaranteed.is_empty() {
+            gauge.add_class_in_flight(seat.class, 1);
+        }
         gauge.add_waiting(seat.class, -1);
         *bytes = gauge.encode();
         (true, true)
@@ -345,6 +362,7 @@ pub fn count_waiter(
 /// Whether a waiter of `class` or of a more important class could take a slot now.
 fn waiter_ahead(
     shedding: &Shedding,
+    spec: &Bulkhead,
     gauge: &Gauge,
     class: ClassId,
     in_flight: f64,
@@ -353,11 +371,7 @@ fn waiter_ahead(
     let rank = shedding.rank(class);
     gauge.waiting.iter().enumerate().any(|(w, &n)| {
         n > 0 && shedding.rank(w) >= rank && {
-            let t = shedding
-                .classes
-                .get(w)
-                .and_then(|c| c.threshold)
-                .unwrap_or(1.0);
+            let t = spec.threshold(w).unwrap_or(1.0);
             in_flight < t * limit && in_flight < limit
         }
     })
@@ -371,6 +385,11 @@ pub fn release(shedding: &Shedding, seat: Seat, store: &mut dyn Store) -> Result
     store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
         gauge.in_flight = gauge.in_flight.saturating_sub(1);
+        // Counted by class while some class was guaranteed a share (a reload may have removed
+        // it since: the counts still come down).
+        if !gauge.class_in_flight.is_empty() {
+            gauge.add_class_in_flight(seat.class, -1);
+        }
         *bytes = gauge.encode();
         ((), true)
     })

@@ -13,6 +13,16 @@ pub enum ShedMode {
     Enforce,
 }
 
+impl ShedMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ShedMode::Monitor => "monitor",
+            ShedMode::Warn => "warn",
+            ShedMode::Enforce => "enforce",
+        }
+    }
+}
+
 /// A priority class: its name and the utilization above which it is shed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Class {
@@ -142,6 +152,13 @@ pub struct Bulkhead {
     pub success_rate: Option<SuccessRate>,
     /// Requests shed from level `high` up, before any class is.
     pub expensive: Vec<Matcher>,
+    /// Whether it sheds, or only says what it would (the shedding's `mode` unless its own).
+    pub mode: ShedMode,
+    /// In enforce mode, the share of would-be sheds actually shed, in percent (100: all).
+    pub ramp_percent: u8,
+    /// Each class's threshold in this bulkhead, by [`ClassId`]: the shedding's `classes`, with
+    /// the bulkhead's own `classes` over them.
+    pub thresholds: Vec<Option<f64>>,
     /// Shared-data key of its [`crate::shed::Gauge`].
     pub gauge_key: String,
     /// Shared-data key of its controller window.
@@ -149,6 +166,26 @@ pub struct Bulkhead {
 }
 
 impl Bulkhead {
+    /// The threshold of `class` in this bulkhead; `None`: never shed.
+    pub fn threshold(&self, class: ClassId) -> Option<f64> {
+        self.thresholds.get(class).copied().flatten()
+    }
+
+    /// Whether a would-be shed of this bulkhead is shed: enforce mode, within the ramp's share.
+    /// `draw` is the request's uniform draw in [0, 1); the ramp's share is taken from a hash
+    /// of it, so that it is independent of the success-rate rejection that compares the same
+    /// draw.
+    pub fn enforces(&self, draw: f64) -> bool {
+        match self.mode {
+            ShedMode::Enforce if self.ramp_percent >= 100 => true,
+            ShedMode::Enforce => {
+                crate::protocol::fnv1a(&draw.to_bits().to_le_bytes()) % 100
+                    < self.ramp_percent as u64
+            }
+            ShedMode::Monitor | ShedMode::Warn => false,
+        }
+    }
+
     /// The adaptive controller's window, or a default for static limits (they still measure
     /// latency, errors and utilization).
     pub fn window_ms(&self) -> u64 {
@@ -165,6 +202,7 @@ pub type BulkheadId = usize;
 /// The whole `shedding` section.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shedding {
+    /// The default of every bulkhead's `mode` (each bulkhead's own is in force).
     pub mode: ShedMode,
     /// The request header that names the class (set by a trusted filter).
     pub class_header: Option<String>,
@@ -186,6 +224,10 @@ pub struct Shedding {
     pub bulkheads: Vec<Bulkhead>,
     /// The policy's `docs_url`, which its 503s name.
     pub docs_url: Option<String>,
+    /// Each class's guaranteed share of every bulkhead's limit, by [`ClassId`] (0: none); empty
+    /// when no class has one. As Netflix's partitioned limiter: a request of a class under its
+    /// share is never shed for `concurrency` or `priority`, even with the bulkhead full.
+    pub guaranteed: Vec<f64>,
 }
 
 /// The default classes, as in the seed: free, basic, premium, enterprise, critical.
@@ -214,6 +256,13 @@ impl Shedding {
                 .iter()
                 .position(|c| c.name.eq_ignore_ascii_case(v))
         })
+    }
+
+    /// The slots `class` is guaranteed of `limit`, if it has a share: the share of the limit,
+    /// rounded up, at least one.
+    pub fn guaranteed_slots(&self, class: ClassId, limit: f64) -> Option<f64> {
+        let share = self.guaranteed.get(class).copied().unwrap_or(0.0);
+        (share > 0.0).then(|| (share * limit).ceil().max(1.0))
     }
 
     /// Higher is more important: classes never shed first, then by threshold.

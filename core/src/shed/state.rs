@@ -20,6 +20,9 @@ pub struct Gauge {
     /// Requests waiting in the workers' queues, by class: a new request does not take a slot
     /// a waiter of its class or a more important one could take.
     pub waiting: Vec<u32>,
+    /// Requests in flight by class, kept only by a bulkhead whose shedding guarantees some
+    /// class a share of the slots (`guaranteed`); empty otherwise.
+    pub class_in_flight: Vec<u32>,
 }
 
 impl Gauge {
@@ -39,15 +42,32 @@ impl Gauge {
             b.extend_from_slice(&v.to_le_bytes());
         }
         // Trailing zeros are not written: an idle queue keeps the gauge at 20 bytes.
-        let used = self
-            .waiting
-            .iter()
-            .rposition(|&w| w > 0)
-            .map_or(0, |i| i + 1);
-        for w in self.waiting.iter().take(used) {
-            b.extend_from_slice(&w.to_le_bytes());
+        let used = |counts: &[u32]| counts.iter().rposition(|&w| w > 0).map_or(0, |i| i + 1);
+        let by_class = used(&self.class_in_flight);
+        // With counts by class, every class's waiting count is written first (32 of them), so
+        // that the length tells the two layouts apart.
+        let waiting = if by_class > 0 {
+            Self::MAX_CLASSES
+        } else {
+            used(&self.waiting)
+        };
+        for class in 0..waiting {
+            b.extend_from_slice(&self.waiting(class).to_le_bytes());
+        }
+        for n in self.class_in_flight.iter().take(by_class) {
+            b.extend_from_slice(&n.to_le_bytes());
         }
         b
+    }
+
+    /// In flight in `class`, as counted by class.
+    pub fn class_in_flight(&self, class: usize) -> u32 {
+        self.class_in_flight.get(class).copied().unwrap_or(0)
+    }
+
+    /// Changes the count in flight in `class` by `delta` (never below zero).
+    pub fn add_class_in_flight(&mut self, class: usize, delta: i64) {
+        add(&mut self.class_in_flight, class, delta);
     }
 
     /// Waiting in `class`.
@@ -57,23 +77,21 @@ impl Gauge {
 
     /// Changes the count waiting in `class` by `delta` (never below zero).
     pub fn add_waiting(&mut self, class: usize, delta: i64) {
-        if class >= Self::MAX_CLASSES {
-            return;
-        }
-        if self.waiting.len() <= class {
-            self.waiting.resize(class + 1, 0);
-        }
-        if let Some(w) = self.waiting.get_mut(class) {
-            *w = (*w as i64 + delta).clamp(0, u32::MAX as i64) as u32;
-        }
+        add(&mut self.waiting, class, delta);
     }
 
     /// Decodes; anything malformed (or empty) reads as the initial gauge.
     pub fn decode(bytes: &[u8]) -> Gauge {
         let extra = bytes.len().wrapping_sub(Self::LEN);
-        if bytes.len() < Self::LEN || extra % 4 != 0 || extra / 4 > Self::MAX_CLASSES {
+        if bytes.len() < Self::LEN || extra % 4 != 0 || extra / 4 > 2 * Self::MAX_CLASSES {
             return Gauge::default();
         }
+        let words = extra / 4;
+        let (waiting, by_class) = if words > Self::MAX_CLASSES {
+            (Self::MAX_CLASSES, words - Self::MAX_CLASSES)
+        } else {
+            (words, 0)
+        };
         let at = |i: usize| {
             bytes
                 .get(i * 4..i * 4 + 4)
@@ -86,12 +104,27 @@ impl Gauge {
             rtt_us: at(2),
             reject_ppm: at(3),
             use_milli: at(4),
-            waiting: (0..extra / 4).map(|i| at(5 + i)).collect(),
+            waiting: (0..waiting).map(|i| at(5 + i)).collect(),
+            class_in_flight: (0..by_class).map(|i| at(5 + waiting + i)).collect(),
         }
     }
 
     pub fn utilization(&self) -> f64 {
         self.use_milli as f64 / 1_000.0
+    }
+}
+
+/// Changes `counts[class]` by `delta`, within [0, u32::MAX]; a class past the configuration's
+/// bound is not counted.
+fn add(counts: &mut Vec<u32>, class: usize, delta: i64) {
+    if class >= Gauge::MAX_CLASSES {
+        return;
+    }
+    if counts.len() <= class {
+        counts.resize(class + 1, 0);
+    }
+    if let Some(w) = counts.get_mut(class) {
+        *w = (*w as i64 + delta).clamp(0, u32::MAX as i64) as u32;
     }
 }
 
@@ -207,8 +240,26 @@ mod tests {
             reject_ppm: 10,
             use_milli: 900,
             waiting: vec![0, 3],
+            class_in_flight: Vec::new(),
         };
         assert_eq!(Gauge::decode(&g.encode()), g);
+        let mut by_class = g.clone();
+        by_class.add_class_in_flight(4, 2);
+        let bytes = by_class.encode();
+        assert_eq!(
+            bytes.len(),
+            20 + 4 * 32 + 4 * 5,
+            "every waiting count, then by class"
+        );
+        let back = Gauge::decode(&bytes);
+        assert_eq!((back.waiting(1), back.class_in_flight(4)), (3, 2));
+        by_class.add_class_in_flight(4, -9);
+        assert_eq!(
+            by_class.encode(),
+            g.encode(),
+            "none in flight by class: the old layout"
+        );
+        assert_eq!(Gauge::decode(&[0; 20 + 4 * 65]), Gauge::default());
         let mut idle = g.clone();
         idle.add_waiting(1, -5);
         assert_eq!(idle.encode().len(), 20, "no waiter, no bytes for them");
