@@ -338,7 +338,7 @@ fn args(url: String, count: u64, options: &[&str]) -> Vec<String> {
 }
 
 /// The demo with a small local limit per client address and path: 3 at once, then one every 4/3 s (a Retry-After
-/// of 1 or 2 s); and a rule answering 503 under /export/, one a second. `headers`: which rate-limit headers it sends
+/// of 1 or 2 s); and a rule answering 503 under /export/, one every 4 s. `headers`: which rate-limit headers it sends
 /// (`both`: the draft's and the legacy ones; `legacy` with its reset as a Unix time).
 fn demo(headers: serde_json::Value) -> Envoy {
     let demo = Demo::shipped().unwrap();
@@ -346,7 +346,7 @@ fn demo(headers: serde_json::Value) -> Envoy {
         {"name": "clients", "match": {"path_prefix": "/api/"}, "key": ["client_ip", "path"],
          "limits": [{"requests": 3, "per": "4s", "burst": 3}]},
         {"name": "export", "match": {"path_prefix": "/export/"}, "key": ["path"], "deny_status": 503,
-         "limits": [{"requests": 1, "per": "second"}]}]});
+         "limits": [{"requests": 1, "per": "4s"}]}]});
     for (name, value) in headers.as_object().into_iter().flatten() {
         plugin[name] = value.clone();
     }
@@ -356,10 +356,27 @@ fn demo(headers: serde_json::Value) -> Envoy {
 
 #[test]
 fn each_client_stops_at_the_limit_and_resumes_after_retry_after() {
-    let envoy = demo(json!({}));
-    // Only X-RateLimit-Remaining and X-RateLimit-Reset (a Unix time) to pace by. (Envoys start one after the other:
-    // each dies with the thread that started it.)
-    let legacy = demo(json!({"headers": "legacy", "x_ratelimit_reset": "unix"}));
+    // A second demo, started beside the first, has only X-RateLimit-Remaining and X-RateLimit-Reset (a Unix time) to
+    // pace by. Its thread holds it until the clients are done: an Envoy dies with the thread that started it.
+    let (url_tx, url_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let legacy = demo(json!({"headers": "legacy", "x_ratelimit_reset": "unix"}));
+            let _ = url_tx.send(legacy.url(""));
+            // Until the sender is dropped: the clients are done, or the test failed.
+            let _ = stop_rx.recv();
+        });
+        let stop = stop_tx;
+        let envoy = demo(json!({}));
+        let legacy = url_rx.recv().expect("the second demo started");
+        check_clients(&envoy, &legacy);
+        drop(stop);
+    });
+}
+
+/// Runs the clients against `envoy` (the rate-limit headers `both`) and `legacy` (a base URL: `legacy` headers).
+fn check_clients(envoy: &Envoy, legacy: &str) {
     let mut plan = Vec::new();
     for language in LANGUAGES {
         let name = language.name();
@@ -370,7 +387,7 @@ fn each_client_stops_at_the_limit_and_resumes_after_retry_after() {
         ));
         plan.push((
             language,
-            args(legacy.url(&format!("/api/{name}-paced")), 5, &["--pace"]),
+            args(format!("{legacy}/api/{name}-paced"), 5, &["--pace"]),
         ));
         plan.push((
             language,
@@ -389,26 +406,24 @@ fn each_client_stops_at_the_limit_and_resumes_after_retry_after() {
         };
         let refusals = plain.statuses().iter().filter(|s| **s == 429).count();
         assert_eq!(plain.check_waits(), refusals, "{}", plain.output);
-        // Stops at the limit: three admitted, the fourth refused with a Retry-After; every refusal is retried after
-        // exactly its Retry-After and the retry admitted (Retry-After's guarantee: nobody else spends this key).
+        // Stops at the limit: three admitted (a full bucket), then refused with a Retry-After (a fourth within 4/3 s,
+        // or a fifth within 8/3 s, is); every refusal is retried after exactly its Retry-After and the retry admitted
+        // (Retry-After's guarantee: nobody else spends this key).
         let attempts = plain.attempts();
         assert_eq!(
-            plain.statuses()[..4],
-            [200, 200, 200, 429],
+            plain.statuses()[..3],
+            [200, 200, 200],
             "{:?}:\n{}",
             plain.language,
             plain.output
         );
         assert_eq!(
-            attempts
-                .iter()
-                .map(|a| a.remaining)
-                .take(3)
-                .collect::<Vec<_>>(),
-            [Some(2), Some(1), Some(0)],
+            attempts[0].remaining,
+            Some(2),
             "the RateLimit header's remaining: {}",
             plain.output
         );
+        assert!(refusals >= 1, "never refused:\n{}", plain.output);
         for (i, attempt) in attempts.iter().enumerate() {
             if attempt.status == 429 {
                 let retry_after = attempt.retry_after.expect("a 429 with a Retry-After");
@@ -440,16 +455,22 @@ fn each_client_stops_at_the_limit_and_resumes_after_retry_after() {
                 paced.language,
                 paced.output
             );
+            // The first answer with none left (the third, unless the machine took over 4/3 s for three requests).
             let attempts = paced.attempts();
-            let (third, fourth) = (attempts[2], attempts[3]);
-            assert_eq!(third.remaining, Some(0), "{}", paced.output);
+            let last = attempts
+                .iter()
+                .position(|a| a.remaining == Some(0))
+                .unwrap_or_else(|| panic!("no answer with none left:\n{}", paced.output));
+            let (third, fourth) = (attempts[last], attempts[last + 1]);
             let reset = third.reset.expect("a reset with r=0");
             // 4 s; as a Unix time, rounded to whole seconds twice.
             assert!((1..=5).contains(&reset), "{}", paced.output);
             assert!(
-                paced.lines.iter().any(
-                    |l| matches!(l, Line::Wait { request: 4, reason, .. } if reason == "quota")
-                ),
+                paced
+                    .lines
+                    .iter()
+                    .any(|l| matches!(l, Line::Wait { request, reason, .. }
+                    if *request == fourth.request && reason == "quota")),
                 "{}",
                 paced.output
             );
@@ -469,7 +490,7 @@ fn each_client_stops_at_the_limit_and_resumes_after_retry_after() {
             );
         }
 
-        // A POST refused by sluice with a 503 was never processed: it is sent again after Retry-After.
+        // A POST refused by sluice with a 503 was never processed: it is sent again after Retry-After (3 or 4 s).
         assert_eq!(
             post.statuses(),
             [200, 503, 200],
