@@ -6,7 +6,8 @@
 // answer, not before; without it (and for 502, 504, connection errors) exponential backoff with full jitter; a
 // non-idempotent request retried on a 503 only when sluice's body says sluice answered it; retries out of a
 // token-bucket budget (BUDGET tokens, +0.1 per request, -1 per retry) and at most MAX_ATTEMPTS tries; with --pace,
-// the next request held T seconds after an answer saying none is left (RateLimit r=0;t=T, or X-RateLimit-*).
+// the next request held T seconds (MAX_WAIT_S at most) after an answer saying none is left (RateLimit r=0;t=T, or
+// X-RateLimit-*).
 //
 // One line per try and per wait, times in ms since it started (a monotonic clock):
 //   attempt request=4 try=1 sent_ms=12 done_ms=14 status=429 retry_after=2 remaining=0 reset=4
@@ -140,7 +141,8 @@ async function main() {
         `attempt request=${request} try=${attempt} sent_ms=${ms(sent)} done_ms=${ms(done)} ` +
           `status=${answer.status} retry_after=${show(retryAfter)} remaining=${show(remaining)} reset=${show(reset)}`,
       );
-      if (o.pace && remaining === 0 && reset !== null) holdUntil = done + reset * 1000;
+      // A hint of any length is held at most maxWaitS: a server cannot make the client sleep for ever.
+      if (o.pace && remaining === 0 && reset !== null) holdUntil = done + Math.min(reset, o.maxWaitS) * 1000;
       if (answer.status >= 200 && answer.status < 400) {
         ok++;
         break;

@@ -6,7 +6,7 @@ requests to URL, one after the other; a 429 or 503 with Retry-After retried that
 before; without it (and for 502, 504, connection errors) exponential backoff with full jitter; a non-idempotent
 request retried on a 503 only when sluice's body says sluice answered it; retries out of a token-bucket budget
 (BUDGET tokens, +0.1 per request, -1 per retry) and at most MAX_ATTEMPTS tries; with --pace, the next request held
-T seconds after an answer saying none is left (RateLimit r=0;t=T, or X-RateLimit-Remaining/-Reset).
+T seconds (MAX_WAIT_S at most) after an answer saying none is left (RateLimit r=0;t=T, or X-RateLimit-*).
 
 One line per try and per wait, times in ms since it started (a monotonic clock):
   attempt request=4 try=1 sent_ms=12 done_ms=14 status=429 retry_after=2 remaining=0 reset=4
@@ -123,7 +123,7 @@ def main():
             print(f"attempt request={request} try={attempt} sent_ms={ms(sent)} done_ms={ms(done)} status={status} "
                   f"retry_after={show(retry_after)} remaining={show(remaining)} reset={show(reset)}", flush=True)
             if o.pace and remaining == 0 and reset is not None:
-                hold_until = done + reset
+                hold_until = done + min(reset, o.max_wait_s)  # a server cannot make it sleep for ever
 
             def give_up(reason):
                 print(f"give_up request={request} reason={reason}", flush=True)

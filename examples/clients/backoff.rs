@@ -10,7 +10,8 @@
 //!   finds less than 1 is not made; no request makes more than MAX_ATTEMPTS tries, nor waits a Retry-After longer
 //!   than MAX_WAIT_S;
 //! - with `--pace`, it limits itself from the rate-limit headers: after an answer saying none is left (`RateLimit:
-//!   ...;r=0;t=T`, or `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset`), it holds the next request T seconds.
+//!   ...;r=0;t=T`, or `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset`), it holds the next request T seconds
+//!   (MAX_WAIT_S at most).
 //!
 //! It prints one line per try and per wait, times in milliseconds since it started (a monotonic clock):
 //!   attempt request=4 try=1 sent_ms=12 done_ms=14 status=429 retry_after=2 remaining=0 reset=4
@@ -226,17 +227,18 @@ fn main() -> ExitCode {
         tokens: o.budget,
         max: o.budget,
     };
-    let mut hold_until: Option<Instant> = None;
+    // After an answer with none left: when it came, and how long to hold the next request.
+    let mut hold: Option<(Instant, Duration)> = None;
     let (mut ok, mut failed, mut attempts, mut retries) = (0, 0, 0, 0);
     for request in 1..=o.count {
-        if let Some(until) = hold_until.take() {
-            let now = Instant::now();
-            if until > now {
+        if let Some((since, wait)) = hold.take() {
+            let left = wait.saturating_sub(since.elapsed());
+            if !left.is_zero() {
                 println!(
                     "wait request={request} ms={} reason=quota",
-                    ms(until) - ms(now)
+                    left.as_millis()
                 );
-                std::thread::sleep(until - now);
+                std::thread::sleep(left);
             }
         }
         budget.deposit();
@@ -256,8 +258,11 @@ fn main() -> ExitCode {
                 show(answer.remaining),
                 show(answer.reset),
             );
+            // A hint of any length is held at most MAX_WAIT_S: a server cannot make the client sleep for ever.
             if o.pace && answer.remaining == Some(0) {
-                hold_until = answer.reset.map(|t| done + Duration::from_secs(t));
+                hold = answer
+                    .reset
+                    .map(|t| (done, Duration::from_secs(t.min(o.max_wait_s))));
             }
             let give_up = |reason: &str| println!("give_up request={request} reason={reason}");
             if (200..400).contains(&answer.status) {
@@ -291,7 +296,7 @@ fn main() -> ExitCode {
                 break;
             }
             let (wait_ms, reason) = match answer.retry_after {
-                Some(seconds) => (seconds * 1_000, "retry-after"),
+                Some(seconds) => (seconds.saturating_mul(1_000), "retry-after"),
                 None => {
                     let ceiling = o
                         .cap_ms
@@ -300,8 +305,7 @@ fn main() -> ExitCode {
                 }
             };
             println!("wait request={request} ms={wait_ms} reason={reason}");
-            let until = done + Duration::from_millis(wait_ms);
-            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            std::thread::sleep(Duration::from_millis(wait_ms).saturating_sub(done.elapsed()));
             retries += 1;
             attempt += 1;
         }

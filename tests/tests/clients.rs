@@ -128,11 +128,13 @@ fn parse(output: &str) -> Vec<Line> {
             let maybe = |name: &str| -> Option<u64> {
                 match text(name).as_str() {
                     "-" => None,
-                    value => Some(
+                    // JavaScript prints a number past 2^53 as the nearest double (18446744073709552000).
+                    value => Some(value.parse().unwrap_or_else(|_| {
                         value
-                            .parse()
-                            .unwrap_or_else(|_| panic!("{name} in {line:?}")),
-                    ),
+                            .parse::<f64>()
+                            .unwrap_or_else(|_| panic!("{name} in {line:?}"))
+                            as u64
+                    })),
                 }
             };
             let number = |name: &str| maybe(name).unwrap_or_else(|| panic!("{name} in {line:?}"));
@@ -513,7 +515,8 @@ fn check_clients(envoy: &Envoy, legacy: &str) {
 }
 
 /// An upstream that answers every request 503, plain text without Retry-After (not sluice's answer), one connection
-/// per request. Counts the requests per path.
+/// per request; under /huge-reset/ a 200 saying none is left for u64::MAX seconds, under /huge-retry-after/ a 503 with
+/// a Retry-After of u64::MAX. Counts the requests per path.
 struct Failing {
     port: u16,
     counts: Arc<Mutex<HashMap<String, u64>>>,
@@ -544,10 +547,21 @@ impl Failing {
                             Ok(_) => {}
                         }
                     }
-                    *seen.lock().unwrap().entry(path).or_insert(0) += 1;
+                    *seen.lock().unwrap().entry(path.clone()).or_insert(0) += 1;
+                    // A hostile server's waits: the largest number of seconds a client can read.
+                    let (status, extra) = if path.starts_with("/huge-reset/") {
+                        ("200 OK", format!("ratelimit: \"x\";r=0;t={}\r\n", u64::MAX))
+                    } else if path.starts_with("/huge-retry-after/") {
+                        (
+                            "503 Service Unavailable",
+                            format!("retry-after: {}\r\n", u64::MAX),
+                        )
+                    } else {
+                        ("503 Service Unavailable", String::new())
+                    };
                     let body = "upstream down\n";
                     let reply = format!(
-                        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+                        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n{extra}\
                          connection: close\r\n\r\n{body}",
                         body.len()
                     );
@@ -594,7 +608,48 @@ fn each_client_stops_after_its_attempts_or_its_budget_and_never_resends_a_post_t
             args(upstream.url(&format!("/post/{name}")), 2, &post),
         ));
     }
+    // What a hostile server can send: waits no client can sleep through. A pacing hint is held at most
+    // --max-wait-s, a longer Retry-After ends the request: no overflow, no endless sleep.
+    for language in LANGUAGES {
+        let name = language.name();
+        let pace = ["--pace", "--max-wait-s", "1"];
+        plan.push((
+            language,
+            args(upstream.url(&format!("/huge-reset/{name}")), 2, &pace),
+        ));
+        plan.push((
+            language,
+            args(upstream.url(&format!("/huge-retry-after/{name}")), 1, &[]),
+        ));
+    }
     let runs = run_all(plan);
+    let (runs, hostile) = runs.split_at(LANGUAGES.len() * 3);
+    for pair in hostile.chunks(2) {
+        let [reset, retry_after] = pair else {
+            unreachable!()
+        };
+        assert_eq!(reset.statuses(), [200, 200], "{}", reset.output);
+        let held: Vec<u64> = reset
+            .lines
+            .iter()
+            .filter_map(|l| match l {
+                Line::Wait { ms, reason, .. } if reason == "quota" => Some(*ms),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            matches!(held.as_slice(), [ms] if *ms <= 1_000),
+            "{}",
+            reset.output
+        );
+        assert_eq!(retry_after.statuses(), [503], "{}", retry_after.output);
+        assert_eq!(
+            retry_after.give_ups(),
+            [(1, "retry_after_too_long".to_owned())],
+            "{}",
+            retry_after.output
+        );
+    }
     for triple in runs.chunks(3) {
         let [attempts, budget, post] = triple else {
             unreachable!()
