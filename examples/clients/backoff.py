@@ -46,10 +46,9 @@ class Budget:
 
 
 def number(value):
-    try:
-        return int(value.strip())
-    except (AttributeError, ValueError):
-        return None
+    """Whole seconds or a count, ASCII digits only ("-1", "1_0" and "²" are not numbers); else None."""
+    value = (value or "").strip()
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def draft_fields(value):
