@@ -13,7 +13,7 @@ use std::time::Duration;
 use sluice_core::limit::registry::{Entry, Registry, GRACE_US, REGISTRY_KEY};
 use sluice_core::protocol::{Hints, Lease, LiveOverrides, SyncRequest, SyncResponse};
 use sluice_host::{
-    filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec,
+    filter_wasm_path, ExchangeState, FilterModule, HostProfile, Proxy, ProxyOptions, RequestSpec,
 };
 
 fn module() -> &'static FilterModule {
@@ -250,6 +250,56 @@ fn overrides_keep_a_rule_to_two_tables() {
     assert!(tables.len() <= 2, "{tables:?}");
 }
 
+/// A live override that would bring a leaky bucket in: Envoy applies it; nginx cannot resume the
+/// requests a leaky bucket holds, so with `"host": "nginx"` each worker leaves it out, says so, and
+/// keeps the rule as configured.
+fn a_live_leaky_bucket_applies_in_envoy_and_is_left_out_in_nginx() {
+    let proxy = proxy(&synced(), 2);
+    let live = LiveOverrides {
+        version: 1,
+        limits: [(
+            "r".to_owned(),
+            vec![serde_json::json!({"requests": 2, "per": "hour", "algorithm": "leaky_bucket"})],
+        )]
+        .into(),
+        ..LiveOverrides::default()
+    };
+    push_overrides(&proxy, &live);
+    let applied = proxy
+        .log_messages(sluice_host::LogLevel::Info)
+        .into_iter()
+        .filter(|m| m.contains("live overrides version 1 applied"))
+        .count();
+    assert_eq!(applied, 2, "each worker took the set");
+    let left_out: Vec<String> = proxy
+        .log_messages(sluice_host::LogLevel::Warn)
+        .into_iter()
+        .filter(|m| m.contains("live override not applied"))
+        .collect();
+    match hosts::profile() {
+        HostProfile::Envoy => {
+            assert!(left_out.is_empty(), "{left_out:?}");
+            // The bucket in force: the first leaves at once, the next slot is half an hour away,
+            // far past the longest wait.
+            let seen: Vec<u32> = (0..4).map(|i| user_status(&proxy, i % 2, "u")).collect();
+            assert_eq!(seen, [200, 429, 429, 429]);
+        }
+        HostProfile::NgxWasmModule => {
+            assert_eq!(left_out.len(), 2, "one line a worker: {left_out:?}");
+            assert!(
+                left_out.iter().all(|m| m.contains("limits.r")
+                    && m.contains("algorithm")
+                    && m.contains("nginx")),
+                "{left_out:?}"
+            );
+            // The rule as configured: 3 an hour, counted across both workers.
+            let seen: Vec<u32> = (0..4).map(|i| user_status(&proxy, i % 2, "u")).collect();
+            assert_eq!(seen, [200, 200, 200, 429]);
+        }
+    }
+    assert!(proxy.is_alive(0) && proxy.is_alive(1));
+}
+
 /// The registry tracks at most 256 tables: a configuration of 260 rules leaves 4 out, and the filter says so
 /// (which ones, and that they are not emptied if unused before room is made) instead of leaving them out silently.
 fn tables_a_full_registry_leaves_out_are_logged() {
@@ -294,5 +344,6 @@ fn tables_a_full_registry_leaves_out_are_logged() {
 both_hosts!(
     an_unused_table_is_emptied_and_the_live_one_kept,
     overrides_keep_a_rule_to_two_tables,
+    a_live_leaky_bucket_applies_in_envoy_and_is_left_out_in_nginx,
     tables_a_full_registry_leaves_out_are_logged,
 );
