@@ -74,7 +74,7 @@ fn request_properties(spec: &RequestSpec, headers: &Headers, profile: HostProfil
     if let Some(port) = port {
         properties = properties.with_int("source.port", port);
     }
-    spec.properties.clone().or(&properties)
+    properties.overlaid(&spec.properties)
 }
 
 /// `ngx_wasm_module`'s request properties: nginx variables, every value a string.
@@ -111,7 +111,7 @@ fn nginx_request_properties(spec: &RequestSpec, headers: &Headers) -> Properties
     if let Some(id) = header(headers, "x-request-id") {
         properties = properties.with_str("request.id", id);
     }
-    spec.properties.clone().or(&properties)
+    properties.overlaid(&spec.properties)
 }
 
 /// Opens a stream and runs the request callbacks; returns its context id.

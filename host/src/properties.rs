@@ -46,6 +46,15 @@ impl Properties {
         self.values.get(path).map(Vec::as_slice)
     }
 
+    /// Sets every entry of `over` here, replacing what is set: `over` wins, as in `over.or(self)`,
+    /// without copying `self`.
+    pub(crate) fn overlaid(mut self, over: &Properties) -> Properties {
+        for (path, value) in &over.values {
+            self.values.insert(path.clone(), value.clone());
+        }
+        self
+    }
+
     /// Adds every entry of `other` that is not already set here.
     pub(crate) fn or(mut self, other: &Properties) -> Properties {
         for (path, value) in &other.values {

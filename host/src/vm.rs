@@ -1,9 +1,9 @@
 //! One worker's VM: a wasmtime store and instance, and the host state its imports see.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, MutexGuard};
 
-use wasmtime::{Instance, Linker, Memory, Store, TypedFunc, WasmParams, WasmResults};
+use wasmtime::{Extern, Instance, Linker, Memory, Store, TypedFunc, WasmParams, WasmResults};
 
 use super::abi::LogLevel;
 use super::calls::CallResponse;
@@ -153,6 +153,9 @@ const FUEL: u64 = u64::MAX / 2;
 pub(crate) struct Vm {
     pub store: Store<VmState>,
     instance: Instance,
+    /// Exports by name, looked up once: a lookup by name on every callback was a tenth of a
+    /// harness request's time.
+    exports: HashMap<&'static str, Option<Extern>>,
     pub worker: usize,
     pub dead: bool,
 }
@@ -211,6 +214,7 @@ impl Vm {
         Ok(Vm {
             store,
             instance,
+            exports: HashMap::new(),
             worker,
             dead: false,
         })
@@ -241,13 +245,25 @@ impl Vm {
                 worker: self.worker,
             });
         }
-        if self.instance.get_export(&mut self.store, name).is_none() {
+        let export = match self.exports.get(name) {
+            Some(export) => export.clone(),
+            None => {
+                let export = self.instance.get_export(&mut self.store, name);
+                self.exports.insert(name, export.clone());
+                export
+            }
+        };
+        let Some(export) = export else {
             return Ok(None);
-        }
-        let func = self
-            .instance
-            .get_typed_func::<P, R>(&mut self.store, name)
-            .map_err(|e| self.kill(name, format!("export has an unexpected signature: {e}")))?;
+        };
+        let func = export
+            .into_func()
+            .ok_or_else(|| "export is not a function".to_string())
+            .and_then(|func| {
+                func.typed::<P, R>(&self.store)
+                    .map_err(|e| format!("export has an unexpected signature: {e}"))
+            })
+            .map_err(|message| self.kill(name, message))?;
         let state = self.store.data_mut();
         state.effective = context_id;
         state.errors_during_call.clear();

@@ -549,6 +549,13 @@ fn properties_come_from_the_request_the_plugin_and_the_test() {
     assert_eq!(property("request.method"), "GET");
     assert_eq!(property("node.metadata.zone"), "eu-1");
     assert_eq!(property("no.such.thing"), "none");
+    // A request's own properties override what the host derives from it.
+    let mut spec = get("/")
+        .from("9.8.7.6:5555")
+        .header("x-echo-property", "request.method");
+    spec.properties = Properties::new().with_str("request.method", "PATCH");
+    let state = proxy.request(spec).unwrap().state().unwrap();
+    assert_eq!(state.header("x-echo-property-value"), Some("PATCH"));
 }
 
 #[test]

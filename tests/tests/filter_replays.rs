@@ -3,15 +3,20 @@
 //! the batch in doubt and resends it first, with the round labels it was first sent with, and
 //! the real service on a real Redis counts it once. The test carries each callout to the service
 //! itself and decides what the filter hears back. The control strips the labels from the resent
-//! batch: the service then counts it twice, which is what happened before the labels.
+//! batch: the service then counts it twice, which is what happened before the labels. Both
+//! scenarios run under both hosts, Envoy and nginx.
 #![cfg(all(feature = "wasm", feature = "redis"))]
+
+#[path = "support/hosts.rs"]
+mod hosts;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use sluice_core::protocol::SyncRequest;
 use sluice_host::{
-    filter_wasm_path, ExchangeState, FilterModule, HttpCall, Proxy, ProxyOptions, RequestSpec,
+    filter_wasm_path, ExchangeState, FilterModule, HostProfile, HttpCall, Proxy, ProxyOptions,
+    RequestSpec,
 };
 use sluice_tests::redis::Redis;
 use sluice_tests::service::Service;
@@ -25,16 +30,18 @@ fn module() -> &'static FilterModule {
 /// it must equal what the proxy admitted.
 fn proxy(token: &str) -> Proxy {
     let config = format!(
-        r#"{{"service": {{"cluster": "sluice_service", "token": "{token}", "timeout_ms": 100,
+        r#"{{"service": {{{service}, "token": "{token}", "timeout_ms": 100,
              "sync_interval_ms": 100, "breaker_failures": 3, "breaker_cooldown_ms": 1000}},
            "rules": [{{"name": "shared", "key": ["header:x-api-key"], "consistency": "cached",
                       "limits": [{{"requests": 100000, "per": "day", "algorithm": "fixed_window"}}],
-                      "fallback": {{"policy": "fail_open"}}}}]}}"#
+                      "fallback": {{"policy": "fail_open"}}}}]}}"#,
+        service = hosts::service()
     );
     let options = ProxyOptions {
         workers: 2,
         seed: 31,
-        ..ProxyOptions::new(&config)
+        profile: hosts::profile(),
+        ..ProxyOptions::new(hosts::config(&config))
     };
     Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
 }
@@ -77,11 +84,21 @@ fn forward(service: &Service, batch: &SyncRequest) -> String {
     reply.body
 }
 
-/// Admits some, loses the answer of the batch that reported them after the service applied it
-/// (a 503: what Envoy answers when the replica died), admits more, then lets every answer
-/// through. `strip` removes the labels from the resent batch. Returns (admitted, counted,
-/// entries the service took for replays).
-fn lose_an_answer(strip: bool) -> (u64, u64, u64) {
+/// How the answer of an applied batch is lost.
+#[derive(Clone, Copy)]
+enum Loss {
+    /// The replica died: Envoy answers a 503, nginx reports the broken connection (no headers,
+    /// a `:dispatch_status`).
+    Died,
+    /// The callout timed out: Envoy answers a 504 of its own, nginx reports `timeout` (no headers,
+    /// a `:dispatch_status`).
+    TimedOut,
+}
+
+/// Admits some, loses the answer of the batch that reported them after the service applied it,
+/// admits more, then lets every answer through. `strip` removes the labels from the resent
+/// batch. Returns (admitted, counted, entries the service took for replays).
+fn lose_an_answer(loss: Loss, strip: bool) -> (u64, u64, u64) {
     let redis = Redis::start().unwrap();
     let service = Service::start(&redis.url()).unwrap();
     let proxy = proxy(service.token());
@@ -93,7 +110,11 @@ fn lose_an_answer(strip: bool) -> (u64, u64, u64) {
     assert_ne!(first.entries[0].round, 0, "labeled");
     forward(&service, &first);
     assert_eq!(redis.only_window_count(), 5, "applied");
-    proxy.answer_call(call.token, 503, &[], b"").unwrap();
+    match (loss, hosts::profile()) {
+        (Loss::Died, HostProfile::Envoy) => proxy.answer_call(call.token, 503, &[], b"").unwrap(),
+        (Loss::Died, HostProfile::NgxWasmModule) => proxy.fail_call(call.token).unwrap(),
+        (Loss::TimedOut, _) => proxy.timeout_call(call.token).unwrap(),
+    }
     assert_eq!(proxy.metric("sluice.sync.failed"), Some(1));
 
     total += admitted(&proxy, 3, "alice");
@@ -125,20 +146,25 @@ fn lose_an_answer(strip: bool) -> (u64, u64, u64) {
     )
 }
 
-#[test]
 fn a_batch_applied_but_unanswered_is_resent_and_counted_once() {
-    let (admitted, counted, replayed) = lose_an_answer(false);
-    assert_eq!(
-        counted, admitted,
-        "every admitted request counted exactly once"
-    );
-    assert_eq!(replayed, 1, "the service recognized the replay");
+    for loss in [Loss::Died, Loss::TimedOut] {
+        let (admitted, counted, replayed) = lose_an_answer(loss, false);
+        assert_eq!(
+            counted, admitted,
+            "every admitted request counted exactly once"
+        );
+        assert_eq!(replayed, 1, "the service recognized the replay");
+    }
 }
 
-#[test]
 fn without_the_labels_the_replay_is_counted_twice() {
-    let (admitted, counted, replayed) = lose_an_answer(true);
+    let (admitted, counted, replayed) = lose_an_answer(Loss::Died, true);
     assert_eq!(admitted, 8);
     assert_eq!(counted, admitted + 5, "the lost batch's 5 counted twice");
     assert_eq!(replayed, 0);
 }
+
+both_hosts!(
+    a_batch_applied_but_unanswered_is_resent_and_counted_once,
+    without_the_labels_the_replay_is_counted_twice,
+);

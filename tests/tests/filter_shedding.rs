@@ -476,8 +476,9 @@ fn a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead() {
     assert_eq!(gauge(&proxy, "api").in_flight, 4);
 }
 
-// The wait queue's scenarios stay Envoy-only: a waiter is resumed from the root's tick through
-// `proxy_set_effective_context`, which ngx_wasm_module does not implement (see docs/hosts.md).
+// The wait queue's two scenarios stay Envoy-only: `"host": "nginx"` refuses a bulkhead's `queue`, since a
+// waiter is resumed from the root's tick through `proxy_set_effective_context`, which ngx_wasm_module does not
+// implement (see docs/hosts.md).
 both_hosts!(
     the_workers_share_the_slots_and_every_kind_of_end_gives_one_back,
     the_adaptive_limit_falls_when_the_upstream_queues,

@@ -2,7 +2,10 @@
 //! `core/src/limit/registry.rs`): a table of an earlier configuration that nobody stamps any more is
 //! emptied and leaves the registry; the live table is stamped on every tick and keeps its counts.
 //! Live overrides, however many, keep a rule's shared-data keys to two tables' worth. Time is a
-//! virtual clock.
+//! virtual clock. Every scenario runs under both hosts, Envoy and nginx.
+
+#[path = "support/hosts.rs"]
+mod hosts;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -10,7 +13,7 @@ use std::time::Duration;
 use sluice_core::limit::registry::{Entry, Registry, GRACE_US, REGISTRY_KEY};
 use sluice_core::protocol::{Hints, Lease, LiveOverrides, SyncRequest, SyncResponse};
 use sluice_host::{
-    filter_wasm_path, ExchangeState, FilterModule, Proxy, ProxyOptions, RequestSpec,
+    filter_wasm_path, ExchangeState, FilterModule, HostProfile, Proxy, ProxyOptions, RequestSpec,
 };
 
 fn module() -> &'static FilterModule {
@@ -19,6 +22,15 @@ fn module() -> &'static FilterModule {
         FilterModule::load(filter_wasm_path())
             .unwrap_or_else(|e| panic!("{e}: build the filter first (`make test` does)"))
     })
+}
+
+fn proxy(config: &str, workers: usize) -> Proxy {
+    let options = ProxyOptions {
+        workers,
+        profile: hosts::profile(),
+        ..ProxyOptions::new(hosts::config(config))
+    };
+    Proxy::new(module(), options).unwrap_or_else(|e| panic!("proxy did not start: {e:?}"))
 }
 
 const CONFIG: &str = r#"{"max_keys": 64, "rules": [{"name": "r", "key": ["client_ip"],
@@ -44,16 +56,8 @@ fn registry(proxy: &Proxy) -> Registry {
     Registry::decode(&proxy.shared_data(REGISTRY_KEY).unwrap_or_default().0)
 }
 
-#[test]
 fn an_unused_table_is_emptied_and_the_live_one_kept() {
-    let proxy = Proxy::new(
-        module(),
-        ProxyOptions {
-            workers: 2,
-            ..ProxyOptions::new(CONFIG)
-        },
-    )
-    .unwrap();
+    let proxy = proxy(CONFIG, 2);
     let live: Vec<String> = registry(&proxy)
         .entries
         .iter()
@@ -118,10 +122,15 @@ fn an_unused_table_is_emptied_and_the_live_one_kept() {
 
 /// A local rule of 64 keys (8 sets) on a proxy that syncs with a counter service every 100 ms (the test plays the
 /// service): the way live overrides arrive.
-const SYNCED: &str = r#"{"max_keys": 64,
-  "service": {"cluster": "sluice_service", "token": "t", "timeout_ms": 100, "sync_interval_ms": 100},
-  "rules": [{"name": "r", "key": ["header:x-user"], "consistency": "local",
-             "limits": [{"requests": 3, "per": "hour"}]}]}"#;
+fn synced() -> String {
+    format!(
+        r#"{{"max_keys": 64,
+          "service": {{{service}, "token": "t", "timeout_ms": 100, "sync_interval_ms": 100}},
+          "rules": [{{"name": "r", "key": ["header:x-user"], "consistency": "local",
+                     "limits": [{{"requests": 3, "per": "hour"}}]}}]}}"#,
+        service = hosts::service()
+    )
+}
 
 fn user_status(proxy: &Proxy, worker: usize, user: &str) -> u32 {
     let exchange = proxy
@@ -179,16 +188,8 @@ fn push_overrides(proxy: &Proxy, live: &LiveOverrides) {
 /// and its one table for overridden layouts), where each override used to make a table of its own: 8 sets a
 /// change, whose keys proxy-wasm can never delete (about 90 bytes each in Envoy, 0.75 MB a change for the
 /// default 65,536 keys).
-#[test]
 fn overrides_keep_a_rule_to_two_tables() {
-    let proxy = Proxy::new(
-        module(),
-        ProxyOptions {
-            workers: 2,
-            ..ProxyOptions::new(SYNCED)
-        },
-    )
-    .unwrap();
+    let proxy = proxy(&synced(), 2);
     let sets = |proxy: &Proxy| {
         proxy
             .shared_data_keys()
@@ -249,9 +250,58 @@ fn overrides_keep_a_rule_to_two_tables() {
     assert!(tables.len() <= 2, "{tables:?}");
 }
 
+/// A live override that would bring a leaky bucket in: Envoy applies it; nginx cannot resume the
+/// requests a leaky bucket holds, so with `"host": "nginx"` each worker leaves it out, says so, and
+/// keeps the rule as configured.
+fn a_live_leaky_bucket_applies_in_envoy_and_is_left_out_in_nginx() {
+    let proxy = proxy(&synced(), 2);
+    let live = LiveOverrides {
+        version: 1,
+        limits: [(
+            "r".to_owned(),
+            vec![serde_json::json!({"requests": 2, "per": "hour", "algorithm": "leaky_bucket"})],
+        )]
+        .into(),
+        ..LiveOverrides::default()
+    };
+    push_overrides(&proxy, &live);
+    let applied = proxy
+        .log_messages(sluice_host::LogLevel::Info)
+        .into_iter()
+        .filter(|m| m.contains("live overrides version 1 applied"))
+        .count();
+    assert_eq!(applied, 2, "each worker took the set");
+    let left_out: Vec<String> = proxy
+        .log_messages(sluice_host::LogLevel::Warn)
+        .into_iter()
+        .filter(|m| m.contains("live override not applied"))
+        .collect();
+    match hosts::profile() {
+        HostProfile::Envoy => {
+            assert!(left_out.is_empty(), "{left_out:?}");
+            // The bucket in force: the first leaves at once, the next slot is half an hour away,
+            // far past the longest wait.
+            let seen: Vec<u32> = (0..4).map(|i| user_status(&proxy, i % 2, "u")).collect();
+            assert_eq!(seen, [200, 429, 429, 429]);
+        }
+        HostProfile::NgxWasmModule => {
+            assert_eq!(left_out.len(), 2, "one line a worker: {left_out:?}");
+            assert!(
+                left_out.iter().all(|m| m.contains("limits.r")
+                    && m.contains("algorithm")
+                    && m.contains("nginx")),
+                "{left_out:?}"
+            );
+            // The rule as configured: 3 an hour, counted across both workers.
+            let seen: Vec<u32> = (0..4).map(|i| user_status(&proxy, i % 2, "u")).collect();
+            assert_eq!(seen, [200, 200, 200, 429]);
+        }
+    }
+    assert!(proxy.is_alive(0) && proxy.is_alive(1));
+}
+
 /// The registry tracks at most 256 tables: a configuration of 260 rules leaves 4 out, and the filter says so
 /// (which ones, and that they are not emptied if unused before room is made) instead of leaving them out silently.
-#[test]
 fn tables_a_full_registry_leaves_out_are_logged() {
     let rules: Vec<String> = (0..260)
         .map(|i| {
@@ -261,7 +311,7 @@ fn tables_a_full_registry_leaves_out_are_logged() {
         })
         .collect();
     let config = format!(r#"{{"max_keys": 8, "rules": [{}]}}"#, rules.join(","));
-    let proxy = Proxy::new(module(), ProxyOptions::new(&config)).unwrap();
+    let proxy = proxy(&config, 1);
     assert_eq!(
         registry(&proxy).entries.len(),
         sluice_core::limit::registry::MAX_TABLES
@@ -290,3 +340,10 @@ fn tables_a_full_registry_leaves_out_are_logged() {
         .count();
     assert_eq!(after, before);
 }
+
+both_hosts!(
+    an_unused_table_is_emptied_and_the_live_one_kept,
+    overrides_keep_a_rule_to_two_tables,
+    a_live_leaky_bucket_applies_in_envoy_and_is_left_out_in_nginx,
+    tables_a_full_registry_leaves_out_are_logged,
+);
