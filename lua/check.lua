@@ -21,7 +21,7 @@
 local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local penalized, penalty_us, penalty_key = penalty_before(n, 4 + 3 * n, now)
+local penalized, penalty_us, penalty_key = penalty_before(KEYS[n + 1], ARGV[4 + 3 * n], now)
 if penalized ~= nil then
   return penalized
 end

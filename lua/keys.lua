@@ -7,7 +7,7 @@
 --       sync_window.lua, window.lua and sliding_log.lua name them (counter-service/src/keys.rs):
 --       every one under the entry's hash tag, so in one Redis Cluster slot. The script reads
 --       and deletes these keys and no other. Then the entry's penalty key (its first limit's
---       key and `:penalty`; see prelude's penalty_end), when there is a limit.
+--       key and `:penalty`, as lua/prelude.lua describes it), when there is a limit.
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), op ("show" or
 --       "reset"), max_leases (most leases answered per limit), then per key: kind (bucket,
 --       fixed, week, month, sliding or log), requests, period_ms, burst.

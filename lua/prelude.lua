@@ -338,13 +338,13 @@ local function penalty_start(key, now, penalty_us)
   return till
 end
 
--- The penalty of a strict check's entry, before it is decided (KEYS[n + 1] and the ARGV after
--- its limits at `arg`): the answer of a key in its penalty ({0, 0, wait, wait}, wait the
--- milliseconds left, as core's `penalized`), nil if it is not; and the entry's penalty (us, 0
--- if none) and its key, for penalty_after.
-local function penalty_before(n, arg, now)
-  local penalty_us = (tonumber(ARGV[arg]) or 0) * 1000
-  local key = KEYS[n + 1]
+-- The penalty of a strict check's entry, before it is decided (`key`: its penalty key, the one
+-- after its limit keys; `penalty_ms`: the ARGV after its limits, nil or 0 for none): the answer
+-- of a key in its penalty ({0, 0, wait, wait}, wait the milliseconds left, as core's
+-- `penalized`), nil if it is not; and the entry's penalty (us, 0 if none) and its key, for
+-- penalty_after.
+local function penalty_before(key, penalty_ms, now)
+  local penalty_us = (tonumber(penalty_ms) or 0) * 1000
   if penalty_us <= 0 or key == nil then
     return nil, 0, nil
   end

@@ -37,7 +37,7 @@
 -- with its round in r:p ("<epoch> <counter> <written>"), or in four fields, g:p, x:p, d:p, s:p:
 -- they are read the same, and a proxy's own are replaced by its l:p at its next sync.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its math_min,
--- math_max, math_floor, clock, hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers,
+-- math_max, math_floor, math_ceil, clock, hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers,
 -- round_numbers, round_is_newer, stored_bucket, refill_bucket, ms_to_full, expire_key,
 -- whole_remaining, proxy_demand, penalty_end and penalty_start.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
