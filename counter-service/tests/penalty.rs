@@ -176,11 +176,10 @@ async fn a_proxy_cannot_lengthen_or_place_a_penalty_on_others_limits() {
         honest.tokens > 0 && honest.penalty_ms == 0,
         "another key: {honest:?}"
     );
-    assert_eq!(
+    assert!(
         check_at(&state, &[FIVE], TEN_MINUTES_MS, T0 + 2 * SECOND)
             .await
-            .0,
-        true
+            .0
     );
 
     // On the honest limits, the evil proxy drains the bucket (its spend is cut to what one report
