@@ -3,21 +3,28 @@
 --
 -- KEYS: the entry's limit keys, in limit order:
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>
+--       then, if the entry has a penalty, its penalty key (prelude's penalty_before).
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), cost, n_limits,
---       then n_limits x (requests, period_ms, burst).
+--       then n_limits x (requests, period_ms, burst), then penalty_ms (0 or absent: none).
+--       A key in its penalty is denied before anything is read or spent; a denial starts one.
 -- Returns: {allowed (0/1), remaining, retry_after_ms, reset_ms}, integers:
 --   remaining: whole tokens left after the decision (the most restrictive limit, never below 0);
 --   retry_after_ms: when denied, until `cost` tokens are there on every limit, else 0;
 --   reset_ms: until every bucket is full again.
 --
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_leases, stored_bucket, refill_bucket, ms_to_full, expire_key and whole_remaining.
+-- load_leases, stored_bucket, refill_bucket, ms_to_full, expire_key, whole_remaining,
+-- penalty_before and penalty_after.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs (Bucket::take) so both agree
 -- bit for bit (see counter-service/tests/vectors.rs).
 
 local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
+local penalized, penalty_us, penalty_key = penalty_before(KEYS[n + 1], ARGV[4 + 3 * n], now)
+if penalized ~= nil then
+  return penalized
+end
 
 local limits = {}
 local allowed = true
@@ -69,4 +76,5 @@ for i = 1, n do
   end
 end
 
-return {allowed and 1 or 0, whole_remaining(remaining), retry_after_ms, reset_ms}
+return penalty_after({allowed and 1 or 0, whole_remaining(remaining), retry_after_ms, reset_ms},
+  penalty_us, penalty_key, now)

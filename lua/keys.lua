@@ -6,12 +6,15 @@
 -- KEYS: the limit keys of one entry (one rule's key), in limit order, as sync.lua, check.lua,
 --       sync_window.lua, window.lua and sliding_log.lua name them (counter-service/src/keys.rs):
 --       every one under the entry's hash tag, so in one Redis Cluster slot. The script reads
---       and deletes these keys and no other.
+--       and deletes these keys and no other. Then the entry's penalty key (its first limit's
+--       key and `:penalty`, as lua/prelude.lua describes it), when there is a limit.
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), op ("show" or
 --       "reset"), max_leases (most leases answered per limit), then per key: kind (bucket,
 --       fixed, week, month, sliding or log), requests, period_ms, burst.
 -- Returns: a JSON text: {"now_ms": …, "deleted": keys deleted (0 for show), "limits": [one
---   object per key, in order]}, each limit:
+--   object per key, in order], "penalty": the key's penalty if one runs ({from_ms, until_ms,
+--   ttl_ms}: when it started and ends, as the proxy that started it set it), else absent},
+--   each limit:
 --   exists: whether Redis holds the key (a key of another type counts as absent; type names it);
 --   bucket: tokens (refilled to now, at most burst; below 0: a debt), debt (0 or more),
 --     reset_ms (until the bucket is full again; 0 if it is);
@@ -77,7 +80,8 @@ end
 
 local limits = {}
 local arg = 4
-for i = 1, #KEYS do
+local n = (#ARGV - 3) / 4
+for i = 1, n do
   local key = KEYS[i]
   local kind = ARGV[arg]
   local requests = tonumber(ARGV[arg + 1])
@@ -136,9 +140,21 @@ for i = 1, #KEYS do
   limits[i] = l
 end
 
+local penalty = nil
+local penalty_key = KEYS[n + 1]
+if penalty_key ~= nil and redis.call('TYPE', penalty_key).ok == 'hash' then
+  local stored = redis.call('HMGET', penalty_key, 'from', 'until')
+  local from, till = tonumber(stored[1]), tonumber(stored[2])
+  if from ~= nil and till ~= nil and till > now then
+    penalty = {from_ms = math_floor(from / 1000), until_ms = math_ceil(till / 1000),
+      ttl_ms = ms(till - now)}
+  end
+end
+
 local deleted = 0
 if op == 'reset' and #KEYS > 0 then
   deleted = redis.call('DEL', unpack(KEYS))
 end
 
-return cjson.encode({now_ms = math_floor(now / 1000), deleted = deleted, limits = limits})
+return cjson.encode({now_ms = math_floor(now / 1000), deleted = deleted, limits = limits,
+  penalty = penalty})

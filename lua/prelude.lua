@@ -312,6 +312,62 @@ local function whole_remaining(remaining)
   return remaining
 end
 
+-- A rule's `penalty` keeps a key denied for a while once it went over. An entry's penalty has
+-- its own key (counter-service/src/keys.rs: its first limit's key and `:penalty`, same hash tag),
+-- given after the entry's limit keys when the entry carries a penalty (penalty_ms > 0, the ARGV
+-- after its limits): a hash of `from` (when the key went over, us) and `until` (from + the
+-- penalty of the proxy that started it, us), expiring with it. Each script honours it until
+-- min(until, from + its own entry's penalty): a proxy whose rule has a longer penalty cannot
+-- lengthen another's. It is started only where a script sees the key over its limit itself.
+
+-- The end (us) of the penalty at `key` for an entry whose penalty is `penalty_us` (0: none).
+local function penalty_end(key, penalty_us)
+  local stored = redis.call('HMGET', key, 'from', 'until')
+  local from, till = tonumber(stored[1]), tonumber(stored[2])
+  if from == nil or till == nil then
+    return 0
+  end
+  return math_min(till, from + penalty_us)
+end
+
+-- Starts a penalty of `penalty_us` at `now` (us) at `key`; returns its end (us).
+local function penalty_start(key, now, penalty_us)
+  local till = now + penalty_us
+  redis.call('HSET', key, 'from', now, 'until', till)
+  redis.call('PEXPIRE', key, math_ceil(penalty_us / 1000) + 1000)
+  return till
+end
+
+-- The penalty of a strict check's entry, before it is decided (`key`: its penalty key, the one
+-- after its limit keys; `penalty_ms`: the ARGV after its limits, nil or 0 for none): the answer
+-- of a key in its penalty ({0, 0, wait, wait}, wait the milliseconds left, as core's
+-- `penalized`), nil if it is not; and the entry's penalty (us, 0 if none) and its key, for
+-- penalty_after.
+local function penalty_before(key, penalty_ms, now)
+  local penalty_us = (tonumber(penalty_ms) or 0) * 1000
+  if penalty_us <= 0 or key == nil then
+    return nil, 0, nil
+  end
+  local ends = penalty_end(key, penalty_us)
+  if ends > now then
+    local wait = math_ceil((ends - now) / 1000)
+    return {0, 0, wait, wait}, penalty_us, key
+  end
+  return nil, penalty_us, key
+end
+
+-- A strict check's answer ({allowed, remaining, retry_after_ms, reset_ms}) once decided: a
+-- denial starts the entry's penalty, and waits for it (as core's `judge`).
+local function penalty_after(answer, penalty_us, key, now)
+  if answer[1] == 0 and penalty_us > 0 and key ~= nil then
+    penalty_start(key, now, penalty_us)
+    local penalty_ms = math_ceil(penalty_us / 1000)
+    answer[3] = math_max(answer[3], penalty_ms)
+    answer[4] = math_max(answer[4], penalty_ms)
+  end
+  return answer
+end
+
 -- A proxy's demand on an entry (per second: spent + denied) and what it wants for 1.25
 -- intervals: over the time since its last sync (an early one too), or one interval for the
 -- first. Demand rises at once and falls slowly: a proxy whose traffic jumps is not starved while

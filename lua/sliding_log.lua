@@ -6,7 +6,8 @@
 -- KEYS: the entry's limit keys, in limit order:
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<requests>/sliding_log
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), cost, n_limits,
---       then n_limits x (requests, period_ms).
+--       then n_limits x (requests, period_ms), then penalty_ms (0 or absent: none), its key
+--       after the limit keys in KEYS (as check.lua).
 -- Each key is a sorted set: one member per admitted request (`<arrival us>:<n>`, n telling apart
 --   requests of the same microsecond), scored by its arrival in us. Members that no longer count
 --   are removed when the key is next decided; the key expires a second after its newest
@@ -20,11 +21,16 @@
 --   reset_ms: until its newest request stops counting, 0 if none counts.
 --   Times are core's microseconds rounded up to milliseconds.
 --
--- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock.
+-- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
+-- penalty_before and penalty_after.
 
 local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
+local penalized, penalty_us, penalty_key = penalty_before(KEYS[n + 1], ARGV[4 + 2 * n], now)
+if penalized ~= nil then
+  return penalized
+end
 
 -- Scores and members are written with every digit: Lua's own tostring keeps only 14.
 local function us(value)
@@ -106,9 +112,9 @@ for i = 1, n do
   end
 end
 
-return {
+return penalty_after({
   allowed and 1 or 0,
   chosen.remaining,
   math.ceil(chosen.retry / 1000),
   math.ceil(chosen.reset / 1000),
-}
+}, penalty_us, penalty_key, now)

@@ -7,18 +7,23 @@
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
 --       interval_ms, grant_ttl_ms, report_window_ms, entry count,
 --       then per entry: n_limits, spent, denied, epoch, counter (its round: 0 0 when the proxy
---       sends none), then n_limits x (requests, period_ms, burst).
+--       sends none), then n_limits x (requests, period_ms, burst), then penalty_ms (the
+--       rule's penalty, 0: none; if not 0, the entry's penalty key follows its limit keys in
+--       KEYS, see the prelude's penalty_end).
 --       The service has clamped interval_ms to its bounds and cut spent and denied to what the
 --       entry's limits make possible over report_window_ms (the longest time one report may
 --       cover: the lease lifetime plus an outage allowance).
--- Returns: a flat array of integers, six per entry in order: grant, ttl_ms, remaining, reset_ms,
+-- Returns: a flat array of integers, seven per entry in order: grant, ttl_ms, remaining, reset_ms,
 --   1 if the entry was a replay of a report already applied (nothing counted) else 0, and
 --   token_ms: until every limit holds remaining + 1 tokens (0: every one does now), the longest
 --   of the limits' ceil((remaining + 1 - tokens) x period_ms / requests), as core's
 --   Bucket::check sizes the wait of a request of that cost (and check.lua its retry_after_ms):
 --   once the proxies spent the `remaining` tokens this answer counts (none if it is 0), the wait
 --   for the next one, whichever limit is short, where reset_ms (the longest time to full) is
---   not one.
+--   not one; and penalty_ms: the milliseconds left of the entry's penalty (0: none), its grant
+--   then empty. A penalty starts when the service sees the key over its limit itself: the
+--   report's denials when it has nothing to grant (as a strict check would deny), or its spend
+--   putting the key in debt (the proxies admitted more than the key held). Seven per entry.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field l:p,
 -- seven doubles packed (prelude's lease_pack): its outstanding grant, the grant's expiry (us),
@@ -32,9 +37,9 @@
 -- with its round in r:p ("<epoch> <counter> <written>"), or in four fields, g:p, x:p, d:p, s:p:
 -- they are read the same, and a proxy's own are replaced by its l:p at its next sync.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its math_min,
--- math_max, math_floor, clock, hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers,
+-- math_max, math_floor, math_ceil, clock, hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers,
 -- round_numbers, round_is_newer, stored_bucket, refill_bucket, ms_to_full, expire_key,
--- whole_remaining and proxy_demand.
+-- whole_remaining, proxy_demand, penalty_end and penalty_start.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
@@ -150,6 +155,13 @@ for _ = 1, count do
     l.tokens, l.ts, l.others, l.others_demand, l.older = tokens, ts, others, others_demand, older
     l.earlier = mine_text ~= nil or my_round ~= nil
   end
+  local penalty_us = tonumber(ARGV[arg]) * 1000
+  arg = arg + 1
+  local penalty_key = nil
+  if penalty_us > 0 then
+    penalty_key = KEYS[key_index]
+    key_index = key_index + 1
+  end
 
   -- 2. the proxy's demand on this entry (tokens/s) and what it wants for 1.25 intervals
   local demand, want = proxy_demand(last_sync, previous, now, interval_us, interval_ms, spent,
@@ -196,6 +208,27 @@ for _ = 1, count do
     grant = 0
   end
 
+  -- 3b. the penalty: a key in its penalty gets nothing; one this report shows over starts it
+  local penalty_ms = 0
+  if penalty_key ~= nil then
+    local ends = penalty_end(penalty_key, penalty_us)
+    if ends <= now then
+      local debt = false
+      for i = 1, n do
+        if limits[i].tokens < 0 then
+          debt = true
+        end
+      end
+      if (denied > 0 and grant == 0) or (spent > 0 and debt) then
+        ends = penalty_start(penalty_key, now, penalty_us)
+      end
+    end
+    if ends > now then
+      grant = 0
+      penalty_ms = math_ceil((ends - now) / 1000)
+    end
+  end
+
   -- 4. write back; an idle key vanishes once it would be full again and every lease expired
   local remaining = nil
   local reset_ms = 0
@@ -240,7 +273,8 @@ for _ = 1, count do
     result[answered + 5] = 1
   end
   result[answered + 6] = token_ms
-  answered = answered + 6
+  result[answered + 7] = penalty_ms
+  answered = answered + 7
 end
 
 return result

@@ -45,13 +45,15 @@
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
 --       interval_ms, grant_ttl_ms, report_window_ms, entry count,
 --       then per entry: n_limits, spent, denied, epoch, counter (its round, as sync.lua), then
---       n_limits x (requests, period_ms, window),
+--       n_limits x (requests, period_ms, window), then penalty_ms (its key after the entry's
+--       limit keys in KEYS when not 0, as sync.lua),
 --       the window one of fixed, week, month, sliding (as window.lua). The service has clamped
 --       interval_ms and cut spent and denied to what the entry's limits make possible over
 --       report_window_ms (as for sync.lua).
--- Returns: a flat array of integers, six per entry in order: grant, ttl_ms, remaining,
+-- Returns: a flat array of integers, seven per entry in order: grant, ttl_ms, remaining,
 --   reset_ms, from the limit with the fewest requests left, 1 if the entry was a replay of a
---   report already applied (nothing counted; as sync.lua) else 0, and token_ms:
+--   report already applied (nothing counted; as sync.lua) else 0, token_ms, and penalty_ms
+--   (the milliseconds left of the entry's penalty, as sync.lua):
 --   remaining: whole requests left in the window once the report is counted (the lease is not
 --     subtracted: the proxy subtracts what it spends from it, as for a token bucket);
 --   reset_ms: core's Verdict.reset_us once the leases are spent: until the window ends (fixed),
@@ -72,7 +74,7 @@
 -- lease ends before.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
 -- load_hash, leases, window_state (the windows and their counts), proxy_demand, expire_key,
--- round_is_new, round_text and forget_rounds.
+-- round_is_new, round_text, forget_rounds, penalty_end and penalty_start.
 
 local now = clock(ARGV[1])
 local proxy = ARGV[2]
@@ -196,6 +198,13 @@ for _ = 1, count do
     end
     windows[i] = w
   end
+  local penalty_us = tonumber(ARGV[arg]) * 1000
+  arg = arg + 1
+  local penalty_key = nil
+  if penalty_us > 0 then
+    penalty_key = KEYS[key_index]
+    key_index = key_index + 1
+  end
 
   -- 2. the proxy's demand on this entry (requests/s) and what it wants for 1.25 intervals, as
   -- in sync.lua.
@@ -224,6 +233,28 @@ for _ = 1, count do
   grant = grant or 0
   if grant < 0 or ttl_ms <= 0 then
     grant = 0
+  end
+
+  -- 3b. the penalty, as sync.lua: a key in its penalty gets nothing; one this report shows over
+  -- (denials with nothing to grant, or its spend counted past a window's requests) starts it
+  local penalty_ms = 0
+  if penalty_key ~= nil then
+    local ends = penalty_end(penalty_key, penalty_us)
+    if ends <= now then
+      local past = false
+      for i = 1, n do
+        if windows[i].weighted > windows[i].requests + 1e-9 then
+          past = true
+        end
+      end
+      if (denied > 0 and grant == 0) or (spent > 0 and past) then
+        ends = penalty_start(penalty_key, now, penalty_us)
+      end
+    end
+    if ends > now then
+      grant = 0
+      penalty_ms = math.ceil((ends - now) / 1000)
+    end
   end
   local expiry = now + ttl_ms * 1000
 
@@ -282,6 +313,7 @@ for _ = 1, count do
     result[#result + 1] = 1
   end
   result[#result + 1] = math.ceil(token_us / 1000)
+  result[#result + 1] = penalty_ms
 end
 
 return result

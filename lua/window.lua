@@ -9,7 +9,8 @@
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), cost, n_limits,
 --       then n_limits x (requests, period_ms, window), the window one of: fixed (period_ms long,
 --       aligned to the Unix epoch, so to the UTC clock), week (from Monday 00:00 UTC), month
---       (from the 1st 00:00 UTC), sliding (period_ms long, aligned to the epoch).
+--       (from the 1st 00:00 UTC), sliding (period_ms long, aligned to the epoch); then
+--       penalty_ms (0 or absent: none), its key after the limit keys in KEYS (as check.lua).
 -- Each key is a hash. fixed, week, month: n (requests counted in the window), w (its start, us).
 --   sliding: p (the previous window's count), c (the current window's), w (the current window's
 --   number since the epoch). It is written only when a request is counted, and expires a second
@@ -27,11 +28,16 @@
 --   Times are core's microseconds rounded up to milliseconds.
 --
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_hash, leases, window_state (the windows and their counts) and expire_key.
+-- load_hash, leases, window_state (the windows and their counts), expire_key, penalty_before
+-- and penalty_after.
 
 local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
+local penalized, penalty_us, penalty_key = penalty_before(KEYS[n + 1], ARGV[4 + 3 * n], now)
+if penalized ~= nil then
+  return penalized
+end
 
 -- Each window in the window of `now` (a new one starts empty), and whether it has room once the
 -- unexpired leases of the proxies (cached rules of the same limit, sync_window.lua) are set
@@ -133,9 +139,9 @@ for i = 1, n do
   end
 end
 
-return {
+return penalty_after({
   allowed and 1 or 0,
   chosen.remaining,
   math.ceil(chosen.retry / 1000),
   math.ceil(chosen.reset / 1000),
-}
+}, penalty_us, penalty_key, now)

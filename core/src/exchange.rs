@@ -302,6 +302,7 @@ impl Exchange {
                                 key: key.clone(),
                                 limits: spec.limits.iter().map(LimitSpec::from).collect(),
                                 cost: spec.cost,
+                                penalty_ms: spec.penalty_ms(),
                             },
                         });
                         exchange.checks.push(Some((rule, key)));

@@ -333,6 +333,12 @@ impl Rule {
     pub fn applies(&self, request: &mut dyn crate::request::RequestView) -> bool {
         self.matcher.matches(request) && self.tier.as_ref().is_none_or(|t| t.holds(request))
     }
+
+    /// The rule's `penalty` as the wire carries it, in whole milliseconds (0: none): the
+    /// configuration takes whole seconds, so nothing is lost.
+    pub fn penalty_ms(&self) -> u64 {
+        self.penalty_us / 1_000
+    }
 }
 
 /// One part of a rule's key.

@@ -359,6 +359,7 @@ fn lease(tokens: u64) -> sluice_core::protocol::Lease {
         reset_ms: 15_000,
         token_ms: Some(0),
         refused: None,
+        penalty_ms: 0,
     }
 }
 

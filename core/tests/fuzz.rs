@@ -836,6 +836,7 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
                 reset_ms: 2_000,
                 token_ms: None,
                 refused: None,
+                penalty_ms: 0,
             };
             let _ = proxy::apply_lease(limiter, *rule, key, &grant, now, store);
             let _ = proxy::forget(limiter, *rule, key, store);
@@ -878,6 +879,7 @@ fn drive(limiter: &Limiter, store: &mut dyn Store, now: u64) {
                 reset_ms: 1_000,
                 token_ms: None,
                 refused: (i == 0).then(|| "entries[0].key: too long".to_string()),
+                penalty_ms: 0,
             })
             .collect();
         let response = sluice_core::protocol::SyncResponse {

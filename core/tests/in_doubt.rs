@@ -131,6 +131,7 @@ impl Proxy {
                     reset_ms: 0,
                     token_ms: None,
                     refused: None,
+                    penalty_ms: 0,
                 };
                 let response = SyncResponse {
                     grants: vec![grant; batch.request.entries.len()],

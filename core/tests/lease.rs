@@ -52,6 +52,7 @@ fn grant(tokens: u64) -> Lease {
         reset_ms: 0,
         token_ms: None,
         refused: None,
+        penalty_ms: 0,
     }
 }
 
@@ -206,6 +207,7 @@ fn a_spent_lease_on_an_empty_global_bucket_says_when_the_bucket_holds_a_token_ag
         reset_ms: 1_500,
         token_ms: None,
         refused: None,
+        penalty_ms: 0,
     };
     apply_lease(&limiter, RuleId::new(0), KEY, &in_debt, T0, &mut store).unwrap();
     assert_eq!(admitted(&limiter, &mut store, 2, up(T0 + MS)), 2);

@@ -3,7 +3,7 @@
 //! each refuses of a configuration, naming the field.
 
 use sluice_core::policy::RuleId;
-use sluice_core::sync::proxy::{take, Taken};
+use sluice_core::sync::proxy::{apply_lease, take, Taken};
 use sluice_core::{Effect, Exchange, Limiter, MemoryStore, Moment, PlainRequest, Step};
 
 const SECOND: u64 = 1_000_000;
@@ -307,10 +307,6 @@ fn what_the_new_fields_refuse() {
         (r#""penalty": "month","#, "rules[0].penalty"),
         (r#""penalty": true,"#, "rules[0].penalty"),
         (
-            r#""penalty": "1m", "consistency": "strict","#,
-            "rules[0].penalty",
-        ),
-        (
             r#""count_when": {"statuses": []},"#,
             "rules[0].count_when.statuses",
         ),
@@ -369,12 +365,184 @@ fn what_the_new_fields_refuse() {
             "rules[0].key[0]",
         );
     }
-    // The longest penalty and a status of each class are taken.
+    // The longest penalty and a status of each class are taken; a penalty in every mode (the
+    // service keeps it for cached and strict rules).
     for extra in [
         r#""penalty": "366d","#,
         r#""penalty": 1,"#,
+        r#""penalty": "10m", "consistency": "strict","#,
+        r#""penalty": "10m", "consistency": "cached","#,
         r#""count_when": {"statuses": [100, 599, 401, 401]},"#,
     ] {
         sluice_core::parse(rule(extra).as_bytes()).unwrap_or_else(|e| panic!("{extra}: {e}"));
     }
+}
+
+// The penalty shared through the counter service: the wire carries the rule's penalty, a lease
+// answer's penalty keeps the key denied here, and a lease that merely ran out starts none.
+
+const CACHED_PENALTY: &str = r#"{"headers": "legacy", "service": {"cluster": "svc", "token": "t"},
+    "rules": [{"name": "login", "key": ["header:x-user"], "consistency": "cached",
+    "penalty": "10m", "limits": [{"requests": 100, "per": "minute"}]}]}"#;
+
+const ALICE: &str = "login\u{1f}alice";
+
+fn up(now: u64) -> sluice_core::limiter::Conditions {
+    sluice_core::limiter::Conditions {
+        now_us: now,
+        service_up: true,
+        service_back_us: 0,
+    }
+}
+
+/// What one request of `user` gets from the limiter alone (no exchange): `None` when admitted,
+/// else its Retry-After in microseconds.
+fn decided(limiter: &Limiter, user: &str, now: u64, store: &mut MemoryStore) -> Option<u64> {
+    match limiter.decide(&mut login(user), up(now), store).decision {
+        sluice_core::Decision::Allow { .. } => None,
+        sluice_core::Decision::Deny { retry_after_us, .. } => Some(retry_after_us),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn answer(tokens: u64, remaining: u64, penalty_ms: u64) -> sluice_core::protocol::Lease {
+    sluice_core::protocol::Lease {
+        tokens,
+        ttl_ms: 5_000,
+        remaining,
+        reset_ms: 1_000,
+        token_ms: None,
+        refused: None,
+        penalty_ms,
+    }
+}
+
+#[test]
+fn the_sync_entry_and_the_strict_check_carry_the_rules_penalty() {
+    let limiter = limiter(CACHED_PENALTY);
+    let mut store = MemoryStore::default();
+    let _ = decided(&limiter, "alice", T0, &mut store);
+    let Taken::Entry(entry) = take(&limiter, RuleId::new(0), ALICE, T0, 100_000, &mut store) else {
+        panic!("an entry");
+    };
+    assert_eq!(entry.penalty_ms, 600_000);
+
+    let strict = self::limiter(&CACHED_PENALTY.replace("cached", "strict"));
+    let (_, step, effects) = Exchange::start(
+        &strict,
+        &mut login("alice"),
+        None,
+        Moment::at(T0),
+        &mut MemoryStore::default(),
+    );
+    assert!(matches!(step, Step::Wait), "{step:?}");
+    let checks: Vec<_> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Check { request, .. } => Some(request.penalty_ms),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(checks, vec![600_000]);
+}
+
+/// A key the service answered in its penalty is denied here until it ends, told the time left,
+/// though the lease and the global bucket have room.
+#[test]
+fn a_penalty_answered_by_the_service_denies_the_key_here() {
+    let limiter = limiter(CACHED_PENALTY);
+    let mut store = MemoryStore::default();
+    let rule = RuleId::new(0);
+    apply_lease(&limiter, rule, ALICE, &answer(50, 50, 0), T0, &mut store).unwrap();
+    assert_eq!(decided(&limiter, "alice", T0 + 1, &mut store), None);
+    // Another proxy's traffic put the key in its penalty: 400 s left.
+    apply_lease(
+        &limiter,
+        rule,
+        ALICE,
+        &answer(50, 50, 400_000),
+        T0 + 2,
+        &mut store,
+    )
+    .unwrap();
+    assert_eq!(
+        decided(&limiter, "alice", T0 + 2, &mut store),
+        Some(400 * SECOND)
+    );
+    assert_eq!(
+        decided(&limiter, "alice", T0 + 2 + 100 * SECOND, &mut store),
+        Some(300 * SECOND)
+    );
+    assert_eq!(decided(&limiter, "bob", T0 + 3, &mut store), None);
+}
+
+/// Attacker's test: whoever answers as the service (or a proxy that started a longer penalty
+/// there) cannot keep a key out longer than the rule's own penalty, nor penalize a rule that has
+/// none.
+#[test]
+fn an_answered_penalty_never_outlasts_the_rules_own() {
+    let limiter = limiter(CACHED_PENALTY);
+    let mut store = MemoryStore::default();
+    let rule = RuleId::new(0);
+    apply_lease(
+        &limiter,
+        rule,
+        ALICE,
+        &answer(50, 50, u64::MAX),
+        T0,
+        &mut store,
+    )
+    .unwrap();
+    assert_eq!(
+        decided(&limiter, "alice", T0, &mut store),
+        Some(600 * SECOND),
+        "the rule's 10 minutes at most"
+    );
+    assert_eq!(
+        decided(&limiter, "alice", T0 + 600 * SECOND, &mut store),
+        None
+    );
+
+    let plain = self::limiter(&CACHED_PENALTY.replace(r#""penalty": "10m","#, ""));
+    let mut store = MemoryStore::default();
+    apply_lease(
+        &plain,
+        rule,
+        ALICE,
+        &answer(50, 50, 600_000),
+        T0,
+        &mut store,
+    )
+    .unwrap();
+    assert_eq!(decided(&plain, "alice", T0, &mut store), None, "no penalty");
+}
+
+/// A lease that ran out while the service said the key had tokens speaks for this proxy's share
+/// only: no penalty here (the service starts one if it sees the key over). One that ran out with
+/// the global bucket empty starts it at once.
+#[test]
+fn a_lease_that_runs_out_starts_a_penalty_only_when_the_key_is_over() {
+    let limiter = limiter(CACHED_PENALTY);
+    let rule = RuleId::new(0);
+    let mut store = MemoryStore::default();
+    apply_lease(&limiter, rule, ALICE, &answer(2, 60, 0), T0, &mut store).unwrap();
+    assert_eq!(decided(&limiter, "alice", T0, &mut store), None);
+    assert_eq!(decided(&limiter, "alice", T0, &mut store), None);
+    let short = decided(&limiter, "alice", T0, &mut store).expect("the lease is spent");
+    assert!(short < SECOND, "a token's wait, not the penalty: {short}");
+    // The next answer has room again: admitted.
+    apply_lease(&limiter, rule, ALICE, &answer(5, 58, 0), T0 + 1, &mut store).unwrap();
+    assert_eq!(decided(&limiter, "alice", T0 + 1, &mut store), None);
+
+    let mut store = MemoryStore::default();
+    apply_lease(&limiter, rule, ALICE, &answer(2, 2, 0), T0, &mut store).unwrap();
+    assert_eq!(decided(&limiter, "alice", T0, &mut store), None);
+    assert_eq!(decided(&limiter, "alice", T0, &mut store), None);
+    assert_eq!(
+        decided(&limiter, "alice", T0, &mut store),
+        Some(600 * SECOND),
+        "the global bucket is empty too: over"
+    );
+    apply_lease(&limiter, rule, ALICE, &answer(5, 58, 0), T0 + 1, &mut store).unwrap();
+    assert!(decided(&limiter, "alice", T0 + 1, &mut store).is_some());
 }

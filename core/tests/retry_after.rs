@@ -65,6 +65,7 @@ fn a_cached_rule_of_several_limits_waits_for_the_limit_that_is_short() {
         reset_ms: 43_200_000,
         token_ms: Some(60),
         refused: None,
+        penalty_ms: 0,
     };
     apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();
     let (_, wait) = denied(&limiter, &mut store, T0 + 10 * MS).expect("the lease is empty");
@@ -113,6 +114,7 @@ fn a_cached_window_waits_until_the_window_admits_one_more() {
             reset_ms,
             token_ms: Some(token_ms),
             refused: None,
+            penalty_ms: 0,
         };
         apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();
         for i in 1..=3 {
@@ -174,6 +176,7 @@ fn a_cached_window_wait_from_any_token_ms_is_bounded() {
             reset_ms: u64::MAX,
             token_ms: Some(token_ms),
             refused: None,
+            penalty_ms: 0,
         };
         apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();
         let (_, got) = denied(&limiter, &mut store, T0 + 10 * MS).expect("no lease");
@@ -421,6 +424,7 @@ proptest! {
                     .unwrap_or(0),
             ),
             refused: None,
+            penalty_ms: 0,
         };
         let mut store = MemoryStore::default();
         apply_lease(&limiter, RuleId::new(0), KEY, &grant, T0, &mut store).unwrap();

@@ -46,6 +46,7 @@ fn grant(tokens: u64, refused: Option<&str>) -> Lease {
         reset_ms: 0,
         token_ms: None,
         refused: refused.map(str::to_string),
+        penalty_ms: 0,
     }
 }
 

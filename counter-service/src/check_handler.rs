@@ -53,6 +53,12 @@ pub async fn decide(
         }
         _ => keys::add_limits(&mut invocation, &request.key, &request.limits),
     }
+    keys::add_penalty(
+        &mut invocation,
+        &request.key,
+        &request.limits,
+        request.penalty_ms,
+    );
     state.metrics.script_called("check", 1);
     let reply: Vec<i64> = state.backend.invoke("check", &invocation).await?;
     match reply[..] {

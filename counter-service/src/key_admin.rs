@@ -158,6 +158,10 @@ async fn run(
             .arg(limit.period_ms)
             .arg(limit.burst);
     }
+    let specs: Vec<LimitSpec> = named.limits.iter().map(|(_, limit)| *limit).collect();
+    if let Some(penalty) = keys::penalty_key(&entry, &specs) {
+        invocation.key(penalty);
+    }
     let field = key_field(&named.configured, &named.parts);
     let bare = named
         .bare
@@ -218,6 +222,7 @@ async fn run(
         "now_ms": now_ms,
         "limits": limits,
         "override": live,
+        "penalty": reply.get("penalty").cloned().unwrap_or(Value::Null),
     });
     if op == "reset" {
         answer["deleted"] = reply["deleted"].clone();

@@ -38,6 +38,33 @@ pub fn limit_key(entry_key: &str, limit: &LimitSpec) -> String {
     key
 }
 
+/// The Redis key of an entry's penalty (a rule's `penalty`, see `lua/prelude.lua`): its first
+/// limit's key followed by `:penalty` (no limit's key ends in a letter after a colon). Named
+/// after the limits as every key is: a proxy sending other limits for the same entry key keeps
+/// its own counts and penalty, and cannot start a penalty on the others'.
+pub fn penalty_key(entry_key: &str, limits: &[LimitSpec]) -> Option<String> {
+    let first = limits.first()?;
+    Some(format!("{}:penalty", limit_key(entry_key, first)))
+}
+
+/// Adds an entry's penalty to a script call, after its limits, as every deciding script reads
+/// it: `penalty_ms` in ARGV (0: none), and, if not 0, the penalty's key in KEYS.
+pub fn add_penalty(
+    invocation: &mut ScriptInvocation<'_>,
+    entry_key: &str,
+    limits: &[LimitSpec],
+    penalty_ms: u64,
+) {
+    match penalty_key(entry_key, limits) {
+        Some(key) if penalty_ms > 0 => {
+            invocation.key(key).arg(penalty_ms);
+        }
+        _ => {
+            invocation.arg(0);
+        }
+    }
+}
+
 /// Adds an entry's limits to a script call as `check.lua` and `sync.lua` read them (token
 /// buckets): per limit, its key in KEYS and `requests, period_ms, burst` in ARGV.
 pub fn add_limits(invocation: &mut ScriptInvocation<'_>, entry_key: &str, limits: &[LimitSpec]) {

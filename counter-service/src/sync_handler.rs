@@ -213,6 +213,7 @@ fn empty_grant(refused: Option<String>) -> Lease {
         reset_ms: 0,
         token_ms: None,
         refused,
+        penalty_ms: 0,
     }
 }
 
@@ -302,10 +303,12 @@ impl Call<'_> {
             } else {
                 keys::add_limits(&mut invocation, &entry.key, &entry.limits);
             }
+            keys::add_penalty(&mut invocation, &entry.key, &entry.limits, entry.penalty_ms);
         }
         let reply: Vec<i64> = state.backend.invoke(name, &invocation).await?;
-        // Six numbers per entry, the sixth its token_ms (sync.lua and sync_window.lua alike).
-        let width = 6;
+        // Seven numbers per entry, the sixth its token_ms, the seventh its penalty_ms (sync.lua
+        // and sync_window.lua alike).
+        let width = 7;
         if reply.len() != width * reports.len() {
             return Err(BackendError::Reply(format!(
                 "{name}.lua answered {} numbers for {} entries",
@@ -334,6 +337,7 @@ impl Call<'_> {
                 reset_ms: non_negative(entry[3]),
                 token_ms: Some(non_negative(entry[5])),
                 refused: None,
+                penalty_ms: non_negative(entry[6]),
             })
             .collect())
     }

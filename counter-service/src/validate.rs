@@ -5,7 +5,10 @@
 //! entries, the load report); an entry out of bounds is refused alone ([`sync_entry`]). The
 //! counts of an entry are cut to what its limits make possible ([`report_cap`]).
 
-use sluice_protocol::{AlgorithmSpec, CheckRequest, LimitSpec, LoadReport, SyncEntry, SyncRequest};
+use sluice_protocol::{
+    AlgorithmSpec, CheckRequest, LimitSpec, LoadReport, SyncEntry, SyncRequest, MAX_PENALTY_MS,
+    MIN_PENALTY_MS,
+};
 use sluice_protocol::{MAX_LOG, MAX_TOKENS};
 
 use crate::error::AppError;
@@ -87,6 +90,18 @@ pub fn sync_entry(index: usize, entry: &SyncEntry, settings: &Settings) -> Resul
             ));
         }
     }
+    penalty(&format!("{at}.penalty_ms"), entry.penalty_ms)
+}
+
+/// A rule's penalty: 0 (none), or [`MIN_PENALTY_MS`] to [`MAX_PENALTY_MS`], as a configuration
+/// takes it. Refused, not clamped: a proxy sending another is not a sluice proxy's rule.
+fn penalty(field: &str, penalty_ms: u64) -> Result<(), AppError> {
+    if penalty_ms != 0 && !(MIN_PENALTY_MS..=MAX_PENALTY_MS).contains(&penalty_ms) {
+        return Err(AppError::invalid(
+            field,
+            format!("must be 0 (none) or between {MIN_PENALTY_MS} and {MAX_PENALTY_MS}"),
+        ));
+    }
     Ok(())
 }
 
@@ -124,7 +139,7 @@ pub fn check_request(request: &CheckRequest, settings: &Settings) -> Result<(), 
             format!("must be between 1 and {MAX_TOKENS}"),
         ));
     }
-    Ok(())
+    penalty("penalty_ms", request.penalty_ms)
 }
 
 fn name(field: &str, value: &str, max_bytes: usize) -> Result<(), AppError> {
@@ -247,6 +262,7 @@ mod tests {
             spent: 0,
             denied: 0,
             round: 0,
+            penalty_ms: 0,
         }
     }
 
@@ -427,6 +443,7 @@ mod tests {
                 key: "k".into(),
                 limits,
                 cost: 1,
+                penalty_ms: 0,
             };
             check_request(&request, &settings)
                 .err()

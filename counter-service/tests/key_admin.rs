@@ -629,3 +629,50 @@ async fn a_key_is_shown_and_reset_on_a_redis_cluster_in_one_call() {
         );
     }
 }
+
+/// A key in its penalty (a rule's `penalty`, started by the service) shows when it started and
+/// ends; the reset clears it with the counts, so the next sync grants again.
+#[tokio::test]
+async fn a_penalty_is_shown_and_goes_with_the_reset() {
+    let redis = Redis::start().unwrap();
+    let state = admin_state(&redis.url(), &[]);
+    let body = json!({
+        "proxy": "p1",
+        "interval_ms": 10_000,
+        "entries": [{"key": "api\u{1f}alice", "limits": [TEN], "spent": 30, "denied": 4,
+            "penalty_ms": 600_000}],
+    });
+    let over = post(&state, "/v1/sync", &body).await;
+    assert_eq!(over.body["grants"][0]["penalty_ms"], 600_000, "{over:?}");
+    let path = format!("/admin/v1/keys/api?key=alice&limits={TEN_A_MINUTE}");
+    let seen = ok(&state, "GET", &path).await;
+    let penalty = &seen["penalty"];
+    let now_ms = seen["now_ms"].as_u64().unwrap();
+    let until = penalty["until_ms"].as_u64().unwrap();
+    assert!(
+        until > now_ms + 590_000 && until <= now_ms + 600_001,
+        "{seen}"
+    );
+    assert!(penalty["from_ms"].as_u64().unwrap() <= now_ms, "{seen}");
+    assert!(penalty["ttl_ms"].as_u64().unwrap() > 590_000, "{seen}");
+    let penalty_key = format!("{}:penalty", keys::limit_key("api\u{1f}alice", &TEN));
+    assert!(exists(&redis, &penalty_key));
+
+    let reset = ok(&state, "DELETE", &path).await;
+    assert_eq!(reset["deleted"], 2, "the bucket and its penalty: {reset}");
+    assert!(!exists(&redis, &penalty_key));
+    assert_eq!(ok(&state, "GET", &path).await["penalty"], Value::Null);
+    let again = post(
+        &state,
+        "/v1/sync",
+        &json!({
+            "proxy": "p2", "interval_ms": 10_000,
+            "entries": [{"key": "api\u{1f}alice", "limits": [TEN], "spent": 0, "denied": 0,
+                "penalty_ms": 600_000}],
+        }),
+    )
+    .await;
+    let grant = &again.body["grants"][0];
+    assert!(grant["tokens"].as_u64().unwrap() > 0, "{again:?}");
+    assert_eq!(grant.get("penalty_ms"), None, "{again:?}");
+}

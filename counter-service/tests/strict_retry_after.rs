@@ -92,6 +92,7 @@ fn a_strict_denial_says_when_the_request_would_be_admitted() {
                         key: format!("{}-{set}-{cost}-{trace}", algorithm.name()),
                         limits: limits.clone(),
                         cost,
+                        penalty_ms: 0,
                     };
                     validate::check_request(&request, &state.settings)
                         .unwrap_or_else(|e| panic!("{request:?} refused: {e}"));

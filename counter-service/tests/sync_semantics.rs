@@ -84,6 +84,7 @@ async fn one_proxy_gets_at_most_the_burst_and_the_refill_before_its_next_sync() 
             reset_ms: 0,
             token_ms: Some(100),
             refused: None,
+            penalty_ms: 0,
         }],
         "a new key is full; a huge demand gets floor(10 - 0 + 1.5 × 1) = 11, no more; an 11th \
          token is 100 ms away"

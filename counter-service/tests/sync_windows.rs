@@ -47,6 +47,7 @@ fn grant(tokens: u64, ttl_ms: u64, remaining: u64, reset_ms: u64, token_ms: u64)
         reset_ms,
         token_ms: Some(token_ms),
         refused: None,
+        penalty_ms: 0,
     }
 }
 
@@ -88,6 +89,7 @@ async fn a_lease_ends_with_its_window_and_a_late_report_is_not_charged_to_the_ne
         key: "k".into(),
         limits: vec![FIXED],
         cost: 1,
+        penalty_ms: 0,
     };
     let answer = check_handler::decide(&state, &check, w1 + 60 * MS)
         .await

@@ -316,6 +316,7 @@ fn service_decide(
         key: key.to_owned(),
         limits: limits.iter().map(LimitSpec::from).collect(),
         cost,
+        penalty_ms: 0,
     };
     validate::check_request(&request, &state.settings)
         .unwrap_or_else(|e| panic!("{request:?} refused: {e}"));
@@ -847,5 +848,175 @@ fn random_window_leases_agree_with_core() {
     assert!(
         waits >= syncs / 4 && later >= syncs / 20 && capped <= syncs / 10,
         "{syncs} syncs, {waits} with a wait, {later} sooner than the reset, {capped} capped"
+    );
+}
+
+/// A rule's penalty as core's limiter keeps it: one local rule of `limits` (in the
+/// configuration's syntax) and `penalty` seconds, each request decided at `now_us` as
+/// (allowed, remaining, retry_after_ms, reset_ms).
+struct CorePenalty {
+    limiter: sluice_core::Limiter,
+    store: sluice_core::MemoryStore,
+}
+
+impl CorePenalty {
+    fn new(limits: &Value, penalty: u64) -> CorePenalty {
+        let json = serde_json::json!({"rules": [{"name": "p", "key": ["const:k"],
+            "penalty": penalty, "limits": limits}]});
+        let policy = sluice_core::parse(json.to_string().as_bytes()).unwrap();
+        CorePenalty {
+            limiter: sluice_core::Limiter::new(policy),
+            store: sluice_core::MemoryStore::default(),
+        }
+    }
+
+    fn decide(&mut self, now_us: u64) -> Answer {
+        let conditions = sluice_core::limiter::Conditions {
+            now_us,
+            service_up: true,
+            service_back_us: 0,
+        };
+        let evaluation = self.limiter.decide(
+            &mut sluice_core::PlainRequest::get("/"),
+            conditions,
+            &mut self.store,
+        );
+        match evaluation.decision {
+            sluice_core::Decision::Allow {
+                quota: Some((_, quota)),
+            } => (true, quota.remaining, 0, quota.reset_us.div_ceil(1_000)),
+            sluice_core::Decision::Deny {
+                quota,
+                retry_after_us,
+                ..
+            } => (
+                false,
+                quota.remaining,
+                retry_after_us.div_ceil(1_000),
+                quota.reset_us.div_ceil(1_000),
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// The service's strict check of one key with a penalty, at a fake time.
+fn service_penalized(
+    runtime: &tokio::runtime::Runtime,
+    state: &AppState,
+    key: &str,
+    limits: &[LimitSpec],
+    penalty_ms: u64,
+    now_us: u64,
+) -> Answer {
+    let request = CheckRequest {
+        key: key.to_owned(),
+        limits: limits.to_vec(),
+        cost: 1,
+        penalty_ms,
+    };
+    validate::check_request(&request, &state.settings)
+        .unwrap_or_else(|e| panic!("{request:?} refused: {e}"));
+    let answer = runtime
+        .block_on(check_handler::decide(state, &request, now_us))
+        .unwrap();
+    (
+        answer.allowed,
+        answer.remaining,
+        answer.retry_after_ms,
+        answer.reset_ms,
+    )
+}
+
+/// The limits of a policy as the wire carries them.
+fn wire_limits(limits: &Value) -> Vec<LimitSpec> {
+    let json = serde_json::json!({"rules": [{"name": "p", "key": ["const:k"], "limits": limits}]});
+    let policy = sluice_core::parse(json.to_string().as_bytes()).unwrap();
+    policy.rules[0].limits.iter().map(LimitSpec::from).collect()
+}
+
+#[test]
+fn hand_checked_penalty_steps_hold_in_rust_and_in_lua() {
+    let redis = Redis::start().unwrap();
+    let runtime = runtime();
+    let state = runtime.block_on(async { common::state(&redis.url()) });
+    let file: Value = serde_json::from_str(include_str!("vectors/penalty.json")).unwrap();
+    let cases = file["cases"].as_array().unwrap();
+    assert!(cases.len() >= 3);
+    for (n, case) in cases.iter().enumerate() {
+        let name = case["name"].as_str().unwrap();
+        let penalty = case["penalty"].as_u64().unwrap();
+        let mut core = CorePenalty::new(&case["limits"], penalty);
+        let limits = wire_limits(&case["limits"]);
+        let key = format!("penalty:{n}");
+        for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
+            let now = step["now_us"].as_u64().unwrap();
+            let expected = (
+                step["allowed"].as_bool().unwrap(),
+                step["remaining"].as_u64().unwrap(),
+                step["retry_after_ms"].as_u64().unwrap(),
+                step["reset_ms"].as_u64().unwrap(),
+            );
+            assert_eq!(core.decide(now), expected, "Rust: {name}, step {i}");
+            let lua = service_penalized(&runtime, &state, &key, &limits, penalty * 1_000, now);
+            assert_eq!(lua, expected, "Lua: {name}, step {i}");
+        }
+    }
+}
+
+/// Seeded random traces of keys with a penalty, for each algorithm the service decides: the
+/// same decisions, waits and resets in core and in Lua, arrivals now and then at the very
+/// microsecond a penalty ends.
+#[test]
+fn random_penalty_traces_decide_alike_in_rust_and_in_lua() {
+    let redis = Redis::start().unwrap();
+    let runtime = runtime();
+    let state = runtime.block_on(async { common::state(&redis.url()) });
+    let mut rng = Rng(0x5eed_0009);
+    let mut denials = 0;
+    let mut penalized = 0;
+    for trace in 0..24 {
+        let requests = 1 + rng.below(4);
+        let (per, seconds) = [("second", 1), ("minute", 60), ("10s", 10)][rng.below(3) as usize];
+        let limits = match trace % 3 {
+            0 => serde_json::json!([{"requests": requests, "per": per, "burst": 1 + rng.below(4)}]),
+            1 => {
+                serde_json::json!([{"requests": requests, "per": per, "algorithm": "fixed_window"}])
+            }
+            _ => {
+                serde_json::json!([{"requests": requests, "per": per, "algorithm": "sliding_log"}])
+            }
+        };
+        let penalty = 1 + rng.below(3 * seconds);
+        let mut core = CorePenalty::new(&limits, penalty);
+        let wire = wire_limits(&limits);
+        let key = format!("penalty-random:{trace}");
+        let mut now = 1_700_000_000_000_000 + rng.below(86_400_000_000);
+        let mut ends = 0;
+        for step in 0..40 {
+            now += match rng.below(5) {
+                0 => 0,
+                1 if ends > now => ends - now,
+                _ => rng.below(seconds * 1_000_000 / requests),
+            };
+            let rust = core.decide(now);
+            let lua = service_penalized(&runtime, &state, &key, &wire, penalty * 1_000, now);
+            assert_eq!(
+                rust, lua,
+                "trace {trace} ({limits}, penalty {penalty}), step {step}"
+            );
+            if !rust.0 {
+                denials += 1;
+                if rust.2 >= penalty * 1_000 {
+                    ends = now + penalty * 1_000_000;
+                } else {
+                    penalized += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        denials > 50 && penalized > 20,
+        "{denials} denials, {penalized} in a penalty"
     );
 }

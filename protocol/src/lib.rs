@@ -6,6 +6,11 @@
 
 /// Most limits one rule, and so one entry, may have.
 pub const MAX_LIMITS: usize = 8;
+/// Shortest penalty a rule may have (`SyncEntry::penalty_ms`, `CheckRequest::penalty_ms`), in
+/// milliseconds: 1 second.
+pub const MIN_PENALTY_MS: u64 = 1_000;
+/// Longest penalty a rule may have, in milliseconds: 366 days, the longest period.
+pub const MAX_PENALTY_MS: u64 = 366 * 86_400_000;
 /// Largest `requests`, `burst` or cost: keeps every token count exact in an `f64` and a `u32`.
 pub const MAX_TOKENS: u64 = 1 << 31;
 /// Most `requests` of a `sliding_log` limit: it keeps one timestamp per request admitted in
@@ -233,6 +238,14 @@ pub struct SyncEntry {
     /// 0 (older proxies): applied every time. Ignored by older services.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub round: u64,
+    /// The rule's `penalty`, in milliseconds ([`MIN_PENALTY_MS`] to [`MAX_PENALTY_MS`]; 0 or
+    /// absent: none): once the service sees the key over its limit (this report's denials with
+    /// nothing left to grant, or its spend putting the key in debt), the key is denied
+    /// fleet-wide for that long ([`Lease::penalty_ms`]). A service keeps one penalty per key
+    /// and limits and each proxy honours it for its own rule's length at most, so a proxy
+    /// cannot lengthen another's. Ignored by older services.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub penalty_ms: u64,
 }
 
 impl SyncEntry {
@@ -279,6 +292,11 @@ pub struct Lease {
     /// the rest of the batch was applied as usual. The grant is then empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// Milliseconds left of the key's penalty ([`SyncEntry::penalty_ms`]; 0 or absent: none):
+    /// the grant is then empty, and the proxy denies the key until it ends. Absent from older
+    /// services, ignored by older proxies.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub penalty_ms: u64,
 }
 
 /// Batch-wide advice from the service.
@@ -383,6 +401,11 @@ pub struct CheckRequest {
     pub limits: Vec<LimitSpec>,
     #[serde(default = "one")]
     pub cost: u64,
+    /// The rule's `penalty`, in milliseconds, as [`SyncEntry::penalty_ms`]: a key in its
+    /// penalty is denied (its `retry_after_ms` the time left), and a denial starts one. Ignored
+    /// by older services.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub penalty_ms: u64,
 }
 
 fn one() -> u64 {

@@ -2094,3 +2094,115 @@ fn a_key_spent_through_envoy_is_seen_and_its_reset_admits_it_again() {
         "alice's key is new in Redis: {fresh} after {state}"
     );
 }
+
+/// A rule's penalty through the service: a cached rule's penalty started by traffic through
+/// proxy A denies the key on proxy B (which had seen nothing of it) once B's first sync of the
+/// key is answered, told the penalty's time left; a strict rule's penalty, started by one proxy's
+/// check, denies the key on the other at once.
+#[test]
+fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let rules = json!([
+        {
+            "name": "login",
+            "match": {"path_prefix": "/login"},
+            "key": ["header:x-user"],
+            "consistency": "cached",
+            "penalty": "10m",
+            "limits": [{"requests": 3, "per": "minute"}],
+            "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]},
+        },
+        {
+            "name": "strict",
+            "match": {"path_prefix": "/strict"},
+            "key": ["header:x-user"],
+            "consistency": "strict",
+            "penalty": "10m",
+            "limits": [{"requests": 3, "per": "minute"}],
+        },
+    ]);
+    let plugin_config = config(service.token(), 100, rules);
+    let a = start_envoy(&service, plugin_config.clone(), 1);
+    let b = start_envoy(&service, plugin_config, 1);
+    let client = agent();
+    let retry_after = |reply: &sluice_tests::reply::Reply| -> u64 {
+        reply
+            .header("retry-after")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+
+    // Through A: three admitted, then over.
+    let started = Instant::now();
+    let on_a: Vec<_> = (0..5)
+        .map(|_| get(&client, &a.url("/login"), &[("x-user", "alice")]).unwrap())
+        .collect();
+    let statuses: Vec<u16> = on_a.iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429],
+        "{:?}",
+        a.sluice_stats()
+    );
+    assert!(retry_after(&on_a[3]) > 590, "{:?}", on_a[3]);
+    // A's report reaches the service (its syncs every 100 ms): the service sees the key over. B
+    // asks 2.5 s on at the earliest: the time left it answers is then at most 598 s, where a
+    // penalty B started itself would say 600.
+    assert!(eventually(Duration::from_secs(5), || {
+        a.stat("wasmcustom.sluice.sync.ok") >= 2
+    }));
+    std::thread::sleep(Duration::from_millis(2_500).saturating_sub(started.elapsed()));
+
+    // Through B: at most its fallback's first admission before its first sync of the key is
+    // answered, then the penalty, told its time left (not the 20 s a token of 3 a minute takes).
+    let mut admitted_on_b = 0;
+    let mut denial = None;
+    for _ in 0..30 {
+        let reply = get(&client, &b.url("/login"), &[("x-user", "alice")]).unwrap();
+        match reply.status {
+            200 => admitted_on_b += 1,
+            429 => {
+                denial = Some(reply);
+                break;
+            }
+            other => panic!("{other}: {reply:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let denial = denial.unwrap_or_else(|| {
+        panic!(
+            "B never denied alice; {:?}\nservice log:\n{}",
+            b.sluice_stats(),
+            service.log()
+        )
+    });
+    assert!(
+        admitted_on_b <= 2,
+        "B admitted {admitted_on_b} before its sync answered"
+    );
+    let left = retry_after(&denial);
+    assert!(
+        (300..=598).contains(&left),
+        "A's penalty's time left, not one of B's own: {denial:?}"
+    );
+    // Another key is not in it.
+    let bob = get(&client, &b.url("/login"), &[("x-user", "bob")]).unwrap();
+    assert_eq!(bob.status, 200, "{bob:?}");
+
+    // Strict: over through A, and B denies the key at its first request.
+    let strict: Vec<u16> = (0..4)
+        .map(|_| {
+            get(&client, &a.url("/strict"), &[("x-user", "carol")])
+                .unwrap()
+                .status
+        })
+        .collect();
+    assert_eq!(strict, [200, 200, 200, 429]);
+    let on_b = get(&client, &b.url("/strict"), &[("x-user", "carol")]).unwrap();
+    assert_eq!(on_b.status, 429, "{on_b:?}");
+    assert!(retry_after(&on_b) > 590, "{on_b:?}");
+    let dave = get(&client, &b.url("/strict"), &[("x-user", "dave")]).unwrap();
+    assert_eq!(dave.status, 200, "{dave:?}");
+}

@@ -97,6 +97,7 @@ fn grant_all_of(
             reset_ms,
             token_ms: None,
             refused: None,
+            penalty_ms: 0,
         })
         .collect();
     answer_sync(proxy, call, grants);
@@ -313,6 +314,7 @@ fn the_service_can_turn_on_the_emergency_bypass() {
                 reset_ms: 0,
                 token_ms: None,
                 refused: None,
+                penalty_ms: 0,
             };
             batch.entries.len()
         ],
@@ -474,6 +476,7 @@ fn a_long_key_cannot_stop_the_sync() {
             reset_ms: 0,
             token_ms: None,
             refused: (i == refused_at).then(|| "entries[0].key: refused".to_string()),
+            penalty_ms: 0,
         })
         .collect();
     answer_sync(&proxy, &call, grants);
@@ -611,6 +614,7 @@ fn an_advised_interval_comes_back_down() {
                 reset_ms: 0,
                 token_ms: None,
                 refused: None,
+                penalty_ms: 0,
             })
             .collect();
         answer_sync_advising(&proxy, call, grants, next_sync_ms);

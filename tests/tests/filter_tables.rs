@@ -168,6 +168,7 @@ fn push_overrides(proxy: &Proxy, live: &LiveOverrides) {
                     reset_ms: 0,
                     token_ms: None,
                     refused: None,
+                    penalty_ms: 0,
                 };
                 request.entries.len()
             ],

@@ -1231,12 +1231,6 @@ pub fn check_rule(
             ));
         }
     }
-    if rule.penalty_us > 0 && consistency == Consistency::Strict {
-        return Err(err(
-            at.own_field("penalty"),
-            "a strict rule is decided by the service, which does not keep penalties yet: use a local or cached rule",
-        ));
-    }
     // The local buckets keep a sliding log's timestamps for every key a proxy remembers.
     let buckets = crate::limiter::bucket_limits(rule);
     let log: usize = buckets.iter().map(Limit::log_len).sum();

@@ -108,7 +108,8 @@ const MAX_NOTES: usize = 4_096;
 /// Whether a denial by `policy.rules[index]` may be remembered: a local, enforced rule whose
 /// tokens only the refill brings back: no shaping limit (a cancelled delay gives back), no
 /// later rule and no strict rule (their denials refund what it spent), no queue (a request
-/// shed while it waits is refunded), no cost charged after the fact.
+/// shed while it waits is refunded), no cost charged after the fact; no penalty (a key in its
+/// penalty is told the penalty's time left, as the service tells it, not the denial's wait).
 fn notable(policy: &Policy, index: usize) -> bool {
     let Some(rule) = policy.rules.get(index) else {
         return false;
@@ -123,6 +124,7 @@ fn notable(policy: &Policy, index: usize) -> bool {
         && rule.ramp_percent >= 100
         && rule.cost_header.is_none()
         && rule.count_when.is_none()
+        && rule.penalty_us == 0
         && last
         && !strict
         && policy.shedding.is_none()
@@ -1036,7 +1038,8 @@ fn penalized(rule: &Rule, until_us: u64, now: u64) -> RuleVerdict {
 }
 
 /// One rule's answer for one record, spending on allow and counting for the sync. A rule with a
-/// `penalty` denies a key in its penalty outright, and starts one when it denies a key.
+/// `penalty` denies a key in its penalty outright (its own, or the service's, taken from a
+/// lease answer), and starts one when it denies a key that went over.
 fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
     let now = conditions.now_us;
     if rule.penalty_us > 0 && record.penalty_until_us > now {
@@ -1047,7 +1050,14 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
         return penalized(rule, record.penalty_until_us, now);
     }
     let mut verdict = judge_limits(rule, record, conditions);
-    if rule.penalty_us > 0 && !verdict.allowed && !verdict.unavailable && !verdict.asks {
+    // A lease that ran out speaks for this proxy's share only: the key went over if the global
+    // state holds no more either, as the service last said; else the service starts the
+    // penalty if it sees the key over at the next sync, and answers it to every proxy.
+    let over = match verdict.spend {
+        Spend::Buckets => true,
+        Spend::Lease => (record.global_remaining as u64) < rule.cost,
+    };
+    if rule.penalty_us > 0 && over && !verdict.allowed && !verdict.unavailable && !verdict.asks {
         record.penalty_until_us = now.saturating_add(rule.penalty_us);
         verdict.retry_after_us = verdict.retry_after_us.max(rule.penalty_us);
         verdict.quota.reset_us = verdict.quota.reset_us.max(rule.penalty_us);

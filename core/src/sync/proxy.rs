@@ -305,6 +305,7 @@ pub fn snapshot(
         spent: spent as u64,
         denied: denied as u64,
         round: 0,
+        penalty_ms: spec.penalty_ms(),
     })
 }
 
@@ -393,6 +394,7 @@ fn entry(limiter: &Limiter, rule: RuleId, key: &str, spent: u32, denied: u32) ->
         spent: spent as u64,
         denied: denied as u64,
         round: 0,
+        penalty_ms: enforced.rule.penalty_ms(),
     })
 }
 
@@ -465,6 +467,12 @@ pub fn apply_lease(
         record.global_token_at_us = grant.token_ms.map_or(0, |ms| {
             now_us.saturating_add(ms.saturating_mul(1_000)).max(1)
         });
+        // The service's penalty of the key, fleet-wide: kept as a penalty of this proxy's own,
+        // for the rule's `penalty` at most, whatever the answer says.
+        if spec.penalty_us > 0 && grant.penalty_ms > 0 {
+            let left = grant.penalty_ms.saturating_mul(1_000).min(spec.penalty_us);
+            record.penalty_until_us = record.penalty_until_us.max(now_us.saturating_add(left));
+        }
         table.store(set, &record, limits, now_us);
         ((), true)
     })

@@ -124,6 +124,7 @@ pub fn entry(key: &str, limits: &[LimitSpec], spent: u64, denied: u64) -> SyncEn
         spent,
         denied,
         round: 0,
+        penalty_ms: 0,
     }
 }
 
