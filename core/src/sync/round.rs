@@ -189,6 +189,7 @@ pub fn compose(
             load,
             overrides_version: state.overrides_version,
             overrides_delta: true,
+            fleet_share: false,
         },
         replayed,
     })
