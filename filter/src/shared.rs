@@ -162,6 +162,7 @@ impl Shared {
             return false;
         }
         self.fleet_proxies.set(proxies);
+        self.metrics.fleet_proxies(proxies);
         let _ = proxy_wasm::hostcalls::log(
             proxy_wasm::types::LogLevel::Info,
             &format!("sluice: fleet-share fallbacks divided among {proxies} proxies"),
