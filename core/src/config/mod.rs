@@ -333,6 +333,7 @@ struct RawFallback {
     share: Option<String>,
     /// With share: the proxies to divide by until the counter service answered a count (1 to 100000; default 1: the whole limit, as a lone proxy).
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("minimum" = 1, "maximum" = MAX_ASSUME_PROXIES)))]
     assume_proxies: Option<u64>,
 }
 
