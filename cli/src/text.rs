@@ -68,9 +68,17 @@ pub fn fallback(rule: &Rule) -> Option<String> {
     if rule.consistency == Consistency::Local {
         return None;
     }
-    Some(match &rule.fallback {
-        Fallback::Open(l) => format!("fail_open with {}", limits(l)),
-        Fallback::Closed => "fail_closed (deny, 503)".to_string(),
+    Some(match (&rule.fallback, &rule.share) {
+        (Fallback::Open(l), Some(share)) => format!(
+            "fail_open with the rule's limits divided among the proxies the counter service counts (share: fleet; each rounded up, at least one request); until it answers a count, {}: {}",
+            match share.assume_proxies {
+                1 => "the whole limit (1 proxy assumed)".to_string(),
+                n => format!("{n} proxies assumed"),
+            },
+            limits(l)
+        ),
+        (Fallback::Open(l), None) => format!("fail_open with {}", limits(l)),
+        (Fallback::Closed, _) => "fail_closed (deny, 503)".to_string(),
     })
 }
 

@@ -268,6 +268,28 @@ fn explain_shows_the_tier_the_key_and_the_template() {
 }
 
 #[test]
+fn explain_shows_a_fleet_share_fallback_and_what_it_assumes() {
+    let config = r#"{"service": {"cluster": "svc"}, "rules": [
+      {"name": "api", "key": ["header:x-api-key"], "limits": [{"requests": 1000, "per": "minute"}],
+       "fallback": {"policy": "fail_open", "share": "fleet", "assume_proxies": 3}},
+      {"name": "lone", "key": ["header:x-api-key"], "limits": [{"requests": 10, "per": "second"}],
+       "fallback": {"policy": "fail_open", "share": "fleet"}}]}"#;
+    let output = sluice(&["explain", "-", "--path", "/x"], config.as_bytes());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("   fallback:    fail_open with the rule's limits divided among the proxies the counter service counts (share: fleet; each rounded up, at least one request); until it answers a count, 3 proxies assumed: 334 per minute, burst 334, token_bucket\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("until it answers a count, the whole limit (1 proxy assumed): 10 per second, burst 10, token_bucket\n"),
+        "{text}"
+    );
+    let check = sluice(&["check", "-"], config.as_bytes());
+    assert_eq!(check.status.code(), Some(0), "{}", stderr(&check));
+}
+
+#[test]
 fn explain_without_the_claim_falls_back_to_the_address_and_the_default_tier() {
     let output = sluice(
         &[
@@ -830,6 +852,16 @@ fn every_value_the_schema_lists_is_accepted_by_the_filter() {
             r#"{{{service}, "rules": [{{"name": "a", "key": ["const:all"], "fallback": {{"policy": "{policy}"}}, "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
         ));
     }
+    for share in values("/definitions/Fallback/properties/share") {
+        accepts(format!(
+            r#"{{{service}, "rules": [{{"name": "a", "key": ["const:all"], "fallback": {{"policy": "fail_open", "share": "{share}", "assume_proxies": 3}}, "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
+        ));
+    }
+    let assume = &schema["definitions"]["Fallback"]["properties"]["assume_proxies"];
+    assert_eq!(
+        (&assume["minimum"], &assume["maximum"]),
+        (&serde_json::json!(1), &serde_json::json!(100000))
+    );
     let algorithms = values("/definitions/Limit/properties/algorithm");
     assert_eq!(algorithms.len(), 7);
     for algorithm in &algorithms {

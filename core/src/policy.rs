@@ -220,6 +220,9 @@ pub struct Rule {
     pub ramp_percent: u8,
     pub consistency: Consistency,
     pub fallback: Fallback,
+    /// A fallback sized to the fleet (`"share": "fleet"`): [`Fallback::Open`] holds the rule's
+    /// limits divided among [`FleetShare::proxies`] ([`Rule::size_to_fleet`]).
+    pub share: Option<FleetShare>,
     /// Tokens one request spends.
     pub cost: u64,
     /// A response header whose value (whole tokens) is charged after the response.
@@ -329,6 +332,15 @@ impl TierOf {
 }
 
 impl Rule {
+    /// With a fleet share, divides the rule's limits among `proxies` (at least 1) into its
+    /// fallback; otherwise nothing.
+    pub fn size_to_fleet(&mut self, proxies: u32) {
+        if let Some(share) = &mut self.share {
+            share.proxies = proxies.max(1);
+            self.fallback = Fallback::Open(shared_limits(&self.limits, share.proxies, self.cost));
+        }
+    }
+
     /// Whether the rule applies to `request`: its matcher and, with tiers, its tier.
     pub fn applies(&self, request: &mut dyn crate::request::RequestView) -> bool {
         self.matcher.matches(request) && self.tier.as_ref().is_none_or(|t| t.holds(request))
@@ -427,6 +439,31 @@ pub enum Fallback {
     /// service is up is decided by the service instead, one check per request until the next
     /// sync brings it a lease.
     Closed,
+}
+
+/// A fail-open fallback sized to the fleet, as Envoy's `local_cluster_rate_limit` sizes a
+/// limit: each proxy falls back to the rule's limits divided by the proxies the counter service
+/// last counted ([`crate::protocol::Overrides::fleet_proxies`]), or by `assume_proxies` before
+/// it counted any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetShare {
+    /// What the fallback is divided by until the service answered a count (1 unless configured:
+    /// the whole limit, as a lone proxy).
+    pub assume_proxies: u32,
+    /// What the fallback is divided by now: `assume_proxies`, or the count last heard.
+    pub proxies: u32,
+}
+
+/// Most `assume_proxies`.
+pub const MAX_ASSUME_PROXIES: u32 = 100_000;
+
+/// `limits` divided among `proxies` (at least 1), each at least one request of `cost`
+/// ([`Limit::share`]).
+pub fn shared_limits(limits: &[Limit], proxies: u32, cost: u64) -> Vec<Limit> {
+    limits
+        .iter()
+        .map(|limit| limit.share(proxies as u64, cost))
+        .collect()
 }
 
 /// The proxy the filter runs in: what it can do decides what a configuration may ask.
@@ -542,6 +579,24 @@ impl Policy {
     /// local rules too).
     pub fn needs_service(&self) -> bool {
         self.service.is_some()
+    }
+
+    /// Whether a rule's fallback is sized to the fleet: the proxy asks the service for the count.
+    pub fn fleet_share(&self) -> bool {
+        self.rules.iter().any(|rule| rule.share.is_some())
+    }
+
+    /// Sizes every fleet-share fallback to `heard` proxies, the count the service last answered
+    /// (0: none yet, each rule's `assume_proxies`).
+    pub fn size_to_fleet(&mut self, heard: u32) {
+        for rule in &mut self.rules {
+            let proxies = match rule.share {
+                Some(_) if heard > 0 => heard,
+                Some(share) => share.assume_proxies,
+                None => continue,
+            };
+            rule.size_to_fleet(proxies);
+        }
     }
 }
 

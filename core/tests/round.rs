@@ -107,6 +107,7 @@ fn an_answer_installs_leases_drops_refused_entries_and_closes_the_breaker() {
             overrides: Overrides {
                 bypass: true,
                 load_level: None,
+                fleet_proxies: None,
                 live: None,
                 delta: None,
             },

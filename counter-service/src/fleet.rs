@@ -10,6 +10,13 @@
 //! writes costs the others nothing. (Each proxy also believes the level only up to its own
 //! utilization plus its `fleet_margin`.)
 //!
+//! The fleet's size (`lua/fleet_share.lua`): a sync that sets `fleet_share` (its proxy divides
+//! a fallback among the fleet) counts its proxy for the same window a load report stays fresh,
+//! and is answered how many proxies count, what such a fallback divides its limits by. The same
+//! bounds hold: the service decides the window, and a credential counts at most
+//! `--fleet-max-proxies-per-credential` proxy ids, so it can add at most that many to the count
+//! and take nothing from it.
+//!
 //! The level is advisory: when Redis fails for it, the sync is answered its grants and no level.
 //! Freshness is measured with Redis `TIME`, so every replica of the service agrees on it.
 
@@ -33,6 +40,15 @@ pub const MIN_FRESH_MS: u64 = 1_000;
 /// How old (ms) a credential's aggregate or the fleet's totals may grow before they are rebuilt
 /// from what they sum (in between they are kept up to date at each report).
 pub const REFRESH_MS: u64 = 100;
+
+/// The sorted set of the proxies that divide their fallbacks among the fleet (see
+/// `lua/fleet_share.lua`), each scored by when it stops counting.
+pub const FLEET_SHARE_KEY: &str = "sluice:fleet:{fleet}:share";
+
+/// The same set for the proxy ids of one credential only (its cap).
+pub fn share_key(credential: &str) -> String {
+    format!("{FLEET_SHARE_KEY}:{credential}")
+}
 
 /// The hash of one credential's load reports: one field per proxy id.
 pub fn proxies_key(credential: &str) -> String {
@@ -116,6 +132,82 @@ pub async fn level(
             None
         }
     }
+}
+
+/// What `lua/fleet_share.lua` answered for one sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// How many proxy ids count now, this one's included when recorded.
+    pub proxies: u64,
+    /// Whether this proxy counts (not when its credential already counts
+    /// `--fleet-max-proxies-per-credential` other ids).
+    pub recorded: bool,
+}
+
+/// The count to answer a sync that set `fleet_share`: counts `proxy` (the id as the service
+/// keeps it) under `credential` (`None` with a shared token) and answers how many proxies count,
+/// or `None` when Redis failed (logged and counted: the proxy keeps its last count). It counts
+/// for [`fresh_window_ms`] of `interval_ms`, the interval the proxy was advised.
+pub async fn share_count(
+    state: &AppState,
+    credential: Option<&str>,
+    proxy: &str,
+    interval_ms: u64,
+) -> Option<u64> {
+    let metrics = &state.metrics;
+    let credential = credential.unwrap_or(SHARED_CREDENTIAL);
+    match share(state, credential, proxy, interval_ms, 0).await {
+        Ok(share) => {
+            if share.recorded {
+                metrics.fleet_share_counted("recorded");
+            } else {
+                metrics.fleet_share_counted("full");
+                tracing::debug!(
+                    proxy,
+                    credential,
+                    "fleet share not counted: its credential counts {} proxies already",
+                    state.settings.fleet_max_proxies_per_credential
+                );
+            }
+            metrics.fleet_share_proxies.set(share.proxies as i64);
+            Some(share.proxies)
+        }
+        Err(error) => {
+            metrics.fleet_share_counted("error");
+            tracing::warn!(proxy, "fleet share count not answered: {error}");
+            None
+        }
+    }
+}
+
+/// Counts `proxy` under `credential` ([`SHARED_CREDENTIAL`] for a shared token) among the
+/// proxies that divide their fallbacks, and reads how many count: one `lua/fleet_share.lua`
+/// call. The proxy counts for [`fresh_window_ms`] of `interval_ms`. `now_override_us` is 0 in
+/// service (Redis `TIME` is the clock); tests pass a fake time.
+pub async fn share(
+    state: &AppState,
+    credential: &str,
+    proxy: &str,
+    interval_ms: u64,
+    now_override_us: u64,
+) -> Result<Share, BackendError> {
+    let settings = &state.settings;
+    let window_ms = fresh_window_ms(interval_ms, settings.fleet_report_max_age_ms);
+    let mut invocation = state.scripts.fleet_share.prepare_invoke();
+    invocation
+        .key(FLEET_SHARE_KEY)
+        .key(share_key(credential))
+        .arg(now_override_us)
+        .arg(proxy)
+        .arg(window_ms)
+        .arg(settings.fleet_max_proxies_per_credential)
+        .arg(settings.fleet_report_max_age_ms);
+    state.metrics.script_called("fleet_share", 1);
+    let (proxies, recorded): (i64, i64) = state.backend.invoke("fleet_share", &invocation).await?;
+    Ok(Share {
+        proxies: u64::try_from(proxies).unwrap_or(0),
+        recorded: recorded == 1,
+    })
 }
 
 /// Records a (validated) report of `proxy` under `credential` ([`SHARED_CREDENTIAL`] for a

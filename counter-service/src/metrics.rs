@@ -55,6 +55,11 @@ pub struct Metrics {
     pub fleet_proxies: Gauge,
     /// How many credentials the last fleet load level answered was the mean of.
     pub fleet_credentials: Gauge,
+    /// The last count of proxies with a fleet-share fallback this replica answered.
+    pub fleet_share_proxies: Gauge,
+    /// Fleet-share counts, by outcome: `recorded`, `full` (the credential counts as many proxy
+    /// ids as it may: not counted, answered all the same), `error` (Redis failed: no count).
+    fleet_shares: Family<Labels, Counter>,
     /// Load reports, by outcome: `recorded`, `full` (the credential had as many fresh reports as
     /// it may: not recorded, answered all the same), `error` (Redis failed: no level answered).
     load_reports: Family<Labels, Counter>,
@@ -109,6 +114,8 @@ impl Metrics {
             fleet_load_level: Gauge::default(),
             fleet_proxies: Gauge::default(),
             fleet_credentials: Gauge::default(),
+            fleet_share_proxies: Gauge::default(),
+            fleet_shares: Family::default(),
             load_reports: Family::default(),
             admin_changes: Family::default(),
             overrides_expired: Counter::default(),
@@ -205,6 +212,16 @@ impl Metrics {
             metrics.fleet_credentials.clone(),
         );
         registry.register(
+            "fleet_share_proxies",
+            "Proxies with a fleet-share fallback counted at the last count answered",
+            metrics.fleet_share_proxies.clone(),
+        );
+        registry.register(
+            "fleet_shares",
+            "Syncs that asked for the fleet-share count, by outcome",
+            metrics.fleet_shares.clone(),
+        );
+        registry.register(
             "load_reports",
             "Load reports, by outcome",
             metrics.load_reports.clone(),
@@ -277,6 +294,12 @@ impl Metrics {
     }
 
     /// A load report's outcome: `recorded`, `full` or `error`.
+    pub fn fleet_share_counted(&self, outcome: &'static str) {
+        self.fleet_shares
+            .get_or_create(&vec![("outcome", outcome)])
+            .inc();
+    }
+
     pub fn load_reported(&self, outcome: &'static str) {
         self.load_reports
             .get_or_create(&vec![("outcome", outcome)])

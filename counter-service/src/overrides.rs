@@ -761,6 +761,7 @@ fn answer(
     Overrides {
         bypass,
         load_level: None,
+        fleet_proxies: None,
         live: set.map(|set| set.value.clone()),
         delta: delta.map(|delta| delta.value.clone()),
     }

@@ -2,7 +2,7 @@
 //! loads the script on `NOSCRIPT`, so a restarted or new Redis node is served too).
 //!
 //! `check.lua` and `sync.lua` share their clock, hash and lease load, refill and expiry through
-//! `lua/prelude.lua` (`fleet.lua` its clock and hash load; `window.lua` and `sync_window.lua` its
+//! `lua/prelude.lua` (`fleet.lua` its clock and hash load; `fleet_share.lua` its clock; `window.lua` and `sync_window.lua` its
 //! clock, hash load, lease scan, windows and expiry; `sliding_log.lua` and `overrides.lua` its clock; `keys.lua` its clock, hash and lease reads, refill and windows): each script the service runs is the
 //! prelude's text followed by the script's own, joined here at compile time. The SHA is the one of that combined text, and a `NOSCRIPT`
 //! reload sends that same text, on one Redis and on every node of a cluster alike.
@@ -17,6 +17,8 @@ pub const SYNC_BODY_LUA: &str = include_str!("../../lua/sync.lua");
 pub const CHECK_BODY_LUA: &str = include_str!("../../lua/check.lua");
 /// `lua/fleet.lua` alone, without the prelude (it does not run so).
 pub const FLEET_BODY_LUA: &str = include_str!("../../lua/fleet.lua");
+/// `lua/fleet_share.lua` alone, without the prelude (it does not run so).
+pub const FLEET_SHARE_BODY_LUA: &str = include_str!("../../lua/fleet_share.lua");
 /// `lua/window.lua` alone, without the prelude (it does not run so).
 pub const WINDOW_BODY_LUA: &str = include_str!("../../lua/window.lua");
 /// `lua/sliding_log.lua` alone, without the prelude (it does not run so).
@@ -66,6 +68,13 @@ pub const FLEET_LUA: &str = concat!(
     "\n",
     include_str!("../../lua/fleet.lua")
 );
+/// The script that counts the proxies dividing their fallbacks among the fleet: the prelude,
+/// then `lua/fleet_share.lua`.
+pub const FLEET_SHARE_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/fleet_share.lua")
+);
 /// The script of the live overrides (read, set, delete): the prelude, then `lua/overrides.lua`.
 pub const OVERRIDES_LUA: &str = concat!(
     include_str!("../../lua/prelude.lua"),
@@ -89,6 +98,7 @@ pub struct Scripts {
     pub sync_window: Script,
     pub check: Script,
     pub fleet: Script,
+    pub fleet_share: Script,
     pub window: Script,
     pub sliding_log: Script,
     pub overrides: Script,
@@ -102,6 +112,7 @@ impl Scripts {
             sync_window: Script::new(SYNC_WINDOW_LUA),
             check: Script::new(CHECK_LUA),
             fleet: Script::new(FLEET_LUA),
+            fleet_share: Script::new(FLEET_SHARE_LUA),
             window: Script::new(WINDOW_LUA),
             sliding_log: Script::new(SLIDING_LOG_LUA),
             overrides: Script::new(OVERRIDES_LUA),
@@ -121,11 +132,12 @@ mod tests {
     use super::*;
 
     /// The scripts that run after the prelude, without it.
-    const BODIES: [(&str, &str); 8] = [
+    const BODIES: [(&str, &str); 9] = [
         ("sync.lua", SYNC_BODY_LUA),
         ("sync_window.lua", SYNC_WINDOW_BODY_LUA),
         ("check.lua", CHECK_BODY_LUA),
         ("fleet.lua", FLEET_BODY_LUA),
+        ("fleet_share.lua", FLEET_SHARE_BODY_LUA),
         ("window.lua", WINDOW_BODY_LUA),
         ("sliding_log.lua", SLIDING_LOG_BODY_LUA),
         ("overrides.lua", OVERRIDES_BODY_LUA),

@@ -2,7 +2,8 @@
 //! (`lua/sync.lua`) or counted in the global windows (`lua/sync_window.lua`, for `fixed_window`
 //! and `sliding_window`) and the entry is answered with a lease, one script call per Redis
 //! Cluster hash slot and script, the calls of one batch in parallel. An entry out of bounds is refused alone. A batch that
-//! carries the proxy's load is also answered the fleet's load level ([`fleet`]). Every batch is
+//! carries the proxy's load is also answered the fleet's load level, and one that sets
+//! `fleet_share` how many proxies divide their fallbacks ([`fleet`]). Every batch is
 //! answered the bypass, and the live overrides when the proxy's version is not the current one:
 //! the changes since it when the proxy takes deltas and the change log holds them, else the
 //! whole set ([`overrides`]).
@@ -74,12 +75,21 @@ pub async fn handle(
     metrics.next_sync_ms.set(next_sync_ms as i64);
     // A sync without a report leaves the fleet alone and gets no level: only a proxy that sheds
     // reports its load, and only it uses the level.
-    overrides.load_level = match &request.load {
-        Some(load) => {
-            fleet::level(&state, caller.name.as_deref(), &proxy, load, next_sync_ms).await
+    let credential = caller.name.as_deref();
+    let level = async {
+        match &request.load {
+            Some(load) => fleet::level(&state, credential, &proxy, load, next_sync_ms).await,
+            None => None,
         }
-        None => None,
     };
+    // Likewise only a proxy that divides a fallback among the fleet is counted and answered.
+    let share = async {
+        match request.fleet_share {
+            true => fleet::share_count(&state, credential, &proxy, next_sync_ms).await,
+            false => None,
+        }
+    };
+    (overrides.load_level, overrides.fleet_proxies) = tokio::join!(level, share);
     Ok(Json(SyncResponse {
         grants,
         hints: Hints {

@@ -288,6 +288,7 @@ mod tests {
             load: None,
             overrides_version: 0,
             overrides_delta: false,
+            fleet_share: false,
         };
         assert_eq!(message(&request), "entries[1].key: longer than 512 bytes");
         request.entries[1] = entry("b", vec![]);
@@ -340,6 +341,7 @@ mod tests {
             load: Some(fine),
             overrides_version: 0,
             overrides_delta: false,
+            fleet_share: false,
         };
         assert_eq!(message(&request), "");
         // the bounds themselves are fine: a brief overload, nothing shed or all, an hour
@@ -523,6 +525,7 @@ mod tests {
             load: None,
             overrides_version: 0,
             overrides_delta: false,
+            fleet_share: false,
         };
         assert_eq!(
             message(&logged),
@@ -536,6 +539,7 @@ mod tests {
             load: None,
             overrides_version: 0,
             overrides_delta: false,
+            fleet_share: false,
         };
         assert_eq!(message(&request), "");
         request.entries[1] = entry(

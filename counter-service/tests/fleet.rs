@@ -591,3 +591,267 @@ async fn the_fleet_script_reloads_after_a_flush() {
         redis.query(&["SCRIPT", "FLUSH"]).unwrap();
     }
 }
+
+// The fleet's size (`lua/fleet_share.lua`): proxies that divide a fallback among the fleet say
+// so (`fleet_share`) and are answered how many such proxies synced recently.
+
+fn count(answer: &Answer) -> Option<u64> {
+    answer.body["hints"]["overrides"]["fleet_proxies"].as_u64()
+}
+
+/// A sync of `proxy` (under `token`, or the shared one) that asks to be counted (or not).
+async fn share_sync(state: &AppState, token: Option<&str>, proxy: &str, counted: bool) -> Answer {
+    let mut body = sync_body(proxy, 100, None);
+    if counted {
+        body["fleet_share"] = json!(true);
+    }
+    let answer = match token {
+        Some(token) => {
+            call(
+                state,
+                "POST",
+                "/v1/sync",
+                Some(token),
+                Body::from(body.to_string()),
+            )
+            .await
+        }
+        None => post(state, "/v1/sync", &body).await,
+    };
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_granted(&answer, 100);
+    answer
+}
+
+fn members(redis: &Redis, key: &str) -> u64 {
+    redis.text(&["ZCARD", key]).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn proxies_that_share_a_fallback_are_counted_and_answered_the_count() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let one = share_sync(&state, None, "p1", true).await;
+    assert_eq!(count(&one), Some(1), "{one:?}");
+    assert_eq!(count(&share_sync(&state, None, "p2", true).await), Some(2));
+    assert_eq!(count(&share_sync(&state, None, "p1", true).await), Some(2));
+    // a proxy without a share is neither counted nor answered a count (nor is a load report)
+    let plain = share_sync(&state, None, "p3", false).await;
+    assert_eq!(count(&plain), None, "{plain:?}");
+    let loaded = report(&state, "p4", 100, 0.5).await;
+    assert_eq!(count(&loaded), None, "{loaded:?}");
+    assert_eq!(count(&share_sync(&state, None, "p2", true).await), Some(2));
+    assert_eq!(members(&redis, fleet::FLEET_SHARE_KEY), 2);
+    assert_eq!(members(&redis, &fleet::share_key(SHARED_CREDENTIAL)), 2);
+    // both keys expire with their freshest member (1 s: 3 × 100 ms is less)
+    for key in [
+        fleet::FLEET_SHARE_KEY.to_owned(),
+        fleet::share_key(SHARED_CREDENTIAL),
+    ] {
+        let ttl: u64 = redis.text(&["PTTL", &key]).unwrap().parse().unwrap();
+        assert!((1..=1_000).contains(&ttl), "{key}: {ttl}");
+    }
+    let text = metrics(&state).await;
+    assert!(text.contains("sluice_fleet_share_proxies 2"), "{text}");
+    assert!(
+        text.contains("sluice_fleet_shares_total{outcome=\"recorded\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sluice_script_calls_total{script=\"fleet_share\"} 4"),
+        "{text}"
+    );
+}
+
+/// With the tests' clock: a proxy counts for three of the intervals it was answered (at least
+/// 1 s), and no longer than `--fleet-report-max-age-ms` (5 s) whatever interval it names.
+#[tokio::test]
+async fn a_proxy_stops_counting_after_its_window_and_a_long_interval_does_not_stretch_it() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let at = |ms: u64| T0_US + ms * MS;
+    let share = |proxy: &'static str, interval_ms: u64, now_us: u64| {
+        let state = state.clone();
+        async move {
+            fleet::share(&state, SHARED_CREDENTIAL, proxy, interval_ms, now_us)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(share("a", 100, at(0)).await.proxies, 1);
+    // b: a 2 s interval would count 6 s, the cap is 5 s; c names the longest interval
+    assert_eq!(share("b", 2_000, at(500)).await.proxies, 2);
+    assert_eq!(
+        share("c", 60_000, at(999)).await.proxies,
+        3,
+        "a: fresh for 1 s"
+    );
+    assert_eq!(
+        share("d", 100, at(1_000)).await.proxies,
+        3,
+        "a: stale at 1 s"
+    );
+    assert_eq!(
+        share("d", 100, at(5_499)).await.proxies,
+        3,
+        "b and c still count"
+    );
+    assert_eq!(
+        share("d", 100, at(5_500)).await.proxies,
+        2,
+        "b stale, capped at 5 s"
+    );
+    assert_eq!(
+        share("d", 100, at(5_999)).await.proxies,
+        1,
+        "c stale, capped at 5 s"
+    );
+    assert_eq!(
+        members(&redis, fleet::FLEET_SHARE_KEY),
+        1,
+        "the stale are deleted"
+    );
+}
+
+/// 10,000 made-up proxy ids under one credential: it counts at most
+/// --fleet-max-proxies-per-credential of them, so it adds at most that to the count; the proxies
+/// of the other credentials always count (it cannot take them out); its own id already counted
+/// renews; and when it stops, its ids go stale with their window.
+#[tokio::test]
+async fn one_credential_adds_at_most_its_cap_and_takes_nothing_from_the_count() {
+    let redis = Redis::start().unwrap();
+    let state = state_with_tokens(
+        &redis,
+        "edge-a tok-a\nedge-b tok-b\nliar tok-liar\n",
+        &["--fleet-max-proxies-per-credential", "16"],
+    );
+    let at = |ms: u64| T0_US + ms * MS;
+    let share = |credential: &'static str, proxy: String, now_us: u64| {
+        let state = state.clone();
+        async move {
+            fleet::share(&state, credential, &proxy, 1_000, now_us)
+                .await
+                .unwrap()
+        }
+    };
+    share("edge-a", "edge-a/p1".into(), at(0)).await;
+    share("edge-b", "edge-b/p1".into(), at(0)).await;
+    share("liar", "liar/real".into(), at(0)).await;
+    let mut refused = 0;
+    let mut most = 0;
+    for i in 0..10_000u64 {
+        let seen = share("liar", format!("liar/fake-{i}"), at(1 + i / 10)).await;
+        refused += u64::from(!seen.recorded);
+        most = most.max(seen.proxies);
+    }
+    assert_eq!(refused, 10_000 - 15);
+    assert_eq!(most, 2 + 16, "the two honest proxies and the liar's cap");
+    assert_eq!(members(&redis, &fleet::share_key("liar")), 16);
+    assert!(share("liar", "liar/real".into(), at(1_001)).await.recorded);
+    // another credential's new proxy counts, and the honest ones were never taken out
+    let honest = share("edge-a", "edge-a/p2".into(), at(1_002)).await;
+    assert!(honest.recorded, "{honest:?}");
+    assert_eq!(honest.proxies, 3 + 16);
+    // through the HTTP API (Redis TIME, so alone: the made-up times are long past), the same:
+    // the liar's sync over its cap is answered, its id not counted
+    for i in 0..16 {
+        share_sync(&state, Some("tok-liar"), &format!("http-{i}"), true).await;
+    }
+    let answer = share_sync(&state, Some("tok-liar"), "http-more", true).await;
+    assert_eq!(count(&answer), Some(16), "{answer:?}");
+    let text = metrics(&state).await;
+    assert!(
+        text.contains("sluice_fleet_shares_total{outcome=\"full\"} 1"),
+        "{text}"
+    );
+    redis.query(&["FLUSHALL"]).unwrap();
+    share("edge-a", "edge-a/p1".into(), at(1_000)).await;
+    share("edge-a", "edge-a/p2".into(), at(1_002)).await;
+    share("liar", "liar/real".into(), at(1_001)).await;
+    share("edge-b", "edge-b/p1".into(), at(0)).await;
+
+    // 3 s on (1 s interval: 3 s window), the liar stopped: only its renewed id still counts
+    // until its own window ends
+    let later = share("edge-a", "edge-a/p1".into(), at(3_500)).await;
+    assert_eq!(
+        later.proxies, 3,
+        "edge-a/p1, edge-a/p2, liar/real: {later:?}"
+    );
+    let later = share("edge-b", "edge-b/p1".into(), at(4_100)).await;
+    assert_eq!(later.proxies, 2, "edge-a/p1 and edge-b/p1: {later:?}");
+}
+
+/// A proxy whose id changes at every sync (restarts, or a liar) counts once per id while each is
+/// fresh: at most one window of ids, and never more than its credential's cap.
+#[tokio::test]
+async fn a_flapping_proxy_id_counts_no_more_than_a_window_of_ids() {
+    let redis = Redis::start().unwrap();
+    let state = state_with_tokens(
+        &redis,
+        "edge-a tok-a\nflap tok-flap\n",
+        &["--fleet-max-proxies-per-credential", "64"],
+    );
+    let at = |ms: u64| T0_US + ms * MS;
+    let mut last = 0;
+    // every 100 ms a new id, for 5 s: each counts for 1 s (three 100 ms intervals, at least 1 s)
+    for i in 0..50u64 {
+        let seen = fleet::share(&state, "flap", &format!("flap/{i}"), 100, at(i * 100))
+            .await
+            .unwrap();
+        assert!(seen.proxies <= 10, "at {i}: {seen:?}");
+        last = seen.proxies;
+    }
+    assert_eq!(last, 10, "the last second's ids");
+    let honest = fleet::share(&state, "edge-a", "edge-a/p1", 100, at(6_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        honest.proxies, 1,
+        "the flapping ids all went stale: {honest:?}"
+    );
+}
+
+/// A member dated further ahead than the service's longest window (written before a failover
+/// to a node whose clock is behind) is dropped, not counted until the clock catches up.
+#[tokio::test]
+async fn a_member_from_a_clock_far_ahead_is_dropped() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let now_ms = T0_US / MS;
+    let ahead = (now_ms + 3_600_000).to_string();
+    let near = (now_ms + 4_000).to_string();
+    redis
+        .query(&[
+            "ZADD",
+            fleet::FLEET_SHARE_KEY,
+            &ahead,
+            "ahead",
+            &near,
+            "near",
+        ])
+        .unwrap();
+    let seen = fleet::share(&state, SHARED_CREDENTIAL, "p1", 100, T0_US)
+        .await
+        .unwrap();
+    assert_eq!(seen.proxies, 2, "near and p1: {seen:?}");
+}
+
+/// The count is advisory: when Redis fails for it, the sync is answered its grants and no
+/// count (the proxy keeps its last one).
+#[tokio::test]
+async fn a_failed_count_still_answers_the_grants() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    redis
+        .query(&["SET", fleet::FLEET_SHARE_KEY, "not a sorted set"])
+        .unwrap();
+    let answer = share_sync(&state, None, "p1", true).await;
+    assert_eq!(count(&answer), None, "{answer:?}");
+    let text = metrics(&state).await;
+    assert!(
+        text.contains("sluice_fleet_shares_total{outcome=\"error\"} 1"),
+        "{text}"
+    );
+    redis.query(&["DEL", fleet::FLEET_SHARE_KEY]).unwrap();
+    assert_eq!(count(&share_sync(&state, None, "p1", true).await), Some(1));
+}

@@ -86,6 +86,7 @@ pub struct Metrics {
     check_sent: u32,
     check_failed: u32,
     overrides_not_applied: u32,
+    fleet_proxies: u32,
 }
 
 fn define(kind: MetricType, name: &str) -> u32 {
@@ -147,6 +148,7 @@ impl Metrics {
             metrics.check_failed = counter("sluice.check.failed");
             metrics.overrides_not_applied =
                 define(MetricType::Gauge, "sluice.overrides.not_applied");
+            metrics.fleet_proxies = define(MetricType::Gauge, "sluice.fleet.proxies");
         }
         metrics
     }
@@ -245,6 +247,11 @@ impl Metrics {
 
     pub fn check_failed(&self) {
         bump(self.check_failed);
+    }
+
+    /// The proxies the fleet-share fallbacks are divided among now (0: none counted yet).
+    pub fn fleet_proxies(&self, proxies: u32) {
+        let _ = hostcalls::record_metric(self.fleet_proxies, proxies as u64);
     }
 
     /// Entries of the live overrides in force that this proxy did not apply (each logged).

@@ -22,6 +22,12 @@ pub struct Shared {
     base: (Policy, [u64; 2]),
     /// The version of the live overrides `limiter` was built with.
     overrides_version: Cell<u64>,
+    /// The configured policy with the live overrides last applied (`None`: none applied), before
+    /// the fleet-share fallbacks are sized.
+    overridden: RefCell<Option<Policy>>,
+    /// The proxies the fleet-share fallbacks of `limiter` are divided among, as the sync state
+    /// had them (0: none heard, each rule's `assume_proxies`; always 0 without such a rule).
+    fleet_proxies: Cell<u32>,
     pub metrics: Metrics,
     /// Announces keys with unsynced counts to the worker that syncs.
     pub announcer: Announcer,
@@ -114,6 +120,8 @@ impl Shared {
             limiter: RefCell::new(Rc::new(limiter)),
             base,
             overrides_version: Cell::new(0),
+            overridden: RefCell::new(None),
+            fleet_proxies: Cell::new(0),
             metrics,
             announcer,
             service_up: Cell::new(true),
@@ -132,23 +140,21 @@ impl Shared {
         Rc::clone(&self.limiter.borrow())
     }
 
-    /// Builds the limiter again when the live overrides in shared data changed (their version
-    /// in the sync state): the configured policy with the overrides applied. What cannot apply
-    /// is logged and left as configured. A rule keeps its table while its layout does (new
-    /// numbers read its counts); another layout counts in the rule's one table for overridden
-    /// layouts ([`Limiter::with_overrides`]), so overrides never add more than one table a rule.
-    fn apply_overrides(&self, version: u64) {
+    /// Applies the live overrides again when the ones in shared data changed (their version in
+    /// the sync state): the configured policy with the overrides applied. What cannot apply is
+    /// logged and left as configured. Returns whether the limiter must be built again.
+    fn apply_overrides(&self, version: u64) -> bool {
         if version == self.overrides_version.get() {
-            return;
+            return false;
         }
         self.overrides_version.set(version);
-        let (policy, secret) = &self.base;
+        let (policy, _) = &self.base;
         let live = match SharedData.get(overrides::OVERRIDES_KEY) {
             Ok(Some((bytes, _))) => overrides::decode(&bytes),
             _ => None,
         };
         let Some(live) = live else {
-            return;
+            return false;
         };
         let (overridden, problems) = overrides::apply(policy, &live);
         let bulkheads = live
@@ -166,9 +172,7 @@ impl Shared {
             ));
         }
         self.metrics.overrides_not_applied(problems.len());
-        let limiter = Limiter::with_overrides(overridden, policy, *secret);
-        prepare(&limiter);
-        *self.limiter.borrow_mut() = Rc::new(limiter);
+        *self.overridden.borrow_mut() = Some(overridden);
         let _ = proxy_wasm::hostcalls::log(
             proxy_wasm::types::LogLevel::Info,
             &format!(
@@ -178,11 +182,47 @@ impl Shared {
                 live.keys.len()
             ),
         );
+        true
+    }
+
+    /// Whether the fleet-share fallbacks must be sized again: the count in the sync state is not
+    /// the one `limiter` was built with (never without a fleet-share rule).
+    fn count_fleet(&self, proxies: u32) -> bool {
+        if !self.base.0.fleet_share() || proxies == self.fleet_proxies.get() {
+            return false;
+        }
+        self.fleet_proxies.set(proxies);
+        self.metrics.fleet_proxies(proxies);
+        let _ = proxy_wasm::hostcalls::log(
+            proxy_wasm::types::LogLevel::Info,
+            &format!("sluice: fleet-share fallbacks divided among {proxies} proxies"),
+        );
+        true
+    }
+
+    /// Builds the limiter again from the configured policy, the live overrides last applied and
+    /// the fleet's count. A rule keeps its table while its layout does (new numbers read its
+    /// counts; a share never changes a layout); another layout counts in the rule's one table
+    /// for overridden layouts ([`Limiter::with_overrides`]), so overrides never add more than one
+    /// table a rule.
+    fn rebuild(&self) {
+        let (configured, secret) = &self.base;
+        let mut policy = match &*self.overridden.borrow() {
+            Some(overridden) => overridden.clone(),
+            None => configured.clone(),
+        };
+        policy.size_to_fleet(self.fleet_proxies.get());
+        let limiter = Limiter::with_overrides(policy, configured, *secret);
+        prepare(&limiter);
+        *self.limiter.borrow_mut() = Rc::new(limiter);
     }
 
     /// Publishes the proxy-wide sync state to this worker's requests.
     pub fn publish(&self, state: &SyncState, service: &Service, now_us: u64) {
-        self.apply_overrides(state.overrides_version);
+        let overridden = self.apply_overrides(state.overrides_version);
+        if self.count_fleet(state.fleet_proxies) | overridden {
+            self.rebuild();
+        }
         let breaker = state.breaker.state(service.breaker_failures, now_us);
         self.service_up
             .set(state.breaker.service_up(service.breaker_failures, now_us));

@@ -146,6 +146,17 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
             ));
         }
     }
+    for rule in &policy.rules {
+        if let Some(share) = rule
+            .share
+            .filter(|_| rule.consistency != Consistency::Local)
+        {
+            notes.push(format!(
+                "rule {} falls back to its limits divided among the proxies the counter service counts (share: fleet): the simulation has the service, so no fallback decides; a proxy that never heard a count assumes {} (assume_proxies)",
+                rule.name, share.assume_proxies
+            ));
+        }
+    }
     if let Some(shedding) = &policy.shedding {
         notes.push(
             "shedding is not simulated (it needs upstream latencies): only the rate limits decide"

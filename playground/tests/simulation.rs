@@ -225,6 +225,31 @@ fn cached_rules_and_shedding_are_named_in_the_notes() {
         .is_some_and(|n| n.starts_with("rule shared is cached")));
 }
 
+#[test]
+fn a_fleet_share_fallback_is_named_with_what_it_assumes() {
+    let config = r#"{"service": {"cluster": "s"}, "rules": [{"name": "shared", "key": ["const:all"],
+        "consistency": "cached", "limits": [{"requests": 8, "per": "minute"}],
+        "fallback": {"policy": "fail_open", "share": "fleet", "assume_proxies": 4}}]}"#;
+    let r = report(config, "0,a\n0,a\n0,a\n");
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(
+        r["totals"]["admitted"], 3,
+        "the service's whole count decides"
+    );
+    let notes: Vec<&str> = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.starts_with(
+            "rule shared falls back to its limits divided among the proxies the counter service counts (share: fleet)"
+        ) && n.ends_with("assumes 4 (assume_proxies)")),
+        "{notes:?}"
+    );
+}
+
 /// A penalty needs no upstream: played as a proxy would. Counting by the answer needs the
 /// trace's statuses (`status=NNN`): without them, the notes say it counts nothing.
 #[test]

@@ -195,6 +195,12 @@ pub struct SyncRequest {
     /// the whole set; ignored by older services, which always answer it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub overrides_delta: bool,
+    /// The proxy divides a rule's fallback among the fleet (`"share": "fleet"`): the service
+    /// counts it among the proxies recently seen with this flag and answers their number in
+    /// [`Overrides::fleet_proxies`]. Absent (false) from older proxies and from proxies without
+    /// such a rule, which are not counted; ignored by older services.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fleet_share: bool,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -318,6 +324,12 @@ pub struct Overrides {
     /// whose [`LoadReport`] is fresh. Answered to a sync that carries a report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_level: Option<f64>,
+    /// How many proxies sent [`SyncRequest::fleet_share`] recently (this one included), each
+    /// credential counting at most the service's `--fleet-max-proxies-per-credential`: what a
+    /// fleet-share fallback divides its limits by. Answered to a sync that set the flag; absent
+    /// when the service could not count (the proxy keeps the last count it heard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet_proxies: Option<u64>,
     /// The live overrides operators set through the service's admin API, when the proxy's
     /// [`SyncRequest::overrides_version`] is not the service's: the whole set, replacing the
     /// proxy's. Absent when the proxy is up to date, or answered a delta.

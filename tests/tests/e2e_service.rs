@@ -1190,6 +1190,72 @@ fn live_overrides_reach_every_proxy_within_an_interval_and_outlive_the_service()
     );
 }
 
+/// A fallback sized to the fleet (`"share": "fleet"`): two proxies sync with one service, which counts them and
+/// answers the count; once the service is killed, each proxy's fallback admits the limit divided among them on a key
+/// it never saw: ceil(40 / 2) = 20 an hour, exact (an hour refills nothing meanwhile), where the same rule without a
+/// share admits the whole 40. The count is the last one heard, kept while the service is away.
+#[test]
+fn a_fleet_share_fallback_admits_the_limit_divided_among_the_proxies_counted() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let mut service = Service::start(&redis.url()).unwrap();
+    let rules = json!([
+        {"name": "shared", "match": {"path_prefix": "/shared/"}, "key": ["header:x-user"], "consistency": "cached",
+         "limits": [{"requests": 40, "per": "hour"}], "fallback": {"policy": "fail_open", "share": "fleet"}},
+        {"name": "whole", "match": {"path_prefix": "/whole/"}, "key": ["header:x-user"], "consistency": "cached",
+         "limits": [{"requests": 40, "per": "hour"}]},
+    ]);
+    let plugin_config = config(service.token(), 100, rules);
+    let proxies: Vec<Envoy> = (0..2)
+        .map(|_| start_envoy(&service, plugin_config.clone(), 2))
+        .collect();
+    let counted = "wasmcustom.sluice.fleet.proxies";
+    for (p, envoy) in proxies.iter().enumerate() {
+        assert!(
+            eventually(Duration::from_secs(5), || envoy.stat(counted) == 2),
+            "proxy {p} never heard a count of 2: {:?}\nservice log:\n{}",
+            envoy.sluice_stats(),
+            service.log()
+        );
+    }
+
+    service.kill();
+    let breaker = "wasmcustom.sluice.breaker.open";
+    for (p, envoy) in proxies.iter().enumerate() {
+        assert!(
+            eventually(Duration::from_secs(5), || envoy.stat(breaker) == 1),
+            "proxy {p}: the breaker never opened: {:?}",
+            envoy.sluice_stats()
+        );
+    }
+    let client = agent();
+    for (p, envoy) in proxies.iter().enumerate() {
+        assert_eq!(envoy.stat(counted), 2, "proxy {p} keeps the last count");
+        let user = format!("after-{p}");
+        let statuses = |path: &str, n: usize| -> Vec<u16> {
+            (0..n)
+                .map(|_| {
+                    get(&client, &envoy.url(path), &[("x-user", &user)])
+                        .unwrap()
+                        .status
+                })
+                .collect()
+        };
+        let shared = statuses("/shared/x", 30);
+        let whole = statuses("/whole/x", 50);
+        let admitted = |s: &[u16]| s.iter().filter(|&&status| status == 200).count();
+        assert_eq!(
+            (admitted(&shared), admitted(&whole)),
+            (20, 40),
+            "proxy {p}: the shared fallback admits 40 / 2, the whole one 40; shared {shared:?}, whole {whole:?}"
+        );
+        assert!(
+            shared[..20].iter().all(|&s| s == 200) && shared[20..].iter().all(|&s| s == 429),
+            "proxy {p}: {shared:?}"
+        );
+    }
+}
+
 /// Live overrides invite automation: 120 limit overrides through the admin API, each with a new value (every tenth
 /// of another algorithm), while requests with new keys flow, must not grow the proxy. Each new limit used to give
 /// the rule a new key table in shared data, whose sets' keys proxy-wasm can never delete: Envoy's heap (admin

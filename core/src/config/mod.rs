@@ -12,8 +12,9 @@ use serde::Deserialize;
 
 use crate::limit::{Algorithm, Limit, Period};
 use crate::policy::{
-    Answer, Bypass, ClientIp, Consistency, CountWhen, Fallback, HeaderStyle, Host, KeyPart,
-    Matcher, Mode, Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
+    Answer, Bypass, ClientIp, Consistency, CountWhen, Fallback, FleetShare, HeaderStyle, Host,
+    KeyPart, Matcher, Mode, Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
+    MAX_ASSUME_PROXIES,
 };
 use crate::request::matcher::{HeaderTest, Template};
 use crate::request::net::Cidr;
@@ -328,6 +329,14 @@ struct RawFallback {
     /// fail_open: the local limits (default: the rule's own).
     #[serde(default)]
     limits: Option<Vec<RawLimit>>,
+    /// fail_open: "fleet" divides the rule's own limits among the proxies the counter service last counted (each limit rounded up, at least one request), as Envoy's local_cluster_rate_limit does; instead of limits.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["fleet", null])))]
+    share: Option<String>,
+    /// With share: the proxies to divide by until the counter service answered a count (1 to 100000; default 1: the whole limit, as a lone proxy).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("minimum" = 1, "maximum" = MAX_ASSUME_PROXIES)))]
+    assume_proxies: Option<u64>,
 }
 
 /// The counter service: an Envoy cluster, or an address for nginx (ngx_wasm_module).
@@ -952,7 +961,7 @@ fn rule(
     let mut rules = Vec::with_capacity(tiers.len());
     for (tier, name, limits_at, raw_limits) in tiers {
         let limits = limits(&limits_at, raw_limits)?;
-        let fallback = fallback(at, raw.fallback.as_ref(), &limits)?;
+        let (fallback, share) = fallback(at, raw.fallback.as_ref(), &limits, cost)?;
         let rule = Rule {
             name,
             matcher: matcher.clone(),
@@ -962,6 +971,7 @@ fn rule(
             ramp_percent,
             consistency,
             fallback,
+            share,
             cost,
             cost_header: cost_header.clone(),
             count_when: count_when.clone(),
@@ -1018,30 +1028,79 @@ fn fallback(
     at: &str,
     raw: Option<&RawFallback>,
     limits: &[Limit],
-) -> Result<Fallback, ConfigError> {
-    Ok(match raw {
-        None => Fallback::Open(limits.to_vec()),
-        Some(f) => match f.policy.as_str() {
-            "fail_open" => match &f.limits {
-                Some(l) => Fallback::Open(self::limits(&format!("{at}.fallback.limits"), l)?),
-                None => Fallback::Open(limits.to_vec()),
-            },
-            "fail_closed" => {
-                if f.limits.is_some() {
-                    return Err(err(
-                        format!("{at}.fallback.limits"),
-                        "fail_closed denies without limits; remove \"limits\" or use fail_open",
-                    ));
-                }
-                Fallback::Closed
-            }
-            other => {
+    cost: u64,
+) -> Result<(Fallback, Option<FleetShare>), ConfigError> {
+    let Some(f) = raw else {
+        return Ok((Fallback::Open(limits.to_vec()), None));
+    };
+    let share = match f.share.as_deref() {
+        None => None,
+        Some("fleet") => {
+            if f.limits.is_some() {
                 return Err(err(
-                    format!("{at}.fallback.policy"),
-                    format!("expected one of fail_open, fail_closed, got {other:?}"),
-                ))
+                    format!("{at}.fallback.limits"),
+                    "a fleet share divides the rule's own limits: remove \"limits\", or \"share\" to fall back to these",
+                ));
             }
+            let assume = f.assume_proxies.unwrap_or(1);
+            if assume == 0 || assume > MAX_ASSUME_PROXIES as u64 {
+                return Err(err(
+                    format!("{at}.fallback.assume_proxies"),
+                    format!("must be 1 to {MAX_ASSUME_PROXIES}, got {assume}"),
+                ));
+            }
+            let assume = assume as u32;
+            Some(FleetShare {
+                assume_proxies: assume,
+                proxies: assume,
+            })
+        }
+        Some(other) => {
+            return Err(err(
+                format!("{at}.fallback.share"),
+                format!("expected \"fleet\", got {other:?}"),
+            ))
+        }
+    };
+    if share.is_none() && f.assume_proxies.is_some() {
+        return Err(err(
+            format!("{at}.fallback.assume_proxies"),
+            "only a fleet share (\"share\": \"fleet\") assumes a number of proxies",
+        ));
+    }
+    Ok(match f.policy.as_str() {
+        "fail_open" => match (&f.limits, share) {
+            (Some(l), _) => (
+                Fallback::Open(self::limits(&format!("{at}.fallback.limits"), l)?),
+                None,
+            ),
+            (None, Some(share)) => (
+                Fallback::Open(crate::policy::shared_limits(limits, share.proxies, cost)),
+                Some(share),
+            ),
+            (None, None) => (Fallback::Open(limits.to_vec()), None),
         },
+        "fail_closed" => {
+            if f.limits.is_some() {
+                return Err(err(
+                    format!("{at}.fallback.limits"),
+                    "fail_closed denies without limits; remove \"limits\" or use fail_open",
+                ));
+            }
+            if share.is_some() {
+                return Err(err(
+                    format!("{at}.fallback.share"),
+                    "fail_closed denies without limits: a share needs fail_open",
+                ));
+            }
+            (Fallback::Closed, None)
+        }
+        other => {
+            return Err(err(
+                format!("{at}.fallback.policy"),
+                format!("expected one of fail_open, fail_closed, got {other:?}"),
+            ))
+        }
     })
 }
 
@@ -1128,6 +1187,20 @@ pub fn check_rule(
             return Err(err(
                 at.rule_field("consistency", k, "algorithm"),
                 "leaky_bucket shapes the traffic of one proxy: local consistency only",
+            ));
+        }
+    }
+    if rule.share.is_some() {
+        if consistency == Consistency::Local {
+            return Err(err(
+                at.own_field("fallback.share"),
+                "a local rule counts in this proxy alone and has no fallback: share a cached or strict rule",
+            ));
+        }
+        if let Some(k) = position(limits, Algorithm::SlidingLog) {
+            return Err(err(
+                at.rule_field("fallback.share", k, "algorithm"),
+                "a sliding_log keeps one timestamp per request of its limit: its fallback cannot be resized to the fleet; use sliding_window, or fallback limits",
             ));
         }
     }

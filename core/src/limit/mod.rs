@@ -406,6 +406,32 @@ impl Limit {
         self.shaping
     }
 
+    /// One of `proxies` equal shares of this limit (a fleet-share fallback): `requests` and
+    /// `burst` divided, rounded up, so the shares cover the limit; at least 1 request a period,
+    /// and at least `cost` at once (a window's `requests`, a bucket's `burst`) so a request can
+    /// still pass. Never more than the limit itself when `cost` is within its burst, as a rule's
+    /// checks make it. A shaping or concurrency limit is not divided (no fallback has one).
+    pub fn share(&self, proxies: u64, cost: u64) -> Limit {
+        let proxies = proxies.max(1);
+        let cost = cost.max(1);
+        match self.algorithm {
+            Algorithm::LeakyBucket | Algorithm::Concurrency => *self,
+            Algorithm::TokenBucket | Algorithm::Gcra => Limit {
+                requests: self.requests.div_ceil(proxies).max(1),
+                burst: self.burst.div_ceil(proxies).max(cost),
+                ..*self
+            },
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                let requests = self.requests.div_ceil(proxies).max(cost);
+                Limit {
+                    requests,
+                    burst: requests,
+                    ..*self
+                }
+            }
+        }
+    }
+
     /// The same limit counted by GCRA (the token bucket's admissions).
     pub fn gcra(self) -> Limit {
         Limit {

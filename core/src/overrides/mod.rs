@@ -28,7 +28,7 @@ pub const BULKHEAD_PREFIX: &str = "bulkhead:";
 ///
 /// A limit override targets `rule` (every tier of a rule with tiers) or `rule/tier` (that
 /// tier; it wins over `rule`). A rule whose fallback was its own limits (the default) falls
-/// back to the new ones. Each is checked by [`check_limits`], each key by [`check_key`], as the
+/// back to the new ones; a fleet share divides the new ones. Each is checked by [`check_limits`], each key by [`check_key`], as the
 /// counter service checks them when it is given the proxies' configuration.
 pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
     let mut applied = policy.clone();
@@ -155,6 +155,10 @@ pub fn check_limits(
             rule.fallback = Fallback::Open(limits.clone());
         }
         rule.limits = limits.clone();
+        // A fleet share divides the new limits among as many proxies as it did the old.
+        if let Some(share) = rule.share {
+            rule.size_to_fleet(share.proxies);
+        }
         config::check_rule(
             &rule,
             policy.max_keys,

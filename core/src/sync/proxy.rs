@@ -39,6 +39,10 @@ pub struct SyncState {
     /// When the last round was claimed (an exhausted lease hurries the next to a quarter
     /// interval after it).
     pub claimed_at_us: u64,
+    /// The proxies the service last counted for fleet-share fallbacks
+    /// ([`crate::protocol::Overrides::fleet_proxies`]); 0: none heard since the state started.
+    /// Kept however old: while the service is out of reach, the last count stands.
+    pub fleet_proxies: u32,
 }
 
 /// The fleet load level the counter service last answered, and when.
@@ -67,7 +71,7 @@ impl Fleet {
 }
 
 impl SyncState {
-    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8 + 8 + 4 + 8;
+    const LEN: usize = 8 * 5 + 4 + 1 + 4 + 8 + 8 + 4 + 8 + 4;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(Self::LEN);
@@ -83,6 +87,7 @@ impl SyncState {
         b.extend_from_slice(&self.overrides_version.to_le_bytes());
         b.extend_from_slice(&self.epoch.to_le_bytes());
         b.extend_from_slice(&self.claimed_at_us.to_le_bytes());
+        b.extend_from_slice(&self.fleet_proxies.to_le_bytes());
         b
     }
 
@@ -102,6 +107,8 @@ impl SyncState {
         level.copy_from_slice(&bytes[45..49]);
         let mut epoch = [0u8; 4];
         epoch.copy_from_slice(&bytes[65..69]);
+        let mut proxies = [0u8; 4];
+        proxies.copy_from_slice(&bytes[77..81]);
         SyncState {
             next_at_us: u64_at(0),
             busy_until_us: u64_at(8),
@@ -119,6 +126,7 @@ impl SyncState {
             overrides_version: u64_at(57),
             epoch: u32::from_le_bytes(epoch),
             claimed_at_us: u64_at(69),
+            fleet_proxies: u32::from_le_bytes(proxies),
         }
     }
 
@@ -152,6 +160,12 @@ impl SyncState {
         let fresh_us = interval_ms.saturating_mul(3_000).max(1_000_000);
         self.fleet.level(now_us, fresh_us)
     }
+}
+
+/// A count of proxies as the sync state keeps it: at least 1 (the proxy that heard it), at
+/// most `u32::MAX` (a fallback divided by so many is at its floor anyway).
+pub fn fleet_proxies(answered: u64) -> u32 {
+    answered.clamp(1, u32::MAX as u64) as u32
 }
 
 /// Reads the sync state.
@@ -499,6 +513,7 @@ mod tests {
             overrides_version: 8,
             epoch: 9,
             claimed_at_us: 10,
+            fleet_proxies: 11,
         };
         assert_eq!(SyncState::decode(&s.encode()), s);
         assert_eq!(s.fleet.level(8, 10), Some(0.42));

@@ -189,6 +189,7 @@ pub fn compose(
             load,
             overrides_version: state.overrides_version,
             overrides_delta: true,
+            fleet_share: limiter.policy().fleet_share(),
         },
         replayed,
     })
@@ -255,6 +256,10 @@ pub fn settle(
         }
         s.bypass = hints.overrides.bypass;
         s.fleet = proxy::Fleet::heard(hints.overrides.load_level, now_us);
+        // An answer without a count (the service could not count, or is older) keeps the last.
+        if let Some(proxies) = hints.overrides.fleet_proxies {
+            s.fleet_proxies = proxy::fleet_proxies(proxies);
+        }
         match taken {
             crate::overrides::live::Taken::Kept { version, .. } => s.overrides_version = version,
             // The next round asks for the whole set.

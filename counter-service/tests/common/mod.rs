@@ -136,6 +136,7 @@ pub fn batch(proxy: &str, interval_ms: u64, entries: Vec<SyncEntry>) -> SyncRequ
         load: None,
         overrides_version: 0,
         overrides_delta: false,
+        fleet_share: false,
     }
 }
 
