@@ -493,6 +493,7 @@ mod tests {
             "LISTEN_PORT",
             "UPSTREAM_PORT",
             "PLUGIN_CONFIG",
+            "HEADERS_IN_ACCESS",
         ]
         .iter()
         .map(|k| ((*k).to_owned(), "x".to_owned()))
