@@ -17,6 +17,7 @@
 //!         "key":["client_ip"],"limits":[{"requests":50,"per":"minute"}]}]}"#
 //!         .to_owned(),
 //!     workers: 4,
+//!     ..NginxOptions::default()
 //! })?;
 //! let result = sluice_tests::envoy::burst(&nginx.url("/api/x"), 500, 16)?;
 //! assert_eq!(result.count(200), 50);
