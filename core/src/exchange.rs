@@ -474,11 +474,12 @@ impl Exchange {
     /// Whether a rule that admitted this request counts it by its response's status
     /// (`count_when`): the host then reads the status and calls [`Exchange::response_status`].
     pub fn counts_by_status(&self, limiter: &Limiter) -> bool {
-        self.chargeable.iter().any(|(rule, _)| {
-            limiter
-                .rule(*rule)
-                .is_some_and(|r| r.rule.count_when.is_some())
-        })
+        limiter.counts_by_status()
+            && self.chargeable.iter().any(|(rule, _)| {
+                limiter
+                    .rule(*rule)
+                    .is_some_and(|r| r.rule.count_when.is_some())
+            })
     }
 
     /// The response's status was seen: the rules that count by it (`count_when`) charge their
@@ -667,8 +668,8 @@ impl Exchange {
             policy.headers,
             reset,
             self.protocol,
+            docs,
         )
-        .linking(docs)
     }
 }
 
@@ -872,14 +873,21 @@ impl Exchange {
         }
     }
 
+    /// [`Exchange::finish`]'s release of the slots the request took, out of line.
+    #[inline(never)]
+    fn release_slots(&mut self, limiter: &Limiter, store: &mut dyn Store) {
+        limiter.release(&self.spent, store);
+        self.spent.clear();
+    }
+
     /// The stream ended, however it ended (response, reset, timeout, local reply): the
     /// concurrency slots it took and its bulkhead slot go back, and the latency becomes a
     /// sample. Runs once; later calls do nothing.
     pub fn finish(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Vec<Effect> {
         let mut effects = Vec::new();
-        if !self.spent.is_empty() {
-            limiter.release(&self.spent, store);
-            self.spent.clear();
+        // Only a concurrent limit's slots go back (another rule's spent tokens stay spent).
+        if limiter.holds_slots() && !self.spent.is_empty() {
+            self.release_slots(limiter, store);
         }
         let Some((seat, since_us)) = self.seat.take() else {
             return effects;

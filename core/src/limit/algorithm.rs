@@ -43,6 +43,16 @@ impl LimitView<'_> {
         })
     }
 
+    /// A concurrency limit's [`Slots::step`], out of line: the check and admission of the
+    /// other limits, on every request, stay small enough to be inlined.
+    #[inline(never)]
+    fn slot_step(&mut self, limit: &Limit, now_us: u64, cost: u64, admit: bool) -> Verdict {
+        Slots {
+            places: &mut *self.ring,
+        }
+        .step(limit, now_us, cost, admit)
+    }
+
     /// Gives back the slot of a request a concurrency limit admitted with `lapse_us`
     /// ([`crate::limit::concurrency::lapse_us`]); other limits give back `cost`.
     pub fn release(&mut self, limit: &Limit, cost: u64, lapse_us: u64) {
@@ -65,9 +75,10 @@ impl LimitView<'_> {
     /// Would `cost` be admitted at `now_us`? Changes nothing, unless the clock was stepped
     /// back: a bucket then keeps the new time (see [`LimitState::refilled`]), so it refills from
     /// there even while it only denies.
+    #[inline]
     pub fn check(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
-        if let Some(mut slots) = self.slots(limit) {
-            return slots.step(limit, now_us, cost, false);
+        if limit.algorithm() == Algorithm::Concurrency {
+            return self.slot_step(limit, now_us, cost, false);
         }
         match self.log() {
             Some(mut log) => log.step(limit, now_us, cost, false),
@@ -87,9 +98,10 @@ impl LimitView<'_> {
     }
 
     /// Admits `cost` if it may be, spending it.
+    #[inline]
     pub fn admit(&mut self, limit: &Limit, now_us: u64, cost: u64) -> Verdict {
-        if let Some(mut slots) = self.slots(limit) {
-            return slots.step(limit, now_us, cost, true);
+        if limit.algorithm() == Algorithm::Concurrency {
+            return self.slot_step(limit, now_us, cost, true);
         }
         if let Some(mut log) = self.log() {
             return log.step(limit, now_us, cost, true);

@@ -42,6 +42,11 @@ pub struct Limiter {
     /// request), and whether any rule is strict: worked out once.
     needs_client_ip: bool,
     strict: bool,
+    /// Whether any rule takes concurrency slots ([`slot_lapse`]), and whether any counts by
+    /// its answer's status (`count_when`): worked out once, so that requests of a policy
+    /// without them skip their work at a stream's end.
+    slots: bool,
+    counts_by_status: bool,
     /// This worker's memory of recent denials.
     notes: std::cell::RefCell<Notes>,
     /// Buffers for a request's key and its set's store key, kept between requests so that
@@ -382,6 +387,8 @@ impl Limiter {
                 .rules
                 .iter()
                 .any(|r| r.consistency == Consistency::Strict),
+            slots: policy.rules.iter().any(takes_slots),
+            counts_by_status: policy.rules.iter().any(|r| r.count_when.is_some()),
             policy,
             tables,
             notable,
@@ -392,6 +399,17 @@ impl Limiter {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Whether a request may hold concurrency slots to give back at its stream's end: some
+    /// rule has a concurrent limit.
+    pub fn holds_slots(&self) -> bool {
+        self.slots
+    }
+
+    /// Whether some rule counts by its answer's status (`count_when`).
+    pub fn counts_by_status(&self) -> bool {
+        self.counts_by_status
     }
 
     /// [`Policy::needs_client_ip`], worked out when the limiter was made.
@@ -996,6 +1014,11 @@ fn slot_lapse(rule: &Rule, now_us: u64) -> u64 {
     }
 }
 
+/// Whether requests `rule` admits take a slot ([`slot_lapse`] is not 0 for them).
+fn takes_slots(rule: &Rule) -> bool {
+    matches!(rule.limits.as_slice(), [limit] if limit.algorithm() == Algorithm::Concurrency)
+}
+
 /// The limits a rule's local buckets follow: its own when local, its fallback otherwise.
 pub fn bucket_limits(rule: &Rule) -> &[Limit] {
     match (&rule.consistency, &rule.fallback) {
@@ -1008,6 +1031,7 @@ pub fn bucket_limits(rule: &Rule) -> &[Limit] {
 /// A `count_when` rule's answer for one record: [`judge`]'s, spending nothing (the answer's
 /// status decides whether the request is charged: [`Limiter::charge`]). What a denial writes is
 /// kept: the demand the sync reports, and a penalty it starts.
+#[inline(never)]
 fn peek(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
     let mut probe = record.clone();
     let verdict = judge(rule, &mut probe, conditions);
@@ -1040,9 +1064,19 @@ fn penalized(rule: &Rule, until_us: u64, now: u64) -> RuleVerdict {
 /// One rule's answer for one record, spending on allow and counting for the sync. A rule with a
 /// `penalty` denies a key in its penalty outright (its own, or the service's, taken from a
 /// lease answer), and starts one when it denies a key that went over.
+#[inline]
 fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
+    if rule.penalty_us == 0 {
+        return judge_limits(rule, record, conditions);
+    }
+    judge_penalty(rule, record, conditions)
+}
+
+/// [`judge`] for a rule with a `penalty`, out of line: a rule without one pays a field's test.
+#[inline(never)]
+fn judge_penalty(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
     let now = conditions.now_us;
-    if rule.penalty_us > 0 && record.penalty_until_us > now {
+    if record.penalty_until_us > now {
         if rule.consistency != Consistency::Local {
             let cost32 = rule.cost.min(u32::MAX as u64) as u32;
             record.denied = record.denied.saturating_add(cost32);
@@ -1057,7 +1091,7 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
         Spend::Buckets => true,
         Spend::Lease => (record.global_remaining as u64) < rule.cost,
     };
-    if rule.penalty_us > 0 && over && !verdict.allowed && !verdict.unavailable && !verdict.asks {
+    if over && !verdict.allowed && !verdict.unavailable && !verdict.asks {
         record.penalty_until_us = now.saturating_add(rule.penalty_us);
         verdict.retry_after_us = verdict.retry_after_us.max(rule.penalty_us);
         verdict.quota.reset_us = verdict.quota.reset_us.max(rule.penalty_us);
@@ -1066,6 +1100,7 @@ fn judge(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdic
 }
 
 /// [`judge`] by the rule's limits alone.
+#[inline(always)]
 fn judge_limits(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
     let now = conditions.now_us;
     let synced = rule.consistency != Consistency::Local;
@@ -1388,6 +1423,32 @@ fn spend_each(limits: &[Limit], record: &mut Record, now: u64, cost: u64) -> Rul
 mod tests {
     use super::*;
     use crate::limit::{Period, Shaping};
+
+    /// A request's stream end skips the release of concurrency slots, and its response skips
+    /// the `count_when` status, unless some rule has them: what the limiter works out once
+    /// follows the rules.
+    #[test]
+    fn slots_and_status_counts_are_worked_out_from_the_rules() {
+        let limiter = |rules: &str| {
+            let config = format!(r#"{{"rules": [{rules}]}}"#);
+            Limiter::new(crate::parse(config.as_bytes()).unwrap())
+        };
+        let plain =
+            r#"{"name": "a", "key": ["client_ip"], "limits": [{"requests": 1, "per": "second"}]}"#;
+        let inflight = r#"{"name": "b", "key": ["client_ip"], "limits": [{"concurrent": 2}]}"#;
+        let login = r#"{"name": "c", "key": ["client_ip"], "count_when": {"statuses": [401]}, "limits": [{"requests": 1, "per": "second"}]}"#;
+        let cases = [
+            (plain.to_string(), false, false),
+            (format!("{plain}, {inflight}"), true, false),
+            (format!("{login}, {plain}"), false, true),
+            (format!("{inflight}, {login}"), true, true),
+        ];
+        for (rules, slots, by_status) in cases {
+            let limiter = limiter(&rules);
+            assert_eq!(limiter.holds_slots(), slots, "{rules}");
+            assert_eq!(limiter.counts_by_status(), by_status, "{rules}");
+        }
+    }
 
     #[test]
     fn what_the_limiter_works_out_once_is_what_the_policy_says() {

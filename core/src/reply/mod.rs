@@ -49,23 +49,37 @@ impl Reply {
     /// The reply linking to `docs` (the policy's `docs_url`), if any: a `"docs"` field at the end
     /// of an HTTP body and a `Link: <docs>; rel="help"` header (a gRPC answer has only the header).
     /// `docs` was checked by the configuration: nothing in it ends a JSON string or the header.
-    pub fn linking(mut self, docs: Option<&str>) -> Reply {
-        let Some(docs) = docs else {
-            return self;
-        };
-        if self.body.ends_with('}') {
-            self.body.pop();
-            self.body.push_str(",\"docs\":\"");
-            push_escaped(&mut self.body, docs);
-            self.body.push_str("\"}");
+    #[inline]
+    pub fn linking(self, docs: Option<&str>) -> Reply {
+        match docs {
+            None => self,
+            Some(docs) => self.linked(docs),
         }
-        let mut link = String::with_capacity(docs.len() + 14);
-        link.push('<');
-        link.push_str(docs);
-        link.push_str(">; rel=\"help\"");
-        self.headers.push("link", &link);
+    }
+
+    /// [`Reply::linking`]'s work, out of line.
+    #[inline(never)]
+    fn linked(mut self, docs: &str) -> Reply {
+        link(&mut self.headers, &mut self.body, docs);
         self
     }
+}
+
+/// Links a reply's `headers` and `body` to `docs` ([`Reply::linking`]): out of line, so that a
+/// configuration without a page pays an option's test.
+#[inline(never)]
+fn link(headers: &mut ReplyHeaders, body: &mut String, docs: &str) {
+    if body.ends_with('}') {
+        body.pop();
+        body.push_str(",\"docs\":\"");
+        push_escaped(body, docs);
+        body.push_str("\"}");
+    }
+    let mut link = String::with_capacity(docs.len() + 14);
+    link.push('<');
+    link.push_str(docs);
+    link.push_str(">; rel=\"help\"");
+    headers.push("link", &link);
 }
 
 /// The response code details of a request shed by `reason`.
@@ -130,7 +144,7 @@ impl Protocol {
 
 /// A denial by `rule`: its status (429 unless the rule sets one), its message, and its
 /// rate-limit headers in `style` unless the rule hides them on denials (`X-RateLimit-Reset` as
-/// `reset` writes it).
+/// `reset` writes it), linked to `docs` (the policy's `docs_url`) as [`Reply::linking`] links.
 pub fn rate_limited(
     rule: &Rule,
     quota: &Quota,
@@ -138,6 +152,7 @@ pub fn rate_limited(
     style: HeaderStyle,
     reset: Reset,
     protocol: Protocol,
+    docs: Option<&str>,
 ) -> Reply {
     let name = rule.name.as_str();
     let retry_after = retry_after_seconds(retry_after_us);
@@ -149,7 +164,7 @@ pub fn rate_limited(
     // Room for the longest: both header styles, which name the rule twice.
     let mut headers = ReplyHeaders::with_capacity(256 + 2 * name.len());
     push_retry(&mut headers, retry_after, protocol);
-    let body = body_or_message(
+    let mut body = body_or_message(
         &mut headers,
         protocol,
         retry_after,
@@ -157,6 +172,10 @@ pub fn rate_limited(
         || rate_limited_message(name, custom, quota),
     );
     render_into(&mut headers, style, name, quota, reset);
+    // Linked here rather than by [`Reply::linking`]: the reply is not copied once more.
+    if let Some(docs) = docs {
+        link(&mut headers, &mut body, docs);
+    }
     Reply {
         status: rule.answer.status,
         headers,
