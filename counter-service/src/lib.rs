@@ -26,6 +26,7 @@ pub mod server;
 pub mod settings;
 pub mod state;
 pub mod status;
+pub mod status_cache;
 pub mod sync_handler;
 pub mod validate;
 

@@ -25,7 +25,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub overrides: Arc<override_cache::Cache>,
     /// `GET /v1/status`'s memory.
-    pub status: Arc<crate::status::StatusCache>,
+    pub status: Arc<crate::status_cache::StatusCache>,
     in_flight: Arc<AtomicUsize>,
 }
 
