@@ -8,7 +8,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -31,31 +30,7 @@ const ADMINS: &str = "# operators\nalice alice-admin-token\nbob bob-admin-token\
 const T0_US: u64 = 1_700_000_000_000_000;
 const T0_MS: u64 = T0_US / 1_000;
 
-/// A file holding `text`, removed on drop (the admins file, a policy).
-struct TextFile(std::path::PathBuf);
-
-impl TextFile {
-    fn new(text: &str) -> TextFile {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "sluice-{}-{}-admin-test",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, text).unwrap();
-        TextFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TextFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use common::TextFile;
 
 /// A service state on this Redis (or cluster) with the admin API enabled.
 fn admin_state(redis_url: &str) -> AppState {

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use axum::body::Body;
 use axum::http::StatusCode;
 use common::{call, post, Answer};
@@ -20,30 +18,7 @@ const ADMIN: &str = "alice-admin-token";
 const POLICY: &str = r#"{"service": {"cluster": "sluice_service"}, "shedding": {"mode": "monitor",
     "bulkheads": [{"name": "api", "limit": {"static": 10}}, {"name": "search", "limit": {"static": 4}, "mode": "enforce"}]}}"#;
 
-struct TextFile(std::path::PathBuf);
-
-impl TextFile {
-    fn new(text: &str) -> TextFile {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "sluice-{}-{}-bulkhead-test",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, text).unwrap();
-        TextFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TextFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use common::TextFile;
 
 fn state(redis_url: &str, policy: bool) -> AppState {
     let admins = TextFile::new(&format!("alice {ADMIN}\n"));

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use axum::body::Body;
 use axum::http::StatusCode;
 use common::{call, post, Answer, TOKEN};
@@ -22,31 +20,7 @@ const ADMINS: &str = "alice alice-admin-token\n";
 const TEN_A_MINUTE: &str = "%5B%7B%22requests%22%3A10%2C%22per%22%3A%22minute%22%7D%5D";
 const TEN: LimitSpec = LimitSpec::token_bucket(10, 60_000, 10);
 
-/// A file holding `text`, removed on drop (the admins file, a policy).
-struct TextFile(std::path::PathBuf);
-
-impl TextFile {
-    fn new(text: &str) -> TextFile {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "sluice-{}-{}-key-admin-test",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, text).unwrap();
-        TextFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TextFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use common::TextFile;
 
 fn admin_state(redis_url: &str, more: &[&str]) -> AppState {
     let file = TextFile::new(ADMINS);

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::StatusCode;
-use common::{call, get, post, Answer};
+use common::{call, get, post, Answer, TextFile};
 use serde_json::{json, Value};
 use sluice_counter_service::status::STATUS_TTL;
 use sluice_counter_service::AppState;
@@ -17,15 +16,11 @@ use sluice_tests::redis::Redis;
 
 const ADMINS: &str = "alice alice-admin-token\n";
 
-fn state_with(redis_url: &str, more: &[&str]) -> (AppState, std::path::PathBuf) {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let admins = std::env::temp_dir().join(format!(
-        "sluice-{}-{}-status-test",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&admins, ADMINS).unwrap();
-    let mut args = vec!["--admin-tokens-file", admins.to_str().unwrap()];
+/// A state with the admin API on (the bypass is set through it); the admins file lives as long as
+/// the state is used.
+fn state_with(redis_url: &str, more: &[&str]) -> (AppState, TextFile) {
+    let admins = TextFile::new(ADMINS);
+    let mut args = vec!["--admin-tokens-file", admins.path()];
     args.extend_from_slice(more);
     let state = AppState::new(common::settings(redis_url, &args)).unwrap();
     (state, admins)

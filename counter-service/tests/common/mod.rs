@@ -272,3 +272,29 @@ pub fn to_earlier_layout(
             .unwrap();
     }
 }
+
+/// A file holding `text`, removed on drop (an admins file, a policy).
+pub struct TextFile(std::path::PathBuf);
+
+impl TextFile {
+    pub fn new(text: &str) -> TextFile {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "sluice-{}-{}-service-test",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).unwrap();
+        TextFile(path)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TextFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
