@@ -1256,16 +1256,17 @@ fn a_fleet_share_fallback_admits_the_limit_divided_among_the_proxies_counted() {
     }
 }
 
-/// Live overrides invite automation: 120 limit overrides through the admin API, each with a new value (every tenth
+/// Live overrides invite automation: 40 limit overrides through the admin API, each with a new value (every tenth
 /// of another algorithm), while requests with new keys flow, must not grow the proxy. Each new limit used to give
 /// the rule a new key table in shared data, whose sets' keys proxy-wasm can never delete: Envoy's heap (admin
-/// `/memory`) grew by 118.6 MiB, about 1 MiB an override (8,192 sets of the default 65,536 keys), and kept it. Now
-/// a rule keeps its table while its layout does (and a change of layout takes the rule's one table for overridden
-/// layouts): the heap grows by less than 16 MiB (1.9 MiB measured), whatever the number of overrides.
+/// `/memory`) grew by 118.6 MiB over 120 overrides, about 1 MiB an override (8,192 sets of the default 65,536
+/// keys), and kept it: about 40 MiB here. Now a rule keeps its table while its layout does (and a change of layout
+/// takes the rule's one table for overridden layouts): the heap grows by less than 16 MiB (1.9 MiB measured over
+/// 120), whatever the number of overrides. 40 rather than 120 keeps CI short; the bound still catches the leak.
 #[test]
 fn limit_overrides_churned_keep_the_proxy_heap_bounded() {
     const MIB: f64 = 1024.0 * 1024.0;
-    const OVERRIDES: u64 = 120;
+    const OVERRIDES: u64 = 40;
     let _machine = machine();
     let redis = Redis::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
