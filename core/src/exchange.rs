@@ -20,7 +20,7 @@
 //! rules spent. Nothing here reads a clock or does I/O.
 
 use crate::limit::Limit;
-use crate::limiter::decision::{Decision, Outcome, Quota, Spending};
+use crate::limiter::decision::{Decision, Evaluation, Outcome, Quota, Spending};
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
@@ -253,7 +253,8 @@ impl Exchange {
             service_up: moment.service_up,
             service_back_us,
         };
-        let evaluation = limiter.decide(request, conditions, store);
+        let mut evaluation = Evaluation::default();
+        limiter.decide_into(request, conditions, store, &mut evaluation);
         effects.extend(
             evaluation
                 .outcomes
