@@ -20,7 +20,7 @@
 //! rules spent. Nothing here reads a clock or does I/O.
 
 use crate::limit::Limit;
-use crate::limiter::decision::{Decision, Outcome, Quota, Spending};
+use crate::limiter::decision::{Decision, Evaluation, Outcome, Quota, Spending};
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
@@ -198,10 +198,27 @@ impl Exchange {
         store: &mut dyn Store,
         effects: &mut Vec<Effect>,
     ) -> (Exchange, Step) {
-        let mut exchange = Exchange {
+        let mut exchange = Exchange::default();
+        let step = exchange.begin(limiter, request, client, moment, store, effects);
+        (exchange, step)
+    }
+
+    /// [`start_into`](Self::start_into) in place: this exchange becomes the request's (what it
+    /// held is dropped), so that the host keeps it where it lives instead of moving it.
+    pub fn begin(
+        &mut self,
+        limiter: &Limiter,
+        request: &mut dyn RequestView,
+        client: Option<std::net::IpAddr>,
+        moment: Moment,
+        store: &mut dyn Store,
+        effects: &mut Vec<Effect>,
+    ) -> Step {
+        *self = Exchange {
             decided_us: moment.now_us,
             ..Exchange::default()
         };
+        let exchange = self;
         // The emergency switch and bypassed paths skip shedding too; bypassed addresses do not
         // (a trusted client can still overload the upstream).
         let bypass = &limiter.policy().bypass;
@@ -209,7 +226,7 @@ impl Exchange {
             moment.bypass || bypass.all || bypass.paths.iter().any(|p| p == request.path());
         if let Some(shedding) = limiter.policy().shedding.as_ref().filter(|_| !exempt) {
             if let Some(reply) = exchange.shed(shedding, request, moment, store, effects) {
-                return (exchange, Step::Respond(reply));
+                return Step::Respond(reply);
             }
         } else if let Some(shedding) = limiter.policy().shedding.as_ref() {
             // Not decided by shedding: what the upstream is told about load still never comes
@@ -224,7 +241,7 @@ impl Exchange {
         if moment.bypass || limiter.bypassed(request.path(), client) {
             effects.push(Effect::Bypassed);
             let step = exchange.admitted_step();
-            return (exchange, step);
+            return step;
         }
         let service_back_us = if moment.service_up {
             0
@@ -236,7 +253,8 @@ impl Exchange {
             service_up: moment.service_up,
             service_back_us,
         };
-        let evaluation = limiter.decide(request, conditions, store);
+        let mut evaluation = Evaluation::default();
+        limiter.decide_into(request, conditions, store, &mut evaluation);
         effects.extend(
             evaluation
                 .outcomes
@@ -266,7 +284,7 @@ impl Exchange {
                 exchange.give_up_seat(limiter, store);
                 exchange.protocol = Protocol::of_request(request);
                 let reply = exchange.unavailable(limiter, rule, retry_after_us);
-                (exchange, Step::Respond(reply))
+                Step::Respond(reply)
             }
             Decision::Deny {
                 rule,
@@ -277,7 +295,7 @@ impl Exchange {
                 exchange.give_up_seat(limiter, store);
                 exchange.protocol = Protocol::of_request(request);
                 let reply = exchange.denial(limiter, rule, &quota, retry_after_us);
-                (exchange, Step::Respond(reply))
+                Step::Respond(reply)
             }
             Decision::Allow { quota } => {
                 if let Some((rule, quota)) = quota {
@@ -313,8 +331,7 @@ impl Exchange {
                 if !exchange.checks.is_empty() || exchange.denied.is_some() {
                     exchange.protocol = Protocol::of_request(request);
                 }
-                let step = exchange.step(limiter, store);
-                (exchange, step)
+                exchange.step(limiter, store)
             }
         }
     }

@@ -337,7 +337,7 @@ impl HttpContext for Request {
         // The worker's vector for the effects, taken while in use (so a nested use takes an
         // empty one of its own) and given back with its room.
         let mut effects = self.shared.effects.take();
-        let (exchange, step) = Exchange::start_into(
+        let step = self.exchange.begin(
             &limiter,
             &mut request,
             client,
@@ -345,7 +345,6 @@ impl HttpContext for Request {
             &mut SharedData,
             &mut effects,
         );
-        self.exchange = exchange;
         let step = match self.carry_out_from(&mut effects) {
             // Every check failed to go out: the last one's answer is the step.
             Some(last) if step == Step::Wait && self.checks.is_empty() => last,

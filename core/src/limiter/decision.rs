@@ -82,6 +82,23 @@ pub struct Evaluation {
     pub asked: Vec<(RuleId, String)>,
 }
 
+/// Nothing decided yet: what [`Limiter::decide_into`](super::Limiter::decide_into) starts from.
+impl Default for Evaluation {
+    fn default() -> Evaluation {
+        Evaluation {
+            decision: Decision::Allow { quota: None },
+            outcomes: Outcomes::new(),
+            newly_unsynced: Vec::new(),
+            spent: Spending::new(),
+            lease_exhausted: false,
+            delay_us: 0,
+            warned: Vec::new(),
+            chargeable: Vec::new(),
+            asked: Vec::new(),
+        }
+    }
+}
+
 /// How a rule spent a request's tokens, so they can be given back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Spend {

@@ -9,7 +9,7 @@ use crate::limit::table::{self, KeyHasher, Record, Table};
 use crate::limit::token_bucket::Verdict;
 use crate::limit::{Algorithm, Limit};
 use crate::limiter::decision::{
-    Decision, Evaluation, Outcome, Outcomes, Quota, Spend, Spending, Spent,
+    Decision, Evaluation, Outcome, Quota, Spend, Spent,
 };
 use crate::policy::RuleId;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
@@ -167,24 +167,18 @@ struct Counted {
     hopeless: bool,
 }
 
-/// What [`Limiter::decide`] gathers over a request's rules and keys, until it becomes the
-/// [`Evaluation`].
-#[derive(Default)]
-struct Tally {
-    outcomes: Outcomes,
-    newly_unsynced: Vec<(RuleId, String)>,
-    spent: Spending,
+/// What [`Limiter::decide_into`] gathers over a request's rules and keys: written into the
+/// caller's [`Evaluation`] as it goes (never built aside and moved: on the Wasm hot path a move
+/// of a struct this size costs more than the fields it copies), and the denial or the tightest
+/// answer, which [`Tally::finish`] makes the decision.
+struct Tally<'e> {
+    e: &'e mut Evaluation,
     /// The most restrictive answer among the rules that counted the request.
     tightest: Option<(RuleId, Quota)>,
     denial: Option<Decision>,
-    lease_exhausted: bool,
-    delay_us: u64,
-    warned: Vec<(RuleId, String)>,
-    chargeable: Vec<(RuleId, String)>,
-    asked: Vec<(RuleId, String)>,
 }
 
-impl Tally {
+impl Tally<'_> {
     fn denied(&self) -> bool {
         matches!(self.denial, Some(Decision::Deny { .. }))
     }
@@ -201,10 +195,10 @@ impl Tally {
         v: &RuleVerdict,
         now_us: u64,
     ) {
-        self.delay_us = self.delay_us.max(v.delay_us);
+        self.e.delay_us = self.e.delay_us.max(v.delay_us);
         // A rule that counts by the answer spent nothing yet: nothing to give back.
         if rule.count_when.is_none() {
-            self.spent.push(Spent {
+            self.e.spent.push(Spent {
                 rule: id,
                 fingerprint,
                 how: v.spend,
@@ -213,9 +207,9 @@ impl Tally {
             });
         }
         if rule.cost_header.is_some() || rule.count_when.is_some() {
-            self.chargeable.push((id, key.to_string()));
+            self.e.chargeable.push((id, key.to_string()));
         }
-        self.outcomes.push((id, Outcome::Allowed));
+        self.e.outcomes.push((id, Outcome::Allowed));
         // Of the rules that show their headers on admitted responses.
         if rule.answer.headers_admitted
             && self
@@ -230,26 +224,26 @@ impl Tally {
     /// the round brought forward (the key has no lease); charged the cost its response reports,
     /// if the check admits it.
     fn ask(&mut self, id: RuleId, rule: &Rule, key: &str) {
-        self.asked.push((id, key.to_string()));
+        self.e.asked.push((id, key.to_string()));
         if rule.cost_header.is_some() {
-            self.chargeable.push((id, key.to_string()));
+            self.e.chargeable.push((id, key.to_string()));
         }
     }
 
     /// A would-be denial that monitor, warn or the ramp lets through.
     fn let_through(&mut self, id: RuleId, rule: &Rule, key: &str, quota: Quota) {
         let outcome = if rule.mode == Mode::Warn {
-            self.warned.push((id, key.to_string()));
+            self.e.warned.push((id, key.to_string()));
             Outcome::Warned
         } else {
             Outcome::ShadowDenied
         };
-        self.outcomes.push((id, outcome));
+        self.e.outcomes.push((id, outcome));
         self.tightest = Some((id, quota));
     }
 
     fn deny(&mut self, id: RuleId, quota: Quota, retry_after_us: u64) {
-        self.outcomes.push((id, Outcome::Denied));
+        self.e.outcomes.push((id, Outcome::Denied));
         self.denial = Some(Decision::Deny {
             rule: id,
             quota,
@@ -258,30 +252,19 @@ impl Tally {
     }
 
     /// The evaluation: a denial gives back what the rules before it spent.
-    fn finish(mut self, limiter: &Limiter, store: &mut dyn Store) -> Evaluation {
-        let decision = match self.denial {
+    fn finish(self, limiter: &Limiter, store: &mut dyn Store) {
+        self.e.decision = match self.denial {
             Some(denial) => {
-                limiter.refund(&self.spent, store);
-                self.spent.clear();
-                self.chargeable.clear();
-                self.delay_us = 0;
+                limiter.refund(&self.e.spent, store);
+                self.e.spent.clear();
+                self.e.chargeable.clear();
+                self.e.delay_us = 0;
                 denial
             }
             None => Decision::Allow {
                 quota: self.tightest,
             },
         };
-        Evaluation {
-            decision,
-            outcomes: self.outcomes,
-            newly_unsynced: self.newly_unsynced,
-            spent: self.spent,
-            lease_exhausted: self.lease_exhausted,
-            delay_us: self.delay_us,
-            warned: self.warned,
-            chargeable: self.chargeable,
-            asked: self.asked,
-        }
     }
 }
 
@@ -477,7 +460,25 @@ impl Limiter {
         conditions: Conditions,
         store: &mut dyn Store,
     ) -> Evaluation {
-        let mut tally = Tally::default();
+        let mut evaluation = Evaluation::default();
+        self.decide_into(request, conditions, store, &mut evaluation);
+        evaluation
+    }
+
+    /// [`decide`](Self::decide), written into `evaluation`, which must be empty (as
+    /// [`Evaluation::default`] makes it): the exchange keeps it where it lives.
+    pub fn decide_into(
+        &self,
+        request: &mut dyn RequestView,
+        conditions: Conditions,
+        store: &mut dyn Store,
+        evaluation: &mut Evaluation,
+    ) {
+        let mut tally = Tally {
+            e: evaluation,
+            tightest: None,
+            denial: None,
+        };
         for Enforced { id, rule, table } in self.rules() {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
@@ -509,7 +510,7 @@ impl Limiter {
                 break;
             }
         }
-        tally.finish(self, store)
+        tally.finish(self, store);
     }
 
     /// A request already denied: how long `rule` would make it wait for `key`, uncharged; the
@@ -548,9 +549,9 @@ impl Limiter {
     ) {
         let now = conditions.now_us;
         match self.policy.key_override_until(rule, key) {
-            Some((KeyAction::Allow, _)) => return tally.outcomes.push((id, Outcome::Allowed)),
+            Some((KeyAction::Allow, _)) => return tally.e.outcomes.push((id, Outcome::Allowed)),
             Some((KeyAction::Block, expires_ms)) => {
-                tally.outcomes.push((id, Outcome::Denied));
+                tally.e.outcomes.push((id, Outcome::Denied));
                 tally.denial = Some(blocked(rule, id, expires_ms, now));
                 return;
             }
@@ -569,19 +570,19 @@ impl Limiter {
             hopeless,
         }) = self.count(rule, table, fingerprint, conditions, store)
         else {
-            return tally.outcomes.push((id, Outcome::Uncounted));
+            return tally.e.outcomes.push((id, Outcome::Uncounted));
         };
         if dirty {
-            tally.newly_unsynced.push((id, key.to_string()));
+            tally.e.newly_unsynced.push((id, key.to_string()));
         }
         if verdict.asks {
             return tally.ask(id, rule, key);
         }
-        tally.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
+        tally.e.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
         if verdict.allowed {
             tally.admit((id, rule), key, fingerprint, &verdict, now);
         } else if verdict.unavailable && rule.mode == Mode::Enforce {
-            tally.outcomes.push((id, Outcome::FailedClosed));
+            tally.e.outcomes.push((id, Outcome::FailedClosed));
             tally.denial = Some(Decision::Unavailable {
                 rule: id,
                 retry_after_us: verdict.retry_after_us,
