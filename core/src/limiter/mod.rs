@@ -177,6 +177,8 @@ struct Tally {
     /// The most restrictive answer among the rules that counted the request.
     tightest: Option<(RuleId, Quota)>,
     denial: Option<Decision>,
+    /// The digest of the key the denial is of (for the access log).
+    denied_key: Option<key::KeyDigest>,
     lease_exhausted: bool,
     delay_us: u64,
     warned: Vec<(RuleId, String)>,
@@ -248,8 +250,9 @@ impl Tally {
         self.tightest = Some((id, quota));
     }
 
-    fn deny(&mut self, id: RuleId, quota: Quota, retry_after_us: u64) {
+    fn deny(&mut self, id: RuleId, key: &str, quota: Quota, retry_after_us: u64) {
         self.outcomes.push((id, Outcome::Denied));
+        self.denied_key = Some(key::KeyDigest::of(key));
         self.denial = Some(Decision::Deny {
             rule: id,
             quota,
@@ -281,6 +284,7 @@ impl Tally {
             warned: self.warned,
             chargeable: self.chargeable,
             asked: self.asked,
+            denied_key: self.denied_key,
         }
     }
 }
@@ -531,6 +535,7 @@ impl Limiter {
             if let Some((quota, longer)) = self.wait_of(rule, key, conditions, store) {
                 if longer > *wait {
                     (*by, *told, *wait) = (rule, quota, longer);
+                    tally.denied_key = Some(key::KeyDigest::of(key));
                 }
             }
         }
@@ -552,6 +557,7 @@ impl Limiter {
             Some((KeyAction::Block, expires_ms)) => {
                 tally.outcomes.push((id, Outcome::Denied));
                 tally.denial = Some(blocked(rule, id, expires_ms, now));
+                tally.denied_key = Some(key::KeyDigest::of(key));
                 return;
             }
             None => {}
@@ -560,7 +566,7 @@ impl Limiter {
         let notable = self.notable.get(id.index()).copied().unwrap_or(false);
         if notable {
             if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
-                return tally.deny(id, quota, retry_after_us);
+                return tally.deny(id, key, quota, retry_after_us);
             }
         }
         let Ok(Counted {
@@ -586,13 +592,14 @@ impl Limiter {
                 rule: id,
                 retry_after_us: verdict.retry_after_us,
             });
+            tally.denied_key = Some(key::KeyDigest::of(key));
         } else if !enforced(rule, key, now) {
             tally.let_through(id, rule, key, verdict.quota);
         } else {
             if notable {
                 self.note(id, fingerprint, now, &verdict);
             }
-            tally.deny(id, verdict.quota, verdict.retry_after_us);
+            tally.deny(id, key, verdict.quota, verdict.retry_after_us);
         }
     }
 

@@ -24,7 +24,8 @@
 pub mod headers;
 
 use crate::limiter::decision::Quota;
-use crate::policy::{HeaderStyle, Rule};
+use crate::limiter::key::KeyDigest;
+use crate::policy::{HeaderStyle, Policy, Rule, RuleId};
 use crate::reply::headers::{render_into, retry_after_seconds, ReplyHeaders, Reset};
 use crate::request::RequestView;
 use crate::shed::{Level, Seat, ShedReason, Shedding};
@@ -43,6 +44,66 @@ pub struct Reply {
     /// of reply, and for a shed one why: `sluice_rate_limited`, `sluice_limiter_unavailable`,
     /// `sluice_shed_<reason>` ([`ShedReason::name`]).
     pub details: &'static str,
+    /// What the access log is told about the request ([`Facts`]).
+    pub facts: Facts,
+}
+
+/// What the access log is told about a request sluice answered itself: the host sets each as a
+/// property of the request ([`Facts::each`]), which Envoy keeps as filter state `wasm.<name>` and
+/// its access log prints with `%FILTER_STATE(wasm.sluice.rule:PLAIN)%`. Nothing in them comes
+/// from the client as it sent it: the names are the configuration's, the key only as its
+/// [`KeyDigest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    /// `denied` (a rate limit), `unavailable` (a rule that fails closed) or `shed`.
+    pub outcome: &'static str,
+    /// The rule that denied, or failed closed.
+    pub rule: Option<RuleId>,
+    /// The request's bulkhead and class, when shedding placed it.
+    pub seat: Option<Seat>,
+    /// The digest of the key the rule denied.
+    pub key: Option<KeyDigest>,
+}
+
+/// The properties [`Facts::each`] sets, in its order.
+pub const FACT_PROPERTIES: [&str; 5] = [
+    "sluice.outcome",
+    "sluice.rule",
+    "sluice.bulkhead",
+    "sluice.class",
+    "sluice.key",
+];
+
+impl Facts {
+    fn of(outcome: &'static str) -> Facts {
+        Facts {
+            outcome,
+            rule: None,
+            seat: None,
+            key: None,
+        }
+    }
+
+    /// Each fact known, as a property name ([`FACT_PROPERTIES`]) and its value, names looked up
+    /// in `policy`: one host call each, on a local reply only.
+    pub fn each(&self, policy: &Policy, property: &mut dyn FnMut(&'static str, &[u8])) {
+        let [outcome, rule, bulkhead, class, key] = FACT_PROPERTIES;
+        property(outcome, self.outcome.as_bytes());
+        if let Some(spec) = self.rule.and_then(|r| policy.rules.get(r.index())) {
+            property(rule, spec.name.as_bytes());
+        }
+        if let (Some(seat), Some(shedding)) = (self.seat, policy.shedding.as_ref()) {
+            if let Some(b) = shedding.bulkheads.get(seat.bulkhead) {
+                property(bulkhead, b.name.as_bytes());
+            }
+            if let Some(c) = shedding.classes.get(seat.class) {
+                property(class, c.name.as_bytes());
+            }
+        }
+        if let Some(digest) = self.key {
+            property(key, &digest.hex());
+        }
+    }
 }
 
 impl Reply {
@@ -182,6 +243,7 @@ pub fn rate_limited(
         body,
         grpc_status: grpc(protocol, GRPC_RESOURCE_EXHAUSTED),
         details: "sluice_rate_limited",
+        facts: Facts::of("denied"),
     }
 }
 
@@ -198,7 +260,13 @@ pub fn limiter_unavailable(rule: &str, retry_after_us: u64, protocol: Protocol) 
         || limiter_unavailable_body(rule, retry_after),
         || unavailable_message(rule),
     );
-    unavailable(headers, body, protocol, "sluice_limiter_unavailable")
+    unavailable(
+        headers,
+        body,
+        protocol,
+        "sluice_limiter_unavailable",
+        "unavailable",
+    )
 }
 
 /// The 503 for a request shed by `reason`. `Retry-After` is spread over [s, 2s) by `draw`, so
@@ -231,7 +299,9 @@ pub fn overloaded(
         || overloaded_body(reason, bulkhead, class, level, retry_after),
         || overloaded_message(reason),
     );
-    unavailable(headers, body, protocol, shed_details(reason))
+    let mut reply = unavailable(headers, body, protocol, shed_details(reason), "shed");
+    reply.facts.seat = Some(seat);
+    reply
 }
 
 /// A 503 (gRPC UNAVAILABLE).
@@ -240,6 +310,7 @@ fn unavailable(
     body: String,
     protocol: Protocol,
     details: &'static str,
+    outcome: &'static str,
 ) -> Reply {
     Reply {
         status: 503,
@@ -247,6 +318,7 @@ fn unavailable(
         body,
         grpc_status: grpc(protocol, GRPC_UNAVAILABLE),
         details,
+        facts: Facts::of(outcome),
     }
 }
 
