@@ -665,7 +665,7 @@ impl Exchange {
     fn with_facts(&self, mut reply: Reply, rule: RuleId) -> Reply {
         reply.facts.rule = Some(rule);
         reply.facts.key = self.denied_key;
-        reply.facts.seat = self.gave_up;
+        reply.facts.placed(self.gave_up);
         reply
     }
 

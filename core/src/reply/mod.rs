@@ -53,16 +53,36 @@ pub struct Reply {
 /// its access log prints with `%FILTER_STATE(wasm.sluice.rule:PLAIN)%`. Nothing in them comes
 /// from the client as it sent it: the names are the configuration's, the key only as its
 /// [`KeyDigest`].
+/// Kept small: a reply travels in every [`crate::Step`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Facts {
-    /// `denied` (a rate limit), `unavailable` (a rule that fails closed) or `shed`.
-    pub outcome: &'static str,
+    pub outcome: Told,
     /// The rule that denied, or failed closed.
     pub rule: Option<RuleId>,
-    /// The request's bulkhead and class, when shedding placed it.
-    pub seat: Option<Seat>,
+    /// The request's bulkhead and class, when shedding placed it (as [`Facts::placed`] stores them).
+    seat: Option<(u32, u32)>,
     /// The digest of the key the rule denied.
     pub key: Option<KeyDigest>,
+}
+
+/// What sluice answered, as the access log names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Told {
+    /// A rate limit.
+    Denied,
+    /// A rule that fails closed, without the counter service.
+    Unavailable,
+    Shed,
+}
+
+impl Told {
+    pub fn name(self) -> &'static str {
+        match self {
+            Told::Denied => "denied",
+            Told::Unavailable => "unavailable",
+            Told::Shed => "shed",
+        }
+    }
 }
 
 /// The properties [`Facts::each`] sets, in its order.
@@ -75,7 +95,12 @@ pub const FACT_PROPERTIES: [&str; 5] = [
 ];
 
 impl Facts {
-    fn of(outcome: &'static str) -> Facts {
+    /// The request's seat, if shedding placed it.
+    pub fn placed(&mut self, seat: Option<Seat>) {
+        self.seat = seat.map(|s| (s.bulkhead as u32, s.class as u32));
+    }
+
+    fn of(outcome: Told) -> Facts {
         Facts {
             outcome,
             rule: None,
@@ -88,15 +113,15 @@ impl Facts {
     /// in `policy`: one host call each, on a local reply only.
     pub fn each(&self, policy: &Policy, property: &mut dyn FnMut(&'static str, &[u8])) {
         let [outcome, rule, bulkhead, class, key] = FACT_PROPERTIES;
-        property(outcome, self.outcome.as_bytes());
+        property(outcome, self.outcome.name().as_bytes());
         if let Some(spec) = self.rule.and_then(|r| policy.rules.get(r.index())) {
             property(rule, spec.name.as_bytes());
         }
         if let (Some(seat), Some(shedding)) = (self.seat, policy.shedding.as_ref()) {
-            if let Some(b) = shedding.bulkheads.get(seat.bulkhead) {
+            if let Some(b) = shedding.bulkheads.get(seat.0 as usize) {
                 property(bulkhead, b.name.as_bytes());
             }
-            if let Some(c) = shedding.classes.get(seat.class) {
+            if let Some(c) = shedding.classes.get(seat.1 as usize) {
                 property(class, c.name.as_bytes());
             }
         }
@@ -243,7 +268,7 @@ pub fn rate_limited(
         body,
         grpc_status: grpc(protocol, GRPC_RESOURCE_EXHAUSTED),
         details: "sluice_rate_limited",
-        facts: Facts::of("denied"),
+        facts: Facts::of(Told::Denied),
     }
 }
 
@@ -265,7 +290,7 @@ pub fn limiter_unavailable(rule: &str, retry_after_us: u64, protocol: Protocol) 
         body,
         protocol,
         "sluice_limiter_unavailable",
-        "unavailable",
+        Told::Unavailable,
     )
 }
 
@@ -299,8 +324,8 @@ pub fn overloaded(
         || overloaded_body(reason, bulkhead, class, level, retry_after),
         || overloaded_message(reason),
     );
-    let mut reply = unavailable(headers, body, protocol, shed_details(reason), "shed");
-    reply.facts.seat = Some(seat);
+    let mut reply = unavailable(headers, body, protocol, shed_details(reason), Told::Shed);
+    reply.facts.placed(Some(seat));
     reply
 }
 
@@ -310,7 +335,7 @@ fn unavailable(
     body: String,
     protocol: Protocol,
     details: &'static str,
-    outcome: &'static str,
+    outcome: Told,
 ) -> Reply {
     Reply {
         status: 503,
