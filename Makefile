@@ -23,7 +23,8 @@ SERVICE := target/release/sluice-counter-service
 STACK := target/debug/sluice-stack
 RUN_DIR := .run
 # node: the JavaScript example client's test (tests/tests/clients.rs), with the Python one on python3.
-APT_TOOLS := redis-server wrk chromium chromedriver=chromium-driver node=nodejs
+# prometheus (with promtool): ops/'s rules unit-tested in `make lint`, and tests/tests/ops_prometheus.rs.
+APT_TOOLS := redis-server wrk chromium chromedriver=chromium-driver node=nodejs prometheus
 # The browser playground (playground/): core for wasm32-unknown-unknown, bound by the wasm-bindgen command-line tool
 # at exactly the version of the wasm-bindgen crate in Cargo.lock, installed into the user's cache (like rustup's
 # targets: a second clone on the same machine reuses it; TOOLS=.tools keeps it in the checkout).
@@ -134,6 +135,7 @@ test-only: ## the tests alone (after `make deps build-wasm`), every suite with i
 	@[ -f $(PLAYGROUND_PKG)/sluice_playground_bg.wasm ] || { echo "the playground is not built: run make build-wasm" >&2; exit 1; }
 	@command -v chromedriver >/dev/null || { echo "chromedriver is missing: run make deps" >&2; exit 1; }
 	@command -v node >/dev/null || { echo "node is missing: run make deps" >&2; exit 1; }
+	@command -v prometheus >/dev/null || { echo "prometheus is missing: run make deps" >&2; exit 1; }
 	$(NEXTEST_RUN)
 	$(CARGO) test $(TEST_ARGS) --doc
 
@@ -222,8 +224,10 @@ test-reload: deps build ## configuration pushed to Envoy under load, and 20 shap
 # Clippy once over every target on the host, and again for wasm32-wasip1 where the filter has code of its own
 # (filter/src/lib.rs: its allocator). The playground and core have no target-specific code, so the host pass covers
 # them for wasm32-unknown-unknown too.
-lint: rust-deps ## clippy (host and wasm32) and rustfmt, warnings are errors
+lint: rust-deps ## clippy (host and wasm32), rustfmt, warnings are errors; ops/'s Prometheus rules and their unit tests (promtool)
 	$(CARGO) fmt --all --check
+	promtool check rules ops/rules/sluice.yml
+	promtool test rules ops/tests/*.yml
 	$(CARGO) clippy --workspace --all-targets --features $(E2E_FEATURES) -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) -p sluice-filter -p sluice-core -p sluice-floor -- -D warnings
 

@@ -21,6 +21,7 @@
 
 use crate::limit::Limit;
 use crate::limiter::decision::{Decision, Evaluation, Outcome, Quota, Spending};
+use crate::limiter::key::KeyDigest;
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
 use crate::policy::Mode;
 use crate::policy::RuleId;
@@ -144,6 +145,10 @@ pub struct Exchange {
     spent: Spending,
     /// The first strict denial.
     denied: Option<(RuleId, RuleAnswer)>,
+    /// The digest of the key of the denial that answers (for the access log).
+    denied_key: Option<KeyDigest>,
+    /// The seat a request answered locally had or waited for, once given up (for the access log).
+    gave_up: Option<Seat>,
     /// The request was answered locally (no response headers to add).
     answered: bool,
     /// The bulkhead slot it holds, and since when.
@@ -275,6 +280,7 @@ impl Exchange {
             effects.push(Effect::Warn { rule, key });
         }
         exchange.chargeable = evaluation.chargeable;
+        exchange.denied_key = evaluation.denied_key;
         match evaluation.decision {
             Decision::Unavailable {
                 rule,
@@ -628,6 +634,7 @@ impl Exchange {
             });
             if longer {
                 self.denied = Some((rule, answer));
+                self.denied_key = Some(KeyDigest::of(key));
             }
         } else {
             self.offer(limiter, rule, answer.quota);
@@ -666,8 +673,17 @@ impl Exchange {
 
     fn unavailable(&self, limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
         let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-        crate::reply::limiter_unavailable(name, retry_after_us, self.protocol)
-            .linking(limiter.policy().docs_url.as_deref())
+        let reply = crate::reply::limiter_unavailable(name, retry_after_us, self.protocol)
+            .linking(limiter.policy().docs_url.as_deref());
+        self.with_facts(reply, rule)
+    }
+
+    /// `reply` telling the access log the rule, the key's digest and the request's seat.
+    fn with_facts(&self, mut reply: Reply, rule: RuleId) -> Reply {
+        reply.facts.rule = Some(rule);
+        reply.facts.key = self.denied_key;
+        reply.facts.placed(self.gave_up);
+        reply
     }
 
     fn denial(&self, limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
@@ -678,7 +694,7 @@ impl Exchange {
                 .linking(docs);
         };
         let reset = Reset::of(policy.reset, self.decided_us);
-        crate::reply::rate_limited(
+        let reply = crate::reply::rate_limited(
             spec,
             quota,
             retry_after_us,
@@ -686,7 +702,8 @@ impl Exchange {
             reset,
             self.protocol,
             docs,
-        )
+        );
+        self.with_facts(reply, rule)
     }
 }
 
@@ -811,7 +828,8 @@ impl Exchange {
 
     /// A request answered locally gives its slot back at once (and leaves no queue).
     fn give_up_seat(&mut self, limiter: &Limiter, store: &mut dyn Store) {
-        self.queued = None;
+        let waited = self.queued.take().map(|(seat, _, _)| seat);
+        self.gave_up = self.seat.map(|(seat, _)| seat).or(waited);
         if let (Some((seat, _)), Some(shedding)) =
             (self.seat.take(), limiter.policy().shedding.as_ref())
         {

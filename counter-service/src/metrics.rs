@@ -82,6 +82,8 @@ pub struct Metrics {
     overrides_answered_bytes: Family<Labels, Counter>,
     /// The size of the live overrides as the last read found it, as proxies receive them.
     pub overrides_bytes: Gauge,
+    /// 1 while the emergency bypass is on, as the last read of the live overrides found it.
+    pub bypass: Gauge,
     /// Redis latency, moving average, for backpressure.
     pub redis_latency: Ewma,
 }
@@ -125,6 +127,7 @@ impl Metrics {
             overrides_deltas_sent: Counter::default(),
             overrides_answered_bytes: Family::default(),
             overrides_bytes: Gauge::default(),
+            bypass: Gauge::default(),
             redis_latency: Ewma::new(0.2),
             registry: Registry::default(),
         };
@@ -265,6 +268,11 @@ impl Metrics {
             "overrides_bytes",
             "The size of the live overrides as proxies receive them, at the last read",
             metrics.overrides_bytes.clone(),
+        );
+        registry.register(
+            "bypass",
+            "1 while the emergency bypass is on, as the last read of the live overrides found it",
+            metrics.bypass.clone(),
         );
         Metrics {
             registry,

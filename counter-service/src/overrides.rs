@@ -557,6 +557,7 @@ async fn read(
     };
     state.metrics.overrides_version.set(gauge(read.version));
     state.metrics.overrides_bytes.set(set_bytes);
+    state.metrics.bypass.set(i64::from(read.bypass()));
     state.overrides.set_bypass(read.bypass());
     state
         .overrides

@@ -764,6 +764,8 @@ async fn a_sync_carries_the_bypass_and_the_set_when_its_version_differs() {
         hinted(&answer),
         &json!({"bypass": false, "live": {"version": 0}})
     );
+    // the bypass gauge an alert watches (ops/): 0 while off
+    assert!(metrics(&state).await.contains("\nsluice_bypass 0\n"));
 
     put(
         &state,
@@ -807,6 +809,8 @@ async fn a_sync_carries_the_bypass_and_the_set_when_its_version_differs() {
     // up to date: the bypass, no set
     let answer = sync(&state, v).await;
     assert_eq!(hinted(&answer), &json!({"bypass": true}));
+    // 1 once a sync read the set with the bypass on
+    assert!(metrics(&state).await.contains("\nsluice_bypass 1\n"));
 
     // a second replica on the same Redis: a change made on either is in the next answer of both,
     // whatever each remembers
@@ -842,6 +846,7 @@ async fn a_sync_carries_the_bypass_and_the_set_when_its_version_differs() {
     assert_eq!(hinted(&answer)["live"]["version"], v + 2);
     let answer = sync(&state, v + 2).await;
     assert_eq!(hinted(&answer), &json!({"bypass": false}));
+    assert!(metrics(&state).await.contains("\nsluice_bypass 0\n"));
 
     let text = metrics(&state).await;
     assert!(text.contains("sluice_overrides_sent_total 6"), "{text}");

@@ -156,8 +156,13 @@ fn property_bytes(path: &[u8]) -> Option<Vec<u8>> {
 
 /// A local reply (a 429, a 503), its headers handed over as the reply holds them, already
 /// serialized as the host reads them (the SDK's sender collects them into a vector first,
-/// then serializes).
-pub fn respond(reply: &sluice_core::Reply) {
+/// then serializes). First, what the access log may print of it: each of core's facts set as a
+/// property (Envoy: filter state `wasm.sluice.*`; nginx answers `NotFound` for a name outside
+/// its namespaces, which changes nothing).
+pub fn respond(reply: &sluice_core::Reply, policy: &sluice_core::Policy) {
+    reply.facts.each(policy, &mut |name, value| {
+        set_property(name.as_bytes(), value)
+    });
     #[link(wasm_import_module = "env")]
     extern "C" {
         fn proxy_send_local_response(
@@ -190,6 +195,21 @@ pub fn respond(reply: &sluice_core::Reply) {
                 .map_or(-1, |s| s.min(i32::MAX as u32) as i32),
         )
     };
+}
+
+/// Sets a property of the request, by its path (one segment here), ignoring the host's answer.
+fn set_property(path: &[u8], value: &[u8]) {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_set_property(
+            path_data: *const u8,
+            path_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> Status;
+    }
+    // SAFETY: both pointers are to live buffers of the given sizes, read during the call only.
+    let _ = unsafe { proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len()) };
 }
 
 /// The request's dynamic metadata (the property `metadata`), as Envoy serializes it: the

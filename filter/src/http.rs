@@ -247,7 +247,7 @@ impl Request {
                 Action::Pause
             }
             Step::Respond(reply) => {
-                respond(&reply);
+                respond(&reply, self.limiter.policy());
                 Action::Pause
             }
             Step::Queue {
@@ -275,7 +275,7 @@ impl Request {
                     return Action::Continue;
                 };
                 shedder.shed(seat, ShedReason::QueueFull, false);
-                respond(&reply);
+                respond(&reply, self.limiter.policy());
                 Action::Pause
             }
         }

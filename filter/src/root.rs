@@ -121,7 +121,7 @@ impl RootContext for Root {
             if let (Some(shedder), Some(shedding)) =
                 (&shared.shedder, limiter.policy().shedding.as_ref())
             {
-                shedder.tick(shedding);
+                shedder.tick(shedding, limiter.policy());
             }
             // The requests' counters reach Envoy's stats here, a tick after they moved (the
             // tick is 1 s at most: see `on_configure`).

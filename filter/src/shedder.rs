@@ -12,7 +12,7 @@ use sluice_core::reply::Protocol;
 use sluice_core::shed::policy::BulkheadId;
 use sluice_core::shed::{Seat, ShedReason, Shedding};
 use sluice_core::worker::{ShedWorker, WaitEnd};
-use sluice_core::Reply;
+use sluice_core::{Policy, Reply};
 
 use crate::host::{self, SharedData};
 
@@ -162,7 +162,7 @@ impl Shedder {
 
     /// The root's tick: core decides ([`ShedWorker::tick`]); this publishes the gauges, resumes
     /// the seated waiters and answers the shed ones.
-    pub fn tick(&self, shedding: &Shedding) {
+    pub fn tick(&self, shedding: &Shedding, policy: &Policy) {
         let now = host::now_us();
         let draw = host::draw(now);
         let plan = self.worker.borrow_mut().tick(
@@ -187,15 +187,15 @@ impl Shedder {
         for w in plan.shed {
             self.count_shed(w.seat, w.reason, false);
             if hostcalls::set_effective_context(w.id).is_ok() {
-                respond(&w.reply);
+                respond(&w.reply, policy);
             }
         }
     }
 }
 
 /// Sends a local reply on the effective context.
-pub fn respond(reply: &Reply) {
-    crate::host::respond(reply);
+pub fn respond(reply: &Reply, policy: &Policy) {
+    crate::host::respond(reply, policy);
 }
 
 fn bump(id: u32) {

@@ -99,6 +99,10 @@ pub enum ExchangeState {
         /// The response code details the filter gave (Envoy logs them as
         /// `%RESPONSE_CODE_DETAILS%`); empty when it gave none.
         details: String,
+        /// The properties the filter set on the stream and the host kept, in order (Envoy keeps
+        /// them as filter state `wasm.<name>`, which its access log prints; nginx keeps none
+        /// outside its own namespaces).
+        properties: Vec<(String, String)>,
     },
     /// The filter reset the stream (`proxy_close_stream`).
     Reset,
@@ -125,6 +129,18 @@ impl ExchangeState {
     }
 
     /// The local response's status, if the filter answered locally.
+    /// A property the filter set on a stream it answered locally (the last value set).
+    pub fn property(&self, name: &str) -> Option<&str> {
+        match self {
+            ExchangeState::LocalResponse { properties, .. } => properties
+                .iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str()),
+            _ => None,
+        }
+    }
+
     pub fn local_status(&self) -> Option<u32> {
         match self {
             ExchangeState::LocalResponse { status, .. } => Some(*status),

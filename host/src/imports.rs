@@ -421,9 +421,19 @@ fn proxy_set_property(c: &mut C<'_>, pptr: u32, plen: u32, vptr: u32, vlen: u32)
     let path = parse_path(&read(c, pptr, plen)?);
     let value = read(c, vptr, vlen)?;
     let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+    let dotted = segments.join(".");
     let state = c.data_mut();
+    // ngx_wasm_module sets only nginx variables (`ngx.*`) and its host properties (`wasmx.*`):
+    // any other name answers NotFound and is not kept.
+    if state.profile.is_nginx() && !(dotted.starts_with("ngx.") || dotted.starts_with("wasmx.")) {
+        return Err(Status::NotFound.into());
+    }
     match state.stream_mut() {
-        Some(stream) => stream.properties.insert(&segments, value),
+        Some(stream) => {
+            let text = String::from_utf8_lossy(&value).into_owned();
+            stream.set_properties.push((dotted, text));
+            stream.properties.insert(&segments, value)
+        }
         None => state.root_properties.insert(&segments, value),
     }
     Ok(())

@@ -321,6 +321,7 @@ fn local_reply(vm: &mut Vm, context_id: u32, reply: LocalReply) -> Result<(), Ho
             headers: local.headers.clone(),
             body: local.body.clone(),
             details: reply.details,
+            properties: stream.set_properties.clone(),
         };
         stream.response = Some(local);
     }

@@ -36,6 +36,8 @@ pub(crate) struct Stream {
     /// `on_log` is running: both header maps are readable, none writable.
     pub access_log: bool,
     pub properties: Properties,
+    /// The properties the filter set and the host kept, by dotted name, in order.
+    pub set_properties: Vec<(String, String)>,
     pub state: ExchangeState,
     /// The upstream response reached the filter (`respond` was called).
     pub responding: bool,
@@ -53,6 +55,7 @@ impl Stream {
             response_active: false,
             access_log: false,
             properties,
+            set_properties: Vec::new(),
             state: ExchangeState::Paused,
             responding: false,
             response: None,

@@ -429,3 +429,87 @@ fn each_bulkhead_times_out_with_its_route_and_its_cluster() {
         );
     }
 }
+
+/// The access log is one JSON object a line, and a request sluice answered itself says why: `sluice_outcome`,
+/// `sluice_rule`, the request's `sluice_bulkhead` and `sluice_class`, and `sluice_key`, the key's digest (the first 16
+/// hex digits of its SHA-256), never the key. A client's header cannot inject a field: Envoy's JSON formatter escapes
+/// it (a user agent forging `sluice_rule` stays a string). Read from the file Envoy's stdout logger wrote.
+#[test]
+fn the_access_log_is_json_and_says_which_rule_denied_which_key_digest() {
+    use sha2::Digest;
+    let envoy = start();
+    let hostile =
+        "x\", \"sluice_rule\": \"forged\", \"sluice_key\": \"127.0.0.1\", \"z\": \"\\\t}{";
+    let client = agent();
+    // per-ip admits a burst of 200 from this address (and 20 a second more): sent until one is denied.
+    let mut statuses = Vec::new();
+    while statuses.last() != Some(&429) && statuses.len() < 1_000 {
+        let reply = get(&client, &envoy.url("/api/x"), &[("user-agent", hostile)]).unwrap();
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    let sent = statuses.len();
+    // Envoy writes its access logs out every 10 s, or when they are reopened.
+    let admin = agent();
+    let lines = || -> Vec<serde_json::Value> {
+        envoy
+            .log()
+            .lines()
+            .filter(|line| line.starts_with('{'))
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let _ = admin.post(envoy.admin_url("/reopen_logs")).send_empty();
+            lines().len() >= sent
+        }),
+        "{}",
+        envoy.log()
+    );
+    let lines = lines();
+    let digest = sha2::Sha256::digest("per-ip\u{1f}127.0.0.1".as_bytes());
+    let key: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    // A number, or a string holding one.
+    let status = |line: &serde_json::Value| line["status"].to_string().trim_matches('"').to_owned();
+    let denied: Vec<_> = lines.iter().filter(|l| status(l) == "429").collect();
+    assert_eq!(denied.len(), 1, "{lines:?}");
+    let line = denied[0];
+    let field = |name: &str| line[name].as_str().map(str::to_owned);
+    assert_eq!(
+        field("details").as_deref(),
+        Some("sluice_rate_limited"),
+        "{line}"
+    );
+    assert_eq!(field("sluice_outcome").as_deref(), Some("denied"), "{line}");
+    assert_eq!(field("sluice_rule").as_deref(), Some("per-ip"), "{line}");
+    assert_eq!(field("sluice_bulkhead").as_deref(), Some("api"), "{line}");
+    assert_eq!(field("sluice_class").as_deref(), Some("free"), "{line}");
+    assert_eq!(field("sluice_key"), Some(key), "{line}");
+    assert_eq!(
+        field("user_agent").as_deref(),
+        Some(hostile),
+        "escaped, whole: {line}"
+    );
+    for line in &lines {
+        assert!(
+            !line.to_string().contains("\"sluice_key\":\"127.0.0.1\""),
+            "no raw key: {line}"
+        );
+        if status(line) == "200" {
+            assert_eq!(line["details"], "via_upstream", "{line}");
+            for name in [
+                "sluice_outcome",
+                "sluice_rule",
+                "sluice_bulkhead",
+                "sluice_class",
+                "sluice_key",
+            ] {
+                assert!(
+                    line[name].is_null(),
+                    "{name} only on sluice's answers: {line}"
+                );
+            }
+        }
+    }
+}

@@ -138,6 +138,41 @@ fn a_denial_is_honest() {
     assert_eq!(header(&headers, "x-ratelimit-reset"), Some("60"));
     assert_eq!(header(&headers, "ratelimit"), Some("\"per-ip\";r=0;t=60"));
     assert_eq!(header(&headers, "content-type"), Some("application/json"));
+    // What the access log may print: Envoy keeps the properties as filter state `wasm.sluice.*`;
+    // nginx keeps none outside its namespaces (the set answers NotFound, the 429 goes out alike).
+    let facts = [
+        "sluice.outcome",
+        "sluice.rule",
+        "sluice.bulkhead",
+        "sluice.class",
+        "sluice.key",
+    ]
+    .map(|name| state.property(name));
+    if hosts::profile().is_nginx() {
+        assert_eq!(facts, [None; 5], "nginx keeps no sluice property");
+    } else {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest("per-ip\u{1f}10.0.0.1".as_bytes());
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            facts,
+            [
+                Some("denied"),
+                Some("per-ip"),
+                None,
+                None,
+                Some(hex.as_str())
+            ],
+            "the outcome, the rule and the key's digest, no bulkhead without shedding"
+        );
+        let ExchangeState::LocalResponse { properties, .. } = &state else {
+            panic!("{state:?}");
+        };
+        assert!(
+            properties.iter().all(|(_, v)| !v.contains("10.0.0.1")),
+            "the key is never printed: {properties:?}"
+        );
+    }
     let ExchangeState::LocalResponse { body, .. } = state else {
         panic!("{state:?}");
     };

@@ -65,6 +65,7 @@ fn the_workers_share_the_slots_and_every_kind_of_end_gives_one_back() {
         headers,
         body,
         details,
+        ..
     } = shed.state().unwrap()
     else {
         panic!("not shed: {:?}", shed.state());
@@ -79,6 +80,21 @@ fn the_workers_share_the_slots_and_every_kind_of_end_gives_one_back() {
         .any(|(k, v)| k == "x-sluice-shed" && v == "concurrency"));
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["error"], "overloaded");
+    // What Envoy's access log may print (filter state `wasm.sluice.*`); nginx keeps none.
+    let state = shed.state().unwrap();
+    let facts = [
+        "sluice.outcome",
+        "sluice.rule",
+        "sluice.bulkhead",
+        "sluice.class",
+        "sluice.key",
+    ]
+    .map(|name| state.property(name));
+    let expected = match hosts::profile().is_nginx() {
+        true => [None; 5],
+        false => [Some("shed"), None, Some("api"), Some("enterprise"), None],
+    };
+    assert_eq!(facts, expected, "the outcome, the bulkhead and the class");
 
     // A response, a client reset before any response, a 504 from the host, a 503 reset.
     held[0].respond(200, &[]).unwrap();

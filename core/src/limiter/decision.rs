@@ -80,6 +80,8 @@ pub struct Evaluation {
     /// Keys of fail-closed cached rules without a lease while the service is up: the service
     /// decides them, one check each, as it does a strict rule's, once the other rules admit.
     pub asked: Vec<(RuleId, String)>,
+    /// The digest of the key a denial (or a fail-closed refusal) is of, for the access log.
+    pub denied_key: Option<crate::limiter::key::KeyDigest>,
 }
 
 /// Nothing decided yet: what [`Limiter::decide_into`](super::Limiter::decide_into) starts from.
@@ -95,6 +97,7 @@ impl Default for Evaluation {
             warned: Vec::new(),
             chargeable: Vec::new(),
             asked: Vec::new(),
+            denied_key: None,
         }
     }
 }

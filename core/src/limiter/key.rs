@@ -212,3 +212,31 @@ fn bounded(rule: &str, key: String) -> String {
     }
     short
 }
+
+/// What the access log says of a key: the first 8 bytes of the SHA-256 of the key as the filter
+/// writes it (the rule's name, [`SEPARATOR`], then each part), 16 hex digits. Never the key: a
+/// key may hold a client's credential or address. An operator who knows a key finds its requests
+/// by computing the same (`printf 'api\x1f203.0.113.7' | sha256sum | cut -c1-16`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyDigest([u8; 8]);
+
+impl KeyDigest {
+    /// The digest of `key`.
+    pub fn of(key: &str) -> KeyDigest {
+        let full = Sha256::digest(key.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&full[..8]);
+        KeyDigest(first)
+    }
+
+    /// The 16 lowercase hex digits.
+    pub fn hex(&self) -> [u8; 16] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = [0u8; 16];
+        for (i, byte) in self.0.iter().enumerate() {
+            hex[2 * i] = DIGITS[usize::from(byte >> 4)];
+            hex[2 * i + 1] = DIGITS[usize::from(byte & 0xf)];
+        }
+        hex
+    }
+}

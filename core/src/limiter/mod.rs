@@ -242,8 +242,9 @@ impl Tally<'_> {
         self.tightest = Some((id, quota));
     }
 
-    fn deny(&mut self, id: RuleId, quota: Quota, retry_after_us: u64) {
+    fn deny(&mut self, id: RuleId, key: &str, quota: Quota, retry_after_us: u64) {
         self.e.outcomes.push((id, Outcome::Denied));
+        self.e.denied_key = Some(key::KeyDigest::of(key));
         self.denial = Some(Decision::Deny {
             rule: id,
             quota,
@@ -532,6 +533,7 @@ impl Limiter {
             if let Some((quota, longer)) = self.wait_of(rule, key, conditions, store) {
                 if longer > *wait {
                     (*by, *told, *wait) = (rule, quota, longer);
+                    tally.e.denied_key = Some(key::KeyDigest::of(key));
                 }
             }
         }
@@ -553,6 +555,7 @@ impl Limiter {
             Some((KeyAction::Block, expires_ms)) => {
                 tally.e.outcomes.push((id, Outcome::Denied));
                 tally.denial = Some(blocked(rule, id, expires_ms, now));
+                tally.e.denied_key = Some(key::KeyDigest::of(key));
                 return;
             }
             None => {}
@@ -561,7 +564,7 @@ impl Limiter {
         let notable = self.notable.get(id.index()).copied().unwrap_or(false);
         if notable {
             if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
-                return tally.deny(id, quota, retry_after_us);
+                return tally.deny(id, key, quota, retry_after_us);
             }
         }
         let Ok(Counted {
@@ -587,13 +590,14 @@ impl Limiter {
                 rule: id,
                 retry_after_us: verdict.retry_after_us,
             });
+            tally.e.denied_key = Some(key::KeyDigest::of(key));
         } else if !enforced(rule, key, now) {
             tally.let_through(id, rule, key, verdict.quota);
         } else {
             if notable {
                 self.note(id, fingerprint, now, &verdict);
             }
-            tally.deny(id, verdict.quota, verdict.retry_after_us);
+            tally.deny(id, key, verdict.quota, verdict.retry_after_us);
         }
     }
 

@@ -24,7 +24,8 @@
 pub mod headers;
 
 use crate::limiter::decision::Quota;
-use crate::policy::{HeaderStyle, Rule};
+use crate::limiter::key::KeyDigest;
+use crate::policy::{HeaderStyle, Policy, Rule, RuleId};
 use crate::reply::headers::{render_into, retry_after_seconds, ReplyHeaders, Reset};
 use crate::request::RequestView;
 use crate::shed::{Level, Seat, ShedReason, Shedding};
@@ -43,6 +44,91 @@ pub struct Reply {
     /// of reply, and for a shed one why: `sluice_rate_limited`, `sluice_limiter_unavailable`,
     /// `sluice_shed_<reason>` ([`ShedReason::name`]).
     pub details: &'static str,
+    /// What the access log is told about the request ([`Facts`]).
+    pub facts: Facts,
+}
+
+/// What the access log is told about a request sluice answered itself: the host sets each as a
+/// property of the request ([`Facts::each`]), which Envoy keeps as filter state `wasm.<name>` and
+/// its access log prints with `%FILTER_STATE(wasm.sluice.rule:PLAIN)%`. Nothing in them comes
+/// from the client as it sent it: the names are the configuration's, the key only as its
+/// [`KeyDigest`].
+/// Kept small: a reply travels in every [`crate::Step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    pub outcome: Told,
+    /// The rule that denied, or failed closed.
+    pub rule: Option<RuleId>,
+    /// The request's bulkhead and class, when shedding placed it (as [`Facts::placed`] stores them).
+    seat: Option<(u32, u32)>,
+    /// The digest of the key the rule denied.
+    pub key: Option<KeyDigest>,
+}
+
+/// What sluice answered, as the access log names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Told {
+    /// A rate limit.
+    Denied,
+    /// A rule that fails closed, without the counter service.
+    Unavailable,
+    Shed,
+}
+
+impl Told {
+    pub fn name(self) -> &'static str {
+        match self {
+            Told::Denied => "denied",
+            Told::Unavailable => "unavailable",
+            Told::Shed => "shed",
+        }
+    }
+}
+
+/// The properties [`Facts::each`] sets, in its order.
+pub const FACT_PROPERTIES: [&str; 5] = [
+    "sluice.outcome",
+    "sluice.rule",
+    "sluice.bulkhead",
+    "sluice.class",
+    "sluice.key",
+];
+
+impl Facts {
+    /// The request's seat, if shedding placed it.
+    pub fn placed(&mut self, seat: Option<Seat>) {
+        self.seat = seat.map(|s| (s.bulkhead as u32, s.class as u32));
+    }
+
+    fn of(outcome: Told) -> Facts {
+        Facts {
+            outcome,
+            rule: None,
+            seat: None,
+            key: None,
+        }
+    }
+
+    /// Each fact known, as a property name ([`FACT_PROPERTIES`]) and its value, names looked up
+    /// in `policy`: one host call each, on a local reply only.
+    pub fn each(&self, policy: &Policy, property: &mut dyn FnMut(&'static str, &[u8])) {
+        let [outcome, rule, bulkhead, class, key] = FACT_PROPERTIES;
+        property(outcome, self.outcome.name().as_bytes());
+        if let Some(spec) = self.rule.and_then(|r| policy.rules.get(r.index())) {
+            property(rule, spec.name.as_bytes());
+        }
+        if let (Some(seat), Some(shedding)) = (self.seat, policy.shedding.as_ref()) {
+            if let Some(b) = shedding.bulkheads.get(seat.0 as usize) {
+                property(bulkhead, b.name.as_bytes());
+            }
+            if let Some(c) = shedding.classes.get(seat.1 as usize) {
+                property(class, c.name.as_bytes());
+            }
+        }
+        if let Some(digest) = self.key {
+            property(key, &digest.hex());
+        }
+    }
 }
 
 impl Reply {
@@ -182,6 +268,7 @@ pub fn rate_limited(
         body,
         grpc_status: grpc(protocol, GRPC_RESOURCE_EXHAUSTED),
         details: "sluice_rate_limited",
+        facts: Facts::of(Told::Denied),
     }
 }
 
@@ -198,7 +285,13 @@ pub fn limiter_unavailable(rule: &str, retry_after_us: u64, protocol: Protocol) 
         || limiter_unavailable_body(rule, retry_after),
         || unavailable_message(rule),
     );
-    unavailable(headers, body, protocol, "sluice_limiter_unavailable")
+    unavailable(
+        headers,
+        body,
+        protocol,
+        "sluice_limiter_unavailable",
+        Told::Unavailable,
+    )
 }
 
 /// The 503 for a request shed by `reason`. `Retry-After` is spread over [s, 2s) by `draw`, so
@@ -231,7 +324,9 @@ pub fn overloaded(
         || overloaded_body(reason, bulkhead, class, level, retry_after),
         || overloaded_message(reason),
     );
-    unavailable(headers, body, protocol, shed_details(reason))
+    let mut reply = unavailable(headers, body, protocol, shed_details(reason), Told::Shed);
+    reply.facts.placed(Some(seat));
+    reply
 }
 
 /// A 503 (gRPC UNAVAILABLE).
@@ -240,6 +335,7 @@ fn unavailable(
     body: String,
     protocol: Protocol,
     details: &'static str,
+    outcome: Told,
 ) -> Reply {
     Reply {
         status: 503,
@@ -247,6 +343,7 @@ fn unavailable(
         body,
         grpc_status: grpc(protocol, GRPC_UNAVAILABLE),
         details,
+        facts: Facts::of(outcome),
     }
 }
 
