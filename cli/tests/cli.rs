@@ -732,6 +732,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
     assert_eq!(
         property_names(&schema),
         [
+            "access_log",
             "bypass",
             "client_ip",
             "docs_url",

@@ -634,7 +634,9 @@ impl Exchange {
             });
             if longer {
                 self.denied = Some((rule, answer));
-                self.denied_key = Some(KeyDigest::of(key));
+                if limiter.policy().access_log {
+                    self.denied_key = Some(KeyDigest::of(key));
+                }
             }
         } else {
             self.offer(limiter, rule, answer.quota);
@@ -673,17 +675,20 @@ impl Exchange {
 
     fn unavailable(&self, limiter: &Limiter, rule: RuleId, retry_after_us: u64) -> Reply {
         let name = limiter.rule(rule).map_or("", |r| r.rule.name.as_str());
-        let reply = crate::reply::limiter_unavailable(name, retry_after_us, self.protocol)
+        let mut reply = crate::reply::limiter_unavailable(name, retry_after_us, self.protocol)
             .linking(limiter.policy().docs_url.as_deref());
-        self.with_facts(reply, rule)
+        self.tell(limiter, &mut reply, rule);
+        reply
     }
 
-    /// `reply` telling the access log the rule, the key's digest and the request's seat.
-    fn with_facts(&self, mut reply: Reply, rule: RuleId) -> Reply {
-        reply.facts.rule = Some(rule);
-        reply.facts.key = self.denied_key;
-        reply.facts.placed(self.gave_up);
-        reply
+    /// `reply` tells the access log the rule, the key's digest and the request's seat, when the
+    /// policy asks for them (`access_log`). In place: a reply is too big to move for nothing.
+    fn tell(&self, limiter: &Limiter, reply: &mut Reply, rule: RuleId) {
+        if limiter.policy().access_log {
+            reply.facts.rule = Some(rule);
+            reply.facts.key = self.denied_key;
+            reply.facts.placed(self.gave_up);
+        }
     }
 
     fn denial(&self, limiter: &Limiter, rule: RuleId, quota: &Quota, retry_after_us: u64) -> Reply {
@@ -694,7 +699,7 @@ impl Exchange {
                 .linking(docs);
         };
         let reset = Reset::of(policy.reset, self.decided_us);
-        let reply = crate::reply::rate_limited(
+        let mut reply = crate::reply::rate_limited(
             spec,
             quota,
             retry_after_us,
@@ -703,7 +708,8 @@ impl Exchange {
             self.protocol,
             docs,
         );
-        self.with_facts(reply, rule)
+        self.tell(limiter, &mut reply, rule);
+        reply
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Policy {
     pub jwt_payload_in_metadata: String,
     /// A page for clients about the limits: the 429 and 503 bodies name it.
     pub docs_url: Option<String>,
+    /// Whether local replies tell the access log their facts ([`crate::reply::Facts`]).
+    pub access_log: bool,
 }
 
 /// Per configured rule, its key overrides that give a first-present part the value a client sent

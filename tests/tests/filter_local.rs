@@ -138,16 +138,29 @@ fn a_denial_is_honest() {
     assert_eq!(header(&headers, "x-ratelimit-reset"), Some("60"));
     assert_eq!(header(&headers, "ratelimit"), Some("\"per-ip\";r=0;t=60"));
     assert_eq!(header(&headers, "content-type"), Some("application/json"));
-    // What the access log may print: Envoy keeps the properties as filter state `wasm.sluice.*`;
-    // nginx keeps none outside its namespaces (the set answers NotFound, the 429 goes out alike).
-    let facts = [
-        "sluice.outcome",
-        "sluice.rule",
-        "sluice.bulkhead",
-        "sluice.class",
-        "sluice.key",
-    ]
-    .map(|name| state.property(name));
+    // What the access log may print: nothing unless the configuration asks (`access_log`): a
+    // denial costs no digest and no host call more by default.
+    let facts_of = |state: &ExchangeState| {
+        [
+            "sluice.outcome",
+            "sluice.rule",
+            "sluice.bulkhead",
+            "sluice.class",
+            "sluice.key",
+        ]
+        .map(|name| state.property(name).map(str::to_string))
+    };
+    assert_eq!(facts_of(&state), [None, None, None, None, None]);
+    // Asked for: Envoy keeps the properties as filter state `wasm.sluice.*`; nginx keeps none
+    // outside its namespaces (the set answers NotFound, the 429 goes out alike).
+    let logged = crate::proxy(&PER_IP.replacen('{', r#"{"access_log": true, "#, 1), 1);
+    for _ in 0..50 {
+        send(&logged, 0, get("/api/x", "10.0.0.1"));
+    }
+    let (status, logged_state, _) = send(&logged, 0, get("/api/x", "10.0.0.1"));
+    assert_eq!(status, 429);
+    let facts = facts_of(&logged_state);
+    let facts = facts.each_ref().map(|f| f.as_deref());
     if hosts::profile().is_nginx() {
         assert_eq!(facts, [None; 5], "nginx keeps no sluice property");
     } else {
@@ -165,8 +178,8 @@ fn a_denial_is_honest() {
             ],
             "the outcome, the rule and the key's digest, no bulkhead without shedding"
         );
-        let ExchangeState::LocalResponse { properties, .. } = &state else {
-            panic!("{state:?}");
+        let ExchangeState::LocalResponse { properties, .. } = &logged_state else {
+            panic!("{logged_state:?}");
         };
         assert!(
             properties.iter().all(|(_, v)| !v.contains("10.0.0.1")),

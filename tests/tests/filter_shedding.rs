@@ -80,8 +80,13 @@ fn the_workers_share_the_slots_and_every_kind_of_end_gives_one_back() {
         .any(|(k, v)| k == "x-sluice-shed" && v == "concurrency"));
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["error"], "overloaded");
-    // What Envoy's access log may print (filter state `wasm.sluice.*`); nginx keeps none.
+    // What Envoy's access log may print (filter state `wasm.sluice.*`), asked for
+    // (`access_log`); nginx keeps none. Not asked for, none.
     let state = shed.state().unwrap();
+    assert_eq!(state.property("sluice.outcome"), None);
+    let logged = crate::proxy(&STATIC.replacen('{', r#"{"access_log": true, "#, 1), 1);
+    let _full: Vec<Exchange> = (0..4).map(|_| send(&logged, 0, "critical")).collect();
+    let state = send(&logged, 0, "enterprise").state().unwrap();
     let facts = [
         "sluice.outcome",
         "sluice.rule",

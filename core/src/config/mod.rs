@@ -98,6 +98,9 @@ struct RawPolicy {
     /// A page for clients about your limits, such as https://api.example.com/docs/rate-limits: the 429 and 503 bodies name it (docs) and carry it in a Link header (rel="help"). http or https, printable ASCII without spaces, quotes or angle brackets, at most 512 bytes.
     #[serde(default)]
     docs_url: Option<String>,
+    /// Tell the host's access log, for every reply sluice sends itself (a 429, a 503), its outcome, rule, bulkhead, class and the first 16 hex digits of the SHA-256 of the key (Envoy: filter state wasm.sluice.outcome, .rule, .bulkhead, .class, .key, printed with %FILTER_STATE(wasm.sluice.rule:PLAIN)%). Off by default: each such reply then costs the digest and up to 5 host calls more.
+    #[serde(default)]
+    access_log: bool,
 }
 
 /// Requests that skip every rule.
@@ -596,6 +599,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         bare_key_overrides: Default::default(),
         jwt_payload_in_metadata,
         docs_url,
+        access_log: raw.access_log,
     })
 }
 

@@ -8,9 +8,7 @@ use std::net::IpAddr;
 use crate::limit::table::{self, KeyHasher, Record, Table};
 use crate::limit::token_bucket::Verdict;
 use crate::limit::{Algorithm, Limit};
-use crate::limiter::decision::{
-    Decision, Evaluation, Outcome, Quota, Spend, Spent,
-};
+use crate::limiter::decision::{Decision, Evaluation, Outcome, Quota, Spend, Spent};
 use crate::policy::RuleId;
 use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::protocol::KeyAction;
@@ -176,6 +174,8 @@ struct Tally<'e> {
     /// The most restrictive answer among the rules that counted the request.
     tightest: Option<(RuleId, Quota)>,
     denial: Option<Decision>,
+    /// Whether the denial's key is digested for the access log (`access_log`).
+    digests: bool,
 }
 
 impl Tally<'_> {
@@ -244,12 +244,20 @@ impl Tally<'_> {
 
     fn deny(&mut self, id: RuleId, key: &str, quota: Quota, retry_after_us: u64) {
         self.e.outcomes.push((id, Outcome::Denied));
-        self.e.denied_key = Some(key::KeyDigest::of(key));
+        self.digest(key);
         self.denial = Some(Decision::Deny {
             rule: id,
             quota,
             retry_after_us,
         });
+    }
+
+    /// The denial is of `key`: its digest for the access log, if asked for (a SHA-256, so only
+    /// then).
+    fn digest(&mut self, key: &str) {
+        if self.digests {
+            self.e.denied_key = Some(key::KeyDigest::of(key));
+        }
     }
 
     /// The evaluation: a denial gives back what the rules before it spent.
@@ -479,6 +487,7 @@ impl Limiter {
             e: evaluation,
             tightest: None,
             denial: None,
+            digests: self.policy.access_log,
         };
         for Enforced { id, rule, table } in self.rules() {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
@@ -533,7 +542,7 @@ impl Limiter {
             if let Some((quota, longer)) = self.wait_of(rule, key, conditions, store) {
                 if longer > *wait {
                     (*by, *told, *wait) = (rule, quota, longer);
-                    tally.e.denied_key = Some(key::KeyDigest::of(key));
+                    tally.digest(key);
                 }
             }
         }
@@ -555,7 +564,7 @@ impl Limiter {
             Some((KeyAction::Block, expires_ms)) => {
                 tally.e.outcomes.push((id, Outcome::Denied));
                 tally.denial = Some(blocked(rule, id, expires_ms, now));
-                tally.e.denied_key = Some(key::KeyDigest::of(key));
+                tally.digest(key);
                 return;
             }
             None => {}
@@ -590,7 +599,7 @@ impl Limiter {
                 rule: id,
                 retry_after_us: verdict.retry_after_us,
             });
-            tally.e.denied_key = Some(key::KeyDigest::of(key));
+            tally.digest(key);
         } else if !enforced(rule, key, now) {
             tally.let_through(id, rule, key, verdict.quota);
         } else {

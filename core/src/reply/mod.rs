@@ -110,8 +110,12 @@ impl Facts {
     }
 
     /// Each fact known, as a property name ([`FACT_PROPERTIES`]) and its value, names looked up
-    /// in `policy`: one host call each, on a local reply only.
+    /// in `policy`: one host call each, on a local reply only, and none unless the policy asks
+    /// for them (`access_log`).
     pub fn each(&self, policy: &Policy, property: &mut dyn FnMut(&'static str, &[u8])) {
+        if !policy.access_log {
+            return;
+        }
         let [outcome, rule, bulkhead, class, key] = FACT_PROPERTIES;
         property(outcome, self.outcome.name().as_bytes());
         if let Some(spec) = self.rule.and_then(|r| policy.rules.get(r.index())) {
