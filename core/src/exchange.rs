@@ -130,6 +130,8 @@ pub enum Effect {
         status: u32,
         /// A gRPC response's `grpc-status` (from its headers or its trailers).
         grpc_status: Option<u32>,
+        /// The upstream's saturation report, parsed (the bulkhead's `saturation_header`).
+        saturation: Option<f64>,
     },
 }
 
@@ -156,6 +158,8 @@ pub struct Exchange {
     answer: Option<(u32, u64)>,
     /// A gRPC response's `grpc-status`, the last seen (a trailer's over a header's).
     grpc_status: Option<u32>,
+    /// The upstream's saturation report on the response, if its bulkhead reads one.
+    saturation: Option<f64>,
     /// A shaping limit holds it until then.
     delay_until: Option<u64>,
     /// A warn rule would have denied it: named on the response.
@@ -873,6 +877,27 @@ impl Exchange {
         }
     }
 
+    /// The response header in which the upstream of the request's bulkhead reports its
+    /// saturation, if the request holds a slot of a bulkhead that reads one. Only the
+    /// upstream's response counts: a request header of the same name is never read.
+    pub fn saturation_header<'a>(&self, limiter: &'a Limiter) -> Option<&'a str> {
+        let (seat, _) = self.seat?;
+        let shedding = limiter.policy().shedding.as_ref()?;
+        shedding
+            .bulkheads
+            .get(seat.bulkhead)?
+            .saturation_header
+            .as_deref()
+    }
+
+    /// The upstream's saturation header's value: kept if it parses strictly
+    /// ([`crate::shed::policy::parse_saturation`]), else ignored.
+    pub fn saturation_responded(&mut self, value: &str) {
+        if let Some(s) = crate::shed::policy::parse_saturation(value) {
+            self.saturation = Some(s);
+        }
+    }
+
     /// [`Exchange::finish`]'s release of the slots the request took, out of line.
     #[inline(never)]
     fn release_slots(&mut self, limiter: &Limiter, store: &mut dyn Store) {
@@ -901,6 +926,7 @@ impl Exchange {
                 latency_us: at_us.saturating_sub(since_us),
                 status,
                 grpc_status: self.grpc_status,
+                saturation: self.saturation,
             });
         }
         effects

@@ -212,9 +212,10 @@ impl Request {
                     latency_us,
                     status,
                     grpc_status,
+                    saturation,
                 } => {
                     if let Some(shedder) = &shared.shedder {
-                        shedder.finished(bulkhead, latency_us, status, grpc_status);
+                        shedder.finished(bulkhead, latency_us, status, grpc_status, saturation);
                     }
                 }
                 Effect::CheckFailed => {
@@ -366,6 +367,12 @@ impl HttpContext for Request {
             // A gRPC answer with no message (trailers-only) says its status here.
             if let Some(grpc_status) = host::response_header("grpc-status") {
                 self.exchange.grpc_responded(&grpc_status);
+            }
+            // The upstream's own saturation report, from its response only.
+            if let Some(name) = self.exchange.saturation_header(&self.limiter) {
+                if let Some(value) = host::response_header(name) {
+                    self.exchange.saturation_responded(&value);
+                }
             }
         }
         let limiter = Rc::clone(&self.limiter);
