@@ -150,7 +150,10 @@ pub fn summary(policy: &Policy) -> String {
             .map(|b| b.name.as_str())
             .collect();
         if !curves.is_empty() {
-            line.push_str(&format!(", shed at random by a curve: {}", curves.join(", ")));
+            line.push_str(&format!(
+                ", shed at random by a curve: {}",
+                curves.join(", ")
+            ));
         }
         let reported: Vec<String> = shedding
             .bulkheads

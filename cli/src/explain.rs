@@ -298,10 +298,15 @@ pub fn explain(loaded: &Loaded, args: &RequestArgs) -> Explanation {
                     } else {
                         "mean latency".to_string()
                     };
-                    format!("adaptive, {} to {} in flight, by its {latency}", a.min, a.max)
+                    format!(
+                        "adaptive, {} to {} in flight, by its {latency}",
+                        a.min, a.max
+                    )
                 }
             }),
-            curve: spec.and_then(|b| b.curve.as_ref()).map(|c| c.points.clone()),
+            curve: spec
+                .and_then(|b| b.curve.as_ref())
+                .map(|c| c.points.clone()),
             saturation_header: spec.and_then(|b| b.saturation_header.clone()),
         }
     });

@@ -550,8 +550,14 @@ fn check_explain_and_docs_know_the_curve_the_percentile_and_the_saturation_heade
         SHEDDING_CURVE.as_bytes(),
     );
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(json["shedding"]["curve"], serde_json::json!([[0.7, 0.1], [0.85, 0.5]]));
-    assert_eq!(json["shedding"]["saturation_header"], "x-upstream-saturation");
+    assert_eq!(
+        json["shedding"]["curve"],
+        serde_json::json!([[0.7, 0.1], [0.85, 0.5]])
+    );
+    assert_eq!(
+        json["shedding"]["saturation_header"],
+        "x-upstream-saturation"
+    );
     let output = sluice(&["docs", "-"], SHEDDING_CURVE.as_bytes());
     assert!(
         stdout(&output).contains("a 503 with reason `curve` may come"),

@@ -40,7 +40,13 @@ fn set_in_flight(s: &Shedding, store: &mut MemoryStore, in_flight: u32) {
 }
 
 /// How many of `n` requests of `class` are shed at `in_flight` of 100, and for which reasons.
-fn shed_of(s: &Shedding, in_flight: u32, class: &str, n: usize, seed: u64) -> (usize, Vec<ShedReason>) {
+fn shed_of(
+    s: &Shedding,
+    in_flight: u32,
+    class: &str,
+    n: usize,
+    seed: u64,
+) -> (usize, Vec<ShedReason>) {
     let mut store = MemoryStore::default();
     set_in_flight(s, &mut store, in_flight);
     let mut draws = Draws(seed);
@@ -83,7 +89,11 @@ fn the_curve_sheds_its_share_at_random_within_a_binomial_bound() {
     };
     let (at_85, reasons) = shed_of(&s, 85, "basic", 10_000, 1);
     assert!(within(at_85, 0.5), "{at_85} of 10000 at 85%");
-    assert_eq!(reasons, vec![ShedReason::Curve], "shed at once, never queued");
+    assert_eq!(
+        reasons,
+        vec![ShedReason::Curve],
+        "shed at once, never queued"
+    );
     let (at_70, _) = shed_of(&s, 70, "basic", 10_000, 2);
     assert!(within(at_70, 0.1), "{at_70} of 10000 at 70%");
     // Halfway between the points: 30%; above the last: its 50%; below the first: none.
@@ -98,7 +108,10 @@ fn the_curve_sheds_its_share_at_random_within_a_binomial_bound() {
     let (free, reasons) = shed_of(&s, 75, "free", 1_000, 7);
     assert_eq!((free, reasons), (1_000, vec![ShedReason::Priority]));
     // The same draws decide the same: a harness can count.
-    assert_eq!(shed_of(&s, 85, "basic", 1_000, 9), shed_of(&s, 85, "basic", 1_000, 9));
+    assert_eq!(
+        shed_of(&s, 85, "basic", 1_000, 9),
+        shed_of(&s, 85, "basic", 1_000, 9)
+    );
 }
 
 #[test]
@@ -164,8 +177,14 @@ fn tail_windows(percentile: f64) -> Vec<u32> {
 #[test]
 fn the_controller_measures_a_percentile_so_a_slow_tail_shrinks_the_limit() {
     let mean = tail_windows(0.0);
-    assert!(mean.iter().zip(mean.iter().skip(1)).all(|(a, b)| b >= a), "{mean:?}");
-    assert!(mean[9] > 50, "the mean (11.5 ms) is within 1.5 × 10 ms: it grows, {mean:?}");
+    assert!(
+        mean.iter().zip(mean.iter().skip(1)).all(|(a, b)| b >= a),
+        "{mean:?}"
+    );
+    assert!(
+        mean[9] > 50,
+        "the mean (11.5 ms) is within 1.5 × 10 ms: it grows, {mean:?}"
+    );
     let p90 = tail_windows(90.0);
     assert!(p90[9] < 20, "p90 (about 18 ms) is not: it shrinks, {p90:?}");
 }
@@ -212,7 +231,10 @@ fn a_limit_pinned_at_min_measures_the_no_load_latency_again_within_a_bound() {
         }
     }
     let windows = windows_to_baseline.expect("measured again before the hourly probe");
-    assert!(windows as f64 <= STUCK_WINDOWS + 3.0, "after {windows} windows");
+    assert!(
+        windows as f64 <= STUCK_WINDOWS + 3.0,
+        "after {windows} windows"
+    );
     assert!(controller::effective(&a, &state) > 2, "{state:?}");
 
     // An upstream that stays slower than the tolerance whatever the limit: it probes again
@@ -227,14 +249,23 @@ fn a_limit_pinned_at_min_measures_the_no_load_latency_again_within_a_bound() {
     for i in 0..140u64 {
         now += 100 * MS;
         // Each window slower than the last by more than the tolerance: the limit stays pinned.
-        controller::step(&a, &mut state, full(40_000.0 * 1.6f64.powi(i as i32)), now, 0.5);
+        controller::step(
+            &a,
+            &mut state,
+            full(40_000.0 * 1.6f64.powi(i as i32)),
+            now,
+            0.5,
+        );
         if state.probe_saved > 0.0 && !probing {
             probes += 1;
         }
         probing = state.probe_saved > 0.0;
         assert_eq!(controller::effective(&a, &state), 2);
     }
-    assert!((10..=20).contains(&probes), "{probes} probes in 140 windows");
+    assert!(
+        (10..=20).contains(&probes),
+        "{probes} probes in 140 windows"
+    );
 }
 
 #[test]
@@ -290,14 +321,25 @@ fn reported(report: Option<&str>) -> (Vec<u32>, bool) {
             let mut req = PlainRequest::get("/api/x")
                 .with_header("x-class", "critical")
                 .with_header("x-upstream-saturation", "100%");
-            let (mut ex, _, _) = Exchange::start(&limiter, &mut req, None, Moment::at(now), &mut store);
-            assert_eq!(ex.saturation_header(&limiter), Some("x-upstream-saturation"));
+            let (mut ex, _, _) =
+                Exchange::start(&limiter, &mut req, None, Moment::at(now), &mut store);
+            assert_eq!(
+                ex.saturation_header(&limiter),
+                Some("x-upstream-saturation")
+            );
             ex.responded(200, now + 10 * MS);
             if let Some(value) = report {
                 ex.saturation_responded(value);
             }
             for e in ex.finish(&limiter, &mut store) {
-                if let sluice_core::Effect::Finished { bulkhead, latency_us, status, grpc_status, saturation } = e {
+                if let sluice_core::Effect::Finished {
+                    bulkhead,
+                    latency_us,
+                    status,
+                    grpc_status,
+                    saturation,
+                } = e
+                {
                     worker.finished(bulkhead, latency_us, status, grpc_status);
                     if let Some(sat) = saturation {
                         worker.reported(bulkhead, sat);
@@ -313,8 +355,15 @@ fn reported(report: Option<&str>) -> (Vec<u32>, bool) {
     }
     set_in_flight(&s, &mut store, 1);
     let mut req = PlainRequest::get("/api/x").with_header("x-class", "free");
-    let pressure = Pressure { now_us: now, fleet: None, draw: 0.5 };
-    let shed = matches!(admit(&s, &mut req, pressure, &mut store), Admission::Shed { .. });
+    let pressure = Pressure {
+        now_us: now,
+        fleet: None,
+        draw: 0.5,
+    };
+    let shed = matches!(
+        admit(&s, &mut req, pressure, &mut store),
+        Admission::Shed { .. }
+    );
     (limits, shed)
 }
 

@@ -653,7 +653,10 @@ fn curve(
     thresholds: &[Option<f64>],
 ) -> Result<Curve, ConfigError> {
     if raw.is_empty() || raw.len() > 8 {
-        return Err(err(at, format!("must hold 1 to 8 points, got {}", raw.len())));
+        return Err(err(
+            at,
+            format!("must hold 1 to 8 points, got {}", raw.len()),
+        ));
     }
     let mut points: Vec<(f64, f64)> = Vec::with_capacity(raw.len());
     for (i, p) in raw.iter().enumerate() {
@@ -666,7 +669,10 @@ fn curve(
             if point.0 <= at_before {
                 return Err(err(
                     field("at"),
-                    format!("must be above the point before's ({at_before}), got {}", point.0),
+                    format!(
+                        "must be above the point before's ({at_before}), got {}",
+                        point.0
+                    ),
                 ));
             }
             if point.1 < shed_before {
@@ -721,7 +727,12 @@ fn limit(at: &str, raw: RawLimit) -> Result<LimitKind, ConfigError> {
                     ),
                 ));
             }
-            let percentile = in_range(&field("percentile"), a.percentile.unwrap_or(90.0), 0.0, 100.0)?;
+            let percentile = in_range(
+                &field("percentile"),
+                a.percentile.unwrap_or(90.0),
+                0.0,
+                100.0,
+            )?;
             LimitKind::Adaptive(Adaptive {
                 min,
                 max,

@@ -271,7 +271,10 @@ pub fn admit(
                 Some(ShedReason::Priority)
             } else if spec.curve.is_some()
                 && !under_guarantee
-                && spec.curve_sheds((in_flight / limit).max(reported.unwrap_or(0.0)), pressure.draw)
+                && spec.curve_sheds(
+                    (in_flight / limit).max(reported.unwrap_or(0.0)),
+                    pressure.draw,
+                )
             {
                 Some(ShedReason::Curve)
             } else {

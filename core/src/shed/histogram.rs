@@ -108,13 +108,28 @@ mod tests {
     #[test]
     fn buckets_cover_the_range_in_order_and_percentiles_land_within_a_bucket() {
         let mut last = 0;
-        for us in [0u64, 15, 16, 20, 24, 28, 32, 1_000, 25_000, 1 << 25, u64::MAX] {
+        for us in [
+            0u64,
+            15,
+            16,
+            20,
+            24,
+            28,
+            32,
+            1_000,
+            25_000,
+            1 << 25,
+            u64::MAX,
+        ] {
             let b = bucket(us);
             assert!(b >= last && b < BUCKETS, "{us}: {b}");
             last = b;
             if (16..1 << 26).contains(&us) {
                 let (low, width) = edges(b);
-                assert!(low <= us as f64 && (us as f64) < low + width, "{us}: {low} {width}");
+                assert!(
+                    low <= us as f64 && (us as f64) < low + width,
+                    "{us}: {low} {width}"
+                );
             }
         }
         // 90 answers at 10 ms and 10 at 100 ms: p90 is 10 ms, p95 100 ms, the mean 19 ms.
