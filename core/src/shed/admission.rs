@@ -239,10 +239,10 @@ pub fn admit(
     let expensive = spec.expensive.iter().any(|m| m.matches(request));
     let deadline = deadline_us(request, spec.timeout_ms);
     // The upstream's own saturation report counts as well as the in-flight count.
-    let reported = match spec.saturation_header {
-        Some(_) => Some(saturation(store, &spec.saturation_key)),
-        None => None,
-    };
+    let reported = spec
+        .saturation_header
+        .as_ref()
+        .map(|_| saturation(store, &spec.saturation_key));
 
     let decided = store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
