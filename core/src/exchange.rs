@@ -130,8 +130,6 @@ pub enum Effect {
         status: u32,
         /// A gRPC response's `grpc-status` (from its headers or its trailers).
         grpc_status: Option<u32>,
-        /// The upstream's saturation report, parsed (the bulkhead's `saturation_header`).
-        saturation: Option<f64>,
     },
 }
 
@@ -158,8 +156,6 @@ pub struct Exchange {
     answer: Option<(u32, u64)>,
     /// A gRPC response's `grpc-status`, the last seen (a trailer's over a header's).
     grpc_status: Option<u32>,
-    /// The upstream's saturation report on the response, if its bulkhead reads one.
-    saturation: Option<f64>,
     /// A shaping limit holds it until then.
     delay_until: Option<u64>,
     /// A warn rule would have denied it: named on the response.
@@ -890,12 +886,14 @@ impl Exchange {
             .as_deref()
     }
 
-    /// The upstream's saturation header's value: kept if it parses strictly
-    /// ([`crate::shed::policy::parse_saturation`]), else ignored.
-    pub fn saturation_responded(&mut self, value: &str) {
-        if let Some(s) = crate::shed::policy::parse_saturation(value) {
-            self.saturation = Some(s);
-        }
+    /// The upstream's report in that header, for its bulkhead's samples
+    /// ([`crate::worker::ShedWorker::reported`]): `None` unless the request holds a slot of a
+    /// bulkhead that reads one and `value` parses strictly
+    /// ([`crate::shed::policy::parse_saturation`]).
+    pub fn saturation_report(&self, limiter: &Limiter, value: &str) -> Option<(BulkheadId, f64)> {
+        self.saturation_header(limiter)?;
+        let (seat, _) = self.seat?;
+        Some((seat.bulkhead, crate::shed::policy::parse_saturation(value)?))
     }
 
     /// [`Exchange::finish`]'s release of the slots the request took, out of line.
@@ -926,7 +924,6 @@ impl Exchange {
                 latency_us: at_us.saturating_sub(since_us),
                 status,
                 grpc_status: self.grpc_status,
-                saturation: self.saturation,
             });
         }
         effects

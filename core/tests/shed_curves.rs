@@ -329,7 +329,9 @@ fn reported(report: Option<&str>) -> (Vec<u32>, bool) {
             );
             ex.responded(200, now + 10 * MS);
             if let Some(value) = report {
-                ex.saturation_responded(value);
+                if let Some((bulkhead, sat)) = ex.saturation_report(&limiter, value) {
+                    worker.reported(bulkhead, sat);
+                }
             }
             for e in ex.finish(&limiter, &mut store) {
                 if let sluice_core::Effect::Finished {
@@ -337,13 +339,9 @@ fn reported(report: Option<&str>) -> (Vec<u32>, bool) {
                     latency_us,
                     status,
                     grpc_status,
-                    saturation,
                 } = e
                 {
                     worker.finished(bulkhead, latency_us, status, grpc_status);
-                    if let Some(sat) = saturation {
-                        worker.reported(bulkhead, sat);
-                    }
                 }
             }
         }

@@ -116,7 +116,6 @@ fn beyond_the_limit_is_503_with_retry_after_and_a_json_reason_and_the_end_gives_
         latency_us: 30 * MS,
         status: 200,
         grpc_status: None,
-        saturation: None,
     }));
     assert!(
         first.finish(&limiter, &mut store).is_empty(),

@@ -212,10 +212,9 @@ impl Request {
                     latency_us,
                     status,
                     grpc_status,
-                    saturation,
                 } => {
                     if let Some(shedder) = &shared.shedder {
-                        shedder.finished(bulkhead, latency_us, status, grpc_status, saturation);
+                        shedder.finished(bulkhead, latency_us, status, grpc_status);
                     }
                 }
                 Effect::CheckFailed => {
@@ -370,8 +369,12 @@ impl HttpContext for Request {
             }
             // The upstream's own saturation report, from its response only.
             if let Some(name) = self.exchange.saturation_header(&self.limiter) {
-                if let Some(value) = host::response_header(name) {
-                    self.exchange.saturation_responded(&value);
+                let report = host::response_header(name)
+                    .and_then(|value| self.exchange.saturation_report(&self.limiter, &value));
+                if let (Some((bulkhead, saturation)), Some(shedder)) =
+                    (report, &self.shared.shedder)
+                {
+                    shedder.reported(bulkhead, saturation);
                 }
             }
         }

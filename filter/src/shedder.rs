@@ -123,17 +123,18 @@ impl Shedder {
         latency_us: u64,
         status: u32,
         grpc_status: Option<u32>,
-        saturation: Option<f64>,
     ) {
-        let mut worker = self.worker.borrow_mut();
-        worker.finished(bulkhead, latency_us, status, grpc_status);
-        if let Some(s) = saturation {
-            worker.reported(bulkhead, s);
-        }
-        drop(worker);
+        self.worker
+            .borrow_mut()
+            .finished(bulkhead, latency_us, status, grpc_status);
         if let Some(m) = self.metrics.get(bulkhead) {
             let _ = hostcalls::record_metric(m.latency_ms, latency_us / 1_000);
         }
+    }
+
+    /// The upstream reported its saturation on a response (see [`ShedWorker::reported`]).
+    pub fn reported(&self, bulkhead: BulkheadId, saturation: f64) {
+        self.worker.borrow_mut().reported(bulkhead, saturation);
     }
 
     /// See [`ShedWorker::enqueue`].
