@@ -316,7 +316,7 @@ bench-hotpath: build-filter ## wasm instructions and host calls per request, slu
 bench-latency: deps build build-stack ## request latency in Envoy: no limiter vs sluice local, cached, strict
 	$(VENV)/bin/python bench/latency.py
 
-bench-overload: deps build-filter ## open-loop overload, 0.5x to 3x capacity: no protection vs adaptive_concurrency vs sluice shedding (~5 min)
+bench-overload: deps build-filter ## open-loop overload, 0.5x to 10x capacity, and the capacity halving in the middle of a run: no protection vs adaptive_concurrency vs sluice shedding (~8 min)
 	$(VENV)/bin/python bench/overload.py
 
 bench-shaping: deps build-filter ## the leaky bucket in Envoy: when requests of a burst leave vs the ideal schedule

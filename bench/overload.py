@@ -2,8 +2,9 @@
 """Load shedding under overload in real Envoy: no protection vs Envoy's adaptive_concurrency vs sluice, open loop.
 
 Usage (from the repository root, after `make deps build-filter`; `make bench-overload` does both):
-    .venv/bin/python bench/overload.py [--duration 8] [--loads 0.5,1,1.5,2,3] [--only none,adaptive-concurrency]
+    .venv/bin/python bench/overload.py [--duration 8] [--loads 0.5,1,1.5,2,3,10] [--only none,adaptive-concurrency]
                                        [--workers 8] [--service-ms 25] [--static-limit N] [--concurrency 2]
+                                       [--no-halving]
 
 The upstream is `sluice-upstream` (crate overload/): --workers requests served at once, --service-ms each, the rest
 queued FIFO without bound, so its capacity is workers / service time (8 / 25 ms = 320 req/s) and its latency grows
@@ -20,7 +21,9 @@ For each variant and each offered load (a multiple of the capacity), a fresh ups
 - sluice-static, sluice-adaptive: the sluice filter's `shedding` (envoy/overload-sluice.yaml.tmpl) with a static
   in-flight limit (1.5 x workers unless --static-limit) or an adaptive one; see SHEDDING below.
 
-and once, before them, an unloaded run (0.1 x capacity, no protection) for the unloaded p99.
+and once, before them, an unloaded run (0.1 x capacity, no protection) for the unloaded p99. After each variant's
+loads, the halving case (HALVING_* below): 1.5 x capacity offered for 12 s while the upstream's workers halve from
+4 s to 8 s, reported by phase, with how long the adaptive limits take to reach the new capacity.
 
 Progress on stderr, markdown tables on stdout, the plot in bench/overload.svg (goodput and p99 of admitted requests
 against offered load), and the configs, logs, load outputs and results.json in .run/bench-overload/. Builds nothing
@@ -51,7 +54,15 @@ from stack import ROOT, cpu_seconds, loadavg, machine, tool_version  # noqa: E40
 # ---- What is compared: the variants, the loads and the sluice configurations, all in one place. ----
 
 CLASSES = "high:0.2,low:0.8"  # sluice-load's --classes: each request's x-sluice-class
-LOADS = [0.5, 1, 1.5, 2, 3]  # offered load, as multiples of the upstream's capacity
+LOADS = [0.5, 1, 1.5, 2, 3, 10]  # offered load, as multiples of the upstream's capacity
+# The halving case: offered HALVING_LOAD x the full capacity for HALVING_S seconds; the upstream serves with half its
+# workers from the first third to the second (GET /capacity?workers=N), so the capacity of the moment is full, half,
+# full. The targets, per phase: goodput >= 90% of the capacity of the moment, p99 of admitted <= 2 x unloaded, the
+# high class >= 99% served, an adaptive limit at the new capacity within 2 s (at most 1.5 x the workers after the
+# halving, at least the workers after the restore).
+HALVING_LOAD = 1.5
+HALVING_S = 12.0
+HALVING_SAMPLE_S = 0.2
 UNLOADED = 0.1  # the unloaded run (no protection), for the unloaded p99
 WARMUP = (0.5, 1.0)  # (load as a multiple of capacity, seconds) before each measured run
 ROUTE_TIMEOUT_MS = 1000  # `timeout: 1s` of the route in every envoy/overload-*.yaml.tmpl
@@ -237,10 +248,12 @@ def machine_busy():
     return sum(fields) - idle, sum(fields)
 
 
-def load(url, rate, seconds, workdir, tag, sample=None):
-    """Runs sluice-load to the end (bounded), calling sample() every SAMPLE_S meanwhile; its JSON and CPU seconds."""
+def load(url, rate, seconds, workdir, tag, sample=None, phases=None, sample_s=SAMPLE_S):
+    """Runs sluice-load to the end (bounded), calling sample() every sample_s meanwhile; its JSON and CPU seconds."""
     args = [os.path.join(BIN, "sluice-load"), "--url", url, "--rate", f"{rate:g}", "--duration-s", f"{seconds:g}",
             "--timeout-ms", str(ARGS.timeout_ms), "--classes", CLASSES]
+    if phases:
+        args += ["--phases", ",".join(f"{p:g}" for p in phases)]
     out_path = os.path.join(workdir, f"{tag}.load.json")
     err_path = os.path.join(workdir, f"{tag}.load.log")
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -255,7 +268,7 @@ def load(url, rate, seconds, workdir, tag, sample=None):
                 if sample:
                     sample()
                 try:
-                    proc.wait(SAMPLE_S)
+                    proc.wait(sample_s)
                 except subprocess.TimeoutExpired:
                     pass
         finally:
@@ -272,10 +285,19 @@ def load(url, rate, seconds, workdir, tag, sample=None):
     return result, cpu
 
 
-def measure(variant, factor, workdir, tag):
-    """One run: fresh upstream and Envoy, warm-up, measured load. The run's record (or Failed)."""
+def set_workers(upstream, workers):
+    with NO_PROXY.open(f"http://127.0.0.1:{upstream.port}/capacity?workers={workers}", timeout=2) as r:
+        r.read()
+
+
+def measure(variant, factor, workdir, tag, halving=False):
+    """One run: fresh upstream and Envoy, warm-up, measured load. The run's record (or Failed). With `halving`, the
+    upstream's workers halve from the first third of the run to the second."""
     template, sluice = VARIANTS[variant]
     rate = factor * CAPACITY
+    seconds = HALVING_S if halving else ARGS.duration
+    switches = [(HALVING_S / 3, max(1, ARGS.workers // 2)), (2 * HALVING_S / 3, ARGS.workers)] if halving else []
+    switched = []
     upstream = Upstream(workdir, tag)
     try:
         envoy = Envoy(template, sluice() if sluice else None, upstream.port, workdir, tag)
@@ -286,6 +308,14 @@ def measure(variant, factor, workdir, tag):
             t0 = time.time()
 
             def sample():
+                t = time.time() - t0
+                while switches and t >= switches[0][0]:
+                    at, workers = switches.pop(0)
+                    try:
+                        set_workers(upstream, workers)
+                        switched.append({"t": round(time.time() - t0, 2), "workers": workers})
+                    except OSError as e:
+                        raise Failed(f"GET /capacity?workers={workers}: {e}")
                 try:
                     gauges = {k: v for k, v in envoy.stats().items()
                               if re.search(r"limit|rtt_msecs|in_?flight|queue", k)}
@@ -298,7 +328,9 @@ def measure(variant, factor, workdir, tag):
             envoy_before, up_before = envoy.stats(), upstream.stats()
             cpu_before = {"envoy": cpu_seconds(envoy.proc.pid), "upstream": cpu_seconds(upstream.proc.pid)}
             busy_before, wall = machine_busy(), time.time()
-            result, load_cpu = load(url, rate, ARGS.duration, workdir, tag, sample)
+            phases = [at for at, _ in switches] if halving else None
+            result, load_cpu = load(url, rate, seconds, workdir, tag, sample, phases,
+                                    HALVING_SAMPLE_S if halving else SAMPLE_S)
             busy_after, wall = machine_busy(), time.time() - wall
             cpu = {k: cpu_seconds(p.proc.pid) - cpu_before[k] for k, p in (("envoy", envoy), ("upstream", upstream))}
             cpu["load"] = load_cpu
@@ -320,7 +352,7 @@ def measure(variant, factor, workdir, tag):
         # CPU over the measured run, as a share of one core (load: the whole of sluice-load, sending and waiting).
         "cpu_pct": {k: round(100 * v / wall, 1) for k, v in cpu.items()},
         "machine_busy_pct": round(machine_pct, 1), "cpus": ncpu,
-        "samples": samples,
+        "samples": samples, "halving": halving, "switched": switched,
     }
 
 
@@ -380,7 +412,7 @@ def tables(runs, unloaded, failures, info):
             "| high ok | low ok | statuses | upstream max queue | CPU busy |",
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
         ]
-        for r in (r for r in runs if r["variant"] == variant):
+        for r in (r for r in runs if r["variant"] == variant and not r.get("halving")):
             ld, o = r["load"], r["load"]["overall"]
             flag = "" if abs(ld["achieved_rate"] / r["offered"] - 1) <= 0.02 else " (!)"
             lines.append(
@@ -389,6 +421,31 @@ def tables(runs, unloaded, failures, info):
                 f"{pct(ld['classes'].get('high'))} | {pct(ld['classes'].get('low'))} | {statuses(o)} | "
                 f"{r['upstream']['max_queue']} | {r['machine_busy_pct']:.0f}% |")
         lines.append("")
+    halving = [r for r in runs if r.get("halving")]
+    if halving:
+        unloaded_p99 = unloaded["load"]["overall"]["p99_ms"] if unloaded else None
+        lines += [
+            f"### Capacity halving: {HALVING_LOAD:g} x {CAPACITY:.0f} req/s offered for {HALVING_S:g} s; the upstream "
+            f"serves with {max(1, ARGS.workers // 2)} workers instead of {ARGS.workers} from "
+            f"{HALVING_S / 3:g} s to {2 * HALVING_S / 3:g} s",
+            "",
+            "| variant | goodput / capacity of the moment (full, half, full) | p99 ms (full, half, full) "
+            "| high ok (full, half, full) | limit at the new capacity after the halving, s | after the restore, s |",
+            "| --- | --- | --- | --- | ---: | ---: |",
+        ]
+        for r in halving:
+            caps = [CAPACITY, CAPACITY * max(1, ARGS.workers // 2) / ARGS.workers, CAPACITY]
+            ph = r["load"].get("phases", [])
+            good = ", ".join(f"{p['overall']['goodput'] / c:.2f}" for p, c in zip(ph, caps))
+            p99 = ", ".join(fmt_ms(p["overall"]["p99_ms"]) for p in ph)
+            high = ", ".join(pct(p["classes"].get("high")) for p in ph)
+            down, up = settle_times(r)
+            lines.append(f"| {r['variant']} | {good} | {p99} | {high} | {down} | {up} |")
+        lines += ["", f"Unloaded p99: {fmt_ms(unloaded_p99)} ms (target: p99 of admitted at most twice that). "
+                  "Each phase counts the requests sent in it; the limit is Envoy's `concurrency_limit` gauge "
+                  "(adaptive-concurrency) or sluice's `limit` gauge, sampled every "
+                  f"{HALVING_SAMPLE_S:g} s; \"at the new capacity\": at most 1.5 x the workers after the halving, at "
+                  "least the workers after the restore; - when the variant has no adaptive limit.", ""]
     lines += [
         "Goodput: 2xx answers per second of the run (2xx / duration). "
         "p50, p99: latency of the 2xx answers, from when each request was sent. high ok, low ok: share of "
@@ -396,6 +453,25 @@ def tables(runs, unloaded, failures, info):
         "CPU busy: all CPUs of the machine over the run, the benchmark and anything else.",
     ]
     return "\n".join(lines)
+
+
+def settle_times(run):
+    """Seconds from each capacity switch to the first sample of the adaptive limit at the new capacity ('-' without
+    an adaptive limit, 'never' when it did not get there before the next switch or the end)."""
+    def limit(sample):
+        for k, v in sample.items():
+            if k.endswith("concurrency_limit") or re.search(r"wasmcustom\.sluice\.shed\.[^.]+\.limit$", k):
+                return v
+        return None
+    if run["variant"] not in ("adaptive-concurrency", "sluice-adaptive") or len(run.get("switched", [])) < 2:
+        return "-", "-"
+    (down, half), (up, full) = [(s["t"], s["workers"]) for s in run["switched"][:2]]
+    out = []
+    for start, end, ok in ((down, up, lambda v: v <= 1.5 * half), (up, float("inf"), lambda v: v >= full)):
+        hit = next((s["t"] - start for s in run["samples"]
+                    if start <= s["t"] < end and limit(s) is not None and ok(limit(s))), None)
+        out.append("never" if hit is None else f"{hit:.1f}")
+    return tuple(out)
 
 
 # ---- The plot: hand-made SVG, two panels. ----
@@ -473,7 +549,7 @@ def svg_plot(runs, unloaded, failures, path):
         out.append(f'<text x="{ox + panel_w - 4}" y="{y - 5:.1f}" text-anchor="end" fill="#777">{label}</text>')
 
     for variant in VARIANT_ORDER:
-        mine = sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["factor"])
+        mine = sorted((r for r in runs if r["variant"] == variant and not r.get("halving")), key=lambda r: r["factor"])
         color = COLORS.get(variant, "#333")
         for (ox, oy), key, sy in ((origins[0], "goodput", sy_lin), (origins[1], "p99_ms", sy_log)):
             pts = [(sx(ox, r["factor"]), sy(oy, r["load"]["overall"][key])) for r in mine
@@ -559,6 +635,18 @@ def main():
                 print(f"  warning: the generator sent {rate:.1f} req/s of {run['offered']:.0f} offered "
                       f"(send lag p99 {run['load']['send_lag_ms']['p99']} ms)", file=sys.stderr)
             save()
+        if ARGS.halving and variant not in failures:
+            try:
+                run = measure(variant, HALVING_LOAD, workdir, f"{variant}-halving", halving=True)
+            except Failed as e:
+                print(f"  {variant:20} halving not measured: {e}", file=sys.stderr)
+                continue
+            runs.append(run)
+            progress(run)
+            print(f"  {variant:20} halving: goodput by phase "
+                  + ", ".join(f"{p['overall']['goodput']:.0f}/s" for p in run["load"].get("phases", []))
+                  + f"; limit settles {settle_times(run)}", file=sys.stderr)
+            save()
     info["load_after"] = loadavg()
     save()
     svg_plot(runs, unloaded, failures, ARGS.svg)
@@ -587,6 +675,8 @@ if __name__ == "__main__":
     parser.add_argument("--timeout-ms", type=int, default=5000,
                         help="sluice-load's timeout of each request, ms (default 5000; Envoy's route times out at 1 s)")
     parser.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads (default 2)")
+    parser.add_argument("--no-halving", dest="halving", action="store_false",
+                        help="skip the case where the upstream's capacity halves in the middle of the run")
     parser.add_argument("--envoy", default=os.environ.get("SLUICE_ENVOY", os.path.join(ROOT, ".venv/bin/envoy")))
     parser.add_argument("--wasm", default=os.environ.get(
         "SLUICE_WASM", os.path.join(ROOT, "target/wasm32-wasip1/release/sluice_filter.wasm")))

@@ -143,6 +143,32 @@ pub fn summary(policy: &Policy) -> String {
         if !rolling.is_empty() {
             line.push_str(&format!(" ({})", rolling.join(", ")));
         }
+        let curves: Vec<&str> = shedding
+            .bulkheads
+            .iter()
+            .filter(|b| b.curve.is_some())
+            .map(|b| b.name.as_str())
+            .collect();
+        if !curves.is_empty() {
+            line.push_str(&format!(
+                ", shed at random by a curve: {}",
+                curves.join(", ")
+            ));
+        }
+        let reported: Vec<String> = shedding
+            .bulkheads
+            .iter()
+            .filter_map(|b| {
+                let header = b.saturation_header.as_deref()?;
+                Some(format!("{} ({header})", b.name))
+            })
+            .collect();
+        if !reported.is_empty() {
+            line.push_str(&format!(
+                ", the upstream reports its saturation: {}",
+                reported.join(", ")
+            ));
+        }
         parts.push(line);
     }
     format!("valid: {}", parts.join("; "))

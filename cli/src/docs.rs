@@ -201,6 +201,12 @@ fn shedding_notes(policy: &sluice_core::Policy) -> Vec<String> {
                     }
                 )),
             }
+            if b.curve.is_some() {
+                notes.push(format!(
+                    "Load shedding of `{}` sheds some requests at random before the upstream is full (a share rising with its load): a 503 with reason `curve` may come while other requests pass; retry after `Retry-After`.",
+                    b.name
+                ));
+            }
         }
     }
     notes

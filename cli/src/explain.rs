@@ -122,6 +122,12 @@ pub struct ShedReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guaranteed: Option<f64>,
     pub limit: Option<String>,
+    /// The bulkhead's shedding curve, as (utilization, share shed) points, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub curve: Option<Vec<(f64, f64)>>,
+    /// The response header in which the upstream reports its saturation, if it counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saturation_header: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -287,9 +293,21 @@ pub fn explain(loaded: &Loaded, args: &RequestArgs) -> Explanation {
             limit: spec.map(|b| match b.limit {
                 LimitKind::Static(n) => format!("{n} in flight"),
                 LimitKind::Adaptive(a) => {
-                    format!("adaptive, {} to {} in flight", a.min, a.max)
+                    let latency = if a.percentile > 0.0 {
+                        format!("p{} latency", a.percentile)
+                    } else {
+                        "mean latency".to_string()
+                    };
+                    format!(
+                        "adaptive, {} to {} in flight, by its {latency}",
+                        a.min, a.max
+                    )
                 }
             }),
+            curve: spec
+                .and_then(|b| b.curve.as_ref())
+                .map(|c| c.points.clone()),
+            saturation_header: spec.and_then(|b| b.saturation_header.clone()),
         }
     });
     Explanation {
@@ -332,6 +350,23 @@ fn render_shedding(out: &mut String, report: &ShedReport) {
         );
     }
     out.push('\n');
+    if let (Some(points), Some(_)) = (&report.curve, report.threshold) {
+        let points: Vec<String> = points
+            .iter()
+            .map(|(at, shed)| format!("{}% at {}%", (shed * 100.0).round(), (at * 100.0).round()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "          below that, shed at random by the curve: {}",
+            points.join(", ")
+        );
+    }
+    if let Some(header) = &report.saturation_header {
+        let _ = writeln!(
+            out,
+            "          the upstream's saturation reported in response header {header} counts as the utilization"
+        );
+    }
     let mode = match (report.mode, report.ramp_percent) {
         (Some("enforce"), Some(p)) if p < 100 => {
             format!("enforce, ramping: {p}% of would-be sheds are shed, the others admitted and counted")

@@ -520,6 +520,59 @@ fn check_explain_and_docs_know_each_bulkheads_mode_ramp_and_thresholds() {
     );
 }
 
+/// A curve, a percentile and a saturation header: every command says so.
+const SHEDDING_CURVE: &str = r#"{"shedding": {"class_header": "x-class", "classes": {"basic": 1.0},
+  "bulkheads": [{"name": "api", "limit": {"adaptive": {"min": 4, "max": 200, "percentile": 99}},
+    "curve": [{"at": 0.7, "shed": 0.1}, {"at": 0.85, "shed": 0.5}],
+    "saturation_header": "x-upstream-saturation"}]}}"#;
+
+#[test]
+fn check_explain_and_docs_know_the_curve_the_percentile_and_the_saturation_header() {
+    let output = sluice(&["check", "-"], SHEDDING_CURVE.as_bytes());
+    assert_eq!(
+        stdout(&output),
+        "valid: 0 rules; no counter service; shedding: 1 bulkhead, shed at random by a curve: \
+         api, the upstream reports its saturation: api (x-upstream-saturation)\n"
+    );
+    let output = sluice(
+        &["explain", "-", "--path", "/api/x", "-H", "x-class: basic"],
+        SHEDDING_CURVE.as_bytes(),
+    );
+    let text = stdout(&output);
+    assert!(
+        text.contains("(adaptive, 4 to 200 in flight, by its p99 latency)")
+            && text.contains("shed at random by the curve: 10% at 70%, 50% at 85%")
+            && text.contains("response header x-upstream-saturation counts"),
+        "{text}"
+    );
+    let output = sluice(
+        &["explain", "-", "--path", "/api/x", "--json"],
+        SHEDDING_CURVE.as_bytes(),
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        json["shedding"]["curve"],
+        serde_json::json!([[0.7, 0.1], [0.85, 0.5]])
+    );
+    assert_eq!(
+        json["shedding"]["saturation_header"],
+        "x-upstream-saturation"
+    );
+    let output = sluice(&["docs", "-"], SHEDDING_CURVE.as_bytes());
+    assert!(
+        stdout(&output).contains("a 503 with reason `curve` may come"),
+        "{}",
+        stdout(&output)
+    );
+    let bad = SHEDDING_CURVE.replace(r#""at": 0.85"#, r#""at": 0.6"#);
+    let output = sluice(&["check", "-"], bad.as_bytes());
+    assert!(
+        stderr(&output).contains("shedding.bulkheads[0].curve[1].at: must be above"),
+        "{}",
+        stderr(&output)
+    );
+}
+
 #[test]
 fn explain_and_docs_refuse_an_invalid_configuration_with_the_filters_message() {
     let path = repo().join("core/tests/config/bad_template.json");

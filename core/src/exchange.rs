@@ -914,6 +914,29 @@ impl Exchange {
         }
     }
 
+    /// The response header in which the upstream of the request's bulkhead reports its
+    /// saturation, if the request holds a slot of a bulkhead that reads one. Only the
+    /// upstream's response counts: a request header of the same name is never read.
+    pub fn saturation_header<'a>(&self, limiter: &'a Limiter) -> Option<&'a str> {
+        let (seat, _) = self.seat?;
+        let shedding = limiter.policy().shedding.as_ref()?;
+        shedding
+            .bulkheads
+            .get(seat.bulkhead)?
+            .saturation_header
+            .as_deref()
+    }
+
+    /// The upstream's report in that header, for its bulkhead's samples
+    /// ([`crate::worker::ShedWorker::reported`]): `None` unless the request holds a slot of a
+    /// bulkhead that reads one and `value` parses strictly
+    /// ([`crate::shed::policy::parse_saturation`]).
+    pub fn saturation_report(&self, limiter: &Limiter, value: &str) -> Option<(BulkheadId, f64)> {
+        self.saturation_header(limiter)?;
+        let (seat, _) = self.seat?;
+        Some((seat.bulkhead, crate::shed::policy::parse_saturation(value)?))
+    }
+
     /// [`Exchange::finish`]'s release of the slots the request took, out of line.
     #[inline(never)]
     fn release_slots(&mut self, limiter: &Limiter, store: &mut dyn Store) {

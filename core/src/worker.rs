@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::reply::{overloaded, Protocol, Reply};
 use crate::shed::admission::{self, level, limit_of, Seat, ShedReason};
-use crate::shed::policy::{BulkheadId, Shedding};
+use crate::shed::policy::{BulkheadId, LimitKind, Shedding};
 use crate::shed::queue::{Queued, WaitQueue, Waiter};
 use crate::shed::state::Gauge;
 use crate::shed::tick::{self, Samples};
@@ -60,12 +60,20 @@ pub struct ShedWorker {
     evicted: Vec<Waiter>,
     /// The waiters that are gRPC requests: shed, they get a gRPC answer.
     grpc: HashSet<u32>,
+    /// By bulkhead: whether its controller measures a latency percentile (its latencies go
+    /// into a histogram).
+    percentiles: Vec<bool>,
 }
 
 impl ShedWorker {
     pub fn new(shedding: &Shedding) -> ShedWorker {
         ShedWorker {
             samples: vec![Samples::default(); shedding.bulkheads.len()],
+            percentiles: shedding
+                .bulkheads
+                .iter()
+                .map(|b| matches!(b.limit, LimitKind::Adaptive(a) if a.percentile > 0.0))
+                .collect(),
             ..ShedWorker::default()
         }
     }
@@ -114,8 +122,19 @@ impl ShedWorker {
         status: u32,
         grpc_status: Option<u32>,
     ) {
+        let percentile = self.percentiles.get(bulkhead).copied().unwrap_or(false);
         if let Some(s) = self.samples_of(bulkhead) {
             s.answered(latency_us, status, grpc_status);
+            if percentile {
+                s.hist.add(latency_us);
+            }
+        }
+    }
+
+    /// The upstream reported its saturation on a response (`saturation_header`, parsed).
+    pub fn reported(&mut self, bulkhead: BulkheadId, saturation: f64) {
+        if let Some(s) = self.samples_of(bulkhead) {
+            s.reported(saturation);
         }
     }
 

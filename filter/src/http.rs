@@ -366,6 +366,16 @@ impl HttpContext for Request {
             if let Some(grpc_status) = host::response_header("grpc-status") {
                 self.exchange.grpc_responded(&grpc_status);
             }
+            // The upstream's own saturation report, from its response only.
+            if let Some(name) = self.exchange.saturation_header(&self.limiter) {
+                let report = host::response_header(name)
+                    .and_then(|value| self.exchange.saturation_report(&self.limiter, &value));
+                if let (Some((bulkhead, saturation)), Some(shedder)) =
+                    (report, &self.shared.shedder)
+                {
+                    shedder.reported(bulkhead, saturation);
+                }
+            }
         }
         let limiter = Rc::clone(&self.limiter);
         // Rules that count by the answer (`count_when`): its status decides.

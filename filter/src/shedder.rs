@@ -132,6 +132,11 @@ impl Shedder {
         }
     }
 
+    /// The upstream reported its saturation on a response (see [`ShedWorker::reported`]).
+    pub fn reported(&self, bulkhead: BulkheadId, saturation: f64) {
+        self.worker.borrow_mut().reported(bulkhead, saturation);
+    }
+
     /// See [`ShedWorker::enqueue`].
     pub fn enqueue(
         &self,

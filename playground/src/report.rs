@@ -171,6 +171,27 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
             };
             notes.push(format!("bulkhead {} {rollout}", b.name));
         }
+        for b in &shedding.bulkheads {
+            if b.curve.is_some() {
+                notes.push(format!(
+                    "bulkhead {} sheds at random by its curve, by the requests in flight: not simulated (no request is in flight without an upstream); sluice explain shows the curve",
+                    b.name
+                ));
+            }
+            if let Some(header) = &b.saturation_header {
+                notes.push(format!(
+                    "bulkhead {} reads the upstream's saturation in response header {header}: not simulated (no upstream answers)",
+                    b.name
+                ));
+            }
+            if let sluice_core::shed::policy::LimitKind::Adaptive(a) = b.limit {
+                notes.push(format!(
+                    "bulkhead {} has an adaptive limit by its {} latency (with re-probes at min): not simulated (it needs upstream latencies)",
+                    b.name,
+                    if a.percentile > 0.0 { format!("p{}", a.percentile) } else { "mean".into() }
+                ));
+            }
+        }
     }
     let in_flight = policy.rules.iter().any(|r| {
         r.limits

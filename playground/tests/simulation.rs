@@ -212,6 +212,27 @@ fn a_bulkheads_rollout_is_named_in_the_notes() {
 }
 
 #[test]
+fn a_curve_a_percentile_and_a_saturation_header_say_they_are_not_simulated() {
+    let config = r#"{"rules": [{"name": "r", "key": ["const:all"], "limits": [{"requests": 2, "per": "minute"}]}],
+        "shedding": {"bulkheads": [{"name": "api", "limit": {"adaptive": {"min": 2, "max": 50}},
+        "curve": [{"at": 0.7, "shed": 0.1}], "saturation_header": "x-upstream-saturation"}]}}"#;
+    let r = report(config, "0,a\n");
+    let notes: Vec<&str> = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    for expected in [
+        "bulkhead api sheds at random by its curve",
+        "bulkhead api reads the upstream's saturation in response header x-upstream-saturation: not simulated",
+        "bulkhead api has an adaptive limit by its p90 latency",
+    ] {
+        assert!(notes.iter().any(|n| n.starts_with(expected)), "{expected}: {notes:?}");
+    }
+}
+
+#[test]
 fn cached_rules_and_shedding_are_named_in_the_notes() {
     let config = r#"{"service": {"cluster": "s"}, "rules": [{"name": "shared", "key": ["const:all"],
         "consistency": "cached", "limits": [{"requests": 2, "per": "minute"}]}]}"#;

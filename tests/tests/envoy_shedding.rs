@@ -410,6 +410,81 @@ fn each_class_is_shed_at_its_share_and_critical_and_health_checks_never() {
     assert_eq!(shed_stat(&envoy, "api", "class.critical.shed"), 0);
 }
 
+/// A curve sheds its share at random below a class's threshold, and the upstream's saturation report counts from its
+/// response only: a client's request header of the same name changes nothing.
+#[test]
+fn the_curve_sheds_its_share_and_the_upstreams_saturation_report_counts() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "class_header": CLASS,
+        "bulkheads": [
+            {"name": "api", "match": {"path_prefix": "/api/"}, "limit": {"static": 10},
+             "classes": {"basic": 1.0}, "curve": [{"at": 0.5, "shed": 0.5}]},
+            {"name": "sat", "match": {"path_prefix": "/sat/"}, "limit": {"static": 100},
+             "saturation_header": "x-upstream-saturation"},
+        ],
+    }));
+    // 8 of 10 in flight: basic (never shed by its step here) is shed half the time, at random.
+    let eight = hold(
+        &envoy,
+        8,
+        "/api/slow",
+        &[(DELAY, "2000"), (CLASS, "critical")],
+    );
+    wait_in_flight(&envoy, "api", 8);
+    let mut shed = 0;
+    for _ in 0..200 {
+        let (reply, _) = send(&envoy, "/api/x", &[(CLASS, "basic")]);
+        if reply.status != 200 {
+            assert_shed(&reply, "curve");
+            shed += 1;
+        }
+    }
+    // 4 standard deviations either side of 100.
+    assert!((72..=128).contains(&shed), "{shed} of 200 shed at 80%");
+    assert!(
+        eventually(Duration::from_secs(2), || shed_stat(
+            &envoy,
+            "api",
+            "shed.curve"
+        ) == shed),
+        "{:?}",
+        envoy.sluice_stats()
+    );
+
+    // A client claims the upstream is full: not read.
+    for _ in 0..10 {
+        let (reply, _) = send(
+            &envoy,
+            "/sat/x",
+            &[(CLASS, "critical"), ("x-upstream-saturation", "100%")],
+        );
+        assert_eq!(reply.status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (free, _) = send(&envoy, "/sat/x", &[(CLASS, "free")]);
+    assert_eq!(free.status, 200, "a client's header counted: {free:?}");
+    // The upstream says 95%: free is shed with nothing in flight (on the next window's end).
+    for _ in 0..10 {
+        let (reply, _) = send(
+            &envoy,
+            "/sat/x",
+            &[(CLASS, "critical"), ("x-report-saturation", "95%")],
+        );
+        assert_eq!(
+            reply.header("x-upstream-saturation"),
+            Some("95%"),
+            "{reply:?}"
+        );
+    }
+    let shed_free = eventually(Duration::from_secs(2), || {
+        let (free, _) = send(&envoy, "/sat/x", &[(CLASS, "free")]);
+        shed_reason(&free).as_deref() == Some("priority")
+    });
+    assert!(shed_free, "the upstream's report did not count");
+    eight.all_ok();
+}
+
 #[test]
 fn a_request_whose_deadline_is_shorter_than_the_upstreams_latency_is_shed_at_once() {
     let _machine = machine();

@@ -497,6 +497,68 @@ fn a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead() {
     assert_eq!(gauge(&proxy, "api").in_flight, 4);
 }
 
+/// The upstream's saturation report (`saturation_header`) counts, from its response only: a
+/// client's request header of the same name, and a value that does not parse, change nothing.
+fn the_upstreams_saturation_report_counts_from_its_response_only() {
+    let config = r#"{"shedding": {"class_header": "x-class",
+      "bulkheads": [{"name": "api", "limit": {"static": 100},
+                     "saturation_header": "x-upstream-saturation"}]}}"#;
+    let proxy = proxy(config, 2);
+    let window = |response: Option<&str>, request: Option<&str>| {
+        for i in 0..20 {
+            let mut spec = RequestSpec::get("/api/x").header("x-class", "critical");
+            if let Some(value) = request {
+                spec = spec.header("x-upstream-saturation", value);
+            }
+            let e = proxy.worker(i % 2).request(spec).unwrap();
+            let headers: Vec<(&str, &str)> = response
+                .map(|v| vec![("x-upstream-saturation", v)])
+                .unwrap_or_default();
+            e.respond(200, &headers).unwrap();
+        }
+        // Past the window's end: its reports are published.
+        proxy.advance(Duration::from_millis(150)).unwrap();
+    };
+    window(None, Some("100%"));
+    for garbage in [
+        "-1",
+        "1e9",
+        "NaN",
+        "150%",
+        "0.5.5",
+        "99999999999999999999",
+        "0x1",
+    ] {
+        window(Some(garbage), None);
+    }
+    let free = send(&proxy, 0, "free");
+    assert_eq!(
+        status(&free),
+        Some(200),
+        "nothing in flight, nothing reported"
+    );
+    free.respond(200, &[]).unwrap();
+    // The upstream says 95% with nothing in flight here: free (0.7) and basic (0.8) are shed,
+    // critical is not.
+    window(Some("95%"), None);
+    let shed = send(&proxy, 1, "free");
+    let ExchangeState::LocalResponse {
+        status: code,
+        headers,
+        ..
+    } = shed.state().unwrap()
+    else {
+        panic!("not shed: {:?}", shed.state());
+    };
+    assert_eq!(code, 503);
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "x-sluice-shed" && v == "priority"));
+    assert_eq!(status(&send(&proxy, 0, "basic")), Some(503));
+    assert_eq!(status(&send(&proxy, 0, "critical")), Some(200));
+    assert_eq!(gauge(&proxy, "api").in_flight, 1);
+}
+
 // The wait queue's two scenarios stay Envoy-only: `"host": "nginx"` refuses a bulkhead's `queue`, since a
 // waiter is resumed from the root's tick through `proxy_set_effective_context`, which ngx_wasm_module does not
 // implement (see docs/hosts.md).
@@ -508,4 +570,5 @@ both_hosts!(
     each_bulkhead_sheds_by_its_own_mode_and_ramp,
     a_bulkheads_mode_and_limit_change_live,
     a_class_under_its_guaranteed_share_takes_a_slot_from_a_full_bulkhead,
+    the_upstreams_saturation_report_counts_from_its_response_only,
 );

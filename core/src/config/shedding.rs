@@ -6,8 +6,8 @@ use serde::Deserialize;
 
 use super::{err, matcher, ConfigError, RawMatch};
 use crate::shed::policy::{
-    default_classes, Adaptive, Bulkhead, Class, Drop, Levels, LimitKind, QueuePolicy, ShedMode,
-    Shedding, SuccessRate,
+    default_classes, Adaptive, Bulkhead, Class, Curve, Drop, Levels, LimitKind, QueuePolicy,
+    ShedMode, Shedding, SuccessRate,
 };
 
 /// Load shedding: bulkheads that bound the requests in flight, shed by class and load.
@@ -131,6 +131,27 @@ struct RawBulkhead {
     /// This bulkhead's thresholds of some classes (name → threshold, null never sheds), over the shedding's; only classes the shedding has.
     #[serde(default)]
     classes: BTreeMap<String, Option<f64>>,
+    /// A probabilistic shedding curve: below its class's threshold, a request of a class that can be shed is shed at random with the curve's share at the utilization (1 to 8 points, increasing; none below the first, interpolated between them, the last's above).
+    #[serde(default)]
+    curve: Option<Vec<RawCurvePoint>>,
+    /// The response header in which the upstream reports its own saturation, a utilization as 0.85 or 85%; it counts as the bulkhead's utilization when higher, and at the critical level shrinks an adaptive limit. Only the upstream's response is read; a value that does not parse is ignored.
+    #[serde(default)]
+    saturation_header: Option<String>,
+}
+
+/// A point of a shedding curve: shed this share at this utilization.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "CurvePoint")
+)]
+struct RawCurvePoint {
+    /// The utilization (in flight / limit, 0.01 to 1).
+    at: f64,
+    /// The share of requests shed there (0 to 1).
+    shed: f64,
 }
 
 /// A live override of one bulkhead (the admin API's `PUT /admin/v1/overrides/bulkheads/NAME`):
@@ -185,9 +206,12 @@ struct RawAdaptive {
     /// How often the limit moves toward the measured latency, in milliseconds (10 to 60000; default 100).
     #[serde(default)]
     window_ms: Option<u64>,
-    /// How often the no-load latency is measured again by holding the limit at min, in milliseconds (0: never; default 30000).
+    /// How often the no-load latency is measured again by holding the limit at min, in milliseconds (0: never; default 30000). It is also measured again after 5 busy windows in a row at min.
     #[serde(default)]
     probe_interval_ms: Option<u64>,
+    /// The latency percentile the controller measures, each window's and the no-load one (0 to 100; default 90, as Envoy's adaptive_concurrency; 0: the mean).
+    #[serde(default)]
+    percentile: Option<f64>,
 }
 
 /// Requests that wait for a slot instead of an immediate 503.
@@ -595,9 +619,20 @@ fn bulkhead(
         .enumerate()
         .map(|(j, m)| matcher(&format!("{at}.expensive[{j}]"), Some(m)))
         .collect::<Result<Vec<_>, _>>()?;
+    let curve = raw
+        .curve
+        .map(|points| curve(&format!("{at}.curve"), points, &thresholds))
+        .transpose()?;
+    let saturation_header = raw
+        .saturation_header
+        .map(|h| header_name(&format!("{at}.saturation_header"), &h))
+        .transpose()?;
     Ok(Bulkhead {
+        curve,
+        saturation_header,
         gauge_key: format!("sluice/shed/{}", raw.name),
         window_key: format!("sluice/shed/{}/window", raw.name),
+        saturation_key: format!("sluice/shed/{}/saturation", raw.name),
         name: raw.name,
         matcher: request_matcher,
         limit,
@@ -609,6 +644,59 @@ fn bulkhead(
         ramp_percent,
         thresholds,
     })
+}
+
+/// A bulkhead's shedding curve; `at` names it (`shedding.bulkheads[0].curve`).
+fn curve(
+    at: &str,
+    raw: Vec<RawCurvePoint>,
+    thresholds: &[Option<f64>],
+) -> Result<Curve, ConfigError> {
+    if raw.is_empty() || raw.len() > 8 {
+        return Err(err(
+            at,
+            format!("must hold 1 to 8 points, got {}", raw.len()),
+        ));
+    }
+    let mut points: Vec<(f64, f64)> = Vec::with_capacity(raw.len());
+    for (i, p) in raw.iter().enumerate() {
+        let field = |f: &str| format!("{at}[{i}].{f}");
+        let point = (
+            in_range(&field("at"), p.at, 0.01, 1.0)?,
+            in_range(&field("shed"), p.shed, 0.0, 1.0)?,
+        );
+        if let Some(&(at_before, shed_before)) = points.last() {
+            if point.0 <= at_before {
+                return Err(err(
+                    field("at"),
+                    format!(
+                        "must be above the point before's ({at_before}), got {}",
+                        point.0
+                    ),
+                ));
+            }
+            if point.1 < shed_before {
+                return Err(err(
+                    field("shed"),
+                    format!(
+                        "must be at least the point before's ({shed_before}): more load never sheds less, got {}",
+                        point.1
+                    ),
+                ));
+            }
+        }
+        points.push(point);
+    }
+    if points.iter().all(|&(_, shed)| shed <= 0.0) {
+        return Err(err(at, "sheds nothing: give some point a share above 0"));
+    }
+    if thresholds.iter().all(Option::is_none) {
+        return Err(err(
+            at,
+            "every class of this bulkhead is never shed (null): the curve would shed nothing",
+        ));
+    }
+    Ok(Curve { points })
 }
 
 /// A bulkhead's limit; `at` names it (`shedding.bulkheads[0].limit`).
@@ -639,6 +727,12 @@ fn limit(at: &str, raw: RawLimit) -> Result<LimitKind, ConfigError> {
                     ),
                 ));
             }
+            let percentile = in_range(
+                &field("percentile"),
+                a.percentile.unwrap_or(90.0),
+                0.0,
+                100.0,
+            )?;
             LimitKind::Adaptive(Adaptive {
                 min,
                 max,
@@ -646,6 +740,7 @@ fn limit(at: &str, raw: RawLimit) -> Result<LimitKind, ConfigError> {
                 tolerance,
                 window_ms,
                 probe_interval_ms,
+                percentile,
             })
         }
     })

@@ -183,6 +183,7 @@ pub fn shed_details(reason: ShedReason) -> &'static str {
         ShedReason::Fleet => "sluice_shed_fleet",
         ShedReason::QueueFull => "sluice_shed_queue_full",
         ShedReason::QueueTimeout => "sluice_shed_queue_timeout",
+        ShedReason::Curve => "sluice_shed_curve",
     }
 }
 

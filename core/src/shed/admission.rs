@@ -8,9 +8,14 @@
 //!    bulkhead's own utilization plus `fleet_margin`), is at or above its class's threshold;
 //! 3. `errors`: a draw falls under the success-rate rejection probability;
 //! 4. `deadline`: its own deadline is shorter than the upstream's current latency;
-//! 5. `concurrency` / `priority`: in flight is at the limit, or at its class's share of it.
-//!    These two may wait in the bulkhead's queue instead. Neither sheds a request whose class
-//!    is under its guaranteed share of the limit (`guaranteed`, as Netflix's partitioned limiter).
+//! 5. `concurrency` / `priority`: in flight is at the limit, or at its class's share of it
+//!    (or the upstream's reported saturation is, with a `saturation_header`).
+//!    These two may wait in the bulkhead's queue instead.
+//! 6. `curve`: below its class's threshold, the bulkhead's `curve` draws it, with the curve's
+//!    share at the utilization (never queued: waiting would undo the draw).
+//!
+//! None of 5 and 6 sheds a request whose class is under its guaranteed share of the limit
+//! (`guaranteed`, as Netflix's partitioned limiter).
 //!
 //! A class without a threshold (`critical`) is never shed, but counted in flight. Paths in
 //! `never_shed_paths` and requests of no bulkhead are neither shed nor counted.
@@ -25,6 +30,8 @@ use crate::store::{self, Store, StoreError};
 pub enum ShedReason {
     Concurrency,
     Priority,
+    /// The bulkhead's probabilistic `curve` drew it (never queued: waiting would undo the draw).
+    Curve,
     Deadline,
     Errors,
     Degraded,
@@ -34,9 +41,10 @@ pub enum ShedReason {
 }
 
 impl ShedReason {
-    pub const ALL: [ShedReason; 8] = [
+    pub const ALL: [ShedReason; 9] = [
         ShedReason::Concurrency,
         ShedReason::Priority,
+        ShedReason::Curve,
         ShedReason::Deadline,
         ShedReason::Errors,
         ShedReason::Degraded,
@@ -49,6 +57,7 @@ impl ShedReason {
         match self {
             ShedReason::Concurrency => "concurrency",
             ShedReason::Priority => "priority",
+            ShedReason::Curve => "curve",
             ShedReason::Deadline => "deadline",
             ShedReason::Errors => "errors",
             ShedReason::Degraded => "degraded",
@@ -229,6 +238,11 @@ pub fn admit(
     let threshold = spec.threshold(class);
     let expensive = spec.expensive.iter().any(|m| m.matches(request));
     let deadline = deadline_us(request, spec.timeout_ms);
+    // The upstream's own saturation report counts as well as the in-flight count.
+    let reported = spec
+        .saturation_header
+        .as_ref()
+        .map(|_| saturation(store, &spec.saturation_key));
 
     let decided = store::update(store, &spec.gauge_key, |bytes| {
         let mut gauge = Gauge::decode(bytes);
@@ -251,8 +265,18 @@ pub fn admit(
                 Some(ShedReason::Deadline)
             } else if in_flight >= limit && !under_guarantee {
                 Some(ShedReason::Concurrency)
-            } else if in_flight >= t * limit && !under_guarantee {
+            } else if (in_flight >= t * limit || reported.is_some_and(|u| u >= t))
+                && !under_guarantee
+            {
                 Some(ShedReason::Priority)
+            } else if spec.curve.is_some()
+                && !under_guarantee
+                && spec.curve_sheds(
+                    (in_flight / limit).max(reported.unwrap_or(0.0)),
+                    pressure.draw,
+                )
+            {
+                Some(ShedReason::Curve)
             } else {
                 None
             }
@@ -410,4 +434,17 @@ pub fn gauge(shedding: &Shedding, bulkhead: BulkheadId, store: &mut dyn Store) -
 pub fn adaptive_limit(shedding: &Shedding, bulkhead: BulkheadId, store: &mut dyn Store) -> u32 {
     let g = gauge(shedding, bulkhead, store);
     limit_of(shedding, bulkhead, &g)
+}
+
+/// The upstream's saturation its last window reported (0: none), as the tick published it.
+pub fn saturation(store: &mut dyn Store, key: &str) -> f64 {
+    match store.get(key) {
+        Ok(Some((bytes, _))) => bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(f64::from_le_bytes)
+            .filter(|s| (0.0..=1.0).contains(s))
+            .unwrap_or(0.0),
+        _ => 0.0,
+    }
 }

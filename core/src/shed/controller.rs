@@ -23,18 +23,25 @@ const USED: f64 = 0.5;
 const BACKOFF: f64 = 0.8;
 /// A probe never holds the limit at `min` for longer than this many windows.
 const PROBE_WINDOWS: f64 = 10.0;
+/// After this many busy windows in a row at `min`, the no-load latency is measured again at
+/// once (as Envoy's `adaptive_concurrency` does): a limit pinned at `min` usually means the
+/// upstream got slower for good, and a baseline that only goes down would keep it there until
+/// the next periodic probe.
+pub const STUCK_WINDOWS: f64 = 5.0;
 
 /// What one window saw, summed over every worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WindowStats {
     /// Requests that got response headers.
     pub count: f64,
-    /// Their mean latency, request to response headers.
-    pub mean_rtt_us: f64,
+    /// Their latency, request to response headers: the configured percentile, or the mean.
+    pub rtt_us: f64,
     /// Requests that timed out (504) or whose upstream reset.
     pub drops: f64,
     /// The highest in flight / limit seen during the window.
     pub peak_use: f64,
+    /// The upstream reported itself saturated (its mean report at or above the critical level).
+    pub saturated: bool,
 }
 
 /// The controller's memory between windows.
@@ -51,6 +58,8 @@ pub struct ControlState {
     /// Windows of the probe in progress that ran wholly within its limit, and all of them.
     pub probe_clean: f64,
     pub probe_windows: f64,
+    /// Busy windows in a row that ended with the limit at `min` (not probing).
+    pub at_min: f64,
 }
 
 /// Runs one controller step at the end of a window. `jitter` in [0, 1) spreads the probes of
@@ -83,7 +92,7 @@ pub fn step(
             return;
         }
         if measured || (state.baseline_us <= 0.0 && stats.count > 0.0) {
-            state.baseline_us = stats.mean_rtt_us;
+            state.baseline_us = stats.rtt_us;
         }
         state.limit = state.probe_saved.clamp(min, max);
         state.probe_saved = 0.0;
@@ -94,29 +103,31 @@ pub fn step(
     }
     // A probe needs traffic: an idle bulkhead keeps its limit (and probes when traffic comes).
     let busy = stats.count >= MIN_SAMPLES;
+    let stuck = state.at_min >= STUCK_WINDOWS;
     if settings.probe_interval_ms > 0
         && busy
-        && (state.baseline_us <= 0.0 || now >= state.next_probe_us)
+        && (state.baseline_us <= 0.0 || now >= state.next_probe_us || stuck)
     {
+        state.at_min = 0.0;
         state.probe_saved = state.limit;
         state.limit = min;
         return;
     }
-    if stats.count < MIN_SAMPLES || stats.mean_rtt_us <= 0.0 {
+    if stats.count < MIN_SAMPLES || stats.rtt_us <= 0.0 {
         return;
     }
-    if state.baseline_us <= 0.0 || stats.mean_rtt_us < state.baseline_us {
-        state.baseline_us = stats.mean_rtt_us;
+    if state.baseline_us <= 0.0 || stats.rtt_us < state.baseline_us {
+        state.baseline_us = stats.rtt_us;
     }
     // A window that used less than half the limit says nothing about it: latency noise at
     // low load must not move it (and shedding cannot start before the load comes anyway).
     if stats.peak_use < USED {
         return;
     }
-    let target = if stats.drops > 0.0 {
+    let target = if stats.drops > 0.0 || stats.saturated {
         state.limit * BACKOFF
     } else {
-        let gradient = (settings.tolerance * state.baseline_us / stats.mean_rtt_us).clamp(0.5, 1.0);
+        let gradient = (settings.tolerance * state.baseline_us / stats.rtt_us).clamp(0.5, 1.0);
         let headroom = if gradient >= 1.0 {
             state.limit.sqrt()
         } else {
@@ -131,6 +142,11 @@ pub fn step(
         state.limit * (1.0 - SMOOTHING) + target * SMOOTHING
     };
     state.limit = next.clamp(min, max);
+    state.at_min = if state.limit <= min {
+        state.at_min + 1.0
+    } else {
+        0.0
+    };
 }
 
 /// The limit requests see: the whole part of the controller's, or `min` while it probes.
@@ -171,6 +187,7 @@ mod tests {
             tolerance: 1.5,
             window_ms: 100,
             probe_interval_ms: 30_000,
+            percentile: 90.0,
         }
     }
 
@@ -180,9 +197,10 @@ mod tests {
         let in_flight = limit as f64;
         WindowStats {
             count: 100.0,
-            mean_rtt_us: service_us * (in_flight / workers).max(1.0),
+            rtt_us: service_us * (in_flight / workers).max(1.0),
             drops: 0.0,
             peak_use: 1.0,
+            saturated: false,
         }
     }
 
@@ -262,9 +280,10 @@ mod tests {
         let before = state.limit;
         let idle = WindowStats {
             count: 50.0,
-            mean_rtt_us: 25_000.0,
+            rtt_us: 25_000.0,
             drops: 0.0,
             peak_use: 0.1,
+            saturated: false,
         };
         for i in 50..100 {
             step(&settings, &mut state, idle, i * 100_000, 0.0);
@@ -293,9 +312,10 @@ mod tests {
         // Traffic comes: one probe at min, then back to the limit with a baseline.
         let light = WindowStats {
             count: 10.0,
-            mean_rtt_us: 25_000.0,
+            rtt_us: 25_000.0,
             drops: 0.0,
             peak_use: 0.2,
+            saturated: false,
         };
         let mut at_min = 0;
         for i in 101..=130 {
@@ -330,9 +350,10 @@ mod tests {
         };
         let stats = WindowStats {
             count: 50.0,
-            mean_rtt_us: 25_000.0,
+            rtt_us: 25_000.0,
             drops: 3.0,
             peak_use: 1.0,
+            saturated: false,
         };
         step(&settings, &mut state, stats, 0, 0.0);
         assert!(state.limit < 95.0, "{state:?}");

@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod controller;
+pub mod histogram;
 pub mod policy;
 pub mod queue;
 pub mod state;

@@ -105,6 +105,58 @@ pub struct Adaptive {
     pub window_ms: u64,
     /// How often the limit drops to `min` for one window to re-measure the no-load latency.
     pub probe_interval_ms: u64,
+    /// The latency percentile the controller measures (each window's and the no-load one), in
+    /// (0, 100); 0: the mean.
+    pub percentile: f64,
+}
+
+/// A probabilistic shedding curve: the share of requests shed at a utilization, instead of a
+/// step at a class's threshold. Points of (utilization, share), both increasing; nothing is
+/// shed below the first point, the share is interpolated linearly between points and stays at
+/// the last point's above it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
+    pub points: Vec<(f64, f64)>,
+}
+
+impl Curve {
+    /// The share of requests shed at `utilization`.
+    pub fn share(&self, utilization: f64) -> f64 {
+        let mut below: Option<(f64, f64)> = None;
+        for &(at, share) in &self.points {
+            if utilization < at {
+                return match below {
+                    None => 0.0,
+                    Some((a0, s0)) => s0 + (share - s0) * (utilization - a0) / (at - a0),
+                };
+            }
+            below = Some((at, share));
+        }
+        below.map_or(0.0, |(_, share)| share)
+    }
+}
+
+/// Parses an upstream's saturation report (a response header's value) strictly: a utilization
+/// as a fraction (`0.85`, 0 to 1) or a percentage (`85%`, 0 to 100), digits with at most one
+/// point. Anything else (a sign, an exponent, `NaN`, a value out of range, more than 16
+/// characters) is no report.
+pub fn parse_saturation(value: &str) -> Option<f64> {
+    let value = value.trim();
+    let (number, percent) = match value.strip_suffix('%') {
+        Some(n) => (n, true),
+        None => (value, false),
+    };
+    let digits_ok = !number.is_empty()
+        && number.len() <= 16
+        && number.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && number.bytes().filter(|&b| b == b'.').count() <= 1
+        && number.bytes().any(|b| b.is_ascii_digit());
+    if !digits_ok {
+        return None;
+    }
+    let n: f64 = number.parse().ok()?;
+    let fraction = if percent { n / 100.0 } else { n };
+    (fraction.is_finite() && (0.0..=1.0).contains(&fraction)).then_some(fraction)
 }
 
 /// Which waiter leaves a full queue.
@@ -159,10 +211,17 @@ pub struct Bulkhead {
     /// Each class's threshold in this bulkhead, by [`ClassId`]: the shedding's `classes`, with
     /// the bulkhead's own `classes` over them.
     pub thresholds: Vec<Option<f64>>,
+    /// Sheds the classes that can be shed at random below their thresholds, by utilization.
+    pub curve: Option<Curve>,
+    /// The upstream's response header reporting its own saturation, if it counts.
+    pub saturation_header: Option<String>,
     /// Shared-data key of its [`crate::shed::Gauge`].
     pub gauge_key: String,
     /// Shared-data key of its controller window.
     pub window_key: String,
+    /// Shared-data key of the upstream's last window's saturation report (with a
+    /// `saturation_header`).
+    pub saturation_key: String,
 }
 
 impl Bulkhead {
@@ -184,6 +243,20 @@ impl Bulkhead {
             }
             ShedMode::Monitor | ShedMode::Warn => false,
         }
+    }
+
+    /// Whether the curve sheds a request of a class that can be shed, at `utilization`, by the
+    /// request's uniform `draw` (hashed, so that it is independent of the success-rate
+    /// rejection and the ramp, which read the same draw).
+    pub fn curve_sheds(&self, utilization: f64, draw: f64) -> bool {
+        let Some(curve) = &self.curve else {
+            return false;
+        };
+        let mut bytes = [0u8; 9];
+        bytes[..8].copy_from_slice(&draw.to_bits().to_le_bytes());
+        bytes[8] = b'c';
+        let hashed = (crate::protocol::fnv1a(&bytes) >> 11) as f64 / (1u64 << 53) as f64;
+        hashed < curve.share(utilization)
     }
 
     /// The adaptive controller's window, or a default for static limits (they still measure

@@ -3,6 +3,7 @@
 //! workers fold their samples into on their ticks.
 
 use crate::shed::controller::ControlState;
+use crate::shed::histogram::{self, Histogram};
 
 /// The hot state of one bulkhead: one read and one compare-and-swap per admission and per
 /// release.
@@ -151,10 +152,18 @@ pub struct Window {
     /// Requests offered and shed since the last load report.
     pub report_offered: f64,
     pub report_shed: f64,
+    /// The upstream's saturation reports in the window (`saturation_header`): their sum and
+    /// count.
+    pub sat_sum: f64,
+    pub sat_count: f64,
+    /// The window's latencies, for a controller that measures a percentile (else empty).
+    pub hist: Histogram,
 }
 
 impl Window {
-    const FIELDS: usize = 19;
+    const FIELDS: usize = 22;
+    /// The layout before `at_min` and the saturation reports, read as they were.
+    const OLD_FIELDS: usize = 19;
 
     fn fields(&self) -> [f64; Self::FIELDS] {
         [
@@ -177,19 +186,35 @@ impl Window {
             self.report_shed,
             self.control.probe_clean,
             self.control.probe_windows,
+            self.control.at_min,
+            self.sat_sum,
+            self.sat_count,
         ]
     }
 
+    /// The fields, then the histogram if it holds any latency.
     pub fn encode(&self) -> Vec<u8> {
-        self.fields().iter().flat_map(|f| f.to_le_bytes()).collect()
+        let mut out = Vec::with_capacity(Self::FIELDS * 8 + histogram::BYTES);
+        for f in self.fields() {
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        if !self.hist.is_empty() {
+            self.hist.encode_into(&mut out);
+        }
+        out
     }
 
     /// Decodes; anything malformed (or empty) reads as a fresh window. A value that is not
     /// finite reads as 0.
     pub fn decode(bytes: &[u8]) -> Window {
-        if bytes.len() != Self::FIELDS * 8 {
-            return Window::default();
-        }
+        let fields = Self::FIELDS * 8;
+        let hist = match bytes.len() {
+            n if n == Self::OLD_FIELDS * 8 || n == fields => Histogram::default(),
+            n if n == fields + histogram::BYTES => {
+                Histogram::decode(bytes.get(fields..).unwrap_or_default())
+            }
+            _ => return Window::default(),
+        };
         let f = |i: usize| {
             let v = bytes
                 .get(i * 8..i * 8 + 8)
@@ -215,6 +240,7 @@ impl Window {
                 probe_saved: f(9),
                 probe_clean: f(17),
                 probe_windows: f(18),
+                at_min: f(19),
             },
             sr_total: f(10),
             sr_ok: f(11),
@@ -223,6 +249,9 @@ impl Window {
             rtt_ema_us: f(14),
             report_offered: f(15),
             report_shed: f(16),
+            sat_sum: f(20),
+            sat_count: f(21),
+            hist,
         }
     }
 }
@@ -279,5 +308,15 @@ mod tests {
         nan[8..16].copy_from_slice(&f64::NAN.to_le_bytes());
         assert_eq!(Window::decode(&nan).count, 0.0);
         assert_eq!(Window::decode(&[1, 2, 3]), Window::default());
+        // With latencies for a percentile, they follow; a window of the layout before reads on.
+        let mut with_hist = w;
+        with_hist.hist.add(25_000);
+        with_hist.sat_sum = 0.5;
+        with_hist.sat_count = 1.0;
+        let bytes = with_hist.encode();
+        assert_eq!(bytes.len(), 22 * 8 + histogram::BYTES);
+        assert_eq!(Window::decode(&bytes), with_hist);
+        assert_eq!(Window::decode(&bytes[..bytes.len() - 1]), Window::default());
+        assert_eq!(Window::decode(&w.encode()[..19 * 8]), w);
     }
 }

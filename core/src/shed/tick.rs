@@ -6,6 +6,7 @@
 use crate::protocol::LoadReport;
 use crate::shed::admission::limit_of;
 use crate::shed::controller::{self, WindowStats};
+use crate::shed::histogram::Histogram;
 use crate::shed::policy::{LimitKind, Shedding};
 use crate::shed::state::{Gauge, Window};
 use crate::store::{self, Store};
@@ -22,6 +23,11 @@ pub struct Samples {
     pub drops: f64,
     pub offered: f64,
     pub shed: f64,
+    /// The upstream's saturation reports (`saturation_header`): their sum and count.
+    pub sat_sum: f64,
+    pub sat_count: f64,
+    /// The latencies, for a controller that measures a percentile (else left empty).
+    pub hist: Histogram,
 }
 
 /// Whether a gRPC status is a failure of the upstream, as Envoy's `admission_control` counts
@@ -44,6 +50,14 @@ impl Samples {
         }
         if status == 504 {
             self.drops += 1.0;
+        }
+    }
+
+    /// The upstream reported its saturation (a utilization in [0, 1], parsed strictly).
+    pub fn reported(&mut self, saturation: f64) {
+        if (0.0..=1.0).contains(&saturation) {
+            self.sat_sum += saturation;
+            self.sat_count += 1.0;
         }
     }
 
@@ -73,6 +87,10 @@ pub fn tick(
         let limit = limit_of(shedding, id, &gauge).max(1) as f64;
         let use_now = gauge.in_flight as f64 / limit;
         let window_us = spec.window_ms() as f64 * 1_000.0;
+        let percentile = match &spec.limit {
+            LimitKind::Adaptive(a) => a.percentile,
+            LimitKind::Static(_) => 0.0,
+        };
         let ended = store::update(store, &spec.window_key, |bytes| {
             let mut w = Window::decode(bytes);
             if w.started_us <= 0.0 || w.started_us > now {
@@ -84,6 +102,11 @@ pub fn tick(
             w.drops += local.drops;
             w.report_offered += local.offered;
             w.report_shed += local.shed;
+            w.sat_sum += local.sat_sum;
+            w.sat_count += local.sat_count;
+            if percentile > 0.0 {
+                w.hist.merge(&local.hist);
+            }
             w.peak_use = w.peak_use.max(use_now);
             let dt = (now - w.use_at_us).max(0.0);
             let alpha = if w.use_at_us <= 0.0 {
@@ -107,12 +130,20 @@ pub fn tick(
                 let a = if w.rtt_ema_us <= 0.0 { 1.0 } else { 0.3 };
                 w.rtt_ema_us += a * (mean - w.rtt_ema_us);
             }
+            // The upstream's own report, when it made one this window.
+            let saturation = (w.sat_count > 0.0).then(|| (w.sat_sum / w.sat_count).clamp(0.0, 1.0));
             if let LimitKind::Adaptive(settings) = &spec.limit {
+                let rtt_us = if percentile > 0.0 && !w.hist.is_empty() {
+                    w.hist.percentile(percentile)
+                } else {
+                    mean
+                };
                 let stats = WindowStats {
                     count: w.count,
-                    mean_rtt_us: mean,
+                    rtt_us,
                     drops: w.drops,
                     peak_use: w.peak_use,
+                    saturated: saturation.is_some_and(|s| s >= shedding.levels.critical),
                 };
                 controller::step(settings, &mut w.control, stats, now_us, jitter);
             }
@@ -128,13 +159,17 @@ pub fn tick(
                 LimitKind::Adaptive(settings) => controller::effective(settings, &w.control),
                 LimitKind::Static(n) => *n,
             };
-            let published = (limit, w.rtt_ema_us, reject, w.use_ema);
+            let use_now = w.use_ema.max(saturation.unwrap_or(0.0));
+            let published = (limit, w.rtt_ema_us, reject, use_now, saturation);
             w.started_us = now;
             w.count = 0.0;
             w.sum_rtt_us = 0.0;
             w.errors = 0.0;
             w.drops = 0.0;
             w.peak_use = 0.0;
+            w.sat_sum = 0.0;
+            w.sat_count = 0.0;
+            w.hist = Histogram::default();
             *bytes = w.encode();
             (Some(published), true)
         });
@@ -149,7 +184,10 @@ pub fn tick(
             Err(_) => None,
         };
         let gauge = match ended {
-            Some((limit, rtt_us, reject, use_ema)) => {
+            Some((limit, rtt_us, reject, use_ema, saturation)) => {
+                if spec.saturation_header.is_some() {
+                    publish_saturation(store, &spec.saturation_key, saturation.unwrap_or(0.0));
+                }
                 store::update(store, &spec.gauge_key, |bytes| {
                     let mut g = Gauge::decode(bytes);
                     g.limit = limit;
@@ -166,6 +204,14 @@ pub fn tick(
         gauges.push(gauge);
     }
     gauges
+}
+
+/// Publishes the upstream's saturation the window reported (0: none), for admissions.
+fn publish_saturation(store: &mut dyn Store, key: &str, saturation: f64) {
+    let _ = store::update(store, key, |bytes| {
+        *bytes = saturation.to_le_bytes().to_vec();
+        ((), true)
+    });
 }
 
 fn read_gauge(store: &mut dyn Store, key: &str) -> Gauge {

@@ -58,6 +58,10 @@ struct Args {
     /// Seed of the class split.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Phase boundaries, seconds from the start ("4,8": 0-4, 4-8, 8-end): each phase's requests
+    /// (by when they were sent) are also reported on their own, in "phases".
+    #[arg(long)]
+    phases: Option<String>,
 }
 
 enum Outcome {
@@ -235,7 +239,7 @@ async fn main() {
         tasks.spawn(async move {
             let outcome = one(client, uri, header, now, timeout).await;
             in_flight.fetch_sub(1, Ordering::Relaxed);
-            (class, outcome)
+            (class, outcome, now)
         });
     }
     let sending_s = (last_sent - start).as_secs_f64();
@@ -244,10 +248,44 @@ async fn main() {
     let mut overall = Tally::default();
     let mut per_class: Vec<Tally> = names.iter().map(|_| Tally::default()).collect();
     let mut error_samples: BTreeMap<String, u64> = BTreeMap::new();
+    let mut bounds: Vec<f64> = vec![0.0];
+    if let Some(spec) = &args.phases {
+        for b in spec.split(',').filter(|b| !b.trim().is_empty()) {
+            match b.trim().parse::<f64>() {
+                Ok(b) if b > *bounds.last().unwrap_or(&0.0) && b < args.duration_s => {
+                    bounds.push(b)
+                }
+                _ => fail(format!(
+                    "--phases {spec:?}: expected increasing seconds within the duration"
+                )),
+            }
+        }
+    }
+    bounds.push(args.duration_s);
+    let mut phases: Vec<(Tally, Vec<Tally>)> = bounds
+        .windows(2)
+        .map(|_| {
+            (
+                Tally::default(),
+                names.iter().map(|_| Tally::default()).collect(),
+            )
+        })
+        .collect();
     let backstop = last_sent + timeout + Duration::from_secs(1);
     loop {
         match tokio::time::timeout_at(backstop, tasks.join_next()).await {
-            Ok(Some(Ok((class, outcome)))) => {
+            Ok(Some(Ok((class, outcome, sent)))) => {
+                let at = (sent - start).as_secs_f64();
+                let phase = bounds
+                    .windows(2)
+                    .position(|w| at < w[1])
+                    .unwrap_or(bounds.len() - 2);
+                if let Some((all, by_class)) = phases.get_mut(phase) {
+                    all.add(&outcome);
+                    if let Some(t) = class.and_then(|c| by_class.get_mut(c)) {
+                        t.add(&outcome);
+                    }
+                }
                 if let Outcome::Error(e) = &outcome {
                     if error_samples.len() < 8 || error_samples.contains_key(e) {
                         *error_samples.entry(e.clone()).or_default() += 1;
@@ -290,6 +328,19 @@ async fn main() {
         report["share"] = json!(round3(share));
         classes_out.insert(name.clone(), report);
     }
+    let phases_out: Vec<Value> = phases
+        .into_iter()
+        .zip(bounds.windows(2))
+        .map(|((all, by_class), w)| {
+            let length = w[1] - w[0];
+            let classes: serde_json::Map<String, Value> = names
+                .iter()
+                .zip(by_class)
+                .map(|(n, t)| (n.clone(), t.report(length, start)))
+                .collect();
+            json!({"from_s": w[0], "to_s": w[1], "overall": all.report(length, start), "classes": classes})
+        })
+        .collect();
     let out = json!({
         "url": args.url,
         "offered_rate": args.rate,
@@ -309,6 +360,7 @@ async fn main() {
         "overall": overall.report(args.duration_s, start),
         "classes": classes_out,
         "error_samples": error_samples,
+        "phases": phases_out,
     });
     println!("{out}");
 }

@@ -4,7 +4,9 @@
 //! K / S requests per second (8 / 25 ms = 320/s).
 //!
 //! - `GET /stats`: `{"served", "max_queue", "in_service", "queued", "arrived", "failed",
-//!   "service_ms_mean"}`, not queued;
+//!   "service_ms_mean", "workers"}`, not queued;
+//! - `GET /capacity?workers=N`: serves N at once from now on (the capacity changes in the middle
+//!   of a run: requests in service finish, no new one starts until fewer than N are), not queued;
 //! - any path under `/health`: 200 at once, not queued;
 //! - anything else: queued, then 200 `ok` (or 500 for a `--fail-rate` share, every n-th, for
 //!   success-rate shedding).
@@ -26,7 +28,10 @@ use axum::response::{IntoResponse, Response};
 use axum::serve::ListenerExt;
 use axum::Router;
 use clap::Parser;
-use tokio::sync::Semaphore;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
 
 #[derive(Parser, Debug)]
 #[command(about = "An HTTP/1.1 upstream of fixed capacity (K workers, S ms each, FIFO queue)")]
@@ -49,8 +54,60 @@ struct Args {
     drop_abandoned: bool,
 }
 
+/// A FIFO of requests waiting for one of `capacity` workers, whose capacity can change at any time.
+#[derive(Default)]
+struct Gate {
+    capacity: usize,
+    busy: usize,
+    waiting: VecDeque<oneshot::Sender<()>>,
+}
+
+impl Gate {
+    /// Hands free workers to the waiters, oldest first (a waiter whose client left is skipped).
+    fn fill(&mut self) {
+        while self.busy < self.capacity {
+            let Some(next) = self.waiting.pop_front() else {
+                break;
+            };
+            if next.send(()).is_ok() {
+                self.busy += 1;
+            }
+        }
+    }
+}
+
+/// A worker, given back when dropped.
+struct Worker<'a>(&'a Mutex<Gate>);
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        let mut gate = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        gate.busy -= 1;
+        gate.fill();
+    }
+}
+
+async fn acquire(gate: &Mutex<Gate>) -> Worker<'_> {
+    let wait = {
+        let mut g = gate.lock().unwrap_or_else(|p| p.into_inner());
+        if g.busy < g.capacity && g.waiting.is_empty() {
+            g.busy += 1;
+            None
+        } else {
+            let (tx, rx) = oneshot::channel();
+            g.waiting.push_back(tx);
+            Some(rx)
+        }
+    };
+    if let Some(rx) = wait {
+        // The sender is only dropped after a send or with the gate (never, while serving).
+        let _ = rx.await;
+    }
+    Worker(gate)
+}
+
 struct Upstream {
-    workers: Semaphore,
+    workers: Mutex<Gate>,
     service: Duration,
     fail_rate: f64,
     drop_abandoned: bool,
@@ -89,10 +146,7 @@ impl Upstream {
         let permit = {
             let (_waiting, now) = Held::new(&self.queued);
             self.max_queue.fetch_max(now, Ordering::Relaxed);
-            self.workers
-                .acquire()
-                .await
-                .expect("the semaphore is never closed")
+            acquire(&self.workers).await
         };
         {
             let _serving = Held::new(&self.in_service);
@@ -131,6 +185,7 @@ impl Upstream {
             "queued": self.queued.load(Ordering::Relaxed),
             "arrived": self.arrived.load(Ordering::Relaxed),
             "failed": self.failed.load(Ordering::Relaxed),
+            "workers": self.workers.lock().map_or(0, |g| g.capacity),
         })
     }
 }
@@ -143,6 +198,23 @@ async fn handle(State(up): State<Arc<Upstream>>, method: Method, uri: Uri) -> Re
     let path = uri.path();
     if path == "/stats" && method == Method::GET {
         return axum::Json(up.stats()).into_response();
+    }
+    if path == "/capacity" {
+        let workers = uri
+            .query()
+            .and_then(|q| q.strip_prefix("workers="))
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&n| n > 0);
+        let Some(workers) = workers else {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "expected /capacity?workers=N, N > 0\n",
+            );
+        };
+        let mut gate = up.workers.lock().unwrap_or_else(|p| p.into_inner());
+        gate.capacity = workers;
+        gate.fill();
+        return text(StatusCode::OK, "ok\n");
     }
     if path.starts_with("/health") {
         return text(StatusCode::OK, "ok\n");
@@ -172,7 +244,10 @@ async fn main() {
         std::process::exit(2);
     }
     let upstream = Arc::new(Upstream {
-        workers: Semaphore::new(args.workers),
+        workers: Mutex::new(Gate {
+            capacity: args.workers,
+            ..Gate::default()
+        }),
         service: Duration::from_millis(args.service_ms),
         fail_rate: args.fail_rate,
         drop_abandoned: args.drop_abandoned,
