@@ -19,6 +19,7 @@
 //! breaker and the rule decides by its fallback. A strict denial gives back what the other
 //! rules spent. Nothing here reads a clock or does I/O.
 
+use crate::limit::dynamic::Load;
 use crate::limit::Limit;
 use crate::limiter::decision::{Decision, Outcome, Quota, Spending};
 use crate::limiter::{Conditions, Enforced, Limiter, RuleAnswer};
@@ -167,6 +168,63 @@ pub struct Exchange {
     protocol: Protocol,
     /// When the rules last decided (start, or a strict answer): the quotas' reset counts from it.
     decided_us: u64,
+    /// The level shedding worked out for the request's bulkhead (normal outside any).
+    level: Level,
+}
+
+/// The load levels a rule's `scale` reads: shedding's `proxy` level of the request's bulkhead,
+/// and the counter service's fleet level (its last fresh answer) through the shedding
+/// thresholds (the default ones without shedding). Whatever the service answers (above 1, NaN),
+/// the level is one of the four, and a level only lowers a limit ([`crate::limit::dynamic`]).
+#[inline(never)]
+fn load(limiter: &Limiter, proxy: Level, fleet: Option<f64>) -> Load {
+    let levels = limiter
+        .policy()
+        .shedding
+        .as_ref()
+        .map_or_else(Default::default, |s| s.levels);
+    let fleet = match fleet.filter(|f| !f.is_nan()) {
+        None => Level::Normal,
+        Some(f) => levels.level(f.clamp(0.0, 1.0)),
+    };
+    Load { proxy, fleet }
+}
+
+/// The answer of a rule's `quota_path`, if the request's path (as sent, without its query) is
+/// one: the caller's own quota of each rule answering it ([`crate::reply::quota`]).
+#[inline(never)]
+fn quota_reply(
+    limiter: &Limiter,
+    request: &mut dyn RequestView,
+    moment: Moment,
+    store: &mut dyn Store,
+) -> Option<Reply> {
+    let path = request.path().to_string();
+    let conditions = Conditions {
+        now_us: moment.now_us,
+        service_up: moment.service_up,
+        service_back_us: 0,
+        load: match limiter.scales() {
+            false => Load::default(),
+            // Shedding does not decide this request: its bulkhead's level, read.
+            true => {
+                let proxy = limiter
+                    .policy()
+                    .shedding
+                    .as_ref()
+                    .map_or(Level::Normal, |s| {
+                        crate::shed::admission::level_of(s, request, moment.fleet, store)
+                    });
+                load(limiter, proxy, moment.fleet)
+            }
+        },
+    };
+    let quotas = limiter.quotas(&path, request, conditions, store)?;
+    let named: Vec<(&str, Option<Quota>)> = quotas
+        .iter()
+        .filter_map(|(id, q)| limiter.rule(*id).map(|r| (r.rule.name.as_str(), *q)))
+        .collect();
+    Some(crate::reply::quota(&named, moment.now_us))
 }
 
 /// Names the warn rule that would have denied a request (on its response).
@@ -202,6 +260,13 @@ impl Exchange {
             decided_us: moment.now_us,
             ..Exchange::default()
         };
+        // A rule's quota path is answered here: never shed, never forwarded, nothing spent.
+        if limiter.has_quota_paths() {
+            if let Some(reply) = quota_reply(limiter, request, moment, store) {
+                exchange.answered = true;
+                return (exchange, Step::Respond(reply));
+            }
+        }
         // The emergency switch and bypassed paths skip shedding too; bypassed addresses do not
         // (a trusted client can still overload the upstream).
         let bypass = &limiter.policy().bypass;
@@ -235,6 +300,10 @@ impl Exchange {
             now_us: moment.now_us,
             service_up: moment.service_up,
             service_back_us,
+            load: match limiter.scales() {
+                false => Load::default(),
+                true => load(limiter, exchange.level, moment.fleet),
+            },
         };
         let evaluation = limiter.decide(request, conditions, store);
         effects.extend(
@@ -758,6 +827,7 @@ impl Exchange {
                 );
             }
         };
+        self.level = level;
         if let Some(name) = &shedding.degradation_header {
             effects.push(Effect::RequestHeader {
                 name: name.clone(),
