@@ -124,7 +124,7 @@ pub fn markdown(loaded: &Loaded) -> String {
                 window
                     .limits
                     .iter()
-                    .map(text::limit)
+                    .map(text::limit_for_consumers)
                     .collect::<Vec<_>>()
                     .join("; ")
             ));
