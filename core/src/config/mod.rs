@@ -1109,7 +1109,7 @@ fn dynamic(
     if consistency != Consistency::Local {
         return Err(err(
             format!("{at}.{field}"),
-            "the counter service counts a cached or strict rule against its configured limits: a limit that follows load or time is a local rule's",
+            "the counter service counts a cached or strict rule against its configured limits: a limit that follows load or time is a local rule's (\"consistency\": \"local\")",
         ));
     }
     if let Some(k) = limits.iter().position(|l| !dynamic::follows(l.algorithm())) {
