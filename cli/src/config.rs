@@ -161,7 +161,10 @@ pub fn summary(policy: &Policy) -> String {
         following.push(format!("{} {}", rule.name, what.join(" and ")));
     }
     if !following.is_empty() {
-        parts.push(format!("limits that follow load or time: {}", following.join(", ")));
+        parts.push(format!(
+            "limits that follow load or time: {}",
+            following.join(", ")
+        ));
     }
     let paths: Vec<String> = policy
         .rules

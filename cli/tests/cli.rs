@@ -1003,12 +1003,21 @@ fn the_cli_knows_limits_that_follow_load_and_time_and_the_quota_path() {
     assert!(out.contains("quota paths: /rate_limit (api)"), "{out}");
     let output = sluice(&["explain", "--path", "/", "-"], config);
     let out = stdout(&output);
-    assert!(out.contains("   scale:       ×0.5 at high, ×0.25 at critical"), "{out}");
+    assert!(
+        out.contains("   scale:       ×0.5 at high, ×0.25 at critical"),
+        "{out}"
+    );
     assert!(out.contains("   schedule:    22:00-06:00 UTC: 20"), "{out}");
     assert!(out.contains("   quota path:  /rate_limit"), "{out}");
     let output = sluice(&["docs", "-"], config);
     let out = stdout(&output);
-    assert!(out.contains("From 22:00 to 06:00 UTC, `api` allows 20"), "{out}");
+    assert!(
+        out.contains("From 22:00 to 06:00 UTC, `api` allows 20"),
+        "{out}"
+    );
     assert!(out.contains("Under load, `api` allows less"), "{out}");
-    assert!(out.contains("`GET /rate_limit` answers your own quota of `api`"), "{out}");
+    assert!(
+        out.contains("`GET /rate_limit` answers your own quota of `api`"),
+        "{out}"
+    );
 }

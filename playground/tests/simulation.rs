@@ -399,7 +399,10 @@ fn schedules_are_played_scales_named_and_quota_paths_answered() {
         "rule api has other limits during 00:00-01:00 UTC (schedule), simulated",
         "rule api answers /rate_limit with the caller's own quota (quota_path)",
     ] {
-        assert!(notes.iter().any(|n| n.starts_with(start)), "{start}: {notes:?}");
+        assert!(
+            notes.iter().any(|n| n.starts_with(start)),
+            "{start}: {notes:?}"
+        );
     }
 }
 
