@@ -190,41 +190,42 @@ fn load(limiter: &Limiter, proxy: Level, fleet: Option<f64>) -> Load {
     Load { proxy, fleet }
 }
 
-/// The answer of a rule's `quota_path`, if the request's path (as sent, without its query) is
-/// one: the caller's own quota of each rule answering it ([`crate::reply::quota`]).
+/// What a policy with limits that follow load, or with quota paths, works out for a request
+/// shedding admitted: the load levels its `scale`s read ([`load`]), or, for a request of a
+/// quota path, its answer: the caller's own quota of each rule answering it
+/// ([`crate::reply::quota`]), nothing spent, never forwarded (its slot given back).
 #[inline(never)]
-fn quota_reply(
+fn follow(
     limiter: &Limiter,
+    exchange: &mut Exchange,
     request: &mut dyn RequestView,
     moment: Moment,
     store: &mut dyn Store,
-) -> Option<Reply> {
+) -> Result<Load, Reply> {
+    let levels = match limiter.scales() {
+        false => Load::default(),
+        true => load(limiter, exchange.level, moment.fleet),
+    };
+    if !limiter.has_quota_paths() {
+        return Ok(levels);
+    }
     let path = request.path().to_string();
     let conditions = Conditions {
         now_us: moment.now_us,
         service_up: moment.service_up,
         service_back_us: 0,
-        load: match limiter.scales() {
-            false => Load::default(),
-            // Shedding does not decide this request: its bulkhead's level, read.
-            true => {
-                let proxy = limiter
-                    .policy()
-                    .shedding
-                    .as_ref()
-                    .map_or(Level::Normal, |s| {
-                        crate::shed::admission::level_of(s, request, moment.fleet, store)
-                    });
-                load(limiter, proxy, moment.fleet)
-            }
-        },
+        load: levels,
     };
-    let quotas = limiter.quotas(&path, request, conditions, store)?;
+    let Some(quotas) = limiter.quotas(&path, request, conditions, store) else {
+        return Ok(levels);
+    };
+    exchange.answered = true;
+    exchange.give_up_seat(limiter, store);
     let named: Vec<(&str, Option<Quota>)> = quotas
         .iter()
         .filter_map(|(id, q)| limiter.rule(*id).map(|r| (r.rule.name.as_str(), *q)))
         .collect();
-    Some(crate::reply::quota(&named, moment.now_us))
+    Err(crate::reply::quota(&named, moment.now_us))
 }
 
 /// Names the warn rule that would have denied a request (on its response).
@@ -260,13 +261,7 @@ impl Exchange {
             decided_us: moment.now_us,
             ..Exchange::default()
         };
-        // A rule's quota path is answered here: never shed, never forwarded, nothing spent.
-        if limiter.has_quota_paths() {
-            if let Some(reply) = quota_reply(limiter, request, moment, store) {
-                exchange.answered = true;
-                return (exchange, Step::Respond(reply));
-            }
-        }
+
         // The emergency switch and bypassed paths skip shedding too; bypassed addresses do not
         // (a trusted client can still overload the upstream).
         let bypass = &limiter.policy().bypass;
@@ -286,6 +281,14 @@ impl Exchange {
                     .map(|name| Effect::ClearRequestHeader { name }),
             );
         }
+        // Limits that follow load and time, and quota paths: one test for a policy without them.
+        let mut load = Load::default();
+        if limiter.follows() {
+            match follow(limiter, &mut exchange, request, moment, store) {
+                Ok(levels) => load = levels,
+                Err(reply) => return (exchange, Step::Respond(reply)),
+            }
+        }
         if moment.bypass || limiter.bypassed(request.path(), client) {
             effects.push(Effect::Bypassed);
             let step = exchange.admitted_step();
@@ -300,10 +303,7 @@ impl Exchange {
             now_us: moment.now_us,
             service_up: moment.service_up,
             service_back_us,
-            load: match limiter.scales() {
-                false => Load::default(),
-                true => load(limiter, exchange.level, moment.fleet),
-            },
+            load,
         };
         let evaluation = limiter.decide(request, conditions, store);
         effects.extend(

@@ -53,6 +53,7 @@ pub struct Limiter {
     /// some rule answers a quota path: worked out once.
     scales: bool,
     quota_paths: bool,
+    follows: bool,
     /// This worker's memory of recent denials.
     notes: std::cell::RefCell<Notes>,
     /// Buffers for a request's key and its set's store key, kept between requests so that
@@ -402,6 +403,9 @@ impl Limiter {
                 .iter()
                 .any(|r| r.dynamic.as_ref().is_some_and(|d| d.scale.is_some())),
             quota_paths: policy.rules.iter().any(|r| r.quota_path.is_some()),
+            follows: policy.rules.iter().any(|r| {
+                r.quota_path.is_some() || r.dynamic.as_ref().is_some_and(|d| d.scale.is_some())
+            }),
             policy,
             tables,
             notable,
@@ -434,6 +438,12 @@ impl Limiter {
     /// Whether some rule answers a quota path.
     pub fn has_quota_paths(&self) -> bool {
         self.quota_paths
+    }
+
+    /// Whether some rule's limits follow the load or some rule answers a quota path: the one
+    /// test a request of a policy without them pays.
+    pub fn follows(&self) -> bool {
+        self.follows
     }
 
     /// The caller's own quota of each rule whose `quota_path` is `path`, its key computed as
@@ -1215,12 +1225,10 @@ fn judge_limits(rule: &Rule, record: &mut Record, conditions: Conditions) -> Rul
         verdict
     } else {
         match (&rule.consistency, &rule.fallback) {
-            (Consistency::Local, _) if rule.dynamic.is_none() => {
-                spend_buckets(&rule.limits, record, now, cost)
-            }
-            (Consistency::Local, _) => {
-                spend_buckets(in_force(rule, conditions).as_slice(), record, now, cost)
-            }
+            (Consistency::Local, _) => match rule.dynamic {
+                None => spend_buckets(&rule.limits, record, now, cost),
+                Some(_) => spend_in_force(rule, record, conditions),
+            },
             (_, Fallback::Open(limits)) => {
                 // The headers still advertise the rule's limit, not the fallback's.
                 let mut verdict = spend_buckets(limits, record, now, cost);
@@ -1248,6 +1256,14 @@ fn judge_limits(rule: &Rule, record: &mut Record, conditions: Conditions) -> Rul
         }
     }
     verdict
+}
+
+/// [`spend_buckets`] by the limits in force ([`in_force`]), out of line: a rule whose limits are
+/// always its own pays an option's test.
+#[inline(never)]
+fn spend_in_force(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
+    let limits = in_force(rule, conditions);
+    spend_buckets(limits.as_slice(), record, conditions.now_us, rule.cost)
 }
 
 /// The limits of a local `rule` in force at `conditions`: its own, or those its `scale` and

@@ -207,24 +207,6 @@ pub fn classify(shedding: &Shedding, request: &mut dyn RequestView) -> Option<Se
     Some(Seat { bulkhead, class })
 }
 
-/// The level of the bulkhead `request` belongs to, read without taking a slot (normal outside
-/// any): what a rule's `scale` reads for a request shedding does not decide (a quota path's).
-pub fn level_of(
-    shedding: &Shedding,
-    request: &mut dyn RequestView,
-    fleet: Option<f64>,
-    store: &mut dyn Store,
-) -> Level {
-    let Some(spec) = classify(shedding, request).and_then(|s| shedding.bulkheads.get(s.bulkhead))
-    else {
-        return Level::Normal;
-    };
-    match store.get(&spec.gauge_key) {
-        Ok(Some((bytes, _))) => level(shedding, &Gauge::decode(&bytes), fleet),
-        _ => Level::Normal,
-    }
-}
-
 /// Decides one request, taking its slot when it is admitted. In monitor and warn modes (and an
 /// enforce mode's ramp, outside its share) a would-be shed is admitted with `would_shed`.
 pub fn admit(
