@@ -171,6 +171,35 @@ pub fn summary(policy: &Policy) -> String {
         }
         parts.push(line);
     }
+    let mut following = Vec::new();
+    for rule in &policy.rules {
+        let Some(dynamic) = &rule.dynamic else {
+            continue;
+        };
+        let mut what = Vec::new();
+        if let Some(scale) = &dynamic.scale {
+            what.push(format!("scaled by the {} level", scale.level.name()));
+        }
+        if !dynamic.schedule.is_empty() {
+            let windows: Vec<String> = dynamic.schedule.iter().map(|w| w.utc()).collect();
+            what.push(format!("scheduled {} UTC", windows.join(", ")));
+        }
+        following.push(format!("{} {}", rule.name, what.join(" and ")));
+    }
+    if !following.is_empty() {
+        parts.push(format!(
+            "limits that follow load or time: {}",
+            following.join(", ")
+        ));
+    }
+    let paths: Vec<String> = policy
+        .rules
+        .iter()
+        .filter_map(|r| Some(format!("{} ({})", r.quota_path.as_deref()?, r.name)))
+        .collect();
+    if !paths.is_empty() {
+        parts.push(format!("quota paths: {}", paths.join(", ")));
+    }
     format!("valid: {}", parts.join("; "))
 }
 

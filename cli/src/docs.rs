@@ -112,6 +112,38 @@ pub fn markdown(loaded: &Loaded) -> String {
             text::penalty(rule.penalty_us)
         ));
     }
+    for rule in &policy.rules {
+        let Some(dynamic) = &rule.dynamic else {
+            continue;
+        };
+        for window in &dynamic.schedule {
+            notes.push(format!(
+                "From {} UTC, `{}` allows {} instead.",
+                window.utc().replace('-', " to "),
+                rule.name,
+                window
+                    .limits
+                    .iter()
+                    .map(text::limit_for_consumers)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+        }
+        if let Some(scale) = &dynamic.scale {
+            notes.push(format!(
+                "Under load, `{}` allows less: {}. The rate-limit headers always say the limit in force.",
+                rule.name,
+                text::scale(scale)
+            ));
+        }
+    }
+    for rule in policy.rules.iter().filter(|r| r.quota_path.is_some()) {
+        notes.push(format!(
+            "`GET {}` answers your own quota of `{}` as JSON (limit, remaining, reset), without spending it.",
+            rule.quota_path.as_deref().unwrap_or(""),
+            rule.name
+        ));
+    }
     let keyed_by_request = |when: WhenMissing| {
         policy.rules.iter().any(|r| {
             r.when_missing == when

@@ -174,6 +174,15 @@ pub struct RuleReport {
     /// How long a key stays denied once it went over (`penalty`), as configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub penalty: Option<String>,
+    /// The limits' factors by load level (`scale`): `×0.5 at high, ×0.25 at critical (proxy level)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale: Option<String>,
+    /// The windows of the UTC day with other limits (`schedule`): `22:00-06:00 UTC: 100 per minute`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schedule: Vec<String>,
+    /// The path answered with the caller's own quota of this rule (`quota_path`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota_path: Option<String>,
     pub consistency: &'static str,
     pub fallback: Option<String>,
     pub mode: &'static str,
@@ -449,6 +458,18 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
         cost_header: rule.cost_header.clone(),
         count_when: rule.count_when.as_ref().map(|c| c.statuses.clone()),
         penalty: (rule.penalty_us > 0).then(|| text::penalty(rule.penalty_us)),
+        scale: rule
+            .dynamic
+            .as_ref()
+            .and_then(|d| d.scale.as_ref())
+            .map(text::scale),
+        schedule: rule
+            .dynamic
+            .iter()
+            .flat_map(|d| d.schedule.iter())
+            .map(text::window)
+            .collect(),
+        quota_path: rule.quota_path.clone(),
         consistency: text::consistency(rule.consistency),
         fallback: text::fallback(rule),
         mode: text::mode(rule.mode),
@@ -748,6 +769,18 @@ pub fn render(e: &Explanation) -> String {
             let _ = writeln!(
                 out,
                 "   penalty:     a key that goes over stays denied for {penalty}"
+            );
+        }
+        if let Some(scale) = &rule.scale {
+            let _ = writeln!(out, "   scale:       {scale}");
+        }
+        for window in &rule.schedule {
+            let _ = writeln!(out, "   schedule:    {window}");
+        }
+        if let Some(path) = &rule.quota_path {
+            let _ = writeln!(
+                out,
+                "   quota path:  {path} answers the caller's own quota of this rule (spends nothing)"
             );
         }
         let _ = writeln!(out, "   consistency: {}", rule.consistency);

@@ -230,6 +230,36 @@ pub fn penalty(micros: u64) -> String {
     }
 }
 
+/// A rule's `scale`: `×0.5 at high, ×0.25 at critical (the proxy's level)`.
+pub fn scale(scale: &sluice_core::limit::dynamic::Scale) -> String {
+    let factors: Vec<String> = [
+        ("elevated", scale.elevated),
+        ("high", scale.high),
+        ("critical", scale.critical),
+    ]
+    .iter()
+    .filter(|(_, f)| *f < 1.0)
+    .map(|(name, f)| format!("×{f} at {name}"))
+    .collect();
+    let whose = match scale.level {
+        sluice_core::limit::dynamic::LevelSource::Proxy => "the proxy's level",
+        sluice_core::limit::dynamic::LevelSource::Fleet => "the fleet's level",
+    };
+    if factors.is_empty() {
+        return format!("none ({whose}: every factor is 1)");
+    }
+    format!(
+        "{} ({whose}; rounded up to at least 1 request and the cost)",
+        factors.join(", ")
+    )
+}
+
+/// A schedule's window: `22:00-06:00 UTC: 100 requests per minute`.
+pub fn window(window: &sluice_core::limit::dynamic::Window) -> String {
+    let limits: Vec<String> = window.limits.iter().map(limit).collect();
+    format!("{} UTC: {}", window.utc(), limits.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -825,7 +825,10 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "name",
             "penalty",
             "query_names",
+            "quota_path",
             "ramp_percent",
+            "scale",
+            "schedule",
             "tiers",
             "when_missing"
         ]
@@ -1034,4 +1037,41 @@ fn odd_inputs_get_an_answer_not_a_panic() {
         );
         assert_eq!(output.status.code(), Some(0), "{path}: {}", stderr(&output));
     }
+}
+
+/// `check`, `explain` and `docs` know a rule's `scale`, `schedule` and `quota_path`.
+#[test]
+fn the_cli_knows_limits_that_follow_load_and_time_and_the_quota_path() {
+    let config = br#"{"shedding": {"bulkheads": [{"name": "all", "limit": {"static": 100}}]},
+        "rules": [{"name": "api", "key": ["client_ip"], "quota_path": "/rate_limit",
+        "limits": [{"requests": 100, "per": "minute"}],
+        "scale": {"high": 0.5, "critical": 0.25},
+        "schedule": [{"utc": "22:00-06:00", "limits": [{"requests": 20, "per": "minute"}]}]}]}"#;
+    let output = sluice(&["check", "-"], config);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = stdout(&output);
+    assert!(
+        out.contains("limits that follow load or time: api scaled by the proxy level and scheduled 22:00-06:00 UTC"),
+        "{out}"
+    );
+    assert!(out.contains("quota paths: /rate_limit (api)"), "{out}");
+    let output = sluice(&["explain", "--path", "/", "-"], config);
+    let out = stdout(&output);
+    assert!(
+        out.contains("   scale:       ×0.5 at high, ×0.25 at critical"),
+        "{out}"
+    );
+    assert!(out.contains("   schedule:    22:00-06:00 UTC: 20"), "{out}");
+    assert!(out.contains("   quota path:  /rate_limit"), "{out}");
+    let output = sluice(&["docs", "-"], config);
+    let out = stdout(&output);
+    assert!(
+        out.contains("From 22:00 to 06:00 UTC, `api` allows 20"),
+        "{out}"
+    );
+    assert!(out.contains("Under load, `api` allows less"), "{out}");
+    assert!(
+        out.contains("`GET /rate_limit` answers your own quota of `api`"),
+        "{out}"
+    );
 }

@@ -19,6 +19,7 @@
 //! breaker and the rule decides by its fallback. A strict denial gives back what the other
 //! rules spent. Nothing here reads a clock or does I/O.
 
+use crate::limit::dynamic::Load;
 use crate::limit::Limit;
 use crate::limiter::decision::{Decision, Evaluation, Outcome, Quota, Spending};
 use crate::limiter::key::KeyDigest;
@@ -172,6 +173,80 @@ pub struct Exchange {
     protocol: Protocol,
     /// When the rules last decided (start, or a strict answer): the quotas' reset counts from it.
     decided_us: u64,
+    /// The level shedding worked out for the request's bulkhead (normal outside any).
+    level: Level,
+}
+
+/// The load levels a rule's `scale` reads: shedding's `proxy` level of the request's bulkhead,
+/// and the counter service's fleet level (its last fresh answer) through the shedding
+/// thresholds. Whatever the service answers (above 1, NaN), the level is one of the four, and a
+/// level only lowers a limit ([`crate::limit::dynamic`]). The fleet level is the mean of what
+/// the proxies report, so whoever holds one proxy credential can push it up: as shedding does
+/// ([`shed::admission::believed_fleet`]), it is believed only up to this proxy's own utilization
+/// of the request's bulkhead (none outside one) plus `shedding.fleet_margin`.
+#[inline(never)]
+fn load(limiter: &Limiter, exchange: &Exchange, fleet: Option<f64>, store: &mut dyn Store) -> Load {
+    let Some(shedding) = limiter.policy().shedding.as_ref() else {
+        return Load {
+            proxy: exchange.level,
+            fleet: Level::Normal,
+        };
+    };
+    let fleet = match fleet.filter(|f| !f.is_nan()) {
+        None => Level::Normal,
+        Some(f) => {
+            let own = exchange
+                .seat
+                .and_then(|(seat, _)| shedding.bulkheads.get(seat.bulkhead))
+                .and_then(|b| store.get(&b.gauge_key).ok().flatten())
+                .map_or(0.0, |(bytes, _)| shed::Gauge::decode(&bytes).utilization());
+            shedding
+                .levels
+                .level(f.clamp(0.0, 1.0).min(own + shedding.fleet_margin))
+        }
+    };
+    Load {
+        proxy: exchange.level,
+        fleet,
+    }
+}
+
+/// What a policy with limits that follow load, or with quota paths, works out for a request
+/// shedding admitted: the load levels its `scale`s read ([`load`]), or, for a request of a
+/// quota path, its answer: the caller's own quota of each rule answering it
+/// ([`crate::reply::quota`]), nothing spent, never forwarded (its slot given back).
+#[inline(never)]
+fn follow(
+    limiter: &Limiter,
+    exchange: &mut Exchange,
+    request: &mut dyn RequestView,
+    moment: Moment,
+    store: &mut dyn Store,
+) -> Result<Load, Reply> {
+    let levels = match limiter.scales() {
+        false => Load::default(),
+        true => load(limiter, exchange, moment.fleet, store),
+    };
+    if !limiter.has_quota_paths() {
+        return Ok(levels);
+    }
+    let path = request.path().to_string();
+    let conditions = Conditions {
+        now_us: moment.now_us,
+        service_up: moment.service_up,
+        service_back_us: 0,
+        load: levels,
+    };
+    let Some(quotas) = limiter.quotas(&path, request, conditions, store) else {
+        return Ok(levels);
+    };
+    exchange.answered = true;
+    exchange.give_up_seat(limiter, store);
+    let named: Vec<(&str, Option<Quota>)> = quotas
+        .iter()
+        .filter_map(|(id, q)| limiter.rule(*id).map(|r| (r.rule.name.as_str(), *q)))
+        .collect();
+    Err(crate::reply::quota(&named, moment.now_us))
 }
 
 /// Names the warn rule that would have denied a request (on its response).
@@ -243,6 +318,14 @@ impl Exchange {
                     .map(|name| Effect::ClearRequestHeader { name }),
             );
         }
+        // Limits that follow load and time, and quota paths: one test for a policy without them.
+        let mut load = Load::default();
+        if limiter.follows() {
+            match follow(limiter, exchange, request, moment, store) {
+                Ok(levels) => load = levels,
+                Err(reply) => return Step::Respond(reply),
+            }
+        }
         if moment.bypass || limiter.bypassed(request.path(), client) {
             effects.push(Effect::Bypassed);
             let step = exchange.admitted_step();
@@ -257,6 +340,7 @@ impl Exchange {
             now_us: moment.now_us,
             service_up: moment.service_up,
             service_back_us,
+            load,
         };
         let mut evaluation = Evaluation::default();
         limiter.decide_into(request, conditions, store, &mut evaluation);
@@ -798,6 +882,7 @@ impl Exchange {
                 );
             }
         };
+        self.level = level;
         if let Some(name) = &shedding.degradation_header {
             effects.push(Effect::RequestHeader {
                 name: name.clone(),

@@ -241,6 +241,12 @@ pub struct Rule {
     pub when_missing: WhenMissing,
     /// What a client the rule denies is answered, and where its rate-limit headers go.
     pub answer: Answer,
+    /// Limits that follow load (`scale`) and time (`schedule`): `None` for a rule whose limits
+    /// are always its own, which then pays one test for it ([`crate::limit::dynamic`]).
+    pub dynamic: Option<Box<crate::limit::dynamic::Dynamic>>,
+    /// A path (`/rate_limit`) answered with the caller's own quota of this rule, spending
+    /// nothing, never forwarded.
+    pub quota_path: Option<String>,
 }
 
 /// Which responses a `count_when` rule counts.

@@ -264,6 +264,7 @@ fn through_limiter(limits: &str, times: &[u64]) -> Vec<bool> {
                 now_us: t,
                 service_up: true,
                 service_back_us: 0,
+                load: Default::default(),
             };
             let evaluation = limiter.decide(&mut request, conditions, &mut store);
             matches!(evaluation.decision, sluice_core::Decision::Allow { .. })
@@ -511,6 +512,7 @@ fn the_limiter_counts_every_algorithm_through_the_key_table() {
                 now_us: MIDNIGHT + 5 * S + i,
                 service_up: true,
                 service_back_us: 0,
+                load: Default::default(),
             };
             let evaluation = limiter.decide(&mut request, conditions, &mut store);
             admitted += matches!(evaluation.decision, sluice_core::Decision::Allow { .. }) as u32;

@@ -31,6 +31,7 @@ fn down(now_us: u64) -> Conditions {
         now_us,
         service_up: false,
         service_back_us: 0,
+        load: Default::default(),
     }
 }
 

@@ -264,6 +264,7 @@ fn conditions(now_us: u64) -> sluice_core::Conditions {
         now_us,
         service_up: true,
         service_back_us: 0,
+        load: Default::default(),
     }
 }
 

@@ -343,6 +343,7 @@ fn a_rule_that_fails_closed_without_the_service_answers_503_not_429() {
             now_us: T0,
             service_up: false,
             service_back_us: T0 + 7_000_000,
+            load: Default::default(),
         },
         &mut store,
     );

@@ -89,6 +89,7 @@ impl Proxy {
             now_us: self.now,
             service_up: true,
             service_back_us: 0,
+            load: Default::default(),
         };
         let evaluation = self
             .limiter

@@ -24,6 +24,7 @@ fn up(now_us: u64) -> Conditions {
         now_us,
         service_up: true,
         service_back_us: 0,
+        load: Default::default(),
     }
 }
 
@@ -32,6 +33,7 @@ fn down(now_us: u64) -> Conditions {
         now_us,
         service_up: false,
         service_back_us: 0,
+        load: Default::default(),
     }
 }
 

@@ -16,6 +16,7 @@ fn at(now_us: u64) -> Conditions {
         now_us,
         service_up: true,
         service_back_us: 0,
+        load: Default::default(),
     }
 }
 
@@ -293,6 +294,7 @@ fn remembered_denials_answer_exactly_as_the_table_would() {
                 now_us: now,
                 service_up: true,
                 service_back_us: 0,
+                load: Default::default(),
             };
             let mut request = PlainRequest::get("/").with_header("x-user", user);
             let got = remembering.decide(&mut request, conditions, &mut store);

@@ -392,6 +392,7 @@ fn up(now: u64) -> sluice_core::limiter::Conditions {
         now_us: now,
         service_up: true,
         service_back_us: 0,
+        load: Default::default(),
     }
 }
 

@@ -68,3 +68,34 @@ fn the_login_recipe_keeps_an_account_out_for_ten_minutes() {
     assert!(matches!(attempt(t0 + 120 * SECOND, 200), Step::Respond(_)));
     assert_eq!(attempt(t0 + 606 * SECOND, 200), Step::Continue);
 }
+
+/// The night recipe does what the page says: by night a key gets the night's burst, and its
+/// denial says the night's limit; by day the day's burst.
+#[test]
+fn the_night_recipe_follows_the_clock() {
+    use sluice_core::{Exchange, Limiter, MemoryStore, Moment, PlainRequest, Step};
+    let (_, block) = recipes()
+        .into_iter()
+        .find(|(_, b)| b.contains("\"schedule\""))
+        .unwrap();
+    let limiter = Limiter::new(sluice_core::parse(block.as_bytes()).unwrap());
+    // 2026-01-01 00:00 UTC.
+    let midnight = 1_767_225_600_000_000u64;
+    for (hour, burst, policy) in [(23, 10, "q=60"), (12, 100, "q=600")] {
+        let mut store = MemoryStore::default();
+        let moment = Moment::at(midnight + hour * 3_600_000_000);
+        let mut admitted = 0;
+        let denial = loop {
+            let mut request = PlainRequest::get("/api/items").with_header("x-api-key", "k1");
+            match Exchange::start(&limiter, &mut request, None, moment, &mut store).1 {
+                Step::Continue => admitted += 1,
+                Step::Respond(reply) => break reply,
+                other => panic!("{other:?}"),
+            }
+            assert!(admitted <= 1_000);
+        };
+        assert_eq!(admitted, burst, "at {hour}:00");
+        let header = denial.headers.get("ratelimit-policy").unwrap_or("");
+        assert!(header.contains(policy), "at {hour}:00: {header}");
+    }
+}

@@ -25,6 +25,7 @@ fn up(now_us: u64) -> Conditions {
         now_us,
         service_up: true,
         service_back_us: 0,
+        load: Default::default(),
     }
 }
 

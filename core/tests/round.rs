@@ -28,6 +28,7 @@ fn spend(limiter: &Limiter, store: &mut MemoryStore, keys: &[String]) -> Pending
             now_us: T0,
             service_up: true,
             service_back_us: 0,
+            load: Default::default(),
         };
         let evaluation = limiter.decide(&mut request, conditions, store);
         assert!(matches!(evaluation.decision, Decision::Allow { .. }));

@@ -875,6 +875,7 @@ impl CorePenalty {
             now_us,
             service_up: true,
             service_back_us: 0,
+            load: Default::default(),
         };
         let evaluation = self.limiter.decide(
             &mut sluice_core::PlainRequest::get("/"),

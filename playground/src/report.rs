@@ -157,6 +157,44 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
             ));
         }
     }
+    for rule in &policy.rules {
+        if rule.penalty_us > 0 && rule.consistency != Consistency::Local {
+            notes.push(format!(
+                "rule {}'s penalty is shared fleet-wide through the counter service ({}): a key that goes over on one proxy is denied on every proxy until it ends; the simulation plays one proxy",
+                rule.name,
+                consistency(rule.consistency)
+            ));
+        }
+        let Some(dynamic) = &rule.dynamic else {
+            continue;
+        };
+        if let Some(scale) = &dynamic.scale {
+            use sluice_core::limit::dynamic::LevelSource;
+            let whose = match scale.level {
+                LevelSource::Proxy => "the proxy's shedding level",
+                LevelSource::Fleet => "the fleet level the counter service sends",
+            };
+            notes.push(format!(
+                "rule {} scales its limits by {whose} (scale): load is not simulated, so its limits here are those of the normal level",
+                rule.name
+            ));
+        }
+        if !dynamic.schedule.is_empty() {
+            let windows: Vec<String> = dynamic.schedule.iter().map(|w| w.utc()).collect();
+            notes.push(format!(
+                "rule {} has other limits during {} UTC (schedule), simulated: the trace's second 0 is 00:00 UTC (second 79200 is 22:00)",
+                rule.name,
+                windows.join(", ")
+            ));
+        }
+    }
+    for rule in policy.rules.iter().filter(|r| r.quota_path.is_some()) {
+        notes.push(format!(
+            "rule {} answers {} with the caller's own quota (quota_path): such requests of the trace are answered 200, spend nothing and are counted as admitted",
+            rule.name,
+            rule.quota_path.as_deref().unwrap_or("")
+        ));
+    }
     if let Some(shedding) = &policy.shedding {
         notes.push(
             "shedding is not simulated (it needs upstream latencies): only the rate limits decide"

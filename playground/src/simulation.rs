@@ -90,7 +90,7 @@ pub fn simulate_policy(mut policy: Policy, arrivals: &[Arrival]) -> Report {
         totals.offered += 1;
         series.offered[b] += 1;
         match answer.decision {
-            "admitted" | "delayed" => {
+            "admitted" | "delayed" | "answered" => {
                 totals.admitted += 1;
                 totals.delayed += (answer.decision == "delayed") as u64;
                 series.admitted[b] += 1;
@@ -206,10 +206,11 @@ fn play(
     let name = |rule: RuleId| limiter.rule(rule).map(|r| r.rule.name.clone());
     let (decision, status, headers, body, delay_ms) = match step {
         Step::Respond(reply) => {
-            let decision = if reply.status == 429 {
-                "denied"
-            } else {
-                "unavailable"
+            // A quota path's answer (200, the caller's own quota) is not a refusal.
+            let decision = match reply.status {
+                200 => "answered",
+                429 => "denied",
+                _ => "unavailable",
             };
             (
                 decision,

@@ -240,6 +240,7 @@ fn native(config: &str, csv: &str) -> (u64, u64) {
             now_us: EPOCH_US + (seconds * 1e6).round() as u64,
             service_up: true,
             service_back_us: 0,
+            load: Default::default(),
         };
         match limiter
             .decide(&mut request, conditions, &mut store)

@@ -39,6 +39,7 @@ fn native(config: &str, csv: &str) -> (u64, u64) {
             now_us: EPOCH_US + arrival.at_us,
             service_up: true,
             service_back_us: 0,
+            load: Default::default(),
         };
         match limiter
             .decide(&mut request, conditions, &mut store)
@@ -383,4 +384,59 @@ fn concurrent_limits_hold_slots_for_the_traces_durations() {
             "{message}"
         );
     }
+}
+
+fn notes(r: &serde_json::Value) -> Vec<String> {
+    r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect()
+}
+
+/// A schedule needs no upstream: the trace's clock decides it (second 0 is 00:00 UTC). A scale
+/// reads load, which is not simulated, and a quota path is answered: the notes say so.
+#[test]
+fn schedules_are_played_scales_named_and_quota_paths_answered() {
+    let config = r#"{"shedding": {"bulkheads": [{"name": "all", "limit": {"static": 10}}]},
+        "rules": [{"name": "api", "key": ["client_ip"], "quota_path": "/rate_limit",
+        "limits": [{"requests": 5, "per": "minute"}], "scale": {"high": 0.5},
+        "schedule": [{"utc": "00:00-01:00", "limits": [{"requests": 1, "per": "minute"}]}]}]}"#;
+    let trace = "0,a\n0,a\n0,a\n0,a,/rate_limit\n3600,b\n3600,b\n3600,b\n";
+    let r = report(config, trace);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["totals"]["denied"], 2, "the night's 1 a minute, then 5");
+    let quota = &r["requests"][3];
+    assert_eq!(quota["decision"], "answered");
+    assert_eq!(quota["status"], 200);
+    assert_eq!(
+        quota["body"],
+        r#"{"rules":{"api":{"limit":1,"remaining":0,"reset":60,"resetAt":1767225660,"window":60}}}"#
+    );
+    let notes = notes(&r);
+    for start in [
+        "rule api scales its limits by the proxy's shedding level (scale): load is not simulated",
+        "rule api has other limits during 00:00-01:00 UTC (schedule), simulated",
+        "rule api answers /rate_limit with the caller's own quota (quota_path)",
+    ] {
+        assert!(
+            notes.iter().any(|n| n.starts_with(start)),
+            "{start}: {notes:?}"
+        );
+    }
+}
+
+/// A penalty of a cached rule is the fleet's; the playground plays one proxy, and says so.
+#[test]
+fn a_shared_penalty_is_named_fleet_wide() {
+    let config = r#"{"service": {"cluster": "s"}, "rules": [{"name": "login", "key": ["client_ip"],
+        "consistency": "cached", "penalty": "10m", "limits": [{"requests": 2, "per": "minute"}]}]}"#;
+    let notes = notes(&report(config, "0,a\n"));
+    assert!(
+        notes.iter().any(|n| n.starts_with(
+            "rule login's penalty is shared fleet-wide through the counter service (cached)"
+        )),
+        "{notes:?}"
+    );
 }

@@ -262,3 +262,72 @@ fn a_grpc_client_reads_a_rules_own_message_whatever_its_status() {
     assert_eq!(answers[1].code, 8, "RESOURCE_EXHAUSTED: {answers:?}");
     assert_eq!(answers[1].details, MESSAGE, "decoded as sent: {answers:?}");
 }
+
+/// A rule on a UTC schedule and its quota path, in Envoy: during a window around the current UTC time the
+/// window's limit is counted and reported (headers, Retry-After); `/rate_limit` answers the caller's own quota
+/// of it without spending it or reaching the upstream, and only on that exact path.
+#[test]
+fn a_scheduled_limit_is_reported_and_the_quota_path_reads_it_without_spending() {
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let minute = (now_s % 86_400) / 60;
+    let hm = |m: u64| format!("{:02}:{:02}", (m % 1_440) / 60, m % 60);
+    // Two hours around now, across midnight when now is near it.
+    let window = format!("{}-{}", hm(minute + 1_440 - 60), hm(minute + 60));
+    let envoy = Envoy::start(EnvoyOptions {
+        template: Template::Sluice,
+        plugin_config_json: json!({"headers": "both", "rules": [
+            {"name": "api", "match": {"path_prefix": "/api/"}, "key": ["header:x-user"],
+             "quota_path": "/rate_limit",
+             "limits": [{"requests": 50, "per": "minute"}],
+             "schedule": [{"utc": window, "limits": [{"requests": 2, "per": "minute"}]}]}]})
+        .to_string(),
+        concurrency: 2,
+        ..EnvoyOptions::default()
+    })
+    .unwrap();
+    let client = agent();
+    let get = |path: &str, user: &str| get(&client, &envoy.url(path), &[("x-user", user)]).unwrap();
+    let quota = |user: &str| -> Value {
+        let reply = get("/rate_limit", user);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/json"),
+            "{reply:?}"
+        );
+        serde_json::from_str::<Value>(&reply.body).unwrap()["rules"]["api"].clone()
+    };
+    for _ in 0..5 {
+        let q = quota("alice");
+        assert_eq!(
+            (q["limit"].as_u64(), q["remaining"].as_u64()),
+            (Some(2), Some(2)),
+            "{q}"
+        );
+    }
+    assert_eq!(
+        get("/api/x", "alice").status,
+        200,
+        "the quota reads spent nothing"
+    );
+    let admitted = get("/api/x", "alice");
+    assert_eq!(admitted.status, 200);
+    assert_eq!(
+        admitted.header("ratelimit-policy"),
+        Some(r#""api";q=2;w=60"#)
+    );
+    let denied = get("/api/x", "alice");
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("2"), "{denied:?}");
+    assert_eq!(denied.header("retry-after"), Some("30"), "{denied:?}");
+    assert_eq!(quota("alice")["remaining"], 0);
+    assert_eq!(quota("bob")["remaining"], 2, "another key is its own");
+    // Only the exact path: the upstream answers the others.
+    for path in ["/rate_limit/", "/Rate_Limit", "/rate_limit2"] {
+        let reply = get(path, "alice");
+        assert!(!reply.body.contains("\"rules\""), "{path}: {reply:?}");
+    }
+}

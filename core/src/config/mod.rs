@@ -206,6 +206,58 @@ struct RawRule {
     /// Whether a denial by this rule carries its rate-limit headers (default true; Retry-After is always sent).
     #[serde(default)]
     headers_on_denied: Option<bool>,
+    /// Scales the limits in force by the load level, such as {"high": 0.5, "critical": 0.25}: each factor 0 to 1 (exclusive of 0; default 1), the result rounded up to at least 1 request and the cost. Local rules of token_bucket, gcra, fixed_window or sliding_window limits.
+    #[serde(default)]
+    scale: Option<RawScale>,
+    /// Other limits during windows of the UTC day, such as [{"utc": "22:00-06:00", "limits": [...]}]: the first window holding the request's time decides; the rule's own limits hold outside every window. Each window's limits keep the algorithm and per of the rule's limit in their place (only requests and burst change). Local rules, not with tiers.
+    #[serde(default)]
+    schedule: Option<Vec<RawWindow>>,
+    /// A path, such as /rate_limit, answered 200 with the caller's own quota of this rule as JSON (its key computed as for a limited request), spending nothing and never forwarded. The exact path, without a query. Local rules.
+    #[serde(default)]
+    quota_path: Option<String>,
+}
+
+/// A rule's factors per load level.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Scale")
+)]
+struct RawScale {
+    /// The factor at the elevated level, above 0 and at most 1 (default 1).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("exclusiveMinimum" = 0, "maximum" = 1)))]
+    elevated: Option<f64>,
+    /// The factor at the high level, above 0 and at most 1 (default 1).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("exclusiveMinimum" = 0, "maximum" = 1)))]
+    high: Option<f64>,
+    /// The factor at the critical level, above 0 and at most 1 (default 1).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("exclusiveMinimum" = 0, "maximum" = 1)))]
+    critical: Option<f64>,
+    /// Whose level: proxy (shedding's level of the request's bulkhead; needs shedding; the default) or fleet (the counter service's fleet level from the last sync, believed only up to this proxy's own utilization of the request's bulkhead plus shedding.fleet_margin; needs a service and shedding).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("enum" = ["proxy", "fleet", null])))]
+    level: Option<String>,
+}
+
+/// A window of the UTC day with its limits.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Window")
+)]
+struct RawWindow {
+    /// "HH:MM-HH:MM" in UTC, start in, end out; an end before the start crosses midnight ("22:00-06:00"); 24:00 is midnight at the end.
+    #[cfg_attr(feature = "schema", schemars(extend("pattern" = "^[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}$")))]
+    utc: String,
+    /// The limits in force during the window: as many as the rule's, each with the algorithm and per of the rule's limit in its place.
+    limits: Vec<RawLimit>,
 }
 
 /// Which responses a count_when rule counts.
@@ -578,7 +630,10 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         rules.extend(rule(
             &format!("rules[{i}]"),
             r,
-            service.is_some(),
+            Around {
+                service: service.is_some(),
+                shedding: shedding.is_some(),
+            },
             max_keys,
             host,
         )?);
@@ -730,13 +785,21 @@ pub(crate) fn matcher(at: &str, raw: Option<RawMatch>) -> Result<Matcher, Config
 }
 
 /// One configured rule: one [`Rule`], or one per tier (`name/tier`).
+/// What a rule's configuration may lean on besides itself.
+#[derive(Clone, Copy)]
+struct Around {
+    service: bool,
+    shedding: bool,
+}
+
 fn rule(
     at: &str,
     raw: RawRule,
-    have_service: bool,
+    around: Around,
     max_keys: u32,
     host: Host,
 ) -> Result<Vec<Rule>, ConfigError> {
+    let have_service = around.service;
     let name_ok = !raw.name.is_empty()
         && raw.name.len() <= 64
         && raw
@@ -962,9 +1025,26 @@ fn rule(
             }
         };
 
+    let quota_path = match raw.quota_path {
+        None => None,
+        Some(path) => Some(quota_path(&format!("{at}.quota_path"), path, consistency)?),
+    };
+    if raw.schedule.is_some() && raw.tiers.is_some() {
+        return Err(err(
+            format!("{at}.schedule"),
+            "a rule with tiers has limits per tier: schedule a rule of its own per tier (match it on the tier's header or claim)",
+        ));
+    }
     let mut rules = Vec::with_capacity(tiers.len());
     for (tier, name, limits_at, raw_limits) in tiers {
         let limits = limits(&limits_at, raw_limits)?;
+        let dynamic = dynamic(
+            at,
+            raw.scale.as_ref(),
+            raw.schedule.as_deref(),
+            &limits,
+            (consistency, cost, around),
+        )?;
         let (fallback, share) = fallback(at, raw.fallback.as_ref(), &limits, cost)?;
         let rule = Rule {
             name,
@@ -983,6 +1063,8 @@ fn rule(
             tier,
             when_missing,
             answer: answer.clone(),
+            dynamic,
+            quota_path: quota_path.clone(),
         };
         let fields = RuleAt::Config {
             rule: at,
@@ -992,6 +1074,180 @@ fn rule(
         rules.push(rule);
     }
     Ok(rules)
+}
+
+/// A rule's `quota_path`: an absolute path of 1 to 256 printable bytes, without a query or a
+/// fragment; a local rule (a cached or strict key's count lives in the counter service).
+fn quota_path(at: &str, path: String, consistency: Consistency) -> Result<String, ConfigError> {
+    if consistency != Consistency::Local {
+        return Err(err(
+            at,
+            "answers from this proxy's own counts: a local rule only (a cached or strict key's count lives in the counter service)",
+        ));
+    }
+    let printable = path.bytes().all(|b| b.is_ascii_graphic());
+    if !path.starts_with('/') || path.len() > 256 || !printable || path.contains(['?', '#']) {
+        let shown: String = path.chars().take(40).collect();
+        return Err(err(
+            at,
+            format!("must be an absolute path such as /rate_limit (1 to 256 printable bytes, no query), got {shown:?}"),
+        ));
+    }
+    Ok(path)
+}
+
+/// A rule's `scale` and `schedule`, checked against its `limits`, consistency and cost:
+/// `None` when it has neither.
+fn dynamic(
+    at: &str,
+    scale: Option<&RawScale>,
+    schedule: Option<&[RawWindow]>,
+    limits: &[Limit],
+    (consistency, cost, around): (Consistency, u64, Around),
+) -> Result<Option<Box<crate::limit::dynamic::Dynamic>>, ConfigError> {
+    use crate::limit::dynamic::{self, Dynamic, LevelSource, Scale, Window};
+    if scale.is_none() && schedule.is_none() {
+        return Ok(None);
+    }
+    let field = if scale.is_some() { "scale" } else { "schedule" };
+    if consistency != Consistency::Local {
+        return Err(err(
+            format!("{at}.{field}"),
+            "the counter service counts a cached or strict rule against its configured limits: a limit that follows load or time is a local rule's (\"consistency\": \"local\")",
+        ));
+    }
+    if let Some(k) = limits.iter().position(|l| !dynamic::follows(l.algorithm())) {
+        return Err(err(
+            format!("{at}.{field}"),
+            format!(
+                "limits[{k}] is a {}: only token_bucket, gcra, fixed_window and sliding_window limits follow load or time (a log's or a slot's memory is sized by its limit)",
+                limits.get(k).map_or("", |l| l.algorithm().name())
+            ),
+        ));
+    }
+    let scale = match scale {
+        None => None,
+        Some(s) => {
+            let factor = |name: &str, f: Option<f64>| match f {
+                None => Ok(1.0),
+                Some(f) if f > 0.0 && f <= 1.0 => Ok(f),
+                Some(f) => Err(err(
+                    format!("{at}.scale.{name}"),
+                    format!(
+                        "a factor is above 0 and at most 1 (a level only lowers limits), got {f}"
+                    ),
+                )),
+            };
+            let (elevated, high, critical) = (
+                factor("elevated", s.elevated)?,
+                factor("high", s.high)?,
+                factor("critical", s.critical)?,
+            );
+            let level = match s.level.as_deref().unwrap_or("proxy") {
+                "proxy" if !around.shedding => {
+                    return Err(err(
+                        format!("{at}.scale.level"),
+                        "the proxy's level is shedding's: configure \"shedding\", or scale by the \"fleet\" level",
+                    ))
+                }
+                "proxy" => LevelSource::Proxy,
+                "fleet" if !around.service => {
+                    return Err(err(
+                        format!("{at}.scale.level"),
+                        "the fleet level comes from the counter service: configure \"service\"",
+                    ))
+                }
+                "fleet" if !around.shedding => {
+                    return Err(err(
+                        format!("{at}.scale.level"),
+                        "the fleet level is believed only up to this proxy's own load plus shedding.fleet_margin (one proxy credential must not move the fleet): configure \"shedding\"",
+                    ))
+                }
+                "fleet" => LevelSource::Fleet,
+                other => {
+                    return Err(err(
+                        format!("{at}.scale.level"),
+                        format!("expected proxy (the default) or fleet, got {other:?}"),
+                    ))
+                }
+            };
+            Some(Scale {
+                elevated,
+                high,
+                critical,
+                level,
+            })
+        }
+    };
+    let mut windows: Vec<Window> = Vec::new();
+    let raw_windows = schedule.unwrap_or(&[]);
+    if schedule.is_some() && (raw_windows.is_empty() || raw_windows.len() > dynamic::MAX_WINDOWS) {
+        return Err(err(
+            format!("{at}.schedule"),
+            format!(
+                "must hold 1 to {} windows, got {}",
+                dynamic::MAX_WINDOWS,
+                raw_windows.len()
+            ),
+        ));
+    }
+    for (j, w) in raw_windows.iter().enumerate() {
+        let here = format!("{at}.schedule[{j}]");
+        let (start_min, end_min) =
+            dynamic::parse_utc(&w.utc).map_err(|p| err(format!("{here}.utc"), p))?;
+        let own = self::limits(&format!("{here}.limits"), &w.limits)?;
+        if own.len() != limits.len() {
+            return Err(err(
+                format!("{here}.limits"),
+                format!(
+                    "holds {} limits and the rule {}: a window changes the requests and burst of each of the rule's limits, in order",
+                    own.len(),
+                    limits.len()
+                ),
+            ));
+        }
+        for (k, (mine, theirs)) in own.iter().zip(limits).enumerate() {
+            if mine.algorithm() != theirs.algorithm() || mine.period() != theirs.period() {
+                return Err(err(
+                    format!("{here}.limits[{k}]"),
+                    format!(
+                        "must keep the rule's {} per {} (only requests and burst change, so a key's counts carry over)",
+                        theirs.algorithm().name(),
+                        theirs.period()
+                    ),
+                ));
+            }
+            if cost > mine.burst() {
+                return Err(err(
+                    format!("{here}.limits[{k}]"),
+                    format!(
+                        "admits at most {} at once, less than the rule's cost {cost}: no request could pass",
+                        mine.burst()
+                    ),
+                ));
+            }
+        }
+        let window = Window {
+            start_min,
+            end_min,
+            limits: own,
+        };
+        if let Some(i) = windows.iter().position(|o| dynamic::overlap(o, &window)) {
+            return Err(err(
+                format!("{here}.utc"),
+                format!(
+                    "{} overlaps schedule[{i}] ({}): at most one window holds any minute",
+                    window.utc(),
+                    windows.get(i).map(Window::utc).unwrap_or_default()
+                ),
+            ));
+        }
+        windows.push(window);
+    }
+    Ok(Some(Box::new(Dynamic {
+        scale,
+        schedule: windows,
+    })))
 }
 
 /// A rule's `count_when`: one to 32 statuses of 100 to 599; a rule that can count after the

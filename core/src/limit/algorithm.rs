@@ -663,6 +663,7 @@ mod tests {
                             now_us: from + i * 10_000,
                             service_up: true,
                             service_back_us: 0,
+                            load: Default::default(),
                         };
                         let e =
                             limiter.decide(&mut crate::PlainRequest::get("/"), conditions, store);

@@ -3,6 +3,7 @@
 pub mod algorithm;
 pub mod calendar;
 pub mod concurrency;
+pub mod dynamic;
 pub mod registry;
 pub mod sliding_log;
 pub mod table;
@@ -423,6 +424,36 @@ impl Limit {
             },
             Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
                 let requests = self.requests.div_ceil(proxies).max(cost);
+                Limit {
+                    requests,
+                    burst: requests,
+                    ..*self
+                }
+            }
+        }
+    }
+
+    /// This limit times `factor` (in (0, 1]: a rule's `scale`): `requests` and `burst` rounded
+    /// up, at least 1 request a period and at least `cost` at once (a window's `requests`, a
+    /// bucket's `burst`), so a request can still pass; never more than the limit itself when
+    /// `cost` is within its burst, as a rule's checks make it.
+    pub fn scaled(&self, factor: f64, cost: u64) -> Limit {
+        let factor = if factor.is_nan() {
+            1.0
+        } else {
+            factor.clamp(0.0, 1.0)
+        };
+        let times = |n: u64| ((n as f64 * factor).ceil() as u64).clamp(1, n.max(1));
+        let cost = cost.max(1);
+        match self.algorithm {
+            Algorithm::LeakyBucket | Algorithm::Concurrency | Algorithm::SlidingLog => *self,
+            Algorithm::TokenBucket | Algorithm::Gcra => Limit {
+                requests: times(self.requests),
+                burst: times(self.burst).max(cost.min(self.burst)),
+                ..*self
+            },
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let requests = times(self.requests).max(cost.min(self.requests));
                 Limit {
                     requests,
                     burst: requests,

@@ -27,6 +27,8 @@ pub struct Conditions {
     pub service_up: bool,
     /// When the breaker lets a probe through again (0: not open).
     pub service_back_us: u64,
+    /// The load levels a rule's `scale` reads ([`crate::limit::dynamic`]).
+    pub load: crate::limit::dynamic::Load,
 }
 
 /// A policy, ready to enforce.
@@ -45,6 +47,11 @@ pub struct Limiter {
     /// without them skip their work at a stream's end.
     slots: bool,
     counts_by_status: bool,
+    /// Whether some rule's limits follow the load ([`crate::limit::dynamic`]), and whether
+    /// some rule answers a quota path: worked out once.
+    scales: bool,
+    quota_paths: bool,
+    follows: bool,
     /// This worker's memory of recent denials.
     notes: std::cell::RefCell<Notes>,
     /// Buffers for a request's key and its set's store key, kept between requests so that
@@ -128,6 +135,8 @@ fn notable(policy: &Policy, index: usize) -> bool {
         && rule.cost_header.is_none()
         && rule.count_when.is_none()
         && rule.penalty_us == 0
+        // A limit that follows load or time may rise before the noted wait is over.
+        && rule.dynamic.is_none()
         && last
         && !strict
         && policy.shedding.is_none()
@@ -381,6 +390,14 @@ impl Limiter {
                 .any(|r| r.consistency == Consistency::Strict),
             slots: policy.rules.iter().any(takes_slots),
             counts_by_status: policy.rules.iter().any(|r| r.count_when.is_some()),
+            scales: policy
+                .rules
+                .iter()
+                .any(|r| r.dynamic.as_ref().is_some_and(|d| d.scale.is_some())),
+            quota_paths: policy.rules.iter().any(|r| r.quota_path.is_some()),
+            follows: policy.rules.iter().any(|r| {
+                r.quota_path.is_some() || r.dynamic.as_ref().is_some_and(|d| d.scale.is_some())
+            }),
             policy,
             tables,
             notable,
@@ -402,6 +419,95 @@ impl Limiter {
     /// Whether some rule counts by its answer's status (`count_when`).
     pub fn counts_by_status(&self) -> bool {
         self.counts_by_status
+    }
+
+    /// Whether some rule's limits follow the load level (its `scale`): the host then works out
+    /// the levels for [`Conditions::load`].
+    pub fn scales(&self) -> bool {
+        self.scales
+    }
+
+    /// Whether some rule answers a quota path.
+    pub fn has_quota_paths(&self) -> bool {
+        self.quota_paths
+    }
+
+    /// Whether some rule's limits follow the load or some rule answers a quota path: the one
+    /// test a request of a policy without them pays.
+    pub fn follows(&self) -> bool {
+        self.follows
+    }
+
+    /// The caller's own quota of each rule whose `quota_path` is `path`, its key computed as
+    /// for a limited request (the tightest of its keys; none if a key part it skips is
+    /// missing): what the rule would tell it now, spending nothing and writing nothing.
+    /// `None` when no rule answers `path`.
+    pub fn quotas(
+        &self,
+        path: &str,
+        request: &mut dyn RequestView,
+        conditions: Conditions,
+        store: &mut dyn Store,
+    ) -> Option<Vec<(RuleId, Option<Quota>)>> {
+        let mut found: Option<Vec<(RuleId, Option<Quota>)>> = None;
+        for Enforced { id, rule, table } in self.rules() {
+            if rule.quota_path.as_deref() != Some(path) {
+                continue;
+            }
+            let mut tightest: Option<Quota> = None;
+            for key in key::keys(rule, request) {
+                let quota = self.quota_of(rule, table, &key, conditions, store);
+                if tightest.is_none_or(|t| quota.remaining < t.remaining) {
+                    tightest = Some(quota);
+                }
+            }
+            found.get_or_insert_with(Vec::new).push((id, tightest));
+        }
+        found
+    }
+
+    /// What `rule` would tell `key` now: for each limit in force, its state read without a
+    /// cost, the fewest remaining answering. Reads the key's record and writes nothing.
+    fn quota_of(
+        &self,
+        rule: &Rule,
+        table: &Table,
+        key: &str,
+        conditions: Conditions,
+        store: &mut dyn Store,
+    ) -> Quota {
+        let now = conditions.now_us;
+        let in_force = in_force(rule, conditions);
+        let limits = in_force.as_slice();
+        let fingerprint = table.fingerprint(key);
+        let read = store::update(store, &table.set_key(fingerprint), |set| {
+            let mut record = table.find_or_fresh(set, fingerprint, bucket_limits(rule), now);
+            let mut quota: Option<Quota> = None;
+            for (limit, mut state) in record.states(limits) {
+                let v = state.check(limit, now, 0);
+                if quota.is_none_or(|q| v.remaining < q.remaining) {
+                    quota = Some(Quota {
+                        limit: *limit,
+                        remaining: v.remaining,
+                        reset_us: v.reset_us,
+                    });
+                }
+            }
+            if record.penalty_until_us > now && rule.penalty_us > 0 {
+                let wait = (record.penalty_until_us - now).min(rule.penalty_us);
+                quota = quota.map(|q| Quota {
+                    remaining: 0,
+                    reset_us: q.reset_us.max(wait),
+                    ..q
+                });
+            }
+            (quota, false)
+        });
+        read.ok().flatten().unwrap_or(Quota {
+            limit: first_limit(rule),
+            remaining: first_limit(rule).burst(),
+            reset_us: 0,
+        })
     }
 
     /// [`Policy::needs_client_ip`], worked out when the limiter was made.
@@ -803,6 +909,7 @@ impl Limiter {
             now_us,
             service_up: false,
             service_back_us,
+            load: Default::default(),
         };
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
             let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
@@ -860,6 +967,7 @@ impl Limiter {
                 now_us,
                 service_up: true,
                 service_back_us: 0,
+                load: Default::default(),
             };
             let was_unsynced = record.unsynced();
             let verdict = judge(spec, &mut record, conditions);
@@ -1131,7 +1239,10 @@ fn judge_limits(rule: &Rule, record: &mut Record, conditions: Conditions) -> Rul
         verdict
     } else {
         match (&rule.consistency, &rule.fallback) {
-            (Consistency::Local, _) => spend_buckets(&rule.limits, record, now, cost),
+            (Consistency::Local, _) => match rule.dynamic {
+                None => spend_buckets(&rule.limits, record, now, cost),
+                Some(_) => spend_in_force(rule, record, conditions),
+            },
             (_, Fallback::Open(limits)) => {
                 // The headers still advertise the rule's limit, not the fallback's.
                 let mut verdict = spend_buckets(limits, record, now, cost);
@@ -1159,6 +1270,26 @@ fn judge_limits(rule: &Rule, record: &mut Record, conditions: Conditions) -> Rul
         }
     }
     verdict
+}
+
+/// [`spend_buckets`] by the limits in force ([`in_force`]), out of line: a rule whose limits are
+/// always its own pays an option's test.
+#[inline(never)]
+fn spend_in_force(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
+    let limits = in_force(rule, conditions);
+    spend_buckets(limits.as_slice(), record, conditions.now_us, rule.cost)
+}
+
+/// The limits of a local `rule` in force at `conditions`: its own, or those its `scale` and
+/// `schedule` make them ([`crate::limit::dynamic`]).
+#[inline(never)]
+fn in_force(rule: &Rule, conditions: Conditions) -> crate::limit::dynamic::InForce {
+    let none = crate::limit::dynamic::Dynamic {
+        scale: None,
+        schedule: Vec::new(),
+    };
+    let dynamic = rule.dynamic.as_deref().unwrap_or(&none);
+    dynamic.in_force(&rule.limits, rule.cost, conditions.now_us, conditions.load)
 }
 
 /// The denial of a key blocked by a live override that expires at `expires_ms` (0: never).

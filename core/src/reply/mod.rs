@@ -73,6 +73,8 @@ pub enum Told {
     /// A rule that fails closed, without the counter service.
     Unavailable,
     Shed,
+    /// A quota path's answer: the caller's own quota, nothing spent.
+    Quota,
 }
 
 impl Told {
@@ -81,6 +83,7 @@ impl Told {
             Told::Denied => "denied",
             Told::Unavailable => "unavailable",
             Told::Shed => "shed",
+            Told::Quota => "quota",
         }
     }
 }
@@ -170,6 +173,55 @@ fn link(headers: &mut ReplyHeaders, body: &mut String, docs: &str) {
     link.push_str(docs);
     link.push_str(">; rel=\"help\"");
     headers.push("link", &link);
+}
+
+/// The answer of a rule's `quota_path`: 200, the caller's own quota of each rule that answers
+/// the path, by rule name (`null` for a rule that does not count the caller: a key part it
+/// skips is missing), read at `now_us`:
+///
+/// ```text
+/// {"rules": {"api": {"limit": 100, "remaining": 42, "reset": 17, "resetAt": 1700000017, "window": 60}}}
+/// ```
+///
+/// `limit` and `window` (seconds) are the limit in force, `remaining` what the key has left of it,
+/// `reset` the seconds until it is whole again and `resetAt` that time as a Unix time. Rule
+/// names are checked by the configuration (nothing in them ends a JSON string).
+pub fn quota(rules: &[(&str, Option<Quota>)], now_us: u64) -> Reply {
+    let mut body = String::with_capacity(48 + rules.len() * 96);
+    body.push_str("{\"rules\":{");
+    for (i, (name, quota)) in rules.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push('"');
+        push_escaped(&mut body, name);
+        body.push_str("\":");
+        match quota {
+            None => body.push_str("null"),
+            Some(q) => {
+                let reset = headers::ceil_seconds(q.reset_us);
+                let at = headers::ceil_seconds(now_us.saturating_add(q.reset_us));
+                body.push_str(&format!(
+                    "{{\"limit\":{},\"remaining\":{},\"reset\":{reset},\"resetAt\":{at},\"window\":{}}}",
+                    q.limit.requests(),
+                    q.remaining.min(q.limit.burst()),
+                    q.limit.period().seconds()
+                ));
+            }
+        }
+    }
+    body.push_str("}}");
+    let mut headers = ReplyHeaders::with_capacity(64);
+    headers.push("content-type", "application/json");
+    headers.push("cache-control", "no-store");
+    Reply {
+        status: 200,
+        headers,
+        body,
+        grpc_status: None,
+        details: "sluice_quota",
+        facts: Facts::of(Told::Quota),
+    }
 }
 
 /// The response code details of a request shed by `reason`.

@@ -53,8 +53,9 @@ impl Default for Levels {
 }
 
 /// The load level the upstream is told about in the degradation header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    #[default]
     Normal,
     Elevated,
     High,

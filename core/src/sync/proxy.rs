@@ -625,6 +625,7 @@ mod tests {
             now_us: now,
             service_up: true,
             service_back_us: 0,
+            load: Default::default(),
         };
         for _ in 0..3 {
             limiter.decide(&mut crate::PlainRequest::get("/"), c, &mut store);
