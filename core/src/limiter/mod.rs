@@ -16,6 +16,7 @@ use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::protocol::KeyAction;
 use crate::request::RequestView;
 use crate::store::{self, Store};
+use crate::top::{RuleTop, Taken};
 
 /// How stale a key's recency may get before a denial writes it anyway.
 const RECENCY_US: u64 = 1_000_000;
@@ -52,6 +53,9 @@ pub struct Limiter {
     /// Buffers for a request's key and its set's store key, kept between requests so that
     /// building them allocates nothing.
     scratch: std::cell::RefCell<Scratch>,
+    /// Per rule: this worker's sketches of the keys it admits and denies most (`None`: the rule
+    /// has no `top_keys`). See [`crate::top`].
+    top: std::cell::RefCell<Vec<Option<RuleTop>>>,
 }
 
 /// See [`Limiter`]'s `scratch`.
@@ -381,7 +385,13 @@ impl Limiter {
         let notable = (0..policy.rules.len())
             .map(|i| notable(&policy, i))
             .collect();
+        let top = policy
+            .rules
+            .iter()
+            .map(|r| (r.top_keys > 0).then(|| RuleTop::new(r.top_keys as usize)))
+            .collect();
         Limiter {
+            top: std::cell::RefCell::new(top),
             needs_client_ip: policy.needs_client_ip(),
             strict: policy
                 .rules
@@ -405,6 +415,11 @@ impl Limiter {
     /// rule has a concurrent limit.
     pub fn holds_slots(&self) -> bool {
         self.slots
+    }
+
+    /// Whether some rule counts its top keys (`top_keys`).
+    pub fn counts_top(&self) -> bool {
+        self.top.borrow().iter().any(Option::is_some)
     }
 
     /// Whether some rule counts by its answer's status (`count_when`).
@@ -489,7 +504,7 @@ impl Limiter {
             for key in keys.iter() {
                 if tally.denied() {
                     self.ask_wait(&mut tally, id, key, conditions, store);
-                } else {
+                } else if rule.top_keys == 0 {
                     self.decide_key(
                         &mut tally,
                         Enforced { id, rule, table },
@@ -497,6 +512,16 @@ impl Limiter {
                         conditions,
                         store,
                     );
+                } else {
+                    let before = tally.outcomes.len();
+                    self.decide_key(
+                        &mut tally,
+                        Enforced { id, rule, table },
+                        key,
+                        conditions,
+                        store,
+                    );
+                    self.count_top(Enforced { id, rule, table }, key, &tally, before);
                 }
                 if tally.failed_closed() {
                     break;
@@ -510,6 +535,43 @@ impl Limiter {
             }
         }
         tally.finish(self, store)
+    }
+
+    /// Counts `key` in its rule's sketches by the outcome [`Limiter::decide_key`] left for it
+    /// (past `before`): admitted, or denied (a would-be denial of monitor, warn or the ramp
+    /// included). A key the service decides (a fail-closed rule's check) is counted by neither.
+    #[cold]
+    fn count_top(&self, enforced: Enforced<'_>, key: &str, tally: &Tally, before: usize) {
+        let Some(&(id, outcome)) = tally.outcomes.get(before) else {
+            return;
+        };
+        if id != enforced.id {
+            return;
+        }
+        let mut top = self.top.borrow_mut();
+        let Some(Some(sketches)) = top.get_mut(id.index()) else {
+            return;
+        };
+        let fingerprint = enforced.table.fingerprint(key);
+        match outcome {
+            Outcome::Allowed => sketches.admitted.offer(fingerprint, key),
+            Outcome::Denied | Outcome::ShadowDenied | Outcome::Warned => {
+                sketches.denied.offer(fingerprint, key)
+            }
+            Outcome::Uncounted | Outcome::FailedClosed => {}
+        }
+    }
+
+    /// This worker's summaries of each rule with `top_keys` that counted something since the
+    /// last take, its sketches emptied: what it adds to its proxy's ([`crate::top::publish`]) or
+    /// logs.
+    pub fn take_top(&self) -> Vec<(RuleId, Taken)> {
+        self.top
+            .borrow_mut()
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, t)| Some((RuleId::new(i), t.as_mut()?.take()?)))
+            .collect()
     }
 
     /// A request already denied: how long `rule` would make it wait for `key`, uncharged; the
