@@ -330,15 +330,17 @@ pub fn reports(limiter: &crate::Limiter, store: &mut dyn Store) -> Vec<TopReport
         .iter()
         .filter(|r| r.top_keys > 0)
         .take(sluice_protocol::MAX_TOP_RULES)
-        .filter_map(|rule| {
-            let taken = take_shared(store, &rule.name)?;
-            Some(TopReport {
-                rule: rule.name.clone(),
-                admitted: wire(&taken.admitted),
-                denied: wire(&taken.denied),
-            })
-        })
+        .filter_map(|rule| Some(report(&rule.name, &take_shared(store, &rule.name)?)))
         .collect()
+}
+
+/// A rule's summaries as they travel ([`TopReport`]), within the protocol's bounds.
+pub fn report(rule: &str, taken: &Taken) -> TopReport {
+    TopReport {
+        rule: rule.to_string(),
+        admitted: wire(&taken.admitted),
+        denied: wire(&taken.denied),
+    }
 }
 
 /// A summary as it travels: within the protocol's bounds (a proxy's own never exceed them).
@@ -766,5 +768,30 @@ mod tests {
         );
         let again = crate::sync::round::compose(&one, &mut waiting, "p", 100, &mut store).unwrap();
         assert!(again.request.top.is_empty(), "sent once");
+    }
+
+    #[test]
+    fn a_key_past_the_key_cap_is_counted_as_its_digest() {
+        let config = r#"{"rules": [{"name": "api", "key": ["header:x-user"], "limits": [{"requests": 1, "per": "hour"}], "top_keys": 4}]}"#;
+        let limiter = crate::Limiter::new(crate::parse(config.as_bytes()).unwrap());
+        let mut store = crate::MemoryStore::default();
+        let long = "u".repeat(4 * sluice_protocol::MAX_KEY_BYTES);
+        for _ in 0..3 {
+            let mut request = crate::request::PlainRequest::get("/").with_header("x-user", &long);
+            let conditions = crate::Conditions {
+                now_us: 1_700_000_000_000_000,
+                service_up: true,
+                service_back_us: 0,
+            };
+            limiter.decide(&mut request, conditions, &mut store);
+        }
+        let taken = limiter.take_top().remove(0).1;
+        let (key, count) = &taken.denied.keys[0];
+        assert_eq!(*count, 2);
+        assert!(key.len() <= sluice_protocol::MAX_KEY_BYTES, "{}", key.len());
+        assert!(key.starts_with("api\u{1f}"), "{key:?}");
+        assert!(key.contains("sha256:"), "{key:?}");
+        let wire = report("api", &taken);
+        assert_eq!(wire.denied.keys[0].key, *key, "travels as the digest");
     }
 }
