@@ -504,24 +504,20 @@ impl Limiter {
             for key in keys.iter() {
                 if tally.denied() {
                     self.ask_wait(&mut tally, id, key, conditions, store);
-                } else if rule.top_keys == 0 {
-                    self.decide_key(
-                        &mut tally,
-                        Enforced { id, rule, table },
-                        key,
-                        conditions,
-                        store,
-                    );
                 } else {
                     let before = tally.outcomes.len();
-                    self.decide_key(
+                    let fingerprint = self.decide_key(
                         &mut tally,
                         Enforced { id, rule, table },
                         key,
                         conditions,
                         store,
                     );
-                    self.count_top(Enforced { id, rule, table }, key, &tally, before);
+                    // A rule without `top_keys` pays this test alone.
+                    if rule.top_keys > 0 {
+                        let enforced = Enforced { id, rule, table };
+                        self.count_top(enforced, key, fingerprint, &tally, before);
+                    }
                 }
                 if tally.failed_closed() {
                     break;
@@ -541,7 +537,14 @@ impl Limiter {
     /// (past `before`): admitted, or denied (a would-be denial of monitor, warn or the ramp
     /// included). A key the service decides (a fail-closed rule's check) is counted by neither.
     #[cold]
-    fn count_top(&self, enforced: Enforced<'_>, key: &str, tally: &Tally, before: usize) {
+    fn count_top(
+        &self,
+        enforced: Enforced<'_>,
+        key: &str,
+        fingerprint: u64,
+        tally: &Tally,
+        before: usize,
+    ) {
         let Some(&(id, outcome)) = tally.outcomes.get(before) else {
             return;
         };
@@ -552,7 +555,10 @@ impl Limiter {
         let Some(Some(sketches)) = top.get_mut(id.index()) else {
             return;
         };
-        let fingerprint = enforced.table.fingerprint(key);
+        let fingerprint = match fingerprint {
+            0 => enforced.table.fingerprint(key),
+            known => known,
+        };
         match outcome {
             Outcome::Allowed => sketches.admitted.offer(fingerprint, key),
             Outcome::Denied | Outcome::ShadowDenied | Outcome::Warned => {
@@ -599,7 +605,8 @@ impl Limiter {
     }
 
     /// One key of one rule: an operator's override, else a remembered denial, else the key's
-    /// record counted in the store; the rule's answer goes into the tally.
+    /// record counted in the store; the rule's answer goes into the tally. Answers the key's
+    /// fingerprint (0 when an override decided it without one), for its rule's top keys.
     fn decide_key(
         &self,
         tally: &mut Tally,
@@ -607,14 +614,17 @@ impl Limiter {
         key: &str,
         conditions: Conditions,
         store: &mut dyn Store,
-    ) {
+    ) -> u64 {
         let now = conditions.now_us;
         match self.policy.key_override_until(rule, key) {
-            Some((KeyAction::Allow, _)) => return tally.outcomes.push((id, Outcome::Allowed)),
+            Some((KeyAction::Allow, _)) => {
+                tally.outcomes.push((id, Outcome::Allowed));
+                return 0;
+            }
             Some((KeyAction::Block, expires_ms)) => {
                 tally.outcomes.push((id, Outcome::Denied));
                 tally.denial = Some(blocked(rule, id, expires_ms, now));
-                return;
+                return 0;
             }
             None => {}
         }
@@ -622,7 +632,8 @@ impl Limiter {
         let notable = self.notable.get(id.index()).copied().unwrap_or(false);
         if notable {
             if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
-                return tally.deny(id, quota, retry_after_us);
+                tally.deny(id, quota, retry_after_us);
+                return fingerprint;
             }
         }
         let Ok(Counted {
@@ -631,13 +642,15 @@ impl Limiter {
             hopeless,
         }) = self.count(rule, table, fingerprint, conditions, store)
         else {
-            return tally.outcomes.push((id, Outcome::Uncounted));
+            tally.outcomes.push((id, Outcome::Uncounted));
+            return fingerprint;
         };
         if dirty {
             tally.newly_unsynced.push((id, key.to_string()));
         }
         if verdict.asks {
-            return tally.ask(id, rule, key);
+            tally.ask(id, rule, key);
+            return fingerprint;
         }
         tally.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
         if verdict.allowed {
@@ -656,6 +669,7 @@ impl Limiter {
             }
             tally.deny(id, verdict.quota, verdict.retry_after_us);
         }
+        fingerprint
     }
 
     /// Counts a request against the record of `fingerprint` in `rule`'s table: one
