@@ -168,6 +168,9 @@ pub struct RuleReport {
     /// How long a key stays denied once it went over (`penalty`), as configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub penalty: Option<String>,
+    /// The counters of its top-keys sketches (`top_keys`), per worker and kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_keys: Option<u32>,
     pub consistency: &'static str,
     pub fallback: Option<String>,
     pub mode: &'static str,
@@ -414,6 +417,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
         cost_header: rule.cost_header.clone(),
         count_when: rule.count_when.as_ref().map(|c| c.statuses.clone()),
         penalty: (rule.penalty_us > 0).then(|| text::penalty(rule.penalty_us)),
+        top_keys: (rule.top_keys > 0).then_some(rule.top_keys),
         consistency: text::consistency(rule.consistency),
         fallback: text::fallback(rule),
         mode: text::mode(rule.mode),
@@ -713,6 +717,12 @@ pub fn render(e: &Explanation) -> String {
             let _ = writeln!(
                 out,
                 "   penalty:     a key that goes over stays denied for {penalty}"
+            );
+        }
+        if let Some(counters) = rule.top_keys {
+            let _ = writeln!(
+                out,
+                "   top keys:    the keys it admits and denies most, {counters} counters of each per worker (sluice top; logged each minute without a service)"
             );
         }
         let _ = writeln!(out, "   consistency: {}", rule.consistency);
