@@ -638,7 +638,10 @@ fn login_fields_are_checked_explained_and_documented() {
     }
     let counted = br#"{"rules": [{"name": "api", "key": ["client_ip"], "top_keys": 16,
        "limits": [{"requests": 5, "per": "minute"}]}]}"#;
-    let output = sluice(&["explain", "--path", "/", "--client-ip", "192.0.2.1", "-"], counted);
+    let output = sluice(
+        &["explain", "--path", "/", "--client-ip", "192.0.2.1", "-"],
+        counted,
+    );
     let line = "   top keys:    the keys it admits and denies most, 16 counters of each per worker (sluice top; logged each minute without a service)";
     assert!(
         stdout(&output).lines().any(|l| l == line),

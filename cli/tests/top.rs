@@ -43,20 +43,50 @@ fn top_once_prints_the_fleets_top_keys_within_their_bound() {
         sketch.denied.offer(hasher.fingerprint(key), key);
     }
     let report = top::report("api", &sketch.take().unwrap());
-    let body = serde_json::json!({"proxy": "p1", "interval_ms": 100, "entries": [], "top": [report]});
+    let body =
+        serde_json::json!({"proxy": "p1", "interval_ms": 100, "entries": [], "top": [report]});
     let reply = service.post("/v1/sync", &body.to_string()).unwrap();
     assert_eq!(reply.status, 200, "{}", reply.body);
 
     let url = service.url();
     let token = token_file.to_str().unwrap();
-    let args = ["top", "--service", &url, "--token-file", token, "--rule", "api", "--once", "--limit", "5"];
+    let args = [
+        "top",
+        "--service",
+        &url,
+        "--token-file",
+        token,
+        "--rule",
+        "api",
+        "--once",
+        "--limit",
+        "5",
+    ];
     let output = sluice(&args);
     let stdout = String::from_utf8(output.stdout).unwrap();
-    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.starts_with("sluice top: rule api, the last 5 minute(s), 1 credential(s)"), "{stdout}");
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.starts_with("sluice top: rule api, the last 5 minute(s), 1 credential(s)"),
+        "{stdout}"
+    );
     let header = stdout.lines().find(|l| l.starts_with("DENIED")).unwrap();
-    let error: u64 = header.split("at most ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-    assert!(header.starts_with(&format!("DENIED {n} request(s)")), "{header}");
+    let error: u64 = header
+        .split("at most ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        header.starts_with(&format!("DENIED {n} request(s)")),
+        "{header}"
+    );
     assert!(error <= n as u64 / 16, "{header}");
     // At most five rows (a key whose count is within the error is not shown): each key's count
     // within the bound, the heaviest first.
@@ -76,15 +106,41 @@ fn top_once_prints_the_fleets_top_keys_within_their_bound() {
         let t = truth[&key];
         assert!(count <= t && t <= at_most, "{row}: true {t}");
     }
-    assert!(rows[0].ends_with(&by_truth[0].0.replace('\u{1f}', ":")), "{stdout}");
+    assert!(
+        rows[0].ends_with(&by_truth[0].0.replace('\u{1f}', ":")),
+        "{stdout}"
+    );
 
     // A refusal: the service's message on standard error, status 1.
-    let bad = sluice(&["top", "--service", &url, "--token-file", token, "--rule", "api", "--once", "--window", "2h"]);
+    let bad = sluice(&[
+        "top",
+        "--service",
+        &url,
+        "--token-file",
+        token,
+        "--rule",
+        "api",
+        "--once",
+        "--window",
+        "2h",
+    ]);
     assert_eq!(bad.status.code(), Some(1));
     let stderr = String::from_utf8(bad.stderr).unwrap();
-    assert!(stderr.contains("400: window: must be whole minutes"), "{stderr}");
+    assert!(
+        stderr.contains("400: window: must be whole minutes"),
+        "{stderr}"
+    );
     std::fs::write(&token_file, "not-an-admin\n").unwrap();
-    let denied = sluice(&["top", "--service", &url, "--token-file", token, "--rule", "api", "--once"]);
+    let denied = sluice(&[
+        "top",
+        "--service",
+        &url,
+        "--token-file",
+        token,
+        "--rule",
+        "api",
+        "--once",
+    ]);
     assert_eq!(denied.status.code(), Some(1));
     assert!(String::from_utf8(denied.stderr).unwrap().contains("401"));
     let _ = std::fs::remove_dir_all(&dir);

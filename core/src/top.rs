@@ -295,7 +295,11 @@ pub fn tick(
         return Vec::new();
     }
     let service = limiter.policy().service.is_some();
-    let every = if service { PUBLISH_EVERY_US } else { LOG_EVERY_US };
+    let every = if service {
+        PUBLISH_EVERY_US
+    } else {
+        LOG_EVERY_US
+    };
     if *last_us == 0 {
         *last_us = now_us;
         return Vec::new();
@@ -489,7 +493,8 @@ mod tests {
             summary.error
         );
         assert!(summary.error <= n / k);
-        let listed: HashMap<&str, u64> = summary.keys.iter().map(|(k, c)| (k.as_str(), *c)).collect();
+        let listed: HashMap<&str, u64> =
+            summary.keys.iter().map(|(k, c)| (k.as_str(), *c)).collect();
         for (key, &t) in truth {
             let c = listed.get(key.as_str()).copied().unwrap_or(0);
             assert!(c <= t, "{key:?}: count {c} over its true {t}");
@@ -519,7 +524,10 @@ mod tests {
             for (key, &t) in &truth {
                 if t > n as u64 / k as u64 {
                     heavy += 1;
-                    assert!(s.estimate(key).is_some(), "k {k}: {key:?} ({t}) has no counter");
+                    assert!(
+                        s.estimate(key).is_some(),
+                        "k {k}: {key:?} ({t}) has no counter"
+                    );
                 }
                 // ... and every key without a counter was counted at most `min` times.
                 if s.estimate(key).is_none() {
@@ -531,7 +539,10 @@ mod tests {
             for (key, &t) in &truth {
                 if let Some((count, error)) = s.estimate(key) {
                     assert!(count >= t, "k {k}: {key:?} counted {count} under its {t}");
-                    assert!(count - t <= error, "k {k}: {key:?} {count} - {t} over {error}");
+                    assert!(
+                        count - t <= error,
+                        "k {k}: {key:?} {count} - {t} over {error}"
+                    );
                     assert!(error <= min, "k {k}: {key:?} error {error} over min {min}");
                 }
             }
@@ -651,7 +662,11 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(line.len() < 200 + MAX_LINE_KEYS * (MAX_SHOWN_KEY_CHARS * 3 + 16), "{}", line.len());
+        assert!(
+            line.len() < 200 + MAX_LINE_KEYS * (MAX_SHOWN_KEY_CHARS * 3 + 16),
+            "{}",
+            line.len()
+        );
         assert!(line.contains("api:xxx"), "{line}");
         assert!(!line.chars().any(char::is_control), "{line}");
         assert_eq!(line.matches('…').count(), MAX_LINE_KEYS);
@@ -691,7 +706,10 @@ mod tests {
         assert_eq!(limiter.policy().rule(*id).unwrap().name, "api");
         assert_eq!(
             taken.admitted.keys,
-            vec![("api\u{1f}10.0.0.1".into(), 2), ("api\u{1f}10.0.0.2".into(), 1)]
+            vec![
+                ("api\u{1f}10.0.0.1".into(), 2),
+                ("api\u{1f}10.0.0.2".into(), 1)
+            ]
         );
         assert_eq!(taken.denied.keys, vec![("api\u{1f}10.0.0.1".into(), 3)]);
         assert_eq!((taken.admitted.total, taken.denied.total), (3, 3));

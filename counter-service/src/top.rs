@@ -277,7 +277,12 @@ impl Query {
         let mut rule = None;
         let mut window = None;
         let mut limit = None;
-        for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        for pair in uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             let value = percent_decode_str(value)
                 .decode_utf8()
@@ -375,12 +380,18 @@ mod tests {
                 limit: DEFAULT_LIMIT
             }
         );
-        assert_eq!(Query::parse(&uri("rule=api%2Fgold&limit=64")).unwrap().rule, "api/gold");
+        assert_eq!(
+            Query::parse(&uri("rule=api%2Fgold&limit=64")).unwrap().rule,
+            "api/gold"
+        );
         assert!(message(Query::parse(&uri("window=5m"))).starts_with("rule: missing"));
         assert!(message(Query::parse(&uri("rule=a%20b"))).starts_with("rule: "));
         for window in ["0m", "16m", "5", "5s", "-1m", "99999999999999999999m"] {
             let m = message(Query::parse(&uri(&format!("rule=api&window={window}"))));
-            assert!(m.starts_with("window: must be whole minutes"), "{window}: {m}");
+            assert!(
+                m.starts_with("window: must be whole minutes"),
+                "{window}: {m}"
+            );
         }
         for limit in ["0", "65", "x"] {
             let m = message(Query::parse(&uri(&format!("rule=api&limit={limit}"))));
@@ -395,15 +406,23 @@ mod tests {
         let board = Board::default();
         let now = 1_700_000_000_000;
         let big = report("api", &[("a", 1)], MAX_TOP_COUNT + 1, 0);
-        assert!(matches!(board.record("c", 0, &big, now), Recorded::Refused(r) if r.starts_with("top[0].denied.total")));
+        assert!(
+            matches!(board.record("c", 0, &big, now), Recorded::Refused(r) if r.starts_with("top[0].denied.total"))
+        );
         let wrong = report("api", &[("a", 1)], 5, 6);
-        assert!(matches!(board.record("c", 1, &wrong, now), Recorded::Refused(r) if r.contains("error")));
+        assert!(
+            matches!(board.record("c", 1, &wrong, now), Recorded::Refused(r) if r.contains("error"))
+        );
         let many: Vec<(String, u64)> = (0..65).map(|i| (format!("k{i}"), 1)).collect();
         let many: Vec<(&str, u64)> = many.iter().map(|(k, c)| (k.as_str(), *c)).collect();
         let flood = report("api", &many, 100, 0);
-        assert!(matches!(board.record("c", 2, &flood, now), Recorded::Refused(r) if r.contains("keys")));
+        assert!(
+            matches!(board.record("c", 2, &flood, now), Recorded::Refused(r) if r.contains("keys"))
+        );
         let bad_name = report("a b", &[], 1, 0);
-        assert!(matches!(board.record("c", 3, &bad_name, now), Recorded::Refused(r) if r.starts_with("top[3].rule")));
+        assert!(
+            matches!(board.record("c", 3, &bad_name, now), Recorded::Refused(r) if r.starts_with("top[3].rule"))
+        );
         // Too long, another rule's, counted more than the total: dropped, their counts in the error.
         let mut mixed = report("api", &[("ok", 5), ("zero", 0)], 10, 1);
         mixed.denied.keys.push(TopKey {
@@ -418,7 +437,10 @@ mod tests {
             key: "api\u{1f}huge".into(),
             count: u64::MAX,
         });
-        assert_eq!(board.record("c", 4, &mixed, now), Recorded::Kept { dropped: 4 });
+        assert_eq!(
+            board.record("c", 4, &mixed, now),
+            Recorded::Kept { dropped: 4 }
+        );
         let answer = board.query("api", 1, 20, now);
         // 1 + 0 + 2 + 1 + 10, at most the total.
         assert_eq!(answer["denied"]["error_bound"], 10);
@@ -427,7 +449,9 @@ mod tests {
             json!([{"key": "api\u{1f}ok", "count": 5, "at_most": 15}])
         );
         let overcounted = report("api", &[("a", 6), ("b", 6)], 10, 0);
-        assert!(matches!(board.record("c", 5, &overcounted, now), Recorded::Refused(r) if r.contains("add up")));
+        assert!(
+            matches!(board.record("c", 5, &overcounted, now), Recorded::Refused(r) if r.contains("add up"))
+        );
     }
 
     #[test]
@@ -466,7 +490,11 @@ mod tests {
         let answer = board.query("api", 1, 64, now);
         assert_eq!(answer["credentials"], 2);
         let (_, all, _) = board.merged("api", 1, now);
-        assert!(all.keys.contains(&("api\u{1f}alice".to_string(), 40)), "{:?}", &all.keys[60..]);
+        assert!(
+            all.keys.contains(&("api\u{1f}alice".to_string(), 40)),
+            "{:?}",
+            &all.keys[60..]
+        );
         assert_eq!(all.total, MAX_TOP_COUNT + 50);
     }
 
@@ -475,7 +503,12 @@ mod tests {
         let board = Board::default();
         let start = 1_700_000_000_000 / MINUTE_MS * MINUTE_MS;
         board.record("c", 0, &report("api", &[("old", 7)], 7, 0), start);
-        board.record("c", 0, &report("api", &[("new", 3)], 3, 0), start + 5 * MINUTE_MS);
+        board.record(
+            "c",
+            0,
+            &report("api", &[("new", 3)], 3, 0),
+            start + 5 * MINUTE_MS,
+        );
         let now = start + 5 * MINUTE_MS + 1;
         assert_eq!(board.query("api", 1, 20, now)["denied"]["total"], 3);
         assert_eq!(board.query("api", 5, 20, now)["denied"]["total"], 3);
@@ -483,6 +516,9 @@ mod tests {
         assert_eq!(board.query("other", 6, 20, now)["denied"]["total"], 0);
         // A pair unheard for the longest window is forgotten.
         board.record("c", 0, &report("b", &[], 1, 0), start + 21 * MINUTE_MS);
-        assert_eq!(board.query("api", 15, 20, start + 21 * MINUTE_MS)["credentials"], 0);
+        assert_eq!(
+            board.query("api", 15, 20, start + 21 * MINUTE_MS)["credentials"],
+            0
+        );
     }
 }

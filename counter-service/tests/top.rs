@@ -40,7 +40,14 @@ async fn sync(state: &AppState, token: &str, proxy: &str, top: Value) -> common:
         "entries": [{"key": "api\u{1f}10.0.0.0", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": 1, "denied": 0}],
         "top": top,
     });
-    call(state, "POST", "/v1/sync", Some(token), Body::from(body.to_string())).await
+    call(
+        state,
+        "POST",
+        "/v1/sync",
+        Some(token),
+        Body::from(body.to_string()),
+    )
+    .await
 }
 
 async fn top_of(state: &AppState, query: &str) -> common::Answer {
@@ -84,9 +91,15 @@ async fn a_zipf_workload_through_three_proxies_is_answered_within_its_error_boun
     // Every key answered within the bound: count <= true <= count + error (= at_most).
     for entry in listed {
         let key = entry["key"].as_str().unwrap();
-        let (count, at_most) = (entry["count"].as_u64().unwrap(), entry["at_most"].as_u64().unwrap());
+        let (count, at_most) = (
+            entry["count"].as_u64().unwrap(),
+            entry["at_most"].as_u64().unwrap(),
+        );
         let t = truth[key];
-        assert!(count <= t && t <= at_most, "{key:?}: {count} <= {t} <= {at_most}");
+        assert!(
+            count <= t && t <= at_most,
+            "{key:?}: {count} <= {t} <= {at_most}"
+        );
         assert_eq!(at_most, count + error);
     }
     // Every key counted more than the error (plus the last count answered, when the list is
@@ -99,7 +112,10 @@ async fn a_zipf_workload_through_three_proxies_is_answered_within_its_error_boun
     for (key, &t) in &truth {
         if t > error + last {
             heavy += 1;
-            assert!(listed.iter().any(|e| e["key"] == key.as_str()), "{key:?} ({t}) missing");
+            assert!(
+                listed.iter().any(|e| e["key"] == key.as_str()),
+                "{key:?} ({t}) missing"
+            );
         }
     }
     assert!(heavy >= 1);
@@ -119,7 +135,10 @@ async fn bad_reports_and_bad_queries_are_refused_naming_their_field() {
         .collect();
     let answer = sync(&state, "token-a", "p1", json!(many)).await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
-    assert!(answer.body["message"].as_str().unwrap().starts_with("top:"), "{answer:?}");
+    assert!(
+        answer.body["message"].as_str().unwrap().starts_with("top:"),
+        "{answer:?}"
+    );
     // A giant key, a count past the bound: the batch's grants are answered, the key left out.
     let giant = format!("api\u{1f}{}", "x".repeat(10_000));
     let report = json!([{"rule": "api", "admitted": {"total": 0, "error": 0},
@@ -136,8 +155,19 @@ async fn bad_reports_and_bad_queries_are_refused_naming_their_field() {
     // The admin token is needed; a query out of bounds is a 400 naming its field.
     let anonymous = call(&state, "GET", "/admin/v1/top?rule=api", None, Body::empty()).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
-    let proxy = call(&state, "GET", "/admin/v1/top?rule=api", Some("token-a"), Body::empty()).await;
-    assert_eq!(proxy.status, StatusCode::UNAUTHORIZED, "a proxy token is no admin's");
+    let proxy = call(
+        &state,
+        "GET",
+        "/admin/v1/top?rule=api",
+        Some("token-a"),
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(
+        proxy.status,
+        StatusCode::UNAUTHORIZED,
+        "a proxy token is no admin's"
+    );
     for (query, field) in [
         ("window=5m", "rule"),
         ("rule=api&window=1h", "window"),
@@ -148,6 +178,9 @@ async fn bad_reports_and_bad_queries_are_refused_naming_their_field() {
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
         assert_eq!(answer.body["error"], "invalid_request");
         let message = answer.body["message"].as_str().unwrap();
-        assert!(message.starts_with(&format!("{field}:")), "{query}: {message}");
+        assert!(
+            message.starts_with(&format!("{field}:")),
+            "{query}: {message}"
+        );
     }
 }

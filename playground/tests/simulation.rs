@@ -372,6 +372,16 @@ fn a_rule_counting_its_top_keys_plays_the_same_and_says_what_is_not_shown() {
     let (p, c) = (report(plain, trace), report(counted, trace));
     assert_eq!(c["ok"], true, "{c}");
     assert_eq!(p["totals"], c["totals"], "counting changes no decision");
-    let notes: Vec<&str> = c["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
-    assert!(notes.iter().any(|n| n.starts_with("top keys (top_keys) are counted")), "{notes:?}");
+    let notes: Vec<&str> = c["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("top keys (top_keys) are counted")),
+        "{notes:?}"
+    );
 }

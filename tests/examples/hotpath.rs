@@ -174,8 +174,16 @@ fn main() -> Result<()> {
             sluice_config(DENY_LIMIT, Some("sliding_log")),
         ),
         // The rule counting its top keys (`top_keys`, 16 counters per kind).
-        ("sluice-open-top", &sluice, with_top(sluice_config(OPEN_LIMIT, None))),
-        ("sluice-deny-top", &sluice, with_top(sluice_config(DENY_LIMIT, None))),
+        (
+            "sluice-open-top",
+            &sluice,
+            with_top(sluice_config(OPEN_LIMIT, None)),
+        ),
+        (
+            "sluice-deny-top",
+            &sluice,
+            with_top(sluice_config(DENY_LIMIT, None)),
+        ),
     ];
     // Variants named on the command line, or all.
     let only: Vec<String> = std::env::args().skip(1).collect();
