@@ -183,6 +183,9 @@ pub struct RuleReport {
     /// The path answered with the caller's own quota of this rule (`quota_path`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota_path: Option<String>,
+    /// The counters of its top-keys sketches (`top_keys`), per worker and kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_keys: Option<u32>,
     pub consistency: &'static str,
     pub fallback: Option<String>,
     pub mode: &'static str,
@@ -470,6 +473,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
             .map(text::window)
             .collect(),
         quota_path: rule.quota_path.clone(),
+        top_keys: (rule.top_keys > 0).then_some(rule.top_keys),
         consistency: text::consistency(rule.consistency),
         fallback: text::fallback(rule),
         mode: text::mode(rule.mode),
@@ -781,6 +785,12 @@ pub fn render(e: &Explanation) -> String {
             let _ = writeln!(
                 out,
                 "   quota path:  {path} answers the caller's own quota of this rule (spends nothing)"
+            );
+        }
+        if let Some(counters) = rule.top_keys {
+            let _ = writeln!(
+                out,
+                "   top keys:    the keys it admits and denies most, {counters} counters of each per worker (sluice top; logged each minute without a service)"
             );
         }
         let _ = writeln!(out, "   consistency: {}", rule.consistency);

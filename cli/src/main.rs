@@ -5,6 +5,7 @@ mod config;
 mod docs;
 mod explain;
 mod text;
+mod top;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -56,6 +57,12 @@ enum Command {
     },
     /// Prints the JSON Schema (draft-07) of the configuration, for editors.
     Schema,
+    /// Shows the keys a rule admits and denies most across the fleet, as the counter service
+    /// merged the proxies' reports (rules with `top_keys`), refreshed as `top` does.
+    ///
+    /// The service answers with an admin token; its message, when it refuses, is printed on
+    /// standard error and the exit status is 1.
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +76,10 @@ fn main() -> ExitCode {
         Err(Failure::Unreadable(message)) => {
             eprintln!("sluice: {message}");
             return ExitCode::from(2);
+        }
+        Err(Failure::Service(message)) => {
+            eprintln!("sluice: {message}");
+            return ExitCode::from(1);
         }
     };
     let mut stdout = std::io::stdout().lock();
@@ -85,6 +96,8 @@ enum Failure {
     Invalid(String),
     /// The file could not be read.
     Unreadable(String),
+    /// The counter service could not be reached, or refused (`sluice top`).
+    Service(String),
 }
 
 fn run(command: Command) -> Result<String, Failure> {
@@ -114,6 +127,7 @@ fn run(command: Command) -> Result<String, Failure> {
             Ok(docs::markdown(&loaded))
         }
         Command::Schema => Ok(schema()),
+        Command::Top(args) => top::run(&args),
     }
 }
 

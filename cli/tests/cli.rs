@@ -689,6 +689,19 @@ fn login_fields_are_checked_explained_and_documented() {
     ] {
         assert!(text.contains(cell), "missing {cell:?} in\n{text}");
     }
+    let counted = br#"{"rules": [{"name": "api", "key": ["client_ip"], "top_keys": 16,
+       "limits": [{"requests": 5, "per": "minute"}]}]}"#;
+    let output = sluice(
+        &["explain", "--path", "/", "--client-ip", "192.0.2.1", "-"],
+        counted,
+    );
+    let line = "   top keys:    the keys it admits and denies most, 16 counters of each per worker (sluice top; logged each minute without a service)";
+    assert!(
+        stdout(&output).lines().any(|l| l == line),
+        "{}{}",
+        stdout(&output),
+        stderr(&output)
+    );
     let bad = br#"{"rules": [{"name": "login", "key": ["client_ip"], "penalty": 0,
        "limits": [{"requests": 5, "per": "minute"}]}]}"#;
     let output = sluice(&["check", "-"], bad);
@@ -830,6 +843,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "scale",
             "schedule",
             "tiers",
+            "top_keys",
             "when_missing"
         ]
     );

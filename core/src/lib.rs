@@ -14,6 +14,7 @@ pub mod request;
 pub mod shed;
 pub mod store;
 pub mod sync;
+pub mod top;
 pub mod worker;
 
 pub use config::{parse, ConfigError};

@@ -235,6 +235,9 @@ pub struct Rule {
     pub count_when: Option<CountWhen>,
     /// How long a key stays denied once it went over, in microseconds (0: no penalty).
     pub penalty_us: u64,
+    /// Counters of the sketches of its most admitted and denied keys, per worker and kind
+    /// ([`crate::top`]; 0: its keys are not counted).
+    pub top_keys: u32,
     /// The tier this rule counts, for a rule with tiers.
     pub tier: Option<TierOf>,
     /// What a request missing a key part gets.

@@ -63,6 +63,9 @@ pub struct Metrics {
     /// Load reports, by outcome: `recorded`, `full` (the credential had as many fresh reports as
     /// it may: not recorded, answered all the same), `error` (Redis failed: no level answered).
     load_reports: Family<Labels, Counter>,
+    /// Top-keys reports (one per rule of a sync), by outcome: `kept`, `full` (the credential or
+    /// the replica keeps as many rules as it may), `refused` (out of bounds).
+    top_reports: Family<Labels, Counter>,
     /// Changes made through the admin API, by action (`set_limits`, `delete_key`, …).
     admin_changes: Family<Labels, Counter>,
     /// Overrides removed because their ttl ran out.
@@ -119,6 +122,7 @@ impl Metrics {
             fleet_share_proxies: Gauge::default(),
             fleet_shares: Family::default(),
             load_reports: Family::default(),
+            top_reports: Family::default(),
             admin_changes: Family::default(),
             overrides_expired: Counter::default(),
             overrides_sent: Counter::default(),
@@ -230,6 +234,11 @@ impl Metrics {
             metrics.load_reports.clone(),
         );
         registry.register(
+            "top_reports",
+            "Top-keys reports, by outcome",
+            metrics.top_reports.clone(),
+        );
+        registry.register(
             "admin_changes",
             "Changes made through the admin API, by action",
             metrics.admin_changes.clone(),
@@ -304,6 +313,12 @@ impl Metrics {
     /// A load report's outcome: `recorded`, `full` or `error`.
     pub fn fleet_share_counted(&self, outcome: &'static str) {
         self.fleet_shares
+            .get_or_create(&vec![("outcome", outcome)])
+            .inc();
+    }
+
+    pub fn top_reported(&self, outcome: &'static str) {
+        self.top_reports
             .get_or_create(&vec![("outcome", outcome)])
             .inc();
     }

@@ -26,6 +26,8 @@ pub struct AppState {
     pub overrides: Arc<override_cache::Cache>,
     /// `GET /v1/status`'s memory.
     pub status: Arc<crate::status_cache::StatusCache>,
+    /// The proxies' top keys this replica was sent (`GET /admin/v1/top`).
+    pub top: Arc<crate::top::Board>,
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -62,6 +64,7 @@ impl AppState {
             metrics,
             overrides: Arc::default(),
             status: Arc::default(),
+            top: Arc::default(),
             in_flight: Arc::new(AtomicUsize::new(0)),
         })
     }

@@ -90,6 +90,7 @@ pub async fn handle(
         }
     };
     (overrides.load_level, overrides.fleet_proxies) = tokio::join!(level, share);
+    record_top(&state, credential, &request);
     Ok(Json(SyncResponse {
         grants,
         hints: Hints {
@@ -97,6 +98,33 @@ pub async fn handle(
             overrides,
         },
     }))
+}
+
+/// Keeps the batch's top keys ([`crate::top`]) under its credential: a report out of bounds is
+/// refused alone (logged and counted), the grants are answered all the same.
+fn record_top(state: &AppState, credential: Option<&str>, request: &SyncRequest) {
+    if request.top.is_empty() {
+        return;
+    }
+    let credential = credential.unwrap_or(fleet::SHARED_CREDENTIAL);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    for (i, report) in request.top.iter().enumerate() {
+        let outcome = match state.top.record(credential, i, report, now_ms) {
+            crate::top::Recorded::Kept { dropped: 0 } => "kept",
+            crate::top::Recorded::Kept { dropped } => {
+                tracing::debug!(credential, dropped, "top keys out of bounds dropped");
+                "kept"
+            }
+            crate::top::Recorded::Full => "full",
+            crate::top::Recorded::Refused(reason) => {
+                tracing::debug!(credential, %reason, "a top-keys report refused");
+                "refused"
+            }
+        };
+        state.metrics.top_reported(outcome);
+    }
 }
 
 /// Applies a batch as its own proxy id ([`apply_as`]).

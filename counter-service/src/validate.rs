@@ -44,6 +44,15 @@ pub fn sync_batch(request: &SyncRequest, settings: &Settings) -> Result<(), AppE
     if let Some(load) = &request.load {
         load_report(load)?;
     }
+    if request.top.len() > sluice_protocol::MAX_TOP_RULES {
+        return Err(AppError::invalid(
+            "top",
+            format!(
+                "more than {} rules in one batch",
+                sluice_protocol::MAX_TOP_RULES
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -289,6 +298,7 @@ mod tests {
             overrides_version: 0,
             overrides_delta: false,
             fleet_share: false,
+            top: Vec::new(),
         };
         assert_eq!(message(&request), "entries[1].key: longer than 512 bytes");
         request.entries[1] = entry("b", vec![]);
@@ -342,6 +352,7 @@ mod tests {
             overrides_version: 0,
             overrides_delta: false,
             fleet_share: false,
+            top: Vec::new(),
         };
         assert_eq!(message(&request), "");
         // the bounds themselves are fine: a brief overload, nothing shed or all, an hour
@@ -526,6 +537,7 @@ mod tests {
             overrides_version: 0,
             overrides_delta: false,
             fleet_share: false,
+            top: Vec::new(),
         };
         assert_eq!(
             message(&logged),
@@ -540,6 +552,7 @@ mod tests {
             overrides_version: 0,
             overrides_delta: false,
             fleet_share: false,
+            top: Vec::new(),
         };
         assert_eq!(message(&request), "");
         request.entries[1] = entry(

@@ -126,6 +126,11 @@ pub fn call_body(body_size: usize) -> Option<Vec<u8>> {
         .flatten()
 }
 
+/// An informational line in Envoy's log.
+pub fn log_info(message: &str) {
+    let _ = hostcalls::log(proxy_wasm::types::LogLevel::Info, message);
+}
+
 /// A warning in Envoy's log.
 pub fn log_warn(message: &str) {
     let _ = hostcalls::log(proxy_wasm::types::LogLevel::Warn, message);

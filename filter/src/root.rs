@@ -26,6 +26,8 @@ pub struct Root {
     tables_at_us: u64,
     /// Its tables the registry did not track at the last stamp (it was full).
     untracked: Vec<String>,
+    /// When this worker last published or logged its rules' top keys (`sluice_core::top`).
+    top_at_us: u64,
 }
 
 impl Context for Root {
@@ -117,6 +119,11 @@ impl RootContext for Root {
             let every = sluice_core::limit::registry::HEARTBEAT_EVERY_US / 10 * 9;
             if now.saturating_sub(self.tables_at_us) >= every {
                 self.keep_tables(&limiter, now);
+            }
+            // Its rules' top keys: to the proxy's summary for the sync, or (no service) logged.
+            for line in sluice_core::top::tick(&limiter, &mut self.top_at_us, now, &mut SharedData)
+            {
+                crate::host::log_info(&line);
             }
             if let (Some(shedder), Some(shedding)) =
                 (&shared.shedder, limiter.policy().shedding.as_ref())

@@ -245,6 +245,12 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
     if policy.rules.iter().any(|r| r.cost_header.is_some()) {
         notes.push("costs reported by responses (cost_header) are not simulated".into());
     }
+    if policy.rules.iter().any(|r| r.top_keys > 0) {
+        notes.push(
+            "top keys (top_keys) are counted as a proxy counts them and change no decision; the fleet's table is the counter service's (sluice top), not shown here"
+                .into(),
+        );
+    }
     notes
 }
 

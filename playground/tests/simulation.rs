@@ -440,3 +440,25 @@ fn a_shared_penalty_is_named_fleet_wide() {
         "{notes:?}"
     );
 }
+
+#[test]
+fn a_rule_counting_its_top_keys_plays_the_same_and_says_what_is_not_shown() {
+    let plain = r#"{"rules": [{"name": "r", "key": ["client_ip"], "limits": [{"requests": 2, "per": "minute"}]}]}"#;
+    let counted = r#"{"rules": [{"name": "r", "key": ["client_ip"], "limits": [{"requests": 2, "per": "minute"}], "top_keys": 8}]}"#;
+    let trace = "0,a\n0,a\n0,a\n0,b\n";
+    let (p, c) = (report(plain, trace), report(counted, trace));
+    assert_eq!(c["ok"], true, "{c}");
+    assert_eq!(p["totals"], c["totals"], "counting changes no decision");
+    let notes: Vec<&str> = c["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("top keys (top_keys) are counted")),
+        "{notes:?}"
+    );
+}

@@ -18,6 +18,14 @@ pub const MAX_TOKENS: u64 = 1 << 31;
 pub const MAX_LOG: u64 = 1_000;
 /// Longest key the filter sends: a longer one is replaced by a digest.
 pub const MAX_KEY_BYTES: usize = 256;
+/// Most keys of one kind (admitted, denied) in one rule's [`TopReport`], and most counters a
+/// rule's `top_keys` may ask for.
+pub const MAX_TOP_KEYS: usize = 64;
+/// Most rules a sync's [`SyncRequest::top`] reports.
+pub const MAX_TOP_RULES: usize = 32;
+/// Largest count (or total, or error) a [`TopReport`] may carry: a proxy reports at most one
+/// sync interval's requests, and a service sums them without overflow.
+pub const MAX_TOP_COUNT: u64 = 1 << 40;
 /// Most bytes of live overrides ([`LiveOverrides`]) a service may keep: its
 /// `--overrides-max-bytes` is at most this. A proxy refuses a set whose JSON is longer than this
 /// plus [`OVERRIDES_FRAME_BYTES`] (it keeps its last set), and a sync answer longer than
@@ -201,6 +209,42 @@ pub struct SyncRequest {
     /// such a rule, which are not counted; ignored by older services.
     #[serde(default, skip_serializing_if = "is_false")]
     pub fleet_share: bool,
+    /// The keys each rule with `top_keys` admitted and denied most since the proxy's last
+    /// report, as mergeable summaries ([`TopReport`]): at most [`MAX_TOP_RULES`] rules. Absent
+    /// from older proxies and from proxies without such a rule; ignored by older services.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<TopReport>,
+}
+
+/// One rule's most admitted and most denied keys on one proxy since its last report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopReport {
+    /// The rule's name.
+    pub rule: String,
+    pub admitted: TopSummary,
+    pub denied: TopSummary,
+}
+
+/// A mergeable summary of the keys of a stream of requests (Misra-Gries form): for every key,
+/// `true - error <= count <= true` (a key not listed counts 0), and `error` is at most `total`
+/// over the number of counters that counted them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopSummary {
+    /// Requests summarized (at most [`MAX_TOP_COUNT`]).
+    pub total: u64,
+    /// How far below its true count any count may be (at most `total`).
+    pub error: u64,
+    /// At most [`MAX_TOP_KEYS`] keys, each at most [`MAX_KEY_BYTES`] bytes (a longer key travels
+    /// as the filter's digest of it), with counts of 1 to `total`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<TopKey>,
+}
+
+/// One key of a [`TopSummary`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopKey {
+    pub key: String,
+    pub count: u64,
 }
 
 fn is_zero(value: &u64) -> bool {

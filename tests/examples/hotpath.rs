@@ -70,6 +70,13 @@ fn sluice_config(requests_per_second: u64, algorithm: Option<&str>) -> String {
     .to_string()
 }
 
+/// `config` with its rule counting its top keys.
+fn with_top(config: String) -> String {
+    let mut json: serde_json::Value = serde_json::from_str(&config).unwrap_or_default();
+    json["rules"][0]["top_keys"] = 16.into();
+    json.to_string()
+}
+
 struct Counted {
     instructions: f64,
     host_calls: f64,
@@ -165,6 +172,17 @@ fn main() -> Result<()> {
             "sluice-deny-log",
             &sluice,
             sluice_config(DENY_LIMIT, Some("sliding_log")),
+        ),
+        // The rule counting its top keys (`top_keys`, 16 counters per kind).
+        (
+            "sluice-open-top",
+            &sluice,
+            with_top(sluice_config(OPEN_LIMIT, None)),
+        ),
+        (
+            "sluice-deny-top",
+            &sluice,
+            with_top(sluice_config(DENY_LIMIT, None)),
         ),
     ];
     // Variants named on the command line, or all.

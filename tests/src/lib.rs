@@ -8,6 +8,7 @@ pub mod nginx;
 pub mod redis;
 pub mod reply;
 pub mod service;
+pub mod zipf;
 
 use std::time::{Duration, Instant};
 

@@ -597,3 +597,37 @@ both_hosts!(
     request_counters_reach_the_host_once_on_the_tick,
     a_bad_header_value_does_not_trap,
 );
+
+/// Without a counter service, a rule with `top_keys` logs its top denied keys once a minute per
+/// worker at info level, one bounded line; a rule without it logs nothing of the kind.
+#[test]
+fn a_local_rule_logs_its_top_denied_keys_every_minute() {
+    let config = r#"{"rules": [{"name": "api", "key": ["client_ip"], "top_keys": 8,
+        "limits": [{"requests": 2, "per": "hour"}]}]}"#;
+    let proxy = proxy(config, 1);
+    for _ in 0..7 {
+        send(&proxy, 0, get("/api/x", "203.0.113.7"));
+    }
+    send(&proxy, 0, get("/api/x", "198.51.100.2"));
+    proxy.advance(Duration::from_secs(130)).unwrap();
+    let lines: Vec<String> = proxy
+        .log_messages(LogLevel::Info)
+        .into_iter()
+        .filter(|l| l.contains("top keys"))
+        .collect();
+    assert_eq!(
+        lines.first().map(String::as_str),
+        Some("sluice: rule api denied 5 request(s) in the last minute; top keys (each count at most 0 short): api:203.0.113.7=5"),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| l.len() < 2_000));
+    let quiet = self::proxy(PER_IP, 1);
+    for _ in 0..60 {
+        send(&quiet, 0, get("/api/x", "203.0.113.7"));
+    }
+    quiet.advance(Duration::from_secs(130)).unwrap();
+    assert!(!quiet
+        .log_messages(LogLevel::Info)
+        .iter()
+        .any(|l| l.contains("top keys")));
+}

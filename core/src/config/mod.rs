@@ -215,6 +215,10 @@ struct RawRule {
     /// A path, such as /rate_limit, answered 200 with the caller's own quota of this rule as JSON (its key computed as for a limited request), spending nothing and never forwarded. The exact path, without a query. Local rules.
     #[serde(default)]
     quota_path: Option<String>,
+    /// Counts the keys this rule admits and denies most, in a space-saving sketch of this many counters per worker and kind (4 to 64; absent: not counted). Reported to the counter service (GET /admin/v1/top, sluice top) or, without one, logged every minute. Local and cached rules.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(range(min = 4, max = 64)))]
+    top_keys: Option<u32>,
 }
 
 /// A rule's factors per load level.
@@ -945,6 +949,27 @@ fn rule(
             .map_err(|problem| err(format!("{at}.penalty"), problem))?,
     };
 
+    let top_keys = match raw.top_keys {
+        None => 0,
+        Some(_) if consistency == Consistency::Strict => {
+            return Err(err(
+                format!("{at}.top_keys"),
+                "a strict rule is decided by the counter service, one check per request: count its keys in a local or cached rule",
+            ))
+        }
+        Some(n) if (crate::top::MIN_COUNTERS..=crate::top::MAX_COUNTERS).contains(&n) => n,
+        Some(n) => {
+            return Err(err(
+                format!("{at}.top_keys"),
+                format!(
+                    "{n} counters: from {} to {} (each worker keeps this many keys of each kind)",
+                    crate::top::MIN_COUNTERS,
+                    crate::top::MAX_COUNTERS
+                ),
+            ))
+        }
+    };
+
     let answer = Answer {
         // Checked with the rest of the rule (`check_rule`).
         status: raw
@@ -1060,6 +1085,7 @@ fn rule(
             cost_header: cost_header.clone(),
             count_when: count_when.clone(),
             penalty_us,
+            top_keys,
             tier,
             when_missing,
             answer: answer.clone(),

@@ -14,6 +14,7 @@ use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
 use crate::protocol::KeyAction;
 use crate::request::RequestView;
 use crate::store::{self, Store};
+use crate::top::{RuleTop, Taken};
 
 /// How stale a key's recency may get before a denial writes it anyway.
 const RECENCY_US: u64 = 1_000_000;
@@ -57,6 +58,9 @@ pub struct Limiter {
     /// Buffers for a request's key and its set's store key, kept between requests so that
     /// building them allocates nothing.
     scratch: std::cell::RefCell<Scratch>,
+    /// Per rule: this worker's sketches of the keys it admits and denies most (`None`: the rule
+    /// has no `top_keys`). See [`crate::top`].
+    top: std::cell::RefCell<Vec<Option<RuleTop>>>,
 }
 
 /// See [`Limiter`]'s `scratch`.
@@ -382,7 +386,13 @@ impl Limiter {
         let notable = (0..policy.rules.len())
             .map(|i| notable(&policy, i))
             .collect();
+        let top = policy
+            .rules
+            .iter()
+            .map(|r| (r.top_keys > 0).then(|| RuleTop::new(r.top_keys as usize)))
+            .collect();
         Limiter {
+            top: std::cell::RefCell::new(top),
             needs_client_ip: policy.needs_client_ip(),
             strict: policy
                 .rules
@@ -414,6 +424,11 @@ impl Limiter {
     /// rule has a concurrent limit.
     pub fn holds_slots(&self) -> bool {
         self.slots
+    }
+
+    /// Whether some rule counts its top keys (`top_keys`).
+    pub fn counts_top(&self) -> bool {
+        self.top.borrow().iter().any(Option::is_some)
     }
 
     /// Whether some rule counts by its answer's status (`count_when`).
@@ -607,13 +622,19 @@ impl Limiter {
                 if tally.denied() {
                     self.ask_wait(&mut tally, id, key, conditions, store);
                 } else {
-                    self.decide_key(
+                    let before = tally.e.outcomes.len();
+                    let fingerprint = self.decide_key(
                         &mut tally,
                         Enforced { id, rule, table },
                         key,
                         conditions,
                         store,
                     );
+                    // A rule without `top_keys` pays this test alone.
+                    if rule.top_keys > 0 {
+                        let enforced = Enforced { id, rule, table };
+                        self.count_top(enforced, key, fingerprint, &tally, before);
+                    }
                 }
                 if tally.failed_closed() {
                     break;
@@ -627,6 +648,53 @@ impl Limiter {
             }
         }
         tally.finish(self, store);
+    }
+
+    /// Counts `key` in its rule's sketches by the outcome [`Limiter::decide_key`] left for it
+    /// (past `before`): admitted, or denied (a would-be denial of monitor, warn or the ramp
+    /// included). A key the service decides (a fail-closed rule's check) is counted by neither.
+    #[cold]
+    fn count_top(
+        &self,
+        enforced: Enforced<'_>,
+        key: &str,
+        fingerprint: u64,
+        tally: &Tally,
+        before: usize,
+    ) {
+        let Some(&(id, outcome)) = tally.e.outcomes.get(before) else {
+            return;
+        };
+        if id != enforced.id {
+            return;
+        }
+        let mut top = self.top.borrow_mut();
+        let Some(Some(sketches)) = top.get_mut(id.index()) else {
+            return;
+        };
+        let fingerprint = match fingerprint {
+            0 => enforced.table.fingerprint(key),
+            known => known,
+        };
+        match outcome {
+            Outcome::Allowed => sketches.admitted.offer(fingerprint, key),
+            Outcome::Denied | Outcome::ShadowDenied | Outcome::Warned => {
+                sketches.denied.offer(fingerprint, key)
+            }
+            Outcome::Uncounted | Outcome::FailedClosed => {}
+        }
+    }
+
+    /// This worker's summaries of each rule with `top_keys` that counted something since the
+    /// last take, its sketches emptied: what it adds to its proxy's ([`crate::top::publish`]) or
+    /// logs.
+    pub fn take_top(&self) -> Vec<(RuleId, Taken)> {
+        self.top
+            .borrow_mut()
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, t)| Some((RuleId::new(i), t.as_mut()?.take()?)))
+            .collect()
     }
 
     /// A request already denied: how long `rule` would make it wait for `key`, uncharged; the
@@ -655,7 +723,8 @@ impl Limiter {
     }
 
     /// One key of one rule: an operator's override, else a remembered denial, else the key's
-    /// record counted in the store; the rule's answer goes into the tally.
+    /// record counted in the store; the rule's answer goes into the tally. Answers the key's
+    /// fingerprint (0 when an override decided it without one), for its rule's top keys.
     fn decide_key(
         &self,
         tally: &mut Tally,
@@ -663,15 +732,18 @@ impl Limiter {
         key: &str,
         conditions: Conditions,
         store: &mut dyn Store,
-    ) {
+    ) -> u64 {
         let now = conditions.now_us;
         match self.policy.key_override_until(rule, key) {
-            Some((KeyAction::Allow, _)) => return tally.e.outcomes.push((id, Outcome::Allowed)),
+            Some((KeyAction::Allow, _)) => {
+                tally.e.outcomes.push((id, Outcome::Allowed));
+                return 0;
+            }
             Some((KeyAction::Block, expires_ms)) => {
                 tally.e.outcomes.push((id, Outcome::Denied));
                 tally.denial = Some(blocked(rule, id, expires_ms, now));
                 tally.digest(key);
-                return;
+                return 0;
             }
             None => {}
         }
@@ -679,7 +751,8 @@ impl Limiter {
         let notable = self.notable.get(id.index()).copied().unwrap_or(false);
         if notable {
             if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
-                return tally.deny(id, key, quota, retry_after_us);
+                tally.deny(id, key, quota, retry_after_us);
+                return fingerprint;
             }
         }
         let Ok(Counted {
@@ -688,13 +761,15 @@ impl Limiter {
             hopeless,
         }) = self.count(rule, table, fingerprint, conditions, store)
         else {
-            return tally.e.outcomes.push((id, Outcome::Uncounted));
+            tally.e.outcomes.push((id, Outcome::Uncounted));
+            return fingerprint;
         };
         if dirty {
             tally.e.newly_unsynced.push((id, key.to_string()));
         }
         if verdict.asks {
-            return tally.ask(id, rule, key);
+            tally.ask(id, rule, key);
+            return fingerprint;
         }
         tally.e.lease_exhausted |= verdict.spend == Spend::Lease && !verdict.allowed && !hopeless;
         if verdict.allowed {
@@ -714,6 +789,7 @@ impl Limiter {
             }
             tally.deny(id, key, verdict.quota, verdict.retry_after_us);
         }
+        fingerprint
     }
 
     /// Counts a request against the record of `fingerprint` in `rule`'s table: one

@@ -190,6 +190,7 @@ pub fn compose(
             overrides_version: state.overrides_version,
             overrides_delta: true,
             fleet_share: limiter.policy().fleet_share(),
+            top: crate::top::reports(limiter, store),
         },
         replayed,
     })

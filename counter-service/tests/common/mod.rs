@@ -137,6 +137,7 @@ pub fn batch(proxy: &str, interval_ms: u64, entries: Vec<SyncEntry>) -> SyncRequ
         overrides_version: 0,
         overrides_delta: false,
         fleet_share: false,
+        top: Vec::new(),
     }
 }
 
