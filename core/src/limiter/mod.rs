@@ -3,7 +3,9 @@
 pub mod decision;
 pub mod key;
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::limit::table::{self, KeyHasher, Record, Table};
 use crate::limit::token_bucket::Verdict;
@@ -12,7 +14,7 @@ use crate::limiter::decision::{
     Decision, Evaluation, Outcome, Outcomes, Quota, Spend, Spending, Spent,
 };
 use crate::policy::RuleId;
-use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
+use crate::policy::{Consistency, Fallback, LimitsFrom, Mode, Policy, Rule};
 use crate::protocol::KeyAction;
 use crate::request::RequestView;
 use crate::store::{self, Store};
@@ -52,7 +54,16 @@ pub struct Limiter {
     /// Buffers for a request's key and its set's store key, kept between requests so that
     /// building them allocates nothing.
     scratch: std::cell::RefCell<Scratch>,
+    /// Per rule (empty when no key has limits of its own: [`Policy::key_limits`]), the rule as
+    /// each key with its own limits counts it, by the key's fingerprint in the rule's table.
+    keyed: Vec<HashMap<u64, Rule>>,
+    /// The rules of `limits_from` as the values read made them, by rule and requests; at most
+    /// [`MAX_VALUED`], forgotten all at once when full.
+    valued: std::cell::RefCell<HashMap<(usize, u64), Arc<Rule>>>,
 }
+
+/// Most rules made from values `limits_from` read that a limiter keeps.
+const MAX_VALUED: usize = 256;
 
 /// See [`Limiter`]'s `scratch`.
 #[derive(Debug, Clone, Default)]
@@ -381,7 +392,10 @@ impl Limiter {
         let notable = (0..policy.rules.len())
             .map(|i| notable(&policy, i))
             .collect();
+        let keyed = keyed_rules(&policy, &tables);
         Limiter {
+            keyed,
+            valued: Default::default(),
             needs_client_ip: policy.needs_client_ip(),
             strict: policy
                 .rules
@@ -446,6 +460,59 @@ impl Limiter {
         Some(Enforced { id, rule, table })
     }
 
+    /// The rule `id` names as it counts `key`: with the key's own limits when an operator gave
+    /// it some ([`Policy::key_limits`]), else as configured; with its table.
+    pub fn rule_for(&self, id: RuleId, key: &str) -> Option<Enforced<'_>> {
+        let mut enforced = self.rule(id)?;
+        if !self.keyed.is_empty() {
+            enforced.rule = self.keyed(id, enforced.rule, enforced.table.fingerprint(key));
+        }
+        Some(enforced)
+    }
+
+    /// `rule` (rule `id`) as it counts the key of `fingerprint`: with the key's own limits, if
+    /// it has some. One test for a policy without them.
+    #[inline]
+    fn keyed<'a>(&'a self, id: RuleId, rule: &'a Rule, fingerprint: u64) -> &'a Rule {
+        if self.keyed.is_empty() {
+            return rule;
+        }
+        self.keyed
+            .get(id.index())
+            .and_then(|keys| keys.get(&fingerprint))
+            .unwrap_or(rule)
+    }
+
+    /// Rule `id` (`rule`, whose `limits_from` is `from`) as `request` sets its limit: `None` when
+    /// the request has no usable value, or the value gives the rule's own limit.
+    #[inline(never)]
+    fn valued(
+        &self,
+        id: RuleId,
+        rule: &Rule,
+        from: &LimitsFrom,
+        request: &mut dyn RequestView,
+    ) -> Option<Arc<Rule>> {
+        let own = rule.limits.first()?;
+        let values = from.from.values(request);
+        let limit = from.limit(own, values.first().map(String::as_str), rule.cost)?;
+        if limit == *own {
+            return None;
+        }
+        let mut valued = self.valued.borrow_mut();
+        if let Some(made) = valued.get(&(id.index(), limit.requests())) {
+            return Some(made.clone());
+        }
+        if valued.len() >= MAX_VALUED {
+            valued.clear();
+        }
+        let mut made = rule.clone();
+        made.limits = vec![limit];
+        let made = Arc::new(made);
+        valued.insert((id.index(), limit.requests()), made.clone());
+        Some(made)
+    }
+
     /// Every rule, in order, with its table.
     pub fn rules(&self) -> impl Iterator<Item = Enforced<'_>> {
         self.policy
@@ -482,6 +549,11 @@ impl Limiter {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
             }
+            let valued = match &rule.limits_from {
+                None => None,
+                Some(from) => self.valued(id, rule, from, request),
+            };
+            let rule = valued.as_deref().unwrap_or(rule);
             // The key is built in this worker's buffer (given back below), and so is its set's
             // store key: a request of a single-keyed rule allocates neither.
             let buffer = std::mem::take(&mut self.scratch.borrow_mut().key);
@@ -557,6 +629,7 @@ impl Limiter {
             None => {}
         }
         let fingerprint = table.fingerprint(key);
+        let rule = self.keyed(id, rule, fingerprint);
         let notable = self.notable.get(id.index()).copied().unwrap_or(false);
         if notable {
             if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
@@ -696,6 +769,7 @@ impl Limiter {
             return None;
         }
         let fingerprint = table.fingerprint(key);
+        let rule = self.keyed(index, rule, fingerprint);
         if self.notable.get(index.index()).copied().unwrap_or(false) {
             if let Some(noted) = self.noted(index, fingerprint, now) {
                 return Some(noted);
@@ -784,6 +858,7 @@ impl Limiter {
             rule: spec, table, ..
         } = self.rule(rule)?;
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         let conditions = Conditions {
             now_us,
@@ -832,6 +907,7 @@ impl Limiter {
             return None;
         }
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
             let Some(mut record) = table.find(set, fingerprint) else {
@@ -889,6 +965,7 @@ impl Limiter {
             return false;
         }
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         let cost = spec.cost.min(u32::MAX as u64) as u32;
         store::update(store, &table.set_key(fingerprint), |set| {
@@ -924,6 +1001,7 @@ impl Limiter {
             return false;
         };
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         store::update(store, &table.set_key(fingerprint), |set| {
             let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
@@ -978,6 +1056,7 @@ impl Limiter {
         let Some(Enforced { rule, table, .. }) = self.rule(index) else {
             return;
         };
+        let rule = self.keyed(index, rule, fingerprint);
         // Best effort: a refund that loses every race leaves the client one token short.
         let _ = store::update(store, &table.set_key(fingerprint), |set| {
             let Some(mut record) = table.find(set, fingerprint) else {
@@ -1012,6 +1091,36 @@ fn slot_lapse(rule: &Rule, now_us: u64) -> u64 {
         }
         _ => 0,
     }
+}
+
+/// Per rule of `policy`, the rule as each key an operator gave its own limits counts it
+/// ([`crate::overrides::with_key_limits`]), by the key's fingerprint in the rule's table (a
+/// rule with tiers: every tier, each keying as `rule/tier`). Empty when no key has limits.
+fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Rule>> {
+    if policy.key_limits.is_empty() {
+        return Vec::new();
+    }
+    policy
+        .rules
+        .iter()
+        .zip(tables)
+        .map(|(rule, table)| {
+            let configured = rule
+                .tier
+                .as_ref()
+                .map_or(rule.name.as_str(), |t| t.rule.as_str());
+            let Some(keys) = policy.key_limits.get(configured) else {
+                return HashMap::new();
+            };
+            keys.iter()
+                .map(|(parts, limits)| {
+                    let key = format!("{}{}{parts}", rule.name, key::SEPARATOR);
+                    let keyed = crate::overrides::with_key_limits(rule, limits);
+                    (table.fingerprint(&key), keyed)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Whether requests `rule` admits take a slot ([`slot_lapse`] is not 0 for them).
