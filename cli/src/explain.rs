@@ -168,10 +168,25 @@ pub struct RuleReport {
     /// How long a key stays denied once it went over (`penalty`), as configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub penalty: Option<String>,
+    /// Where the rule's limit is read from the request (`limits_from`), and what this request's
+    /// value gives; `limits` are then the ones this request counts with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits_from: Option<LimitsFromReport>,
     pub consistency: &'static str,
     pub fallback: Option<String>,
     pub mode: &'static str,
     pub ramp_percent: u8,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LimitsFromReport {
+    /// The claim or header read (`jwt:rate_per_minute`).
+    pub from: String,
+    pub max: u64,
+    /// The request's value of `from`.
+    pub value: Option<String>,
+    /// Whether the value set the limit (a whole number of 1 or more); else the rule's own.
+    pub used: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -367,6 +382,24 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
     } else {
         Vec::new()
     };
+    // The limits this request counts with: with `limits_from`, its value's.
+    let mut limits = rule.limits.clone();
+    let limits_from = rule.limits_from.as_ref().map(|from| {
+        let value = from.from.values(request).into_iter().next();
+        let valued = rule
+            .limits
+            .first()
+            .and_then(|own| from.limit(own, value.as_deref(), rule.cost));
+        if let Some(limit) = valued {
+            limits = vec![limit];
+        }
+        LimitsFromReport {
+            from: from.from.name(),
+            max: from.max,
+            value,
+            used: valued.is_some(),
+        }
+    });
     let missing = applies
         .then(|| {
             rule.key
@@ -394,8 +427,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
         keys: keys.iter().map(|k| text::key(k)).collect(),
         not_counted,
         missing,
-        limits: rule
-            .limits
+        limits: limits
             .iter()
             .map(|l| LimitReport {
                 requests: l.requests(),
@@ -414,6 +446,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
         cost_header: rule.cost_header.clone(),
         count_when: rule.count_when.as_ref().map(|c| c.statuses.clone()),
         penalty: (rule.penalty_us > 0).then(|| text::penalty(rule.penalty_us)),
+        limits_from,
         consistency: text::consistency(rule.consistency),
         fallback: text::fallback(rule),
         mode: text::mode(rule.mode),
@@ -689,6 +722,20 @@ pub fn render(e: &Explanation) -> String {
         }
         let limits: Vec<&str> = rule.limits.iter().map(|l| l.text.as_str()).collect();
         let _ = writeln!(out, "   limits:      {}", limits.join("; "));
+        if let Some(from) = &rule.limits_from {
+            let read = match (&from.value, from.used) {
+                (Some(value), true) => format!("this request's {value:?} set the limit above"),
+                (Some(value), false) => format!(
+                    "this request's {value:?} is no whole number of 1 or more: the rule's own limit"
+                ),
+                (None, _) => "this request has none: the rule's own limit".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "   limit from:  {}, at most {} ({read})",
+                from.from, from.max
+            );
+        }
         match &rule.cost_header {
             Some(header) => {
                 let _ = writeln!(
