@@ -56,7 +56,7 @@ pub struct Limiter {
     scratch: std::cell::RefCell<Scratch>,
     /// Per rule (empty when no key has limits of its own: [`Policy::key_limits`]), the rule as
     /// each key with its own limits counts it, by the key's fingerprint in the rule's table.
-    keyed: Vec<HashMap<u64, Rule>>,
+    keyed: Vec<HashMap<u64, Arc<Rule>>>,
     /// The rules of `limits_from` as the values read made them, by rule and requests; at most
     /// [`MAX_VALUED`], forgotten all at once when full.
     valued: std::cell::RefCell<HashMap<(usize, u64), Arc<Rule>>>,
@@ -480,7 +480,7 @@ impl Limiter {
         self.keyed
             .get(id.index())
             .and_then(|keys| keys.get(&fingerprint))
-            .unwrap_or(rule)
+            .map_or(rule, |keyed| keyed)
     }
 
     /// Rule `id` (`rule`, whose `limits_from` is `from`) as `request` sets its limit: `None` when
@@ -1096,7 +1096,7 @@ fn slot_lapse(rule: &Rule, now_us: u64) -> u64 {
 /// Per rule of `policy`, the rule as each key an operator gave its own limits counts it
 /// ([`crate::overrides::with_key_limits`]), by the key's fingerprint in the rule's table (a
 /// rule with tiers: every tier, each keying as `rule/tier`). Empty when no key has limits.
-fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Rule>> {
+fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Arc<Rule>>> {
     if policy.key_limits.is_empty() {
         return Vec::new();
     }
@@ -1112,10 +1112,17 @@ fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Rule>> {
             let Some(keys) = policy.key_limits.get(configured) else {
                 return HashMap::new();
             };
+            // Keys of the same limits (customers of one contract) share one rule.
+            let mut made: HashMap<&[Limit], Arc<Rule>> = HashMap::new();
             keys.iter()
                 .map(|(parts, limits)| {
                     let key = format!("{}{}{parts}", rule.name, key::SEPARATOR);
-                    let keyed = crate::overrides::with_key_limits(rule, limits);
+                    let keyed = made
+                        .entry(limits.as_slice())
+                        .or_insert_with(|| {
+                            Arc::new(crate::overrides::with_key_limits(rule, limits))
+                        })
+                        .clone();
                     (table.fingerprint(&key), keyed)
                 })
                 .collect()
