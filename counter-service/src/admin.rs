@@ -320,7 +320,7 @@ pub async fn put_key(
 }
 
 /// The key of a request: in the body or (one part) as `?key=`, not both.
-fn one_key(body: Option<Value>, query: Option<String>) -> Result<Value, AppError> {
+pub fn one_key(body: Option<Value>, query: Option<String>) -> Result<Value, AppError> {
     match (body, query) {
         (Some(key), None) => Ok(key),
         (None, Some(one)) => Ok(Value::String(one)),
