@@ -377,3 +377,24 @@ fn limits_from_is_refused_where_it_cannot_be_right() {
         assert!(error.starts_with(expected), "{body}: {error}");
     }
 }
+
+/// A request a later rule denies gives back what it spent under the limit its value gave: a key
+/// whose value is 10 keeps its 10, not the rule's own 2, however many requests the later rule
+/// denies.
+#[test]
+fn a_refund_gives_back_under_the_limit_the_value_gave() {
+    let limiter = Limiter::new(parse(
+        r#"{"rules": [
+            {"name": "contract", "key": ["jwt:sub"], "limits": [{"requests": 2, "per": "minute"}],
+             "limits_from": {"from": "jwt:rate_per_minute", "max": 10}},
+            {"name": "per-path", "key": ["header:x-b"], "limits": [{"requests": 1, "per": "minute"}]}]}"#,
+    ));
+    let mut store = MemoryStore::default();
+    let request = |b: String| move || user("alice", Some("10")).with_header("x-b", &b);
+    assert_eq!(admitted(&limiter, &mut store, 6, request("one".into())), 1);
+    // Alice spent one of her 10; the 5 denials by per-path gave theirs back.
+    let fresh: usize = (0..12)
+        .map(|i| admitted(&limiter, &mut store, 1, request(format!("fresh-{i}"))))
+        .sum();
+    assert_eq!(fresh, 9);
+}

@@ -100,6 +100,9 @@ pub struct Spent {
     /// A concurrency rule's slot: when it lapses, which names it for its release
     /// ([`crate::limit::concurrency::lapse_us`]); 0 for other rules.
     pub(crate) lapse_us: u64,
+    /// The requests of the limit a rule's `limits_from` gave the request (its own limit's when
+    /// it gave none), so a refund gives back under the limit that spent; 0 for other rules.
+    pub(crate) valued: u64,
 }
 
 #[cfg(test)]

@@ -221,6 +221,10 @@ impl Tally {
                 how: v.spend,
                 cost: rule.cost,
                 lapse_us: slot_lapse(rule, now_us),
+                valued: match rule.limits_from {
+                    None => 0,
+                    Some(_) => rule.limits.first().map_or(0, Limit::requests),
+                },
             });
         }
         if rule.cost_header.is_some() || rule.count_when.is_some() {
@@ -496,7 +500,12 @@ impl Limiter {
         let own = rule.limits.first()?;
         let values = from.from.values(request);
         let limit = from.limit(own, values.first().map(String::as_str), rule.cost)?;
-        if limit == *own {
+        self.made(id, rule, limit)
+    }
+
+    /// Rule `id` (`rule`) with `limit` in place of its one limit: `None` when it is its own.
+    fn made(&self, id: RuleId, rule: &Rule, limit: Limit) -> Option<Arc<Rule>> {
+        if rule.limits.first() == Some(&limit) {
             return None;
         }
         let mut valued = self.valued.borrow_mut();
@@ -560,7 +569,7 @@ impl Limiter {
             let keys = key::keys_in(rule, request, buffer);
             for key in keys.iter() {
                 if tally.denied() {
-                    self.ask_wait(&mut tally, id, key, conditions, store);
+                    self.ask_wait(&mut tally, (id, rule), key, conditions, store);
                 } else {
                     self.decide_key(
                         &mut tally,
@@ -589,7 +598,7 @@ impl Limiter {
     fn ask_wait(
         &self,
         tally: &mut Tally,
-        rule: RuleId,
+        (rule, spec): (RuleId, &Rule),
         key: &str,
         conditions: Conditions,
         store: &mut dyn Store,
@@ -600,7 +609,7 @@ impl Limiter {
             retry_after_us: wait,
         }) = &mut tally.denial
         {
-            if let Some((quota, longer)) = self.wait_of(rule, key, conditions, store) {
+            if let Some((quota, longer)) = self.wait_of(rule, spec, key, conditions, store) {
                 if longer > *wait {
                     (*by, *told, *wait) = (rule, quota, longer);
                 }
@@ -739,17 +748,19 @@ impl Limiter {
         step
     }
 
-    /// How long rule `index` would make a request of `key` wait, were it asked at `conditions`:
+    /// How long rule `index` (`rule`, as this request's value made it) would make a request of
+    /// `key` wait, were it asked at `conditions`:
     /// `None` if it would admit it (or not enforce its denial, or cannot tell). Reads the key's
     /// record, charges and writes nothing: the wait of a rule after the one that denied.
     fn wait_of(
         &self,
         index: RuleId,
+        rule: &Rule,
         key: &str,
         conditions: Conditions,
         store: &mut dyn Store,
     ) -> Option<(Quota, u64)> {
-        let Enforced { rule, table, .. } = self.rule(index)?;
+        let table = self.table(index)?;
         let now = conditions.now_us;
         match self.policy.key_override_until(rule, key) {
             Some((KeyAction::Allow, _)) => return None,
@@ -938,6 +949,7 @@ impl Limiter {
             how: verdict.spend,
             cost: spec.cost,
             lapse_us: 0,
+            valued: 0,
         };
         let answer = RuleAnswer {
             allowed: verdict.allowed,
@@ -1051,12 +1063,23 @@ impl Limiter {
             how,
             cost,
             lapse_us,
+            valued: spent_under,
         } = *spent;
         let cost32 = cost.min(u32::MAX as u64) as u32;
         let Some(Enforced { rule, table, .. }) = self.rule(index) else {
             return;
         };
         let rule = self.keyed(index, rule, fingerprint);
+        // Given back under the limit the request's value gave, as it was spent.
+        let valued = match (&rule.limits_from, spent_under) {
+            (Some(_), requests) if requests > 0 => rule
+                .limits
+                .first()
+                .and_then(|own| own.with_requests(requests))
+                .and_then(|limit| self.made(index, rule, limit)),
+            _ => None,
+        };
+        let rule = valued.as_deref().unwrap_or(rule);
         // Best effort: a refund that loses every race leaves the client one token short.
         let _ = store::update(store, &table.set_key(fingerprint), |set| {
             let Some(mut record) = table.find(set, fingerprint) else {
