@@ -247,6 +247,9 @@ pub struct Rule {
     /// The rule's limit read from each request (a verified claim, a header a trusted filter
     /// sets), bounded; `None` for the rule's own limits alone.
     pub limits_from: Option<LimitsFrom>,
+    /// In a copy of the rule made for a request's `limits_from` value, the requests that value
+    /// gave (a refund gives back under them); 0 in the rule as configured.
+    pub given: u32,
 }
 
 /// A rule's `limits_from`: its one limit's `requests` read from the request, at most `max`.

@@ -1011,6 +1011,7 @@ fn rule(
             when_missing,
             answer: answer.clone(),
             limits_from: limits_from.clone(),
+            given: 0,
         };
         let fields = RuleAt::Config {
             rule: at,

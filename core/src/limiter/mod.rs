@@ -219,12 +219,9 @@ impl Tally {
                 rule: id,
                 fingerprint,
                 how: v.spend,
-                cost: rule.cost,
+                cost: rule.cost.min(u32::MAX as u64) as u32,
                 lapse_us: slot_lapse(rule, now_us),
-                valued: match rule.limits_from {
-                    None => 0,
-                    Some(_) => rule.limits.first().map_or(0, Limit::requests),
-                },
+                valued: rule.given,
             });
         }
         if rule.cost_header.is_some() || rule.count_when.is_some() {
@@ -517,6 +514,8 @@ impl Limiter {
         }
         let mut made = rule.clone();
         made.limits = vec![limit];
+        // Limits of `limits_from` are at most MAX_TOKENS (2^31).
+        made.given = limit.requests().min(u32::MAX as u64) as u32;
         let made = Arc::new(made);
         valued.insert((id.index(), limit.requests()), made.clone());
         Some(made)
@@ -947,7 +946,7 @@ impl Limiter {
             rule,
             fingerprint,
             how: verdict.spend,
-            cost: spec.cost,
+            cost: spec.cost.min(u32::MAX as u64) as u32,
             lapse_us: 0,
             valued: 0,
         };
@@ -1065,7 +1064,7 @@ impl Limiter {
             lapse_us,
             valued: spent_under,
         } = *spent;
-        let cost32 = cost.min(u32::MAX as u64) as u32;
+        let (cost32, cost) = (cost, cost as u64);
         let Some(Enforced { rule, table, .. }) = self.rule(index) else {
             return;
         };
@@ -1075,7 +1074,7 @@ impl Limiter {
             (Some(_), requests) if requests > 0 => rule
                 .limits
                 .first()
-                .and_then(|own| own.with_requests(requests))
+                .and_then(|own| own.with_requests(requests as u64))
                 .and_then(|limit| self.made(index, rule, limit)),
             _ => None,
         };
