@@ -15,7 +15,8 @@
 --         (limits or keys) a call changed, the version being the one after that call;
 --       9 sizes: a hash: set_bytes (the set's size, see below; counted from the hashes when
 --         absent), log_bytes (the log's), log_from (the log holds every change after this
---         version: a proxy at log_from or later can be answered a delta).
+--         version: a proxy at log_from or later can be answered a delta), key_limits (how many
+--         limits entries are a key's own limits, their target "key:..."; absent: 0).
 --       An entry is named "bypass", "limits" U+001F target, or "keys" U+001F its keys field.
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), audit_cap,
 --       max_set_bytes (most bytes of the set), max_entry_bytes (most bytes of one entry),
@@ -24,7 +25,8 @@
 --   read: cached_version, proxy_version, with_meta ("1": also answer the meta hash), delta
 --         ("1": the proxy takes deltas);
 --   set: kind ("bypass", "limits" or "keys"), field (unused for bypass), value, ttl_ms (0: no
---        expiry), meta json, max_entries (most entries of the kind; 0: no bound), audit json;
+--        expiry), meta json, max_entries (most entries of the kind; 0: no bound; a key's own
+--        limits, "key:..." in limits, are bounded apart from the other limits), audit json;
 --   delete: kind, field, audit json.
 --   An audit json is an object without its opening brace ("who":…,"action":…}): the script
 --   puts at_ms and the version in front.
@@ -121,6 +123,25 @@ local function expiry_bytes(kind, field)
   return 0
 end
 
+-- Whether a limits entry is a key's own limits (target "key:RULE..."), counted apart.
+local function keyed(kind, field)
+  return kind == 'limits' and string.sub(field, 1, 4) == 'key:'
+end
+
+local function keyed_count()
+  return tonumber(redis.call('HGET', SIZES, 'key_limits')) or 0
+end
+
+-- How many entries of the kind `field` is one of there are (a key's own limits apart).
+local function held(kind, field)
+  if keyed(kind, field) then
+    return keyed_count()
+  elseif kind == 'limits' then
+    return redis.call('HLEN', LIMITS) - keyed_count()
+  end
+  return redis.call('HLEN', hash_of(kind))
+end
+
 -- Whether the entry named `name` expires.
 local function expires(name)
   return redis.call('ZSCORE', EXPIRY, name) ~= false
@@ -178,6 +199,9 @@ local function remove(kind, field)
         bytes = bytes + expiry_bytes(kind, field)
       end
       resize(-bytes)
+      if keyed(kind, field) then
+        redis.call('HINCRBY', SIZES, 'key_limits', -1)
+      end
     end
     redis.call('HDEL', hash_of(kind), field)
     changed[#changed + 1] = entry_name(kind, field)
@@ -379,7 +403,7 @@ elseif op == 'set' then
       return {finish(), expired, -1, 0, 0, bytes}
     end
     local old = redis.call('HGET', hash_of(kind), field)
-    if not old and max_entries > 0 and redis.call('HLEN', hash_of(kind)) >= max_entries then
+    if not old and max_entries > 0 and held(kind, field) >= max_entries then
       return {finish(), expired, 0, 0, 0, 0}
     end
     local old_bytes = 0
@@ -397,6 +421,9 @@ elseif op == 'set' then
       return {finish(), expired, -2, 0, 0, total}
     end
     resize(bytes - old_bytes)
+    if not old and keyed(kind, field) then
+      redis.call('HINCRBY', SIZES, 'key_limits', 1)
+    end
     redis.call('HSET', hash_of(kind), field, value)
     changed[#changed + 1] = entry_name(kind, field)
   end

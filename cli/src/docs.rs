@@ -105,6 +105,29 @@ pub fn markdown(loaded: &Loaded) -> String {
             text::key_part_for_consumers(&t.from),
         ));
     }
+    let mut read: Vec<&str> = Vec::new();
+    for rule in &policy.rules {
+        let Some(from) = &rule.limits_from else {
+            continue;
+        };
+        let configured = rule
+            .tier
+            .as_ref()
+            .map_or(rule.name.as_str(), |t| t.rule.as_str());
+        if read.contains(&configured) {
+            continue;
+        }
+        read.push(configured);
+        let per = rule
+            .limits
+            .first()
+            .map_or("period".to_string(), |l| l.period().to_string());
+        notes.push(format!(
+            "`{configured}`'s limit is your own when your request carries it as its {} (requests per {per}, a whole number, at most {}); the limit above is for requests without it.",
+            text::key_part_for_consumers(&from.from),
+            from.max
+        ));
+    }
     for rule in policy.rules.iter().filter(|r| r.penalty_us > 0) {
         notes.push(format!(
             "A client that goes over `{}` is refused for {} after, whatever its limit: Retry-After says when it ends.",

@@ -186,10 +186,25 @@ pub struct RuleReport {
     /// The counters of its top-keys sketches (`top_keys`), per worker and kind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_keys: Option<u32>,
+    /// Where the rule's limit is read from the request (`limits_from`), and what this request's
+    /// value gives; `limits` are then the ones this request counts with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits_from: Option<LimitsFromReport>,
     pub consistency: &'static str,
     pub fallback: Option<String>,
     pub mode: &'static str,
     pub ramp_percent: u8,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LimitsFromReport {
+    /// The claim or header read (`jwt:rate_per_minute`).
+    pub from: String,
+    pub max: u64,
+    /// The request's value of `from`.
+    pub value: Option<String>,
+    /// Whether the value set the limit (a whole number of 1 or more); else the rule's own.
+    pub used: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -414,6 +429,24 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
     } else {
         Vec::new()
     };
+    // The limits this request counts with: with `limits_from`, its value's.
+    let mut limits = rule.limits.clone();
+    let limits_from = rule.limits_from.as_ref().map(|from| {
+        let value = from.from.values(request).into_iter().next();
+        let valued = rule
+            .limits
+            .first()
+            .and_then(|own| from.limit(own, value.as_deref(), rule.cost));
+        if let Some(limit) = valued {
+            limits = vec![limit];
+        }
+        LimitsFromReport {
+            from: from.from.name(),
+            max: from.max,
+            value,
+            used: valued.is_some(),
+        }
+    });
     let missing = applies
         .then(|| {
             rule.key
@@ -441,8 +474,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
         keys: keys.iter().map(|k| text::key(k)).collect(),
         not_counted,
         missing,
-        limits: rule
-            .limits
+        limits: limits
             .iter()
             .map(|l| LimitReport {
                 requests: l.requests(),
@@ -474,6 +506,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
             .collect(),
         quota_path: rule.quota_path.clone(),
         top_keys: (rule.top_keys > 0).then_some(rule.top_keys),
+        limits_from,
         consistency: text::consistency(rule.consistency),
         fallback: text::fallback(rule),
         mode: text::mode(rule.mode),
@@ -749,6 +782,20 @@ pub fn render(e: &Explanation) -> String {
         }
         let limits: Vec<&str> = rule.limits.iter().map(|l| l.text.as_str()).collect();
         let _ = writeln!(out, "   limits:      {}", limits.join("; "));
+        if let Some(from) = &rule.limits_from {
+            let read = match (&from.value, from.used) {
+                (Some(value), true) => format!("this request's {value:?} set the limit above"),
+                (Some(value), false) => format!(
+                    "this request's {value:?} is no whole number of 1 or more: the rule's own limit"
+                ),
+                (None, _) => "this request has none: the rule's own limit".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "   limit from:  {}, at most {} ({read})",
+                from.from, from.max
+            );
+        }
         match &rule.cost_header {
             Some(header) => {
                 let _ = writeln!(

@@ -833,6 +833,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "headers_on_denied",
             "key",
             "limits",
+            "limits_from",
             "match",
             "mode",
             "name",
@@ -1087,5 +1088,71 @@ fn the_cli_knows_limits_that_follow_load_and_time_and_the_quota_path() {
     assert!(
         out.contains("`GET /rate_limit` answers your own quota of `api`"),
         "{out}"
+    );
+}
+
+const LIMITS_FROM: &str = r#"{"rules": [{"name": "api", "key": ["jwt:sub"],
+    "limits": [{"requests": 100, "per": "minute"}],
+    "limits_from": {"from": "jwt:rate_per_minute", "max": 5000}}]}"#;
+
+#[test]
+fn check_explain_and_docs_know_a_limit_read_from_the_request() {
+    let output = sluice(&["check", "-"], LIMITS_FROM.as_bytes());
+    assert_eq!(stdout(&output), "valid: 1 rule; no counter service\n");
+    let explain = |claim: &str| {
+        let output = sluice(
+            &[
+                "explain",
+                "-",
+                "--path",
+                "/x",
+                "--claim",
+                "sub=alice",
+                "--claim",
+                claim,
+                "--json",
+            ],
+            LIMITS_FROM.as_bytes(),
+        );
+        let report: Value = serde_json::from_str(&stdout(&output)).unwrap();
+        report["rules"][0].clone()
+    };
+    let rule = explain("rate_per_minute=9000");
+    assert_eq!(rule["limits"][0]["requests"], 5000, "{rule}");
+    assert_eq!(
+        rule["limits_from"],
+        serde_json::json!({"from": "jwt:rate_per_minute", "max": 5000, "value": "9000", "used": true})
+    );
+    let rule = explain("rate_per_minute=-1");
+    assert_eq!(rule["limits"][0]["requests"], 100, "{rule}");
+    assert_eq!(rule["limits_from"]["used"], false, "{rule}");
+    let output = sluice(
+        &[
+            "explain",
+            "-",
+            "--path",
+            "/x",
+            "--claim",
+            "sub=alice",
+            "--claim",
+            "rate_per_minute=250",
+        ],
+        LIMITS_FROM.as_bytes(),
+    );
+    assert!(
+        stdout(&output).contains(
+            "limit from:  jwt:rate_per_minute, at most 5000 (this request's \"250\" set the limit above)"
+        ),
+        "{}",
+        stdout(&output)
+    );
+    let output = sluice(&["docs", "-"], LIMITS_FROM.as_bytes());
+    assert!(
+        stdout(&output).contains(
+            "`api`'s limit is your own when your request carries it as its token claim `rate_per_minute` \
+             (requests per minute, a whole number, at most 5000)"
+        ),
+        "{}",
+        stdout(&output)
     );
 }

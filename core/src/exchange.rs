@@ -400,7 +400,7 @@ impl Exchange {
                 let checked = limiter.strict_keys(request).into_iter();
                 for (rule, key) in checked.chain(evaluation.asked) {
                     if moment.service_up {
-                        let Some(Enforced { rule: spec, .. }) = limiter.rule(rule) else {
+                        let Some(Enforced { rule: spec, .. }) = limiter.rule_for(rule, &key) else {
                             continue;
                         };
                         let check = exchange.checks.len();
@@ -445,7 +445,7 @@ impl Exchange {
         match answer {
             Some(answer) => {
                 let limit = limiter
-                    .rule(rule)
+                    .rule_for(rule, &key)
                     .and_then(|r| r.rule.limits.first().copied())
                     .unwrap_or(Limit::UNIT);
                 let answer = RuleAnswer {

@@ -37,6 +37,11 @@ pub struct Policy {
     /// (`["127.0.0.1"]` for `header:x-user|client_ip`), built from [`Policy::key_overrides`] by
     /// [`crate::overrides::apply`]: they match that value from whichever alternative supplied it.
     pub bare_key_overrides: BareKeys,
+    /// Limits an operator gave one key of a rule through the counter service (live overrides):
+    /// configured rule name, then the key's parts as the filter writes them, joined by
+    /// `limiter::key::SEPARATOR`. Each keeps its rule's table layout
+    /// ([`crate::overrides::check_key_limits`]).
+    pub key_limits: BTreeMap<String, BTreeMap<String, Vec<Limit>>>,
     /// Where Envoy's `jwt_authn` writes a verified token's payload (its `payload_in_metadata`),
     /// which `jwt:CLAIM` key parts read.
     pub jwt_payload_in_metadata: String,
@@ -250,6 +255,48 @@ pub struct Rule {
     /// A path (`/rate_limit`) answered with the caller's own quota of this rule, spending
     /// nothing, never forwarded.
     pub quota_path: Option<String>,
+    /// The rule's limit read from each request (a verified claim, a header a trusted filter
+    /// sets), bounded; `None` for the rule's own limits alone.
+    pub limits_from: Option<LimitsFrom>,
+    /// In a copy of the rule made for a request's `limits_from` value, the requests that value
+    /// gave (a refund gives back under them); 0 in the rule as configured.
+    pub given: u32,
+}
+
+/// A rule's `limits_from`: its one limit's `requests` read from the request, at most `max`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsFrom {
+    /// Where the value is read: `jwt:CLAIM` or `header:NAME`.
+    pub from: KeyPart,
+    /// The most the value may give (values above it give `max`).
+    pub max: u64,
+}
+
+/// Longest value `limits_from` reads as a number: 19 digits fit a `u64`.
+pub const MAX_LIMIT_DIGITS: usize = 19;
+
+impl LimitsFrom {
+    /// The limit a request carrying `value` gets in place of `own` (the rule's one limit):
+    /// `requests` the value, at most [`LimitsFrom::max`], its burst in the proportion of the
+    /// rule's (a window's is its requests); the period and algorithm the rule's. `None` (the rule's
+    /// own limit) for a value that is not a whole number of 1 to 19 digits, is 0, or admits less
+    /// than `cost` at once: what the filter cannot read never exempts a request, and nothing read
+    /// raises a key above `max`.
+    pub fn limit(&self, own: &Limit, value: Option<&str>, cost: u64) -> Option<Limit> {
+        let value = value?;
+        if value.is_empty()
+            || value.len() > MAX_LIMIT_DIGITS
+            || !value.bytes().all(|b| b.is_ascii_digit())
+        {
+            return None;
+        }
+        let requests = value.parse::<u64>().ok()?.min(self.max);
+        if requests == 0 {
+            return None;
+        }
+        let limit = own.with_requests(requests)?;
+        (limit.burst() >= cost).then_some(limit)
+    }
 }
 
 /// Which responses a `count_when` rule counts.

@@ -165,7 +165,10 @@ fn one_credential_s_fleet_level_does_not_cut_an_idle_proxy_s_limits() {
         let mut store = MemoryStore::default();
         busy(&limiter, &mut store, use_milli);
         let (admitted, _, _) = until_denied(&limiter, &mut store, fleet(1.0), alice);
-        assert_eq!(admitted, burst, "own utilization {use_milli}‰, fleet told 1.0");
+        assert_eq!(
+            admitted, burst,
+            "own utilization {use_milli}‰, fleet told 1.0"
+        );
     }
 }
 

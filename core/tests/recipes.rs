@@ -99,3 +99,56 @@ fn the_night_recipe_follows_the_clock() {
         assert!(header.contains(policy), "at {hour}:00: {header}");
     }
 }
+
+/// The per-customer recipe does what the page says: the token's limit up to 5,000 (100 without
+/// one), and customer 42's own limits, set through the counter service, past the 1,000 every
+/// other customer shares.
+#[test]
+fn the_per_customer_recipe_gives_each_customer_its_contract() {
+    use sluice_core::protocol::LiveOverrides;
+    use sluice_core::{Exchange, Limiter, MemoryStore, Moment, PlainRequest, Step};
+    let (_, block) = recipes()
+        .into_iter()
+        .find(|(_, block)| block.contains("limits_from"))
+        .expect("the per-customer recipe");
+    // Local here: the counts are the same arithmetic, and the key's own limits arrive the same way.
+    let block = block.replace(r#""consistency": "cached""#, r#""consistency": "local""#);
+    let configured = sluice_core::parse(block.as_bytes()).unwrap();
+    let live = LiveOverrides {
+        version: 1,
+        limits: [(
+            "key:fleet\u{1f}42".to_string(),
+            vec![serde_json::json!({"requests": 20000, "per": "minute"})],
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let (applied, problems) = sluice_core::overrides::apply(&configured, &live);
+    assert!(problems.is_empty(), "{problems:?}");
+    let limiter = Limiter::with_overrides(applied, &configured, [1, 2]);
+    let mut store = MemoryStore::default();
+    let mut admitted = |sub: &str, rate: &str, customer: &str, n: usize| {
+        (0..n)
+            .filter(|_| {
+                let mut request = PlainRequest::get("/api/x")
+                    .with_claim("sub", sub)
+                    .with_claim("rate_per_minute", rate)
+                    .with_header("x-customer", customer);
+                let at = Moment::at(1_700_000_000_000_000);
+                Exchange::start(&limiter, &mut request, None, at, &mut store).1 == Step::Continue
+            })
+            .count()
+    };
+    assert_eq!(admitted("alice", "150", "42", 200), 150);
+    assert_eq!(admitted("bob", "lots", "43", 200), 100);
+    assert_eq!(
+        admitted("dave", "5000", "44", 1100),
+        1000,
+        "the fleet's 1,000"
+    );
+    assert_eq!(
+        admitted("erin", "5000", "42", 1100),
+        1100,
+        "42's own 20,000"
+    );
+}

@@ -11,8 +11,9 @@
 //!   "limit": {"static": 64}, "classes": {"free": 0.5}, "ttl_s": …, "reason": …}` (at least one
 //!   of the four), checked as the configuration checks a bulkhead.
 //! - `PUT|DELETE /admin/v1/overrides/keys/{rule}` (a whole rule, every tier):
-//!   `{"key": ["alice"], "action": "block", "ttl_s": …, "reason": …}`; a DELETE names the key in
-//!   its body (`{"key": […]}`) or, for a one-part key, as `?key=`.
+//!   `{"key": ["alice"], "action": "block", "ttl_s": …, "reason": …}`, or the key's own limits
+//!   `{"key": ["42"], "limits": [{"requests": 5000, "per": "minute"}]}`; a request names the key
+//!   in its body (`{"key": […]}`) or, for a one-part key, as `?key=`. A DELETE removes both.
 //! - `GET /admin/v1/audit?limit=N`: the latest changes, newest first.
 //! - `GET|DELETE /admin/v1/keys/{rule}?key=…`: one key's state, its reset
 //!   ([`crate::key_admin`]).
@@ -76,9 +77,16 @@ pub struct LimitsBody {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyBody {
-    /// The key's parts in order, or one string for a one-part key (checked by [`key_parts`]).
-    pub key: Value,
-    pub action: KeyAction,
+    /// The key's parts in order, or one string for a one-part key (checked by [`key_parts`]);
+    /// a one-part key may be given as `?key=` instead.
+    #[serde(default)]
+    pub key: Option<Value>,
+    /// Block or allow the key; or, instead, `limits`.
+    #[serde(default)]
+    pub action: Option<KeyAction>,
+    /// The key's own limits, in the configuration's format, in place of its rule's.
+    #[serde(default)]
+    pub limits: Option<Vec<Value>>,
     #[serde(default)]
     pub ttl_s: Option<u64>,
     #[serde(default)]
@@ -249,28 +257,86 @@ pub fn bulkhead_name(field: &str, value: &str) -> Result<(), AppError> {
     })
 }
 
-/// `PUT /admin/v1/overrides/keys/{rule}`
+/// `PUT /admin/v1/overrides/keys/{rule}[?key=…]`: `action` blocks or allows the key; `limits`
+/// gives it limits of its own, checked as the configuration checks its rule with them (with
+/// `--policy`; their form in any case) and bounded by `--key-limits-max`.
 pub async fn put_key(
     State(state): State<AppState>,
     Extension(admin): Extension<Admin>,
     Path(rule): Path<String>,
+    uri: Uri,
     JsonBody(body): JsonBody<KeyBody>,
 ) -> Result<Json<Value>, AppError> {
     rule_name("rule", &rule)?;
-    let key = key_parts(&body.key, &rule, &state.settings)?;
-    matchable(&key, &body.key, &rule, state.policy.as_deref())?;
+    let query: KeyQuery = query(&uri)?;
+    let given = one_key(body.key, query.key)?;
+    let key = key_parts(&given, &rule, &state.settings)?;
+    matchable(&key, &given, &rule, state.policy.as_deref())?;
     let note = note(body.ttl_s, body.reason)?;
-    let fields = json!({"rule": rule, "key": key, "action": body.action});
-    let change = Change::SetKey {
-        rule,
-        key,
-        action: body.action,
-        note,
+    let change = match (body.action, body.limits) {
+        (Some(action), None) => Change::SetKey {
+            rule,
+            key,
+            action,
+            note,
+        },
+        (None, Some(limits)) => {
+            sluice_core::config::parse_limits("limits", &limits)
+                .map_err(|error| AppError::invalid(error.field, error.problem))?;
+            if let Some(policy) = &state.policy {
+                sluice_core::overrides::check_key_limits(policy, &rule, &key, &limits, "limits")
+                    .map_err(|error| {
+                        let field = match &given {
+                            Value::String(_) if error.field == "key[0]" => "key".to_string(),
+                            _ => error.field,
+                        };
+                        AppError::invalid(field, error.problem)
+                    })?;
+            }
+            Change::SetKeyLimits {
+                rule,
+                key,
+                limits,
+                note,
+            }
+        }
+        _ => {
+            return Err(AppError::invalid(
+                "action",
+                "give the key an action (block or allow) or limits of its own, one of the two",
+            ))
+        }
+    };
+    let fields = match &change {
+        Change::SetKey {
+            rule, key, action, ..
+        } => json!({"rule": rule, "key": key, "action": action}),
+        Change::SetKeyLimits {
+            rule, key, limits, ..
+        } => json!({"rule": rule, "key": key, "limits": limits}),
+        _ => Value::Null,
     };
     set(&state, &admin, change, fields).await
 }
 
-/// `DELETE /admin/v1/overrides/keys/{rule}`, the key in the body or (one part) `?key=`.
+/// The key of a request: in the body or (one part) as `?key=`, not both.
+pub fn one_key(body: Option<Value>, query: Option<String>) -> Result<Value, AppError> {
+    match (body, query) {
+        (Some(key), None) => Ok(key),
+        (None, Some(one)) => Ok(Value::String(one)),
+        (Some(_), Some(_)) => Err(AppError::invalid(
+            "key",
+            "give the key in the body or as ?key=, not both",
+        )),
+        (None, None) => Err(AppError::invalid(
+            "key",
+            "missing: give it in the body ({\"key\": [...]}) or, for a one-part key, as ?key=",
+        )),
+    }
+}
+
+/// `DELETE /admin/v1/overrides/keys/{rule}`, the key in the body or (one part) `?key=`: its
+/// block or allow and its own limits, whichever it has; 404 when it has neither.
 pub async fn delete_key(
     State(state): State<AppState>,
     Extension(admin): Extension<Admin>,
@@ -280,24 +346,25 @@ pub async fn delete_key(
 ) -> Result<Json<Value>, AppError> {
     rule_name("rule", &rule)?;
     let query: KeyQuery = query(&uri)?;
-    let key =
-        match (body, query.key) {
-            (Some(body), None) => body.key,
-            (None, Some(one)) => Value::String(one),
-            (Some(_), Some(_)) => {
-                return Err(AppError::invalid(
-                    "key",
-                    "give the key in the body or as ?key=, not both",
-                ))
-            }
-            (None, None) => return Err(AppError::invalid(
-                "key",
-                "missing: give it in the body ({\"key\": [...]}) or, for a one-part key, as ?key=",
-            )),
-        };
+    let key = one_key(body.map(|body| body.key), query.key)?;
     let key = key_parts(&key, &rule, &state.settings)?;
     let missing = format!("key override for {key:?} in rule {rule:?}");
-    delete(&state, &admin, Change::DeleteKey { rule, key }, missing).await
+    let action = Change::DeleteKey {
+        rule: rule.clone(),
+        key: key.clone(),
+    };
+    let action = overrides::write(&state, &admin.name, &action, 0).await?;
+    let limits = overrides::write(
+        &state,
+        &admin.name,
+        &Change::DeleteKeyLimits { rule, key },
+        0,
+    )
+    .await?;
+    if !action.done && !limits.done {
+        return Err(AppError::NoOverride(missing));
+    }
+    Ok(Json(json!({"version": limits.version.max(action.version)})))
 }
 
 /// `GET /admin/v1/audit?limit=N`
@@ -330,14 +397,20 @@ async fn set(
 ) -> Result<Json<Value>, AppError> {
     let written = overrides::write(state, &admin.name, &change, 0).await?;
     if let Some(refused) = written.refused {
-        let bound = state.settings.overrides_max_bytes;
-        return Err(overrides::refusal(&change, refused, bound));
+        let settings = &state.settings;
+        return Err(overrides::refusal(
+            &change,
+            refused,
+            settings.overrides_max_bytes,
+            settings.key_limits_max,
+        ));
     }
     let reason = match &change {
         Change::SetBypass { note, .. }
         | Change::SetLimits { note, .. }
         | Change::SetBulkhead { note, .. }
-        | Change::SetKey { note, .. } => note.reason.clone(),
+        | Change::SetKey { note, .. }
+        | Change::SetKeyLimits { note, .. } => note.reason.clone(),
         _ => None,
     };
     Ok(Json(answer(fields, admin, reason, &written)))

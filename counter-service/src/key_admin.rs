@@ -45,6 +45,9 @@ struct Named {
     /// The key's field of a key override that would match it by the value a client sent (a
     /// first-present part without its alternative's name), when it differs.
     bare: Option<Vec<String>>,
+    /// The key's own limits (a live override), as the admin API shows the entry; `Null` when it
+    /// has none.
+    own: Value,
 }
 
 /// `GET /admin/v1/keys/{rule}?key=…[&limits=…]`
@@ -222,6 +225,7 @@ async fn run(
         "now_ms": now_ms,
         "limits": limits,
         "override": live,
+        "key_limits": named.own,
         "penalty": reply.get("penalty").cloned().unwrap_or(Value::Null),
     });
     if op == "reset" {
@@ -323,12 +327,25 @@ async fn name(state: &AppState, rule: &str, uri: &Uri) -> Result<Named, AppError
         Some(policy) => checked(policy, rule, &configured, &parts)?,
         None => None,
     };
+    let (own, own_limits) = key_limits(state, &configured, &parts).await?;
     let limits = match (query.limits, policy) {
         (Some(text), _) => given_limits(&text)?
             .into_iter()
             .map(|limit| ("request", limit))
             .collect(),
-        (None, Some(policy)) => policy_limits(state, policy, rule, &configured).await?,
+        (None, Some(policy)) => {
+            let mut limits = policy_limits(state, policy, rule, &configured).await?;
+            for limit in own_limits {
+                if !limits.iter().any(|(_, known)| *known == limit) {
+                    limits.push(("key override", limit));
+                }
+            }
+            limits
+        }
+        (None, None) if !own_limits.is_empty() => own_limits
+            .into_iter()
+            .map(|limit| ("key override", limit))
+            .collect(),
         (None, None) => {
             return Err(AppError::invalid(
                 "limits",
@@ -344,6 +361,7 @@ async fn name(state: &AppState, rule: &str, uri: &Uri) -> Result<Named, AppError
         parts,
         limits,
         bare,
+        own,
     })
 }
 
@@ -546,6 +564,45 @@ async fn policy_limits(
         break;
     }
     Ok(limits)
+}
+
+/// The key's own limits (a live override of configured rule `configured`'s key of `parts`): the
+/// entry as the admin API shows it (`Null` when there is none) and the limits (none when they do
+/// not parse).
+async fn key_limits(
+    state: &AppState,
+    configured: &str,
+    parts: &[String],
+) -> Result<(Value, Vec<LimitSpec>), AppError> {
+    let target = sluice_core::overrides::key_limits_target(configured, parts);
+    let text: Option<String> = state
+        .backend
+        .query(
+            "key_limits",
+            redis::cmd("HGET").arg(overrides::LIMITS_KEY).arg(&target),
+        )
+        .await?;
+    let Some(text) = text else {
+        return Ok((Value::Null, Vec::new()));
+    };
+    let meta: Option<String> = state
+        .backend
+        .query(
+            "key_limits",
+            redis::cmd("HGET")
+                .arg(overrides::META_KEY)
+                .arg(format!("limits{KEY_PART_SEPARATOR}{target}")),
+        )
+        .await?;
+    let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let limits = match &json {
+        Value::Array(items) => sluice_core::config::parse_limits("limits", items)
+            .map(|parsed| dedup(parsed.iter().map(LimitSpec::from)))
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let shown = overrides::record(json!({"limits": json}), meta.as_deref());
+    Ok((shown, limits))
 }
 
 /// The limits in order, each once (two equal limits share one Redis key).

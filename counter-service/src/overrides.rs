@@ -138,6 +138,19 @@ pub enum Change {
         rule: String,
         key: Vec<String>,
     },
+    /// The key of `rule` made of `key` counts with `limits` (the configuration's format) in
+    /// place of its rule's. Kept beside the limits, as `key:RULE` U+001F the parts
+    /// ([`sluice_core::overrides::KEY_LIMITS_PREFIX`]), bounded by `--key-limits-max`.
+    SetKeyLimits {
+        rule: String,
+        key: Vec<String>,
+        limits: Vec<Value>,
+        note: Note,
+    },
+    DeleteKeyLimits {
+        rule: String,
+        key: Vec<String>,
+    },
 }
 
 impl Change {
@@ -152,6 +165,8 @@ impl Change {
             Change::DeleteBulkhead { .. } => ("delete bulkhead", "delete_bulkhead"),
             Change::SetKey { .. } => ("set key", "set_key"),
             Change::DeleteKey { .. } => ("delete key", "delete_key"),
+            Change::SetKeyLimits { .. } => ("set key limits", "set_key_limits"),
+            Change::DeleteKeyLimits { .. } => ("delete key limits", "delete_key_limits"),
         }
     }
 
@@ -161,7 +176,10 @@ impl Change {
             Change::SetBypass { .. } | Change::ClearBypass => "bypass",
             Change::SetLimits { target, .. } | Change::DeleteLimits { target } => target,
             Change::SetBulkhead { name, .. } | Change::DeleteBulkhead { name } => name,
-            Change::SetKey { rule, .. } | Change::DeleteKey { rule, .. } => rule,
+            Change::SetKey { rule, .. }
+            | Change::DeleteKey { rule, .. }
+            | Change::SetKeyLimits { rule, .. }
+            | Change::DeleteKeyLimits { rule, .. } => rule,
         }
     }
 
@@ -178,6 +196,10 @@ impl Change {
             Change::SetKey { rule, key, .. } | Change::DeleteKey { rule, key } => {
                 ("keys", key_field(rule, key))
             }
+            Change::SetKeyLimits { rule, key, .. } | Change::DeleteKeyLimits { rule, key } => (
+                "limits",
+                sluice_core::overrides::key_limits_target(rule, key),
+            ),
         }
     }
 
@@ -186,7 +208,8 @@ impl Change {
             Change::SetBypass { note, .. }
             | Change::SetLimits { note, .. }
             | Change::SetBulkhead { note, .. }
-            | Change::SetKey { note, .. } => Some(note),
+            | Change::SetKey { note, .. }
+            | Change::SetKeyLimits { note, .. } => Some(note),
             _ => None,
         }
     }
@@ -198,7 +221,10 @@ impl Change {
             Change::SetLimits { limits, .. } => json!({"limits": limits}),
             Change::SetBulkhead { value, .. } => json!({"bulkhead": value}),
             Change::SetKey { key, action, .. } => json!({"key": key, "action": action}),
-            Change::DeleteKey { key, .. } => json!({"key": key}),
+            Change::DeleteKey { key, .. } | Change::DeleteKeyLimits { key, .. } => {
+                json!({"key": key})
+            }
+            Change::SetKeyLimits { key, limits, .. } => json!({"key": key, "limits": limits}),
             Change::ClearBypass | Change::DeleteLimits { .. } | Change::DeleteBulkhead { .. } => {
                 Value::Null
             }
@@ -255,7 +281,12 @@ pub enum Refused {
 }
 
 /// The admin API's answer to a refused set: 400 naming the field and the bound.
-pub fn refusal(change: &Change, refused: Refused, max_set_bytes: u64) -> AppError {
+pub fn refusal(
+    change: &Change,
+    refused: Refused,
+    max_set_bytes: u64,
+    max_key_limits: u64,
+) -> AppError {
     let field = match change {
         Change::SetLimits { .. } => "target",
         Change::SetBulkhead { .. } => "bulkhead",
@@ -263,6 +294,13 @@ pub fn refusal(change: &Change, refused: Refused, max_set_bytes: u64) -> AppErro
     };
     match refused {
         Refused::Full => match change {
+            Change::SetKeyLimits { .. } => AppError::invalid(
+                field,
+                format!(
+                    "at most {max_key_limits} keys are given limits of their own \
+                     (--key-limits-max): delete one first"
+                ),
+            ),
             Change::SetLimits { .. } | Change::SetBulkhead { .. } => AppError::invalid(
                 field,
                 format!(
@@ -276,7 +314,7 @@ pub fn refusal(change: &Change, refused: Refused, max_set_bytes: u64) -> AppErro
         },
         Refused::EntryBytes(bytes) => AppError::invalid(
             match change {
-                Change::SetLimits { .. } => "limits",
+                Change::SetLimits { .. } | Change::SetKeyLimits { .. } => "limits",
                 Change::SetBulkhead { .. } => "bulkhead",
                 _ => "key",
             },
@@ -320,7 +358,8 @@ pub async fn write(
         Change::ClearBypass
         | Change::DeleteLimits { .. }
         | Change::DeleteBulkhead { .. }
-        | Change::DeleteKey { .. } => {
+        | Change::DeleteKey { .. }
+        | Change::DeleteKeyLimits { .. } => {
             invocation.arg("delete").arg(kind).arg(&field).arg(audit);
             let (version, expired, done): (String, Vec<String>, i64) =
                 state.backend.invoke("overrides", &invocation).await?;
@@ -336,7 +375,8 @@ pub async fn write(
         Change::SetBypass { .. }
         | Change::SetLimits { .. }
         | Change::SetBulkhead { .. }
-        | Change::SetKey { .. } => {
+        | Change::SetKey { .. }
+        | Change::SetKeyLimits { .. } => {
             let (value, max_entries) = match change {
                 Change::SetBypass { enabled, .. } => (if *enabled { "1" } else { "0" }.into(), 0),
                 Change::SetLimits { limits, .. } => {
@@ -347,6 +387,10 @@ pub async fn write(
                     MAX_LIMIT_OVERRIDES,
                 ),
                 Change::SetKey { action, .. } => (action_name(*action).into(), MAX_KEY_OVERRIDES),
+                Change::SetKeyLimits { limits, .. } => (
+                    Value::from(limits.clone()).to_string(),
+                    state.settings.key_limits_max,
+                ),
                 _ => (String::new(), 0),
             };
             let note = change.note().cloned().unwrap_or_default();
@@ -810,9 +854,21 @@ pub async fn view(state: &AppState, now_override_us: u64) -> Result<Value, Backe
     };
     let mut limits = Map::new();
     let mut bulkheads = Map::new();
+    let mut key_limits: BTreeMap<&str, Map<String, Value>> = BTreeMap::new();
     for (target, json) in pairs(&stored.limits) {
         let parsed: Value = serde_json::from_str(json).unwrap_or(Value::Null);
         let entry = format!("limits\u{1f}{target}");
+        if let Some(named) = target.strip_prefix(sluice_core::overrides::KEY_LIMITS_PREFIX) {
+            let Some((rule, key)) = named.split_once(KEY_PART_SEPARATOR) else {
+                continue;
+            };
+            let parts: Vec<&str> = key.split(KEY_PART_SEPARATOR).collect();
+            key_limits.entry(rule).or_default().insert(
+                key.to_owned(),
+                record(&entry, json!({"key": parts, "limits": parsed})),
+            );
+            continue;
+        }
         match target.strip_prefix(sluice_core::overrides::BULKHEAD_PREFIX) {
             Some(name) => {
                 let value = match parsed {
@@ -844,6 +900,7 @@ pub async fn view(state: &AppState, now_override_us: u64) -> Result<Value, Backe
         "limits": limits,
         "bulkheads": bulkheads,
         "keys": keys,
+        "key_limits": key_limits,
     }))
 }
 

@@ -124,6 +124,11 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_OVERRIDES_MAX_BYTES", default_value_t = 1 << 20)]
     pub overrides_max_bytes: u64,
 
+    /// Most keys given limits of their own at once (`PUT /admin/v1/overrides/keys/RULE` with
+    /// `limits`), over every rule: one more is refused. 1 to 10000 (the most a proxy applies).
+    #[arg(long, env = "SLUICE_KEY_LIMITS_MAX", default_value_t = 1_000)]
+    pub key_limits_max: u64,
+
     /// Most connections open at once; more wait in the listen backlog until one closes.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4_096)]
     pub max_connections: usize,
@@ -197,6 +202,7 @@ impl Settings {
             ("--header-read-timeout-ms", self.header_read_timeout_ms),
             ("--max-connections", self.max_connections as u64),
             ("--overrides-max-bytes", self.overrides_max_bytes),
+            ("--key-limits-max", self.key_limits_max),
             ("--fleet-report-max-age-ms", self.fleet_report_max_age_ms),
             (
                 "--fleet-max-proxies-per-credential",
@@ -223,6 +229,12 @@ impl Settings {
         if self.overrides_max_bytes > most {
             return Err(format!(
                 "--overrides-max-bytes must be at most {most} (what a proxy keeps)"
+            ));
+        }
+        let most = sluice_core::overrides::MAX_KEY_LIMITS as u64;
+        if self.key_limits_max > most {
+            return Err(format!(
+                "--key-limits-max must be at most {most} (what a proxy applies)"
             ));
         }
         if self.fleet_report_max_age_ms > MAX_FLEET_REPORT_AGE_MS {

@@ -123,7 +123,8 @@ fn audit_log(redis: &Redis) -> Vec<Value> {
 async fn only_admin_tokens_open_the_admin_api_and_only_proxy_tokens_v1() {
     let redis = Redis::start().unwrap();
     let state = admin_state(&redis.url());
-    let empty = json!({"version": 0, "bypass": null, "limits": {}, "bulkheads": {}, "keys": {}});
+    let empty = json!({"version": 0, "bypass": null, "limits": {}, "bulkheads": {}, "keys": {},
+                       "key_limits": {}});
     for token in [ALICE, BOB] {
         let answer = admin_as(&state, token, "GET", "/admin/v1/overrides", None).await;
         assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
@@ -331,8 +332,8 @@ async fn malformed_requests_are_400_naming_the_field() {
     assert_error(
         &answer,
         StatusCode::BAD_REQUEST,
-        "malformed_json",
-        "malformed JSON: missing field `action`",
+        "invalid_request",
+        "action: give the key an action (block or allow) or limits of its own, one of the two",
     );
     let cases = [
         (json!([]), "key: must hold at least one part"),
@@ -621,6 +622,7 @@ async fn each_kind_is_set_read_deleted_and_audited() {
                 "login": {"203.0.113.7": {"key": ["203.0.113.7"], "action": "allow", "who": "alice",
                                          "reason": "partner", "set_at_ms": at(&allowed), "expires_at_ms": null}},
             },
+            "key_limits": {},
         })
     );
 
@@ -686,7 +688,8 @@ async fn each_kind_is_set_read_deleted_and_audited() {
     let view = admin(&state, "GET", "/admin/v1/overrides", None).await;
     assert_eq!(
         view.body,
-        json!({"version": v1 + 8, "bypass": null, "limits": {}, "bulkheads": {}, "keys": {}})
+        json!({"version": v1 + 8, "bypass": null, "limits": {}, "bulkheads": {}, "keys": {},
+               "key_limits": {}})
     );
     // only the version, the audit log, the change log and the sizes are left
     assert_eq!(redis.text(&["DBSIZE"]).unwrap(), "4");

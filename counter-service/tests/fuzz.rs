@@ -216,8 +216,9 @@ fn admin_bodies(target: &str, bytes: &[u8]) -> Result<(), TestCaseError> {
     // keys
     let key = body::parse::<KeyBody>(bytes).and_then(|body| {
         admin::rule_name("rule", target)?;
-        let key = admin::key_parts(&body.key, target, settings())?;
-        admin::matchable(&key, &body.key, target, None)?;
+        let given = admin::one_key(body.key.clone(), None)?;
+        let key = admin::key_parts(&given, target, settings())?;
+        admin::matchable(&key, &given, target, None)?;
         Ok(body)
     });
     match key {

@@ -251,6 +251,23 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
                 .into(),
         );
     }
+    for rule in &policy.rules {
+        if let Some(from) = &rule.limits_from {
+            notes.push(format!(
+                "rule {} reads its limit from each request's {} (in the trace's extras, {}=5000), at most {}; a request without a whole number there counts with the rule's own limit",
+                rule.name,
+                from.from.name(),
+                from.from.name(),
+                from.max
+            ));
+        }
+    }
+    if policy.service.is_some() {
+        notes.push(
+            "live overrides (a key's own limits, blocks, new limits) are set through the counter service's admin API and are not played here: the configuration's limits decide"
+                .into(),
+        );
+    }
     notes
 }
 

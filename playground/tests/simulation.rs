@@ -462,3 +462,51 @@ fn a_rule_counting_its_top_keys_plays_the_same_and_says_what_is_not_shown() {
         "{notes:?}"
     );
 }
+
+/// A limit read from the request (`limits_from`) plays from the trace's claims: each client its
+/// own, at most `max`, and the rule's own limit for a client without one (or a bad one).
+#[test]
+fn a_limit_read_from_the_trace_is_played_bounded() {
+    let config = r#"{"rules": [{"name": "api", "key": ["jwt:sub"],
+        "limits": [{"requests": 2, "per": "minute"}],
+        "limits_from": {"from": "jwt:rate_per_minute", "max": 4}}]}"#;
+    let mut trace = String::new();
+    for (client, extras) in [
+        ("alice", "jwt:rate_per_minute=3"),
+        ("bob", "jwt:rate_per_minute=900"),
+        ("carol", ""),
+        ("dave", "jwt:rate_per_minute=-5"),
+    ] {
+        for i in 0..6 {
+            trace.push_str(&format!("0.{i},{client},/x,GET,{extras}\n"));
+        }
+    }
+    let r = report(config, &trace);
+    assert_eq!(r["ok"], true, "{r}");
+    let admitted = |client: &str| {
+        r["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(parse_trace(&trace).unwrap())
+            .filter(|(a, arrival)| arrival.client == client && a["decision"] == "admitted")
+            .count()
+    };
+    assert_eq!(
+        [
+            admitted("alice"),
+            admitted("bob"),
+            admitted("carol"),
+            admitted("dave")
+        ],
+        [3, 4, 2, 2]
+    );
+    assert!(
+        r["notes"][0]
+            .as_str()
+            .is_some_and(|n| n
+                .starts_with("rule api reads its limit from each request's jwt:rate_per_minute")),
+        "{}",
+        r["notes"]
+    );
+}

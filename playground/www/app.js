@@ -34,6 +34,12 @@ const PRESETS = {
   "Monitor first: 30 a minute, counted only": {
     rules: [rule("trial", [{ requests: 30, per: "minute" }], { mode: "monitor" })],
   },
+  "Per-customer limit from the token (paste a trace with jwt:rate_per_minute=...)": {
+    rules: [{
+      name: "contract", key: ["jwt:sub"], limits: [{ requests: 60, per: "minute" }],
+      limits_from: { from: "jwt:rate_per_minute", max: 600 },
+    }],
+  },
 };
 const PRESET_B = "Sliding window: 60 a minute";
 const TRAFFIC_FIELDS = ["pattern", "duration", "rate", "rate-from", "rate-to", "burst-size", "burst-every", "clients", "skew", "path", "seed"];

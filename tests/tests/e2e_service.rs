@@ -1416,6 +1416,75 @@ fn a_block_on_a_first_present_key_denies_the_client_it_names() {
     );
 }
 
+/// One customer's contract through the admin API (`PUT /admin/v1/overrides/keys/RULE?key=42` with `limits`):
+/// a strict rule of 3 a minute lets customer 42 through 8 times a minute, counted by the service with the key's
+/// own limits, and every other customer 3; the service shows the key's limits with its state.
+#[test]
+fn a_customers_own_limits_reach_the_proxy_and_the_services_counts() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = admin_service(&redis, &dir);
+    let rules = json!([
+        {"name": "exact", "key": ["header:x-customer"], "consistency": "strict",
+         "limits": [{"requests": 3, "per": "minute"}]},
+    ]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 2);
+    let taken = || {
+        envoy.stat("wasmcustom.sluice.overrides.delta")
+            + envoy.stat("wasmcustom.sluice.overrides.whole")
+    };
+    assert!(eventually(Duration::from_secs(3), || envoy
+        .stat("wasmcustom.sluice.sync.ok")
+        > 0));
+    let before = taken();
+    let set = service
+        .request(
+            "PUT",
+            "/admin/v1/overrides/keys/exact?key=42",
+            Some("s3cret-admin-token"),
+            Some(r#"{"limits": [{"requests": 8, "per": "minute"}], "reason": "contract 42"}"#),
+        )
+        .unwrap();
+    assert_eq!(set.status, 200, "{set:?}");
+    // Taken, then a round more: every worker has applied it (see the live overrides test).
+    assert!(eventually(Duration::from_secs(3), || taken() > before));
+    let rounds = envoy.stat("wasmcustom.sluice.sync.ok");
+    assert!(eventually(Duration::from_secs(3), || envoy
+        .stat("wasmcustom.sluice.sync.ok")
+        > rounds));
+    let client = agent();
+    let admitted = |customer: &str| {
+        (0..10)
+            .filter(|_| {
+                get(&client, &envoy.url("/x"), &[("x-customer", customer)])
+                    .unwrap()
+                    .status
+                    == 200
+            })
+            .count()
+    };
+    assert_eq!(admitted("42"), 8, "Envoy log:\n{}", envoy.log());
+    assert_eq!(admitted("43"), 3);
+    let shown = service
+        .request(
+            "GET",
+            "/admin/v1/keys/exact?key=42",
+            Some("s3cret-admin-token"),
+            None,
+        )
+        .unwrap();
+    assert_eq!(shown.status, 200, "{shown:?}");
+    let body: Value = serde_json::from_str(&shown.body).unwrap();
+    assert_eq!(body["key_limits"]["reason"], "contract 42", "{body}");
+    assert_eq!(body["limits"][0]["limit"]["requests"], 8, "{body}");
+    assert!(
+        !envoy.log().contains("live override not applied"),
+        "{}",
+        envoy.log()
+    );
+}
+
 /// `Retry-After` says when a request would be admitted, as a client sees it: a cached rule of two limits
 /// (2 a minute, 1,000 a day) whose minute is spent waits for the minute's token (30 s at most), not the 143 s
 /// the first limit's arithmetic made of the day's reset; of two rules that both deny (1 a second, 1 a minute),

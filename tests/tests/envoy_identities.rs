@@ -400,3 +400,55 @@ fn failed_logins_are_counted_by_the_answer_then_a_penalty_keeps_the_key_out() {
         [401, 401, 401, 429, 429]
     );
 }
+
+/// A rule's limit read from the verified token (`limits_from`): each user gets the claim's number, at most `max`;
+/// a claim that is no whole number, a forged token and a claim sent as a header get the rule's own limit.
+#[test]
+fn a_limit_read_from_the_verified_token_is_bounded_and_never_exempts() {
+    let envoy = start(
+        json!([{
+            "name": "api",
+            "key": ["jwt:sub|client_ip"],
+            "limits": [{"requests": 2, "per": "minute"}],
+            "limits_from": {"from": "jwt:rate_per_minute", "max": 5},
+        }]),
+        2,
+    );
+    let admitted =
+        |headers: &[(&str, &str)], n: usize| count(&statuses(&envoy, "/x", headers, n), 200);
+    let user =
+        |sub: &str, rate: Value| bearer(&token(KEY, json!({"sub": sub, "rate_per_minute": rate})));
+    assert_eq!(
+        admitted(&[("authorization", &user("alice", json!(4)))], 6),
+        4
+    );
+    assert_eq!(
+        admitted(&[("authorization", &user("bob", json!(1_000_000)))], 7),
+        5,
+        "at most max"
+    );
+    for (sub, rate) in [
+        ("carol", json!("lots")),
+        ("dave", json!(2.5)),
+        ("erin", json!(-7)),
+        ("frank", json!(null)),
+    ] {
+        assert_eq!(
+            admitted(&[("authorization", &user(sub, rate.clone()))], 4),
+            2,
+            "{rate}"
+        );
+    }
+    // A forged token claiming a high limit is anonymous: the client address, the rule's own 2.
+    let forged = bearer(&token(
+        OTHER_KEY,
+        json!({"sub": "mallory", "rate_per_minute": 5}),
+    ));
+    assert_eq!(
+        admitted(
+            &[("authorization", &forged), ("x-jwt-rate_per_minute", "5")],
+            4
+        ),
+        2
+    );
+}

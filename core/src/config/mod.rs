@@ -10,11 +10,11 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::limit::{Algorithm, Limit, Period};
+use crate::limit::{Algorithm, Limit, Period, MAX_TOKENS};
 use crate::policy::{
     Answer, Bypass, ClientIp, Consistency, CountWhen, Fallback, FleetShare, HeaderStyle, Host,
-    KeyPart, Matcher, Mode, Policy, ResetFormat, Rule, Service, TierOf, Upstream, WhenMissing,
-    MAX_ASSUME_PROXIES,
+    KeyPart, LimitsFrom, Matcher, Mode, Policy, ResetFormat, Rule, Service, TierOf, Upstream,
+    WhenMissing, MAX_ASSUME_PROXIES,
 };
 use crate::request::matcher::{HeaderTest, Template};
 use crate::request::net::Cidr;
@@ -219,6 +219,9 @@ struct RawRule {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(range(min = 4, max = 64)))]
     top_keys: Option<u32>,
+    /// The rule's limit read from each request, bounded: {"from": "jwt:rate_per_minute", "max": 5000} sets the requests of the rule's one limit to the claim's (or a trusted header's) whole number, at most max; a request without a usable value (absent, not a whole number, 0) gets the rule's own limit. Local rules of one token_bucket, gcra, fixed_window or sliding_window limit.
+    #[serde(default)]
+    limits_from: Option<RawLimitsFrom>,
 }
 
 /// A rule's factors per load level.
@@ -262,6 +265,22 @@ struct RawWindow {
     utc: String,
     /// The limits in force during the window: as many as the rule's, each with the algorithm and per of the rule's limit in its place.
     limits: Vec<RawLimit>,
+}
+
+/// Where a rule's limit is read from each request, and its bound.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "LimitsFrom")
+)]
+struct RawLimitsFrom {
+    /// jwt:CLAIM (a claim of the verified token) or header:NAME (a header a trusted filter sets): its whole number replaces the limit's requests.
+    from: String,
+    /// The most the value may give, 1 to 2147483648 and at least the rule's own requests: a larger value gives max.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 2147483648u64)))]
+    max: u64,
 }
 
 /// Which responses a count_when rule counts.
@@ -656,6 +675,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
         key_overrides: Default::default(),
         key_expires: Default::default(),
         bare_key_overrides: Default::default(),
+        key_limits: Default::default(),
         jwt_payload_in_metadata,
         docs_url,
         access_log: raw.access_log,
@@ -970,6 +990,23 @@ fn rule(
         }
     };
 
+    if raw.limits_from.is_some() && raw.schedule.is_some() {
+        return Err(err(
+            format!("{at}.limits_from"),
+            "a limit read from the request is the key's own, day and night: not with a schedule (its windows would replace it); write two rules",
+        ));
+    }
+    let limits_from = match &raw.limits_from {
+        None => None,
+        Some(l) => Some(limits_from(
+            at,
+            l,
+            exact,
+            consistency,
+            cost_header.is_some(),
+            count_when.is_some(),
+        )?),
+    };
     let answer = Answer {
         // Checked with the rest of the rule (`check_rule`).
         status: raw
@@ -1091,12 +1128,17 @@ fn rule(
             answer: answer.clone(),
             dynamic,
             quota_path: quota_path.clone(),
+            limits_from: limits_from.clone(),
+            given: 0,
         };
         let fields = RuleAt::Config {
             rule: at,
             limits: &limits_at,
         };
         check_rule(&rule, max_keys, host, &fields)?;
+        if let Some(from) = &rule.limits_from {
+            check_limits_from(at, &limits_at, from, &rule)?;
+        }
         rules.push(rule);
     }
     Ok(rules)
@@ -1274,6 +1316,97 @@ fn dynamic(
         scale,
         schedule: windows,
     })))
+}
+
+/// A rule's `limits_from`: read from a verified claim or a header, bounded by `max` (1 to
+/// [`MAX_TOKENS`]), on a local rule that charges its cost up front. Its limits are checked per
+/// tier by [`check_limits_from`].
+fn limits_from(
+    at: &str,
+    raw: &RawLimitsFrom,
+    exact: bool,
+    consistency: Consistency,
+    cost_header: bool,
+    count_when: bool,
+) -> Result<LimitsFrom, ConfigError> {
+    let field = |name: &str| format!("{at}.limits_from.{name}");
+    let from = key_part(&raw.from, exact).map_err(|p| err(field("from"), p))?;
+    if !matches!(from, KeyPart::Claim(_) | KeyPart::Header(_)) {
+        return Err(err(
+            field("from"),
+            format!(
+                "a limit is read from jwt:CLAIM (a claim of the verified token) or header:NAME (a header a trusted filter sets), got {:?}",
+                raw.from
+            ),
+        ));
+    }
+    if !(1..=MAX_TOKENS).contains(&raw.max) {
+        return Err(err(
+            field("max"),
+            format!("must be between 1 and {MAX_TOKENS}, got {}", raw.max),
+        ));
+    }
+    if consistency != Consistency::Local {
+        return Err(err(
+            format!("{at}.limits_from"),
+            "a cached or strict rule counts a key with one limit on every proxy, and a value read from each request may differ between them: use a local rule, or give a key its own limits through the counter service (PUT /admin/v1/overrides/keys/RULE with \"limits\")",
+        ));
+    }
+    if cost_header || count_when {
+        return Err(err(
+            format!("{at}.limits_from"),
+            "a limit read from the request counts the request up front; cost_header and count_when charge after the answer, without it: write two rules with the same key",
+        ));
+    }
+    Ok(LimitsFrom { from, max: raw.max })
+}
+
+/// A rule (one tier) with `limits_from`: one limit, of an algorithm whose record does not depend
+/// on its requests, and whose `max` it can take, at least the rule's own requests.
+fn check_limits_from(
+    at: &str,
+    limits_at: &str,
+    from: &LimitsFrom,
+    rule: &Rule,
+) -> Result<(), ConfigError> {
+    let [own] = rule.limits.as_slice() else {
+        return Err(err(
+            limit_field(limits_at, 1, ""),
+            "limits_from replaces the requests of one limit: a rule with limits_from has one; count the others in another rule with the same key",
+        ));
+    };
+    if own.with_requests(own.requests()).is_none() {
+        return Err(err(
+            limit_field(limits_at, 0, "algorithm"),
+            format!(
+                "limits_from takes a token_bucket, gcra, fixed_window or sliding_window limit, whose record does not depend on its requests, got {}",
+                own.algorithm().name()
+            ),
+        ));
+    }
+    if from.max < own.requests() {
+        return Err(err(
+            format!("{at}.limits_from.max"),
+            format!(
+                "{} is less than {}[0].requests ({}), the limit of requests without a value: raise max",
+                from.max,
+                limits_at,
+                own.requests()
+            ),
+        ));
+    }
+    if own.with_requests(from.max).is_none() {
+        return Err(err(
+            format!("{at}.limits_from.max"),
+            format!(
+                "{} is more than a {} limit per {} can hold (at most one request per two microseconds of its window)",
+                from.max,
+                own.algorithm().name(),
+                own.period()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A rule's `count_when`: one to 32 statuses of 100 to 599; a rule that can count after the

@@ -463,6 +463,35 @@ impl Limit {
         }
     }
 
+    /// This limit with `requests` in place of its own (a rule's `limits_from`): a bucket's burst
+    /// in the proportion of its own (rounded up, at least 1), a window's its requests; the period
+    /// and algorithm kept. `None` for a limit whose record depends on its requests (a sliding log,
+    /// a concurrency limit), a leaky bucket, or `requests` no such limit can have.
+    pub fn with_requests(&self, requests: u64) -> Option<Limit> {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                let burst = if self.burst == self.requests {
+                    requests
+                } else {
+                    let scaled = (self.burst as u128 * requests as u128)
+                        .div_ceil(self.requests.max(1) as u128);
+                    u64::try_from(scaled)
+                        .unwrap_or(u64::MAX)
+                        .clamp(1, MAX_TOKENS)
+                };
+                let limit = Limit::new(requests, self.period, Some(burst)).ok()?;
+                Some(Limit {
+                    algorithm: self.algorithm,
+                    ..limit
+                })
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                Limit::windowed(requests, self.period, self.algorithm).ok()
+            }
+            Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::LeakyBucket => None,
+        }
+    }
+
     /// The same limit counted by GCRA (the token bucket's admissions).
     pub fn gcra(self) -> Limit {
         Limit {

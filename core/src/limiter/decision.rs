@@ -116,10 +116,15 @@ pub struct Spent {
     pub(crate) rule: RuleId,
     pub(crate) fingerprint: u64,
     pub(crate) how: Spend,
-    pub(crate) cost: u64,
+    /// At most [`crate::limit::MAX_TOKENS`] (a rule's `cost`), kept in 32 bits so that the
+    /// record stays 32 bytes with `valued`.
+    pub(crate) cost: u32,
     /// A concurrency rule's slot: when it lapses, which names it for its release
     /// ([`crate::limit::concurrency::lapse_us`]); 0 for other rules.
     pub(crate) lapse_us: u64,
+    /// The requests of the limit a rule's `limits_from` gave the request (its own limit's when
+    /// it gave none), so a refund gives back under the limit that spent; 0 for other rules.
+    pub(crate) valued: u32,
 }
 
 #[cfg(test)]

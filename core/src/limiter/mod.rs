@@ -3,14 +3,16 @@
 pub mod decision;
 pub mod key;
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::limit::table::{self, KeyHasher, Record, Table};
 use crate::limit::token_bucket::Verdict;
 use crate::limit::{Algorithm, Limit};
 use crate::limiter::decision::{Decision, Evaluation, Outcome, Quota, Spend, Spent};
 use crate::policy::RuleId;
-use crate::policy::{Consistency, Fallback, Mode, Policy, Rule};
+use crate::policy::{Consistency, Fallback, LimitsFrom, Mode, Policy, Rule};
 use crate::protocol::KeyAction;
 use crate::request::RequestView;
 use crate::store::{self, Store};
@@ -61,7 +63,16 @@ pub struct Limiter {
     /// Per rule: this worker's sketches of the keys it admits and denies most (`None`: the rule
     /// has no `top_keys`). See [`crate::top`].
     top: std::cell::RefCell<Vec<Option<RuleTop>>>,
+    /// Per rule (empty when no key has limits of its own: [`Policy::key_limits`]), the rule as
+    /// each key with its own limits counts it, by the key's fingerprint in the rule's table.
+    keyed: Vec<HashMap<u64, Arc<Rule>>>,
+    /// The rules of `limits_from` as the values read made them, by rule and requests; at most
+    /// [`MAX_VALUED`], forgotten all at once when full.
+    valued: std::cell::RefCell<HashMap<(usize, u64), Arc<Rule>>>,
 }
+
+/// Most rules made from values `limits_from` read that a limiter keeps.
+const MAX_VALUED: usize = 256;
 
 /// See [`Limiter`]'s `scratch`.
 #[derive(Debug, Clone, Default)]
@@ -215,8 +226,9 @@ impl Tally<'_> {
                 rule: id,
                 fingerprint,
                 how: v.spend,
-                cost: rule.cost,
+                cost: rule.cost.min(u32::MAX as u64) as u32,
                 lapse_us: slot_lapse(rule, now_us),
+                valued: rule.given,
             });
         }
         if rule.cost_header.is_some() || rule.count_when.is_some() {
@@ -391,8 +403,11 @@ impl Limiter {
             .iter()
             .map(|r| (r.top_keys > 0).then(|| RuleTop::new(r.top_keys as usize)))
             .collect();
+        let keyed = keyed_rules(&policy, &tables);
         Limiter {
             top: std::cell::RefCell::new(top),
+            keyed,
+            valued: Default::default(),
             needs_client_ip: policy.needs_client_ip(),
             strict: policy
                 .rules
@@ -559,6 +574,66 @@ impl Limiter {
         Some(Enforced { id, rule, table })
     }
 
+    /// The rule `id` names as it counts `key`: with the key's own limits when an operator gave
+    /// it some ([`Policy::key_limits`]), else as configured; with its table.
+    pub fn rule_for(&self, id: RuleId, key: &str) -> Option<Enforced<'_>> {
+        let mut enforced = self.rule(id)?;
+        if !self.keyed.is_empty() {
+            enforced.rule = self.keyed(id, enforced.rule, enforced.table.fingerprint(key));
+        }
+        Some(enforced)
+    }
+
+    /// `rule` (rule `id`) as it counts the key of `fingerprint`: with the key's own limits, if
+    /// it has some. One test for a policy without them.
+    #[inline]
+    fn keyed<'a>(&'a self, id: RuleId, rule: &'a Rule, fingerprint: u64) -> &'a Rule {
+        if self.keyed.is_empty() {
+            return rule;
+        }
+        self.keyed
+            .get(id.index())
+            .and_then(|keys| keys.get(&fingerprint))
+            .map_or(rule, |keyed| keyed)
+    }
+
+    /// Rule `id` (`rule`, whose `limits_from` is `from`) as `request` sets its limit: `None` when
+    /// the request has no usable value, or the value gives the rule's own limit.
+    #[inline(never)]
+    fn valued(
+        &self,
+        id: RuleId,
+        rule: &Rule,
+        from: &LimitsFrom,
+        request: &mut dyn RequestView,
+    ) -> Option<Arc<Rule>> {
+        let own = rule.limits.first()?;
+        let values = from.from.values(request);
+        let limit = from.limit(own, values.first().map(String::as_str), rule.cost)?;
+        self.made(id, rule, limit)
+    }
+
+    /// Rule `id` (`rule`) with `limit` in place of its one limit: `None` when it is its own.
+    fn made(&self, id: RuleId, rule: &Rule, limit: Limit) -> Option<Arc<Rule>> {
+        if rule.limits.first() == Some(&limit) {
+            return None;
+        }
+        let mut valued = self.valued.borrow_mut();
+        if let Some(made) = valued.get(&(id.index(), limit.requests())) {
+            return Some(made.clone());
+        }
+        if valued.len() >= MAX_VALUED {
+            valued.clear();
+        }
+        let mut made = rule.clone();
+        made.limits = vec![limit];
+        // Limits of `limits_from` are at most MAX_TOKENS (2^31).
+        made.given = limit.requests().min(u32::MAX as u64) as u32;
+        let made = Arc::new(made);
+        valued.insert((id.index(), limit.requests()), made.clone());
+        Some(made)
+    }
+
     /// Every rule, in order, with its table.
     pub fn rules(&self) -> impl Iterator<Item = Enforced<'_>> {
         self.policy
@@ -614,13 +689,18 @@ impl Limiter {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
             }
+            let valued = match &rule.limits_from {
+                None => None,
+                Some(from) => self.valued(id, rule, from, request),
+            };
+            let rule = valued.as_deref().unwrap_or(rule);
             // The key is built in this worker's buffer (given back below), and so is its set's
             // store key: a request of a single-keyed rule allocates neither.
             let buffer = std::mem::take(&mut self.scratch.borrow_mut().key);
             let keys = key::keys_in(rule, request, buffer);
             for key in keys.iter() {
                 if tally.denied() {
-                    self.ask_wait(&mut tally, id, key, conditions, store);
+                    self.ask_wait(&mut tally, (id, rule), key, conditions, store);
                 } else {
                     let before = tally.e.outcomes.len();
                     let fingerprint = self.decide_key(
@@ -702,7 +782,7 @@ impl Limiter {
     fn ask_wait(
         &self,
         tally: &mut Tally,
-        rule: RuleId,
+        (rule, spec): (RuleId, &Rule),
         key: &str,
         conditions: Conditions,
         store: &mut dyn Store,
@@ -713,7 +793,7 @@ impl Limiter {
             retry_after_us: wait,
         }) = &mut tally.denial
         {
-            if let Some((quota, longer)) = self.wait_of(rule, key, conditions, store) {
+            if let Some((quota, longer)) = self.wait_of(rule, spec, key, conditions, store) {
                 if longer > *wait {
                     (*by, *told, *wait) = (rule, quota, longer);
                     tally.digest(key);
@@ -748,6 +828,7 @@ impl Limiter {
             None => {}
         }
         let fingerprint = table.fingerprint(key);
+        let rule = self.keyed(id, rule, fingerprint);
         let notable = self.notable.get(id.index()).copied().unwrap_or(false);
         if notable {
             if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
@@ -862,17 +943,19 @@ impl Limiter {
         step
     }
 
-    /// How long rule `index` would make a request of `key` wait, were it asked at `conditions`:
+    /// How long rule `index` (`rule`, as this request's value made it) would make a request of
+    /// `key` wait, were it asked at `conditions`:
     /// `None` if it would admit it (or not enforce its denial, or cannot tell). Reads the key's
     /// record, charges and writes nothing: the wait of a rule after the one that denied.
     fn wait_of(
         &self,
         index: RuleId,
+        rule: &Rule,
         key: &str,
         conditions: Conditions,
         store: &mut dyn Store,
     ) -> Option<(Quota, u64)> {
-        let Enforced { rule, table, .. } = self.rule(index)?;
+        let table = self.table(index)?;
         let now = conditions.now_us;
         match self.policy.key_override_until(rule, key) {
             Some((KeyAction::Allow, _)) => return None,
@@ -892,6 +975,7 @@ impl Limiter {
             return None;
         }
         let fingerprint = table.fingerprint(key);
+        let rule = self.keyed(index, rule, fingerprint);
         if self.notable.get(index.index()).copied().unwrap_or(false) {
             if let Some(noted) = self.noted(index, fingerprint, now) {
                 return Some(noted);
@@ -980,6 +1064,7 @@ impl Limiter {
             rule: spec, table, ..
         } = self.rule(rule)?;
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         let conditions = Conditions {
             now_us,
@@ -1029,6 +1114,7 @@ impl Limiter {
             return None;
         }
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
             let Some(mut record) = table.find(set, fingerprint) else {
@@ -1058,8 +1144,9 @@ impl Limiter {
             rule,
             fingerprint,
             how: verdict.spend,
-            cost: spec.cost,
+            cost: spec.cost.min(u32::MAX as u64) as u32,
             lapse_us: 0,
+            valued: 0,
         };
         let answer = RuleAnswer {
             allowed: verdict.allowed,
@@ -1087,6 +1174,7 @@ impl Limiter {
             return false;
         }
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         let cost = spec.cost.min(u32::MAX as u64) as u32;
         store::update(store, &table.set_key(fingerprint), |set| {
@@ -1122,6 +1210,7 @@ impl Limiter {
             return false;
         };
         let fingerprint = table.fingerprint(key);
+        let spec = self.keyed(rule, spec, fingerprint);
         let limits = bucket_limits(spec);
         store::update(store, &table.set_key(fingerprint), |set| {
             let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
@@ -1171,11 +1260,23 @@ impl Limiter {
             how,
             cost,
             lapse_us,
+            valued: spent_under,
         } = *spent;
-        let cost32 = cost.min(u32::MAX as u64) as u32;
+        let (cost32, cost) = (cost, cost as u64);
         let Some(Enforced { rule, table, .. }) = self.rule(index) else {
             return;
         };
+        let rule = self.keyed(index, rule, fingerprint);
+        // Given back under the limit the request's value gave, as it was spent.
+        let valued = match (&rule.limits_from, spent_under) {
+            (Some(_), requests) if requests > 0 => rule
+                .limits
+                .first()
+                .and_then(|own| own.with_requests(requests as u64))
+                .and_then(|limit| self.made(index, rule, limit)),
+            _ => None,
+        };
+        let rule = valued.as_deref().unwrap_or(rule);
         // Best effort: a refund that loses every race leaves the client one token short.
         let _ = store::update(store, &table.set_key(fingerprint), |set| {
             let Some(mut record) = table.find(set, fingerprint) else {
@@ -1210,6 +1311,43 @@ fn slot_lapse(rule: &Rule, now_us: u64) -> u64 {
         }
         _ => 0,
     }
+}
+
+/// Per rule of `policy`, the rule as each key an operator gave its own limits counts it
+/// ([`crate::overrides::with_key_limits`]), by the key's fingerprint in the rule's table (a
+/// rule with tiers: every tier, each keying as `rule/tier`). Empty when no key has limits.
+fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Arc<Rule>>> {
+    if policy.key_limits.is_empty() {
+        return Vec::new();
+    }
+    policy
+        .rules
+        .iter()
+        .zip(tables)
+        .map(|(rule, table)| {
+            let configured = rule
+                .tier
+                .as_ref()
+                .map_or(rule.name.as_str(), |t| t.rule.as_str());
+            let Some(keys) = policy.key_limits.get(configured) else {
+                return HashMap::new();
+            };
+            // Keys of the same limits (customers of one contract) share one rule.
+            let mut made: HashMap<&[Limit], Arc<Rule>> = HashMap::new();
+            keys.iter()
+                .map(|(parts, limits)| {
+                    let key = format!("{}{}{parts}", rule.name, key::SEPARATOR);
+                    let keyed = made
+                        .entry(limits.as_slice())
+                        .or_insert_with(|| {
+                            Arc::new(crate::overrides::with_key_limits(rule, limits))
+                        })
+                        .clone();
+                    (table.fingerprint(&key), keyed)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Whether requests `rule` admits take a slot ([`slot_lapse`] is not 0 for them).

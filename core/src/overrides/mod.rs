@@ -8,6 +8,9 @@ pub mod live;
 use std::net::IpAddr;
 
 use crate::config::{self, err, ConfigError, RuleAt};
+use crate::limit::table::Table;
+use crate::limit::Limit;
+use crate::limiter::bucket_limits;
 use crate::policy::{BareKeys, Fallback, KeyPart, Policy, Rule};
 use crate::protocol::{LiveOverrides, KEY_PART_SEPARATOR, MAX_KEY_BYTES};
 
@@ -20,6 +23,24 @@ pub const MAX_LOGGED_PROBLEMS: usize = 20;
 /// be named so (':' is not allowed in names), so the set carries them beside the rules' limits,
 /// under the same bounds, deltas, ttls and audit.
 pub const BULKHEAD_PREFIX: &str = "bulkhead:";
+/// A limit override whose target starts with this gives one key of a rule limits of its own
+/// (`key:api` U+001F `42`: the rule, then the key's parts as the filter writes them, joined by
+/// U+001F), checked by [`check_key_limits`]. It travels beside the rules' limits (no rule can be
+/// named so), under the same bounds, deltas, ttls and audit; a proxy older than it leaves it
+/// out as a rule it does not know.
+pub const KEY_LIMITS_PREFIX: &str = "key:";
+/// Most keys with limits of their own a proxy applies; it leaves out the others (and says so).
+pub const MAX_KEY_LIMITS: usize = 10_000;
+
+/// The target of the limit override of `rule`'s key of `parts` ([`KEY_LIMITS_PREFIX`]).
+pub fn key_limits_target(rule: &str, parts: &[String]) -> String {
+    let mut target = format!("{KEY_LIMITS_PREFIX}{rule}");
+    for part in parts {
+        target.push(KEY_PART_SEPARATOR);
+        target.push_str(part);
+    }
+    target
+}
 
 /// `policy` with `live` applied, and what could not be applied, one line each: a limit override
 /// the configuration's checks refuse (the rule's consistency, its cost, the memory its sliding
@@ -35,7 +56,9 @@ pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
     let mut problems = Vec::new();
     // A whole rule's first: a tier's own override replaces it on that tier.
     let mut targets: Vec<_> = live.limits.iter().collect();
-    targets.sort_by_key(|(target, _)| target.contains('/'));
+    // A key's own limits last: they are checked against their rule as overridden.
+    targets
+        .sort_by_key(|(target, _)| (target.starts_with(KEY_LIMITS_PREFIX), target.contains('/')));
     for (target, json) in targets {
         let at = format!("limits.{target}");
         if let Some(name) = target.strip_prefix(BULKHEAD_PREFIX) {
@@ -53,6 +76,35 @@ pub fn apply(policy: &Policy, live: &LiveOverrides) -> (Policy, Vec<String>) {
                     if let Some(slot) = slot {
                         *slot = bulkhead;
                     }
+                }
+                Err(e) => problems.push(e.to_string()),
+            }
+            continue;
+        }
+        if let Some(named) = target.strip_prefix(KEY_LIMITS_PREFIX) {
+            let mut parts = named.split(KEY_PART_SEPARATOR).map(str::to_string);
+            let rule = parts.next().unwrap_or_default();
+            let parts: Vec<String> = parts.collect();
+            let at = format!(
+                "keys.{rule} {:?}: limits",
+                parts.join(&KEY_PART_SEPARATOR.to_string())
+            );
+            let held: usize = applied.key_limits.values().map(|keys| keys.len()).sum();
+            if held >= MAX_KEY_LIMITS {
+                problems.push(format!(
+                    "{at}: a proxy applies at most {MAX_KEY_LIMITS} keys' own limits"
+                ));
+                continue;
+            }
+            // Checked against the rule as overridden: the key's record is in its table.
+            match check_key_limits(&applied, &rule, &parts, json, &at) {
+                Ok(limits) => {
+                    let joined = parts.join(&KEY_PART_SEPARATOR.to_string());
+                    applied
+                        .key_limits
+                        .entry(rule)
+                        .or_default()
+                        .insert(joined, limits);
                 }
                 Err(e) => problems.push(e.to_string()),
             }
@@ -150,15 +202,7 @@ pub fn check_limits(
     }
     let mut out = Vec::with_capacity(named.len());
     for (index, rule) in named {
-        let mut rule = rule.clone();
-        if rule.fallback == Fallback::Open(rule.limits.clone()) {
-            rule.fallback = Fallback::Open(limits.clone());
-        }
-        rule.limits = limits.clone();
-        // A fleet share divides the new limits among as many proxies as it did the old.
-        if let Some(share) = rule.share {
-            rule.size_to_fleet(share.proxies);
-        }
+        let rule = with_key_limits(rule, &limits);
         config::check_rule(
             &rule,
             policy.max_keys,
@@ -168,6 +212,80 @@ pub fn check_limits(
         out.push((index, rule));
     }
     Ok(out)
+}
+
+/// `rule` counting with `limits` in place of its own: a fallback that was its own limits
+/// becomes them, and a fleet share divides them among as many proxies as it did the old.
+pub fn with_key_limits(rule: &Rule, limits: &[Limit]) -> Rule {
+    let mut rule = rule.clone();
+    if rule.fallback == Fallback::Open(rule.limits.clone()) {
+        rule.fallback = Fallback::Open(limits.to_vec());
+    }
+    rule.limits = limits.to_vec();
+    // A key's contract holds day and night: the rule's schedule is not the key's (its windows
+    // would put the rule's limits back in place of the key's); a scale still lowers them.
+    if let Some(dynamic) = rule.dynamic.as_mut() {
+        dynamic.schedule.clear();
+    }
+    if let Some(share) = rule.share {
+        rule.size_to_fleet(share.proxies);
+    }
+    rule
+}
+
+/// The limits `json` of one key of configured rule `rule` (its `parts`, as [`check_key`] takes
+/// them), checked as the configuration checks the rule with them ([`config::check_rule`], every
+/// tier), and keeping its table's layout (the same algorithm and number of limits, a sliding
+/// log the same length): the key's record stays in its rule's table, read by its own limits. A
+/// first-present part names its alternative (`jwt:sub=alice`): a key's limits are one key's.
+/// Errors name the limits' fields under `limits_at`, the key's as [`check_key`] does.
+pub fn check_key_limits(
+    policy: &Policy,
+    rule: &str,
+    parts: &[String],
+    json: &[serde_json::Value],
+    limits_at: &str,
+) -> Result<Vec<Limit>, ConfigError> {
+    let matched = check_key(policy, rule, parts)?;
+    if let Some(j) = matched
+        .iter()
+        .position(|m| m.first_present && m.alternative.is_none())
+    {
+        return Err(err(
+            format!("key[{j}]"),
+            "a key's own limits are one key's: name the alternative its value comes from, as the filter writes it (jwt:sub=alice, client_ip=203.0.113.7)",
+        ));
+    }
+    let limits = config::parse_limits(limits_at, json)?;
+    for configured in configured_rules(policy, rule) {
+        let keyed = with_key_limits(configured, &limits);
+        config::check_rule(
+            &keyed,
+            policy.max_keys,
+            policy.host,
+            &RuleAt::Override { limits: limits_at },
+        )?;
+        let layout = |r: &Rule| Table::layout(bucket_limits(r), policy.max_keys);
+        if layout(&keyed) != layout(configured) {
+            let own: Vec<String> = bucket_limits(configured)
+                .iter()
+                .map(|l| match l.log_len() {
+                    0 => l.algorithm().name().to_string(),
+                    n => format!("{} of {n}", l.algorithm().name()),
+                })
+                .collect();
+            return Err(err(
+                limits_at,
+                format!(
+                    "a key's own limits count in its rule's table, so they keep the form of {:?}'s: {} limit(s), [{}] (a sliding log of the same length); give another form a rule of its own",
+                    configured.name,
+                    own.len(),
+                    own.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(limits)
 }
 
 /// The bulkhead `name` of `policy` (by index) with the live override `json` applied, checked as

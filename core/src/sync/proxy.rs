@@ -276,7 +276,7 @@ fn with_record<T: Clone>(
 ) -> Result<T, StoreError> {
     let Some(Enforced {
         rule: spec, table, ..
-    }) = limiter.rule(rule)
+    }) = limiter.rule_for(rule, key)
     else {
         return Ok(missing);
     };
@@ -312,7 +312,7 @@ pub fn snapshot(
     if spent == 0 && denied == 0 {
         return None;
     }
-    let spec = limiter.rule(rule)?.rule;
+    let spec = limiter.rule_for(rule, key)?.rule;
     Some(SyncEntry {
         key: key.to_string(),
         limits: spec.limits.iter().map(LimitSpec::from).collect(),
@@ -372,12 +372,13 @@ pub fn take(
     interval_us: u64,
     store: &mut dyn Store,
 ) -> Taken {
-    let bucket = limiter
-        .rule(rule)
-        .and_then(|enforced| match enforced.rule.limits.as_slice() {
-            [limit] if !limit.algorithm().windowed() => Some(*limit),
-            _ => None,
-        });
+    let bucket =
+        limiter
+            .rule_for(rule, key)
+            .and_then(|enforced| match enforced.rule.limits.as_slice() {
+                [limit] if !limit.algorithm().windowed() => Some(*limit),
+                _ => None,
+            });
     let counts = with_record(limiter, rule, key, store, None, |record| {
         let wait = bucket.is_some_and(|limit| may_wait(record, &limit, now_us, interval_us));
         if record.unsynced() && wait {
@@ -399,7 +400,7 @@ fn entry(limiter: &Limiter, rule: RuleId, key: &str, spent: u32, denied: u32) ->
     if spent == 0 && denied == 0 {
         return Taken::Nothing;
     }
-    let Some(enforced) = limiter.rule(rule) else {
+    let Some(enforced) = limiter.rule_for(rule, key) else {
         return Taken::Nothing;
     };
     Taken::Entry(SyncEntry {
@@ -463,7 +464,7 @@ pub fn apply_lease(
 ) -> Result<(), StoreError> {
     let Some(Enforced {
         rule: spec, table, ..
-    }) = limiter.rule(rule)
+    }) = limiter.rule_for(rule, key)
     else {
         return Ok(());
     };

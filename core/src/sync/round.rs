@@ -220,7 +220,7 @@ pub fn settle(
         // A batch composed under other limits (a reload or a live override while it was in
         // flight or in doubt): a lease goes only to a rule that still has the limits it was
         // granted for, not to the key's record under the new ones.
-        let granted_for = limiter.rule(*rule).is_some_and(|enforced| {
+        let granted_for = limiter.rule_for(*rule, &entry.key).is_some_and(|enforced| {
             let limits = &enforced.rule.limits;
             limits.len() == entry.limits.len()
                 && limits
