@@ -10,7 +10,8 @@ The upstream is `sluice-upstream` (crate overload/): --workers requests served a
 queued FIFO without bound, so its capacity is workers / service time (8 / 25 ms = 320 req/s) and its latency grows
 with the queue. A request Envoy gave up on (route timeout 1 s, then 504) is still served when its turn comes, as a
 thread-pool server does. The load is `sluice-load` (same crate), open loop: request i leaves at i/R whatever
-happened to the earlier ones, classes high:0.2,low:0.8 in `x-sluice-class`.
+happened to the earlier ones, classes high:0.2,low:0.8 in `x-sluice-class` (the high class at most half the capacity:
+5% at 10x, `classes()`).
 
 For each variant and each offered load (a multiple of the capacity), a fresh upstream and a fresh Envoy
 (--concurrency 2) are started, warmed up for 1 s at half the capacity, then loaded for --duration seconds:
@@ -53,7 +54,19 @@ from stack import ROOT, cpu_seconds, loadavg, machine, tool_version  # noqa: E40
 
 # ---- What is compared: the variants, the loads and the sluice configurations, all in one place. ----
 
-CLASSES = "high:0.2,low:0.8"  # sluice-load's --classes: each request's x-sluice-class
+HIGH_SHARE = 0.2  # the high class's share of the offered load, up to HIGH_RATE_MAX
+# ... but never more than half the capacity of high requests: a surge is the low class's (a crawler, a retry storm),
+# and a high class beyond the capacity could not be served whatever the shedder (at 10x, 20% high would be twice
+# the capacity). So 20% up to 2.5x, 5% at 10x.
+HIGH_RATE_MAX = 0.5
+
+
+def classes(factor):
+    """sluice-load's --classes at `factor` x the capacity: each request's x-sluice-class."""
+    high = min(HIGH_SHARE, HIGH_RATE_MAX / factor)
+    return f"high:{high:.4g},low:{1 - high:.4g}"
+
+
 LOADS = [0.5, 1, 1.5, 2, 3, 10]  # offered load, as multiples of the upstream's capacity
 # The halving case: offered HALVING_LOAD x the full capacity for HALVING_S seconds; the upstream serves with half its
 # workers from the first third to the second (GET /capacity?workers=N), so the capacity of the moment is full, half,
@@ -251,7 +264,7 @@ def machine_busy():
 def load(url, rate, seconds, workdir, tag, sample=None, phases=None, sample_s=SAMPLE_S):
     """Runs sluice-load to the end (bounded), calling sample() every sample_s meanwhile; its JSON and CPU seconds."""
     args = [os.path.join(BIN, "sluice-load"), "--url", url, "--rate", f"{rate:g}", "--duration-s", f"{seconds:g}",
-            "--timeout-ms", str(ARGS.timeout_ms), "--classes", CLASSES]
+            "--timeout-ms", str(ARGS.timeout_ms), "--classes", classes(rate / CAPACITY)]
     if phases:
         args += ["--phases", ",".join(f"{p:g}" for p in phases)]
     out_path = os.path.join(workdir, f"{tag}.load.json")
@@ -392,7 +405,7 @@ def statuses(o):
 def tables(runs, unloaded, failures, info):
     lines = [
         f"Upstream {ARGS.workers} workers x {ARGS.service_ms} ms = {CAPACITY:.0f} req/s (FIFO queue, no bound), "
-        f"open-loop load {ARGS.duration:g} s per run, classes {CLASSES}, route timeout 1 s; Envoy {info['envoy']} "
+        f"open-loop load {ARGS.duration:g} s per run, classes high:0.2,low:0.8 (high at most 0.5 x capacity), route timeout 1 s; Envoy {info['envoy']} "
         f"--concurrency {ARGS.concurrency}; {info['nproc']} CPUs ({info['cpu']}); 1-minute load average "
         f"{info['load_before']:.2f} before, {info['load_after']:.2f} after.",
         "",
@@ -569,7 +582,7 @@ def svg_plot(runs, unloaded, failures, path):
         out.append(f'<text x="{x + 28}" y="52">{label}</text>')
         x += 42 + 6.5 * len(label)
     out.append(f'<text x="10" y="{height - 8}" fill="#777" font-size="10">bench/overload.py, {ARGS.duration:g} s '
-               f'per point, classes {CLASSES}, route timeout 1 s</text>')
+               f'per point, classes high:0.2 (at most 0.5 x capacity), low the rest, route timeout 1 s</text>')
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
@@ -604,7 +617,7 @@ def main():
 
     def save():
         with open(results_path, "w") as f:
-            json.dump({"machine": info, "args": vars(ARGS), "capacity": CAPACITY, "classes": CLASSES,
+            json.dump({"machine": info, "args": vars(ARGS), "capacity": CAPACITY, "classes": {f: classes(f) for f in ARGS.loads},
                        "sluice": {v: VARIANTS[v][1]() for v in VARIANT_ORDER if VARIANTS[v][1]},
                        "unloaded": unloaded, "failures": failures, "runs": runs}, f, indent=2)
 

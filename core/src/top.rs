@@ -679,6 +679,7 @@ mod tests {
             now_us,
             service_up: true,
             service_back_us: 0,
+            load: Default::default(),
         };
         let evaluation = limiter.decide(&mut request, conditions, store);
         matches!(evaluation.decision, crate::Decision::Allow { .. })
@@ -800,6 +801,7 @@ mod tests {
                 now_us: 1_700_000_000_000_000,
                 service_up: true,
                 service_back_us: 0,
+                load: Default::default(),
             };
             limiter.decide(&mut request, conditions, &mut store);
         }
