@@ -1469,3 +1469,62 @@ fn per_key_concurrency_is_bounded_and_every_end_gives_the_slot_back() {
     }
     all_free("five denials by another rule");
 }
+
+/// A rule's limits follow the proxy's load level (`scale`): while the upstream reports itself 90% busy (`high`), its
+/// bulkhead is at `high` and the rule's 4 a minute are 2, in the headers and the denials too; a fresh key sees the
+/// limit in force. (Seen failing with the scale left out of the limits in force.)
+#[test]
+fn a_rule_scaled_by_the_load_level_halves_its_limit_while_the_upstream_is_busy() {
+    let _machine = machine();
+    let envoy = start_with(
+        json!({
+            "headers": "legacy",
+            "shedding": {"class_header": CLASS, "bulkheads": [
+                {"name": "sat", "match": {"path_prefix": "/sat/"}, "limit": {"static": 100},
+                 "saturation_header": "x-upstream-saturation"}]},
+            "rules": [{"name": "api", "match": {"path_prefix": "/sat/"}, "key": ["header:x-user"],
+                       "limits": [{"requests": 4, "per": "minute"}], "scale": {"high": 0.5}}],
+        }),
+        1,
+    );
+    // Four requests of a fresh user, the upstream reporting `busy` on each (or nothing): the statuses, and the
+    // limit the first answer says.
+    let four = |user: &str, busy: Option<&str>| {
+        let mut statuses = Vec::new();
+        let mut limit = None;
+        for _ in 0..4 {
+            let mut headers = vec![(CLASS, "critical"), ("x-user", user)];
+            if let Some(busy) = busy {
+                headers.push(("x-report-saturation", busy));
+            }
+            let (reply, _) = send(&envoy, "/sat/x", &headers);
+            limit = limit.or_else(|| reply.header("x-ratelimit-limit").map(str::to_owned));
+            statuses.push(reply.status);
+        }
+        (statuses, limit)
+    };
+    assert_eq!(
+        four("calm", None),
+        (vec![200, 200, 200, 200], Some("4".to_owned()))
+    );
+    let mut seen = None;
+    let halved = eventually(Duration::from_secs(3), || {
+        let user = format!("busy-{}", seen.as_ref().map_or(0, |(n, _)| n + 1));
+        let (statuses, limit) = four(&user, Some("90%"));
+        let n = seen.as_ref().map_or(0, |(n, _)| n + 1);
+        let done = limit.as_deref() == Some("2");
+        seen = Some((n, (statuses, limit)));
+        done
+    });
+    let (_, last) = seen.expect("tried");
+    assert!(
+        halved,
+        "the limit never halved at high: {last:?}; {:?}",
+        envoy.sluice_stats()
+    );
+    assert_eq!(
+        last.0,
+        vec![200, 200, 429, 429],
+        "two of a halved 4: {last:?}"
+    );
+}
