@@ -25,7 +25,8 @@ def read(path):
 
 
 def nice(top):
-    for step in (0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 60, 100, 120, 200, 250, 500, 1000, 2000, 5000, 10000):
+    for step in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 60, 100, 120, 200, 250, 500,
+                 1000, 2000, 5000, 10000, 20000, 50000):
         if top / step <= 5:
             return step
     return top / 5
@@ -48,8 +49,12 @@ def panel(out, x0, y0, w, h, t_max, y_max, label):
         out.append(f'<line x1="{x(s):.1f}" x2="{x(s):.1f}" y1="{y0}" y2="{y0 + h}" stroke="#e3e6ea" stroke-dasharray="3 3"/>')
         out.append(f'<text x="{x(s):.1f}" y="{y0 + h + 14}" text-anchor="middle" class="t">{s:g} s</text>')
         s += t_step
-    out.append(f'<text x="{x0}" y="{y0 - 8}" class="h">{label}</text>')
+    out.append(f'<text x="{x0}" y="{y0 - 8}" class="h">{escape(label)}</text>')
     return x, y
+
+
+def escape(text):
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def path(points, x, y):

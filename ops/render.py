@@ -14,41 +14,11 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from plot_soak import escape, panel  # noqa: E402  (the benchmarks' axes and grid, one style for every plot)
+
 COLORS = ["#2f5bd3", "#d97706", "#16a34a", "#dc2626", "#9333ea", "#0891b2", "#93c5fd", "#a16207"]
 UNITS = {"reqps": "req/s", "percentunit": "share", "ms": "ms", "short": ""}
-
-
-def nice(top):
-    for step in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000,
-                 2000, 5000, 10000, 20000, 50000):
-        if top / step <= 5:
-            return step
-    return top / 5
-
-
-def panel(out, x0, y0, w, h, t_max, y_max, label):
-    step = nice(max(y_max, 1e-9))
-    hi = step * max(1, -(-y_max // step))
-    x = lambda t: x0 + w * t / t_max
-    y = lambda v: y0 + h - h * v / hi
-    v = 0
-    while v <= hi + 1e-9:
-        out.append(f'<line x1="{x0}" x2="{x0 + w}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eef0f3"/>')
-        out.append(f'<text x="{x0 - 6}" y="{y(v) + 3.5:.1f}" text-anchor="end" class="t">{v:g}</text>')
-        v += step
-    t_step = nice(t_max)
-    s = 0
-    while s <= t_max + 1e-9:
-        out.append(f'<line x1="{x(s):.1f}" x2="{x(s):.1f}" y1="{y0}" y2="{y0 + h}" stroke="#e3e6ea" '
-                   'stroke-dasharray="3 3"/>')
-        out.append(f'<text x="{x(s):.1f}" y="{y0 + h + 14}" text-anchor="middle" class="t">{s:g} s</text>')
-        s += t_step
-    out.append(f'<text x="{x0}" y="{y0 - 8}" class="h">{escape(label)}</text>')
-    return x, y
-
-
-def escape(text):
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def plot(panels, svg_path):
