@@ -390,6 +390,25 @@ impl TierOf {
 }
 
 impl Rule {
+    /// This rule counting with `limits` in place of its own: a fallback that was its own limits
+    /// becomes them, and a fleet share divides them among as many proxies as it did the old.
+    pub fn with_key_limits(&self, limits: &[Limit]) -> Rule {
+        let mut rule = self.clone();
+        if rule.fallback == Fallback::Open(rule.limits.clone()) {
+            rule.fallback = Fallback::Open(limits.to_vec());
+        }
+        rule.limits = limits.to_vec();
+        // A key's contract holds day and night: the rule's schedule is not the key's (its windows
+        // would put the rule's limits back in place of the key's); a scale still lowers them.
+        if let Some(dynamic) = rule.dynamic.as_mut() {
+            dynamic.schedule.clear();
+        }
+        if let Some(share) = rule.share {
+            rule.size_to_fleet(share.proxies);
+        }
+        rule
+    }
+
     /// With a fleet share, divides the rule's limits among `proxies` (at least 1) into its
     /// fallback; otherwise nothing.
     pub fn size_to_fleet(&mut self, proxies: u32) {

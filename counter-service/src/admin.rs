@@ -40,8 +40,7 @@ use crate::state::AppState;
 pub use crate::settings::ADMIN_MAX_BODY_BYTES as MAX_BODY_BYTES;
 /// Most admin requests served at once; more are shed with 503.
 pub const MAX_CONCURRENCY: usize = 16;
-/// Longest rule or tier name, as in the filter's configuration.
-pub const MAX_NAME_BYTES: usize = 64;
+pub use crate::validate::{target_name, MAX_NAME_BYTES};
 /// Longest `reason`.
 pub const MAX_REASON_BYTES: usize = 512;
 /// Longest `ttl_s`: 366 days.
@@ -492,33 +491,6 @@ pub fn rule_name(field: &str, value: &str) -> Result<(), AppError> {
     target_name(field, value)
 }
 
-/// A rule's name (`rule`), or a tier's (`rule/tier`): each 1 to [`MAX_NAME_BYTES`] characters
-/// of a-z, A-Z, 0-9, `-`, `_`, `.`, as the filter's configuration names them.
-pub fn target_name(field: &str, value: &str) -> Result<(), AppError> {
-    let name_ok = |name: &str| {
-        !name.is_empty()
-            && name.len() <= MAX_NAME_BYTES
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-    };
-    let valid = match value.split_once('/') {
-        Some((rule, tier)) => name_ok(rule) && name_ok(tier),
-        None => name_ok(value),
-    };
-    if valid {
-        Ok(())
-    } else {
-        Err(AppError::invalid(
-            field,
-            format!(
-                "must be a rule's name, or rule/tier: each 1 to {MAX_NAME_BYTES} characters of \
-                 a-z, A-Z, 0-9, '-', '_', '.', got {value:?}"
-            ),
-        ))
-    }
-}
-
 /// The parts of a key: one string (a one-part key) or an array of strings, each non-empty and
 /// without U+001F (the separator); the rule's whole key (its name and the parts, joined by
 /// U+001F) at most `--max-key-bytes`, as any key the service counts.
@@ -608,6 +580,21 @@ pub fn matchable(
         AppError::invalid(field, error.problem)
     })?;
     Ok(())
+}
+
+/// `GET /admin/v1/top?rule=…&window=…[&limit=…]`: the keys `rule` admitted and denied most over
+/// the window (`1m` to `15m`; default `5m`), `limit` of each (1 to 64; default 20).
+pub async fn top(State(state): State<AppState>, uri: Uri) -> Result<Json<Value>, AppError> {
+    let query = crate::top::Query::parse(&uri)?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Ok(Json(state.top.query(
+        &query.rule,
+        query.minutes,
+        query.limit,
+        now_ms,
+    )))
 }
 
 #[cfg(test)]

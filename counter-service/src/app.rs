@@ -14,7 +14,7 @@ use tower::ServiceBuilder;
 
 use crate::error::{AppError, ErrorReport};
 use crate::state::AppState;
-use crate::{admin, auth, check_handler, key_admin, probes, status, sync_handler, top};
+use crate::{admin, auth, check_handler, key_admin, probes, status, sync_handler};
 
 /// The whole service as a `Router`, testable without a socket (`tower::ServiceExt::oneshot`).
 pub fn app(state: AppState) -> Router {
@@ -53,7 +53,7 @@ pub fn app(state: AppState) -> Router {
             put(admin::put_key).delete(admin::delete_key),
         )
         .route("/admin/v1/audit", get(admin::audit))
-        .route("/admin/v1/top", get(top::show))
+        .route("/admin/v1/top", get(admin::top))
         .route(
             "/admin/v1/keys/{*rule}",
             get(key_admin::show).delete(key_admin::reset),

@@ -27,9 +27,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use axum::extract::State;
 use axum::http::Uri;
-use axum::Json;
 use percent_encoding::percent_decode_str;
 use serde_json::{json, Value};
 use sluice_core::top::Summary;
@@ -39,7 +37,6 @@ use sluice_protocol::{
 };
 
 use crate::error::AppError;
-use crate::state::AppState;
 
 /// Keys of each kind kept per credential, rule and minute (and most a query answers).
 pub const KEYS_PER_KIND: usize = MAX_TOP_KEYS;
@@ -90,7 +87,7 @@ impl Board {
     ) -> Recorded {
         let at = format!("top[{index}]");
         if let Err(AppError::Invalid { field, reason }) =
-            crate::admin::target_name(&format!("{at}.rule"), &report.rule)
+            crate::validate::target_name(&format!("{at}.rule"), &report.rule)
         {
             return Recorded::Refused(format!("{field}: {reason}"));
         }
@@ -249,21 +246,6 @@ fn checked(rule: &str, summary: &TopSummary) -> Result<(Summary, usize), String>
     Ok((out, dropped))
 }
 
-/// `GET /admin/v1/top?rule=…&window=…[&limit=…]`: the keys `rule` admitted and denied most over
-/// the window (`1m` to `15m`; default `5m`), `limit` of each (1 to 64; default 20).
-pub async fn show(State(state): State<AppState>, uri: Uri) -> Result<Json<Value>, AppError> {
-    let query = Query::parse(&uri)?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    Ok(Json(state.top.query(
-        &query.rule,
-        query.minutes,
-        query.limit,
-        now_ms,
-    )))
-}
-
 /// The query of `GET /admin/v1/top`, checked.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Query {
@@ -304,7 +286,7 @@ impl Query {
             }
         }
         let rule = rule.ok_or_else(|| AppError::invalid("rule", "missing: ?rule=NAME"))?;
-        crate::admin::target_name("rule", &rule)?;
+        crate::validate::target_name("rule", &rule)?;
         let minutes = match window.as_deref() {
             None => 5,
             Some(text) => text

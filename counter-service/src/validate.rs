@@ -255,6 +255,36 @@ fn window(at: &str, limit: &LimitSpec) -> Result<(), AppError> {
     Ok(())
 }
 
+/// Longest rule or tier name, as in the filter's configuration.
+pub const MAX_NAME_BYTES: usize = 64;
+
+/// A rule's name (`rule`), or a tier's (`rule/tier`): each 1 to [`MAX_NAME_BYTES`] characters
+/// of a-z, A-Z, 0-9, `-`, `_`, `.`, as the filter's configuration names them.
+pub fn target_name(field: &str, value: &str) -> Result<(), AppError> {
+    let name_ok = |name: &str| {
+        !name.is_empty()
+            && name.len() <= MAX_NAME_BYTES
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    let valid = match value.split_once('/') {
+        Some((rule, tier)) => name_ok(rule) && name_ok(tier),
+        None => name_ok(value),
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(AppError::invalid(
+            field,
+            format!(
+                "must be a rule's name, or rule/tier: each 1 to {MAX_NAME_BYTES} characters of \
+                 a-z, A-Z, 0-9, '-', '_', '.', got {value:?}"
+            ),
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

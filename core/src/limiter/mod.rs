@@ -1314,7 +1314,7 @@ fn slot_lapse(rule: &Rule, now_us: u64) -> u64 {
 }
 
 /// Per rule of `policy`, the rule as each key an operator gave its own limits counts it
-/// ([`crate::overrides::with_key_limits`]), by the key's fingerprint in the rule's table (a
+/// ([`Rule::with_key_limits`]), by the key's fingerprint in the rule's table (a
 /// rule with tiers: every tier, each keying as `rule/tier`). Empty when no key has limits.
 fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Arc<Rule>>> {
     if policy.key_limits.is_empty() {
@@ -1339,9 +1339,7 @@ fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Arc<Rule>>
                     let key = format!("{}{}{parts}", rule.name, key::SEPARATOR);
                     let keyed = made
                         .entry(limits.as_slice())
-                        .or_insert_with(|| {
-                            Arc::new(crate::overrides::with_key_limits(rule, limits))
-                        })
+                        .or_insert_with(|| Arc::new(rule.with_key_limits(limits)))
                         .clone();
                     (table.fingerprint(&key), keyed)
                 })

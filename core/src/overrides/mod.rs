@@ -11,7 +11,7 @@ use crate::config::{self, err, ConfigError, RuleAt};
 use crate::limit::table::Table;
 use crate::limit::Limit;
 use crate::limiter::bucket_limits;
-use crate::policy::{BareKeys, Fallback, KeyPart, Policy, Rule};
+use crate::policy::{BareKeys, KeyPart, Policy, Rule};
 use crate::protocol::{LiveOverrides, KEY_PART_SEPARATOR, MAX_KEY_BYTES};
 
 /// The shared-data key holding the last set of live overrides (JSON).
@@ -202,7 +202,7 @@ pub fn check_limits(
     }
     let mut out = Vec::with_capacity(named.len());
     for (index, rule) in named {
-        let rule = with_key_limits(rule, &limits);
+        let rule = rule.with_key_limits(&limits);
         config::check_rule(
             &rule,
             policy.max_keys,
@@ -212,25 +212,6 @@ pub fn check_limits(
         out.push((index, rule));
     }
     Ok(out)
-}
-
-/// `rule` counting with `limits` in place of its own: a fallback that was its own limits
-/// becomes them, and a fleet share divides them among as many proxies as it did the old.
-pub fn with_key_limits(rule: &Rule, limits: &[Limit]) -> Rule {
-    let mut rule = rule.clone();
-    if rule.fallback == Fallback::Open(rule.limits.clone()) {
-        rule.fallback = Fallback::Open(limits.to_vec());
-    }
-    rule.limits = limits.to_vec();
-    // A key's contract holds day and night: the rule's schedule is not the key's (its windows
-    // would put the rule's limits back in place of the key's); a scale still lowers them.
-    if let Some(dynamic) = rule.dynamic.as_mut() {
-        dynamic.schedule.clear();
-    }
-    if let Some(share) = rule.share {
-        rule.size_to_fleet(share.proxies);
-    }
-    rule
 }
 
 /// The limits `json` of one key of configured rule `rule` (its `parts`, as [`check_key`] takes
@@ -258,7 +239,7 @@ pub fn check_key_limits(
     }
     let limits = config::parse_limits(limits_at, json)?;
     for configured in configured_rules(policy, rule) {
-        let keyed = with_key_limits(configured, &limits);
+        let keyed = configured.with_key_limits(&limits);
         config::check_rule(
             &keyed,
             policy.max_keys,
@@ -531,6 +512,7 @@ pub fn decode(bytes: &[u8]) -> Option<LiveOverrides> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Fallback;
     use crate::protocol::KeyAction;
     use serde_json::json;
 
