@@ -20,11 +20,16 @@ For each variant and each offered load (a multiple of the capacity), a fresh ups
 - adaptive-concurrency: Envoy's envoy.filters.http.adaptive_concurrency, gradient controller
   (envoy/overload-adaptive-concurrency.yaml.tmpl);
 - sluice-static, sluice-adaptive: the sluice filter's `shedding` (envoy/overload-sluice.yaml.tmpl) with a static
-  in-flight limit (1.5 x workers unless --static-limit) or an adaptive one; see SHEDDING below.
+  in-flight limit (1.5 x workers unless --static-limit) or an adaptive one; see shedding() below;
+- sluice-adaptive-critical: sluice-adaptive with the high class never shed (threshold null, as the default
+  `critical` class), counted in flight but admitted over the limit.
 
 and once, before them, an unloaded run (0.1 x capacity, no protection) for the unloaded p99. After each variant's
 loads, the halving case (HALVING_* below): 1.5 x capacity offered for 12 s while the upstream's workers halve from
-4 s to 8 s, reported by phase, with how long the adaptive limits take to reach the new capacity.
+4 s to 8 s (the load generator itself calls the upstream's /capacity at those times, so each phase starts exactly
+with its capacity), reported by phase, with how long the adaptive limits take to reach the new capacity and, from
+each request's record (.run/bench-overload/*.timeline.csv), how many admitted requests of the half phase were over
+the p99 target before any answer could have shown a limiter the halving.
 
 Progress on stderr, markdown tables on stdout, the plot in bench/overload.svg (goodput and p99 of admitted requests
 against offered load), and the configs, logs, load outputs and results.json in .run/bench-overload/. Builds nothing
@@ -81,8 +86,10 @@ WARMUP = (0.5, 1.0)  # (load as a multiple of capacity, seconds) before each mea
 ROUTE_TIMEOUT_MS = 1000  # `timeout: 1s` of the route in every envoy/overload-*.yaml.tmpl
 
 
-def shedding(limit):
-    """sluice's configuration for both sluice variants: one bulkhead over every path, in-flight `limit`."""
+def shedding(limit, high=...):
+    """sluice's configuration for the sluice variants: one bulkhead over every path, in-flight `limit`; the high
+    class's threshold `high` (--high-threshold unless given; None: never shed, as the default `critical` class)."""
+    high = ARGS.high_threshold if high is ... else high
     bulkhead = {
         "name": "upstream",
         "match": {"path_prefix": "/"},
@@ -97,7 +104,7 @@ def shedding(limit):
             "mode": "enforce",
             "class_header": "x-sluice-class",
             "default_class": "basic",
-            "classes": {"high": ARGS.high_threshold, "low": 0.7},
+            "classes": {"high": high, "low": 0.7},
             "bulkheads": [bulkhead],
         },
     }
@@ -116,6 +123,7 @@ VARIANTS = {
     "adaptive-concurrency": ("overload-adaptive-concurrency.yaml.tmpl", None),
     "sluice-static": ("overload-sluice.yaml.tmpl", lambda: shedding({"static": static_limit()})),
     "sluice-adaptive": ("overload-sluice.yaml.tmpl", lambda: shedding(SLUICE_ADAPTIVE_LIMIT)),
+    "sluice-adaptive-critical": ("overload-sluice.yaml.tmpl", lambda: shedding(SLUICE_ADAPTIVE_LIMIT, high=None)),
 }
 
 # Envoy stats kept per run: counters as deltas over the measured run, gauges sampled every SAMPLE_S.
@@ -123,7 +131,7 @@ STATS_FILTER = (r"adaptive_concurrency|wasmcustom\.sluice|^cluster\.upstream\.up
                 r"overflow|cx_total|rq_[0-9]xx)$|^http\.edge\.downstream_rq_[0-9]xx$")
 SAMPLE_S = 0.5
 COLORS = {"none": "#d62728", "adaptive-concurrency": "#1f77b4", "sluice-static": "#2ca02c",
-          "sluice-adaptive": "#9467bd"}
+          "sluice-adaptive": "#9467bd", "sluice-adaptive-critical": "#8c564b"}
 
 
 class Failed(Exception):
@@ -261,12 +269,16 @@ def machine_busy():
     return sum(fields) - idle, sum(fields)
 
 
-def load(url, rate, seconds, workdir, tag, sample=None, phases=None, sample_s=SAMPLE_S):
-    """Runs sluice-load to the end (bounded), calling sample() every sample_s meanwhile; its JSON and CPU seconds."""
+def load(url, rate, seconds, workdir, tag, sample=None, phases=None, sample_s=SAMPLE_S, calls=()):
+    """Runs sluice-load to the end (bounded), calling sample() every sample_s meanwhile; its JSON and CPU seconds.
+    `calls`: (seconds, url) the load GETs at that time on its own clock, so a phase starts exactly with its call."""
     args = [os.path.join(BIN, "sluice-load"), "--url", url, "--rate", f"{rate:g}", "--duration-s", f"{seconds:g}",
             "--timeout-ms", str(ARGS.timeout_ms), "--classes", classes(rate / CAPACITY)]
     if phases:
-        args += ["--phases", ",".join(f"{p:g}" for p in phases)]
+        args += ["--phases", ",".join(f"{p:g}" for p in phases),
+                 "--timeline", os.path.join(workdir, f"{tag}.timeline.csv")]
+    for at, call in calls:
+        args += ["--call", f"{at:g}={call}"]
     out_path = os.path.join(workdir, f"{tag}.load.json")
     err_path = os.path.join(workdir, f"{tag}.load.log")
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -298,11 +310,6 @@ def load(url, rate, seconds, workdir, tag, sample=None, phases=None, sample_s=SA
     return result, cpu
 
 
-def set_workers(upstream, workers):
-    with NO_PROXY.open(f"http://127.0.0.1:{upstream.port}/capacity?workers={workers}", timeout=2) as r:
-        r.read()
-
-
 def measure(variant, factor, workdir, tag, halving=False):
     """One run: fresh upstream and Envoy, warm-up, measured load. The run's record (or Failed). With `halving`, the
     upstream's workers halve from the first third of the run to the second."""
@@ -310,7 +317,6 @@ def measure(variant, factor, workdir, tag, halving=False):
     rate = factor * CAPACITY
     seconds = HALVING_S if halving else ARGS.duration
     switches = [(HALVING_S / 3, max(1, ARGS.workers // 2)), (2 * HALVING_S / 3, ARGS.workers)] if halving else []
-    switched = []
     upstream = Upstream(workdir, tag)
     try:
         envoy = Envoy(template, sluice() if sluice else None, upstream.port, workdir, tag)
@@ -321,14 +327,6 @@ def measure(variant, factor, workdir, tag, halving=False):
             t0 = time.time()
 
             def sample():
-                t = time.time() - t0
-                while switches and t >= switches[0][0]:
-                    at, workers = switches.pop(0)
-                    try:
-                        set_workers(upstream, workers)
-                        switched.append({"t": round(time.time() - t0, 2), "workers": workers})
-                    except OSError as e:
-                        raise Failed(f"GET /capacity?workers={workers}: {e}")
                 try:
                     gauges = {k: v for k, v in envoy.stats().items()
                               if re.search(r"limit|rtt_msecs|in_?flight|queue", k)}
@@ -342,8 +340,12 @@ def measure(variant, factor, workdir, tag, halving=False):
             cpu_before = {"envoy": cpu_seconds(envoy.proc.pid), "upstream": cpu_seconds(upstream.proc.pid)}
             busy_before, wall = machine_busy(), time.time()
             phases = [at for at, _ in switches] if halving else None
+            calls = [(at, f"http://127.0.0.1:{upstream.port}/capacity?workers={workers}") for at, workers in switches]
             result, load_cpu = load(url, rate, seconds, workdir, tag, sample, phases,
-                                    HALVING_SAMPLE_S if halving else SAMPLE_S)
+                                    HALVING_SAMPLE_S if halving else SAMPLE_S, calls)
+            if any(c.get("status") != 200 for c in result.get("calls", [])):
+                raise Failed(f"the upstream's capacity did not change: {result.get('calls')}")
+            switched = [{"t": at, "workers": workers} for at, workers in switches]
             busy_after, wall = machine_busy(), time.time() - wall
             cpu = {k: cpu_seconds(p.proc.pid) - cpu_before[k] for k, p in (("envoy", envoy), ("upstream", upstream))}
             cpu["load"] = load_cpu
@@ -366,6 +368,7 @@ def measure(variant, factor, workdir, tag, halving=False):
         "cpu_pct": {k: round(100 * v / wall, 1) for k, v in cpu.items()},
         "machine_busy_pct": round(machine_pct, 1), "cpus": ncpu,
         "samples": samples, "halving": halving, "switched": switched,
+        "timeline": os.path.join(workdir, f"{tag}.timeline.csv") if halving else None,
     }
 
 
@@ -443,8 +446,9 @@ def tables(runs, unloaded, failures, info):
             f"{HALVING_S / 3:g} s to {2 * HALVING_S / 3:g} s",
             "",
             "| variant | goodput / capacity of the moment (full, half, full) | p99 ms (full, half, full) "
-            "| high ok (full, half, full) | limit at the new capacity after the halving, s | after the restore, s |",
-            "| --- | --- | --- | --- | ---: | ---: |",
+            "| high ok (full, half, full) | limit at the new capacity after the halving, s | after the restore, s "
+            "| half phase: over the p99 target, before any answer was | of them, 1% of admitted |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
         ]
         for r in halving:
             caps = [CAPACITY, CAPACITY * max(1, ARGS.workers // 2) / ARGS.workers, CAPACITY]
@@ -453,12 +457,18 @@ def tables(runs, unloaded, failures, info):
             p99 = ", ".join(fmt_ms(p["overall"]["p99_ms"]) for p in ph)
             high = ", ".join(pct(p["classes"].get("high")) for p in ph)
             down, up = settle_times(r)
-            lines.append(f"| {r['variant']} | {good} | {p99} | {high} | {down} | {up} |")
+            blind = blind_slow(r, 2 * unloaded_p99) if unloaded_p99 else None
+            blind = ("-", "-") if blind is None else (f"{blind[0]}", f"{blind[1]}, {blind[2] / 100:.1f}")
+            lines.append(f"| {r['variant']} | {good} | {p99} | {high} | {down} | {up} | {blind[0]} | {blind[1]} |")
         lines += ["", f"Unloaded p99: {fmt_ms(unloaded_p99)} ms (target: p99 of admitted at most twice that). "
                   "Each phase counts the requests sent in it; the limit is Envoy's `concurrency_limit` gauge "
                   "(adaptive-concurrency) or sluice's `limit` gauge, sampled every "
                   f"{HALVING_SAMPLE_S:g} s; \"at the new capacity\": at most 1.5 x the workers after the halving, at "
-                  "least the workers after the restore; - when the variant has no adaptive limit.", ""]
+                  "least the workers after the restore; - when the variant has no adaptive limit. \"Over the p99 target, before "
+                  "any answer was\": the half phase's admitted requests slower than the target that were sent before the "
+                  "first answer after the halving slower than the target arrived, so before a limiter learning from "
+                  "latency could have seen anything amiss; when they are more than 1% of the phase's admitted requests, "
+                  "no such limiter could have met the p99 target in that run.", ""]
     lines += [
         "Goodput: 2xx answers per second of the run (2xx / duration). "
         "p50, p99: latency of the 2xx answers, from when each request was sent. high ok, low ok: share of "
@@ -466,6 +476,23 @@ def tables(runs, unloaded, failures, info):
         "CPU busy: all CPUs of the machine over the run, the benchmark and anything else.",
     ]
     return "\n".join(lines)
+
+
+def blind_slow(run, target_ms):
+    """In the half phase of a halving run: (admitted requests slower than target_ms sent before the first answer after
+    the halving slower than target_ms arrived, all of them, the phase's admitted), from the load's timeline; None
+    without one."""
+    path = run.get("timeline")
+    if not path or not os.path.exists(path) or len(run.get("switched", [])) < 2:
+        return None
+    down, up = run["switched"][0]["t"], run["switched"][1]["t"]
+    with open(path) as f:
+        ok = [(float(sent), float(ms)) for sent, _, status, ms in (line.strip().split(",") for line in f.readlines()[1:])
+              if status.startswith("2")]
+    first = min((sent + ms / 1000 for sent, ms in ok if sent + ms / 1000 > down and ms > target_ms), default=up)
+    phase = [(sent, ms) for sent, ms in ok if down <= sent < up]
+    slow = [sent for sent, ms in phase if ms > target_ms]
+    return sum(1 for sent in slow if sent < first), len(slow), len(phase)
 
 
 def settle_times(run):
@@ -476,7 +503,7 @@ def settle_times(run):
             if k.endswith("concurrency_limit") or re.search(r"wasmcustom\.sluice\.shed\.[^.]+\.limit$", k):
                 return v
         return None
-    if run["variant"] not in ("adaptive-concurrency", "sluice-adaptive") or len(run.get("switched", [])) < 2:
+    if run["variant"] not in ("adaptive-concurrency", "sluice-adaptive", "sluice-adaptive-critical") or len(run.get("switched", [])) < 2:
         return "-", "-"
     (down, half), (up, full) = [(s["t"], s["workers"]) for s in run["switched"][:2]]
     out = []

@@ -148,6 +148,26 @@ pub fn fails(n: u64, rate: f64) -> bool {
     ((n + 1) as f64 * rate).floor() > (n as f64 * rate).floor()
 }
 
+/// Whether `url` is an absolute http:// URL to a loopback host (127.0.0.0/8, [::1] or
+/// localhost): the only place the benchmark's load may go.
+pub fn loopback_http(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return false;
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +222,29 @@ mod tests {
         assert_eq!(quarter, [3, 7, 11]);
         assert_eq!((0..10_000).filter(|n| fails(*n, 0.1)).count(), 1000);
         assert_eq!((0..1000).filter(|n| fails(*n, 1.0 / 3.0)).count(), 333);
+    }
+
+    #[test]
+    fn only_loopback_urls_are_load_targets() {
+        for ok in [
+            "http://127.0.0.1:8080/api",
+            "http://127.3.4.5/",
+            "http://[::1]:9000/x",
+            "http://localhost:1/capacity?workers=4",
+        ] {
+            assert!(loopback_http(ok), "{ok}");
+        }
+        for bad in [
+            "https://127.0.0.1/",
+            "http://10.0.0.1/",
+            "http://example.com/",
+            "http://127.0.0.1@example.com/",
+            "http://[::2]/",
+            "http://127.0.0.1.example.com/",
+            "127.0.0.1:80/",
+            "",
+        ] {
+            assert!(!loopback_http(bad), "{bad}");
+        }
     }
 }

@@ -26,7 +26,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
-use sluice_overload::{percentile, Classes, SplitMix64};
+use sluice_overload::{loopback_http, percentile, Classes, SplitMix64};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -35,7 +35,8 @@ const CLASS_HEADER: &str = "x-sluice-class";
 #[derive(Parser, Debug)]
 #[command(about = "Open-loop HTTP load: a fixed arrival schedule, never waiting for answers")]
 struct Args {
-    /// Absolute http:// URL, on 127.0.0.1.
+    /// Absolute http:// URL on a loopback address (127.0.0.0/8, [::1], localhost); anything else is
+    /// refused.
     #[arg(long)]
     url: String,
     /// Requests per second.
@@ -62,6 +63,15 @@ struct Args {
     /// (by when they were sent) are also reported on their own, in "phases".
     #[arg(long)]
     phases: Option<String>,
+    /// Also writes every request to this CSV file: when it was sent (s from the start), its class,
+    /// its status (0: timed out or failed) and its latency (ms, empty unless answered).
+    #[arg(long)]
+    timeline: Option<std::path::PathBuf>,
+    /// "SECONDS=URL": GETs the http:// URL at that time from the start, on the load's own clock
+    /// (e.g. an upstream's capacity change, exactly at a phase boundary). Repeatable; each call's
+    /// time and status are reported in "calls".
+    #[arg(long = "call")]
+    calls: Vec<String>,
 }
 
 enum Outcome {
@@ -192,9 +202,9 @@ async fn main() {
         .url
         .parse()
         .unwrap_or_else(|e| fail(format!("--url {:?}: {e}", args.url)));
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+    if !loopback_http(&args.url) {
         fail(format!(
-            "--url {:?}: expected an absolute http:// URL",
+            "--url {:?}: expected an absolute http:// URL on a loopback address",
             args.url
         ));
     }
@@ -202,6 +212,22 @@ async fn main() {
         Classes::parse(spec).unwrap_or_else(|e| fail(format!("--classes {spec:?}: {e}")))
     });
     let timeout = Duration::from_millis(args.timeout_ms);
+    let calls: Vec<(f64, Uri)> = args
+        .calls
+        .iter()
+        .map(|spec| {
+            let parsed = spec.split_once('=').and_then(|(at, url)| {
+                let at: f64 = at.trim().parse().ok()?;
+                let valid = at.is_finite() && at >= 0.0 && loopback_http(url);
+                valid.then(|| url.parse::<Uri>().ok()).flatten().map(|url| (at, url))
+            });
+            parsed.unwrap_or_else(|| {
+                fail(format!(
+                    "--call {spec:?}: expected SECONDS=URL, SECONDS >= 0, URL http:// on a loopback address"
+                ))
+            })
+        })
+        .collect();
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -221,6 +247,20 @@ async fn main() {
     let mut tasks = JoinSet::new();
     let mut lags_ms = Vec::with_capacity(total as usize);
     let start = Instant::now() + Duration::from_millis(20);
+    let mut called = JoinSet::new();
+    for (at, url) in calls {
+        let client = client.clone();
+        called.spawn(async move {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
+            let done = one(client, url.clone(), None, Instant::now(), timeout).await;
+            let status = match done {
+                Outcome::Status(status, ..) => json!(status),
+                Outcome::Timeout => json!("timeout"),
+                Outcome::Error(e) => json!(e),
+            };
+            json!({"at_s": round3(at), "url": url.to_string(), "status": status})
+        });
+    }
     let mut first_sent = None;
     let mut last_sent = start;
     for i in 0..total {
@@ -272,10 +312,19 @@ async fn main() {
         })
         .collect();
     let backstop = last_sent + timeout + Duration::from_secs(1);
+    let mut timeline = String::new();
     loop {
         match tokio::time::timeout_at(backstop, tasks.join_next()).await {
             Ok(Some(Ok((class, outcome, sent)))) => {
                 let at = (sent - start).as_secs_f64();
+                if args.timeline.is_some() {
+                    let class = class.map_or("", |c| names[c].as_str());
+                    let (status, ms) = match &outcome {
+                        Outcome::Status(status, ms, _) => (*status, format!("{ms:.3}")),
+                        _ => (0, String::new()),
+                    };
+                    timeline.push_str(&format!("{at:.4},{class},{status},{ms}\n"));
+                }
                 let phase = bounds
                     .windows(2)
                     .position(|w| at < w[1])
@@ -311,7 +360,17 @@ async fn main() {
             }
         }
     }
+    let mut calls_out = Vec::new();
+    while let Some(call) = called.join_next().await {
+        calls_out.push(call.unwrap_or_else(|e| json!({"error": e.to_string()})));
+    }
     let elapsed_s = (Instant::now() - start).as_secs_f64();
+    if let Some(path) = &args.timeline {
+        let csv = format!("sent_s,class,status,latency_ms\n{timeline}");
+        if let Err(e) = std::fs::write(path, csv) {
+            fail(format!("--timeline {}: {e}", path.display()));
+        }
+    }
 
     lags_ms.sort_by(f64::total_cmp);
     // The achieved rate: requests sent over the time they took to send (n - 1 gaps).
@@ -361,6 +420,7 @@ async fn main() {
         "classes": classes_out,
         "error_samples": error_samples,
         "phases": phases_out,
+        "calls": calls_out,
     });
     println!("{out}");
 }
