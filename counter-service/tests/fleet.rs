@@ -523,20 +523,29 @@ async fn a_lie_is_clamped_and_stale_after_the_services_cap() {
 /// credential is still recorded; the keys an honest proxy's call reads stay as small as before;
 /// the level moves by at most 1 / credentials. A proxy already recorded under the liar's own
 /// credential still replaces its report, and stale reports make room.
+///
+/// The reports say every 20 s (fresh for 60 s): the hashes' expiry runs on Redis's own clock,
+/// not the test's, and with 1 s (fresh for 3 s) a loop of 10,000 calls slower than 3 s on a busy
+/// machine would see the liar's hash expire in its middle (the test failed once in CI).
 #[tokio::test]
 async fn one_credential_fills_only_its_own_hash() {
     let redis = Redis::start().unwrap();
     let state = state_with_tokens(
         &redis,
         "edge-a tok-a\nedge-b tok-b\nliar tok-liar\n",
-        &["--fleet-max-proxies-per-credential", "256"],
+        &[
+            "--fleet-max-proxies-per-credential",
+            "256",
+            "--fleet-report-max-age-ms",
+            "60000",
+        ],
     );
     let at = |ms: u64| T0_US + ms * MS;
     let fleet = |credential: &'static str, proxy: String, value: f64, now_us: u64| {
         let state = state.clone();
         async move {
             let load = utilization(value);
-            fleet::report(&state, credential, &proxy, &load, 1_000, now_us)
+            fleet::report(&state, credential, &proxy, &load, 20_000, now_us)
                 .await
                 .unwrap()
         }
@@ -570,9 +579,9 @@ async fn one_credential_fills_only_its_own_hash() {
     let aggregates = redis.text(&["HLEN", FLEET_CREDENTIALS_KEY]).unwrap();
     assert_eq!(aggregates, "4", "three credentials and the totals");
 
-    // 3 s on (fresh for 3 intervals of 1 s), the liar's reports are stale: its hash empties as it
-    // reports again, and a new id of its own gets in
-    let seen = fleet("liar", "liar/fake-new".into(), 1.0, at(4_100)).await;
+    // 60 s on (fresh for 3 intervals of 20 s), the liar's reports are stale: its hash empties as
+    // it reports again, and a new id of its own gets in
+    let seen = fleet("liar", "liar/fake-new".into(), 1.0, at(61_100)).await;
     assert!(seen.recorded, "{seen:?}");
     assert_eq!(fields_under(&redis, "liar"), 1);
 }
