@@ -70,7 +70,8 @@ pub fn fallback(rule: &Rule) -> Option<String> {
     }
     Some(match (&rule.fallback, &rule.share) {
         (Fallback::Open(l), Some(share)) => format!(
-            "fail_open with the rule's limits divided among the proxies the counter service counts (share: fleet; each rounded up, at least one request); until it answers a count, {}: {}",
+            "fail_open with the rule's limits divided among the proxies the counter service counts, believed up to {} (share: fleet; each rounded up, at least one request); until it answers a count, {}: {}",
+            share.max_proxies,
             match share.assume_proxies {
                 1 => "the whole limit (1 proxy assumed)".to_string(),
                 n => format!("{n} proxies assumed"),

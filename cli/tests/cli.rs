@@ -271,14 +271,14 @@ fn explain_shows_the_tier_the_key_and_the_template() {
 fn explain_shows_a_fleet_share_fallback_and_what_it_assumes() {
     let config = r#"{"service": {"cluster": "svc"}, "rules": [
       {"name": "api", "key": ["header:x-api-key"], "limits": [{"requests": 1000, "per": "minute"}],
-       "fallback": {"policy": "fail_open", "share": "fleet", "assume_proxies": 3}},
+       "fallback": {"policy": "fail_open", "share": "fleet", "assume_proxies": 3, "max_proxies": 12}},
       {"name": "lone", "key": ["header:x-api-key"], "limits": [{"requests": 10, "per": "second"}],
-       "fallback": {"policy": "fail_open", "share": "fleet"}}]}"#;
+       "fallback": {"policy": "fail_open", "share": "fleet", "max_proxies": 8}}]}"#;
     let output = sluice(&["explain", "-", "--path", "/x"], config.as_bytes());
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let text = stdout(&output);
     assert!(
-        text.contains("   fallback:    fail_open with the rule's limits divided among the proxies the counter service counts (share: fleet; each rounded up, at least one request); until it answers a count, 3 proxies assumed: 334 per minute, burst 334, token_bucket\n"),
+        text.contains("   fallback:    fail_open with the rule's limits divided among the proxies the counter service counts, believed up to 12 (share: fleet; each rounded up, at least one request); until it answers a count, 3 proxies assumed: 334 per minute, burst 334, token_bucket\n"),
         "{text}"
     );
     assert!(
@@ -926,14 +926,17 @@ fn every_value_the_schema_lists_is_accepted_by_the_filter() {
     }
     for share in values("/definitions/Fallback/properties/share") {
         accepts(format!(
-            r#"{{{service}, "rules": [{{"name": "a", "key": ["const:all"], "fallback": {{"policy": "fail_open", "share": "{share}", "assume_proxies": 3}}, "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
+            r#"{{{service}, "rules": [{{"name": "a", "key": ["const:all"], "fallback": {{"policy": "fail_open", "share": "{share}", "assume_proxies": 3, "max_proxies": 3}}, "limits": [{{"requests": 5, "per": "second"}}]}}]}}"#
         ));
     }
-    let assume = &schema["definitions"]["Fallback"]["properties"]["assume_proxies"];
-    assert_eq!(
-        (&assume["minimum"], &assume["maximum"]),
-        (&serde_json::json!(1), &serde_json::json!(100000))
-    );
+    for field in ["assume_proxies", "max_proxies"] {
+        let bounds = &schema["definitions"]["Fallback"]["properties"][field];
+        assert_eq!(
+            (&bounds["minimum"], &bounds["maximum"]),
+            (&serde_json::json!(1), &serde_json::json!(100000)),
+            "{field}"
+        );
+    }
     let algorithms = values("/definitions/Limit/properties/algorithm");
     assert_eq!(algorithms.len(), 7);
     for algorithm in &algorithms {

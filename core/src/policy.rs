@@ -527,7 +527,12 @@ pub struct FleetShare {
     /// What the fallback is divided by until the service answered a count (1 unless configured:
     /// the whole limit, as a lone proxy).
     pub assume_proxies: u32,
-    /// What the fallback is divided by now: `assume_proxies`, or the count last heard.
+    /// The most a count is believed: the fleet's largest size, as configured. The service
+    /// counts up to `--fleet-max-proxies-per-credential` ids of each credential, so one
+    /// credential's made-up proxies could otherwise shrink every proxy's fallback.
+    pub max_proxies: u32,
+    /// What the fallback is divided by now: `assume_proxies`, or the count last heard, at most
+    /// `max_proxies`.
     pub proxies: u32,
 }
 
@@ -663,12 +668,12 @@ impl Policy {
         self.rules.iter().any(|rule| rule.share.is_some())
     }
 
-    /// Sizes every fleet-share fallback to `heard` proxies, the count the service last answered
-    /// (0: none yet, each rule's `assume_proxies`).
+    /// Sizes every fleet-share fallback to `heard` proxies, the count the service last answered,
+    /// at most each rule's `max_proxies` (0: none yet, each rule's `assume_proxies`).
     pub fn size_to_fleet(&mut self, heard: u32) {
         for rule in &mut self.rules {
             let proxies = match rule.share {
-                Some(_) if heard > 0 => heard,
+                Some(share) if heard > 0 => heard.min(share.max_proxies),
                 Some(share) => share.assume_proxies,
                 None => continue,
             };

@@ -1,4 +1,4 @@
-//! A fallback sized to the fleet (`"fallback": {"policy": "fail_open", "share": "fleet"}`): the
+//! A fallback sized to the fleet (`"fallback": {"policy": "fail_open", "share": "fleet", "max_proxies": 1000}`): the
 //! rule's limits divided among the proxies the counter service last counted, the count kept in
 //! the sync state, and what a proxy admits without the service.
 
@@ -24,7 +24,7 @@ fn policy(limit: &str, fallback: &str) -> Policy {
 }
 
 const HUNDRED: &str = r#"{"requests": 100, "per": "second"}"#;
-const SHARE: &str = r#"{"policy": "fail_open", "share": "fleet"}"#;
+const SHARE: &str = r#"{"policy": "fail_open", "share": "fleet", "max_proxies": 1000}"#;
 
 fn down(now_us: u64) -> Conditions {
     Conditions {
@@ -91,6 +91,7 @@ fn before_any_count_the_fallback_is_the_assumed_share_or_the_whole_limit() {
         lone.rules[0].share,
         Some(FleetShare {
             assume_proxies: 1,
+            max_proxies: 1000,
             proxies: 1
         })
     );
@@ -103,7 +104,7 @@ fn before_any_count_the_fallback_is_the_assumed_share_or_the_whole_limit() {
 
     let four = policy(
         HUNDRED,
-        r#"{"policy": "fail_open", "share": "fleet", "assume_proxies": 4}"#,
+        r#"{"policy": "fail_open", "share": "fleet", "assume_proxies": 4, "max_proxies": 1000}"#,
     );
     assert_eq!(fallback(&four)[0].requests(), 25);
     let limiter = Limiter::new(four);
@@ -120,7 +121,7 @@ fn before_any_count_the_fallback_is_the_assumed_share_or_the_whole_limit() {
 fn the_fallback_follows_the_count_heard_and_keeps_the_keys_counts() {
     let base = policy(
         HUNDRED,
-        r#"{"policy": "fail_open", "share": "fleet", "assume_proxies": 4}"#,
+        r#"{"policy": "fail_open", "share": "fleet", "assume_proxies": 4, "max_proxies": 1000}"#,
     );
     let mut store = MemoryStore::default();
     let limiter = Limiter::with_secret(base.clone(), SECRET);
@@ -159,6 +160,33 @@ fn the_fallback_follows_the_count_heard_and_keeps_the_keys_counts() {
     assert_eq!(fallback(&none), fallback(&base));
 }
 
+/// The service counts up to `--fleet-max-proxies-per-credential` ids of each credential (256 by
+/// default), so one proxy credential can have it count that many made-up proxies. A count above
+/// the rule's `max_proxies` is not believed: the fallback is never below the limit divided by
+/// `max_proxies`, whatever the service answers, and up to it the count is followed.
+#[test]
+fn a_count_above_max_proxies_is_not_believed() {
+    let base = policy(
+        HUNDRED,
+        r#"{"policy": "fail_open", "share": "fleet", "assume_proxies": 2, "max_proxies": 4}"#,
+    );
+    assert_eq!(base.rules[0].share.unwrap().max_proxies, 4);
+    for heard in [5, 2 + 256, u32::MAX] {
+        let mut told = base.clone();
+        told.size_to_fleet(heard);
+        assert_eq!(told.rules[0].share.unwrap().proxies, 4, "{heard}");
+        assert_eq!(fallback(&told)[0].requests(), 25, "{heard}");
+        let limiter = Limiter::with_overrides(told, &base, SECRET);
+        let mut store = MemoryStore::default();
+        assert_eq!(admitted(&limiter, &mut store, 200, T0), 25, "{heard}");
+    }
+    for (heard, share) in [(1, 100), (3, 34), (4, 25)] {
+        let mut told = base.clone();
+        told.size_to_fleet(heard);
+        assert_eq!(fallback(&told)[0].requests(), share, "{heard}");
+    }
+}
+
 #[test]
 fn a_live_override_of_a_shared_rule_is_divided_as_the_configured_limits_were() {
     let mut base = policy(HUNDRED, SHARE);
@@ -181,7 +209,7 @@ fn a_live_override_of_a_shared_rule_is_divided_as_the_configured_limits_were() {
     let strict = sluice_core::parse(
         br#"{"service": {"cluster": "svc"}, "rules": [{"name": "api", "key": ["const:all"],
         "consistency": "strict", "limits": [{"requests": 100, "per": "second"}],
-        "fallback": {"policy": "fail_open", "share": "fleet"}}]}"#,
+        "fallback": {"policy": "fail_open", "share": "fleet", "max_proxies": 1000}}]}"#,
     )
     .unwrap();
     let log = LiveOverrides {
@@ -233,7 +261,8 @@ fn the_sync_asks_for_the_count_keeps_it_and_keeps_the_last_one_when_none_comes()
     // an answer without a count (the service could not count) keeps the last one
     round::settle(&limiter, &batch, &answer(None), T0, &mut store).unwrap();
     assert_eq!(read_state(&mut store).fleet_proxies, 3);
-    // the worst a service can answer: 0 reads as this proxy alone, a huge count as the most
+    // the worst a service can answer: 0 reads as this proxy alone, a huge count as the most,
+    // believed up to max_proxies (a_count_above_max_proxies_is_not_believed)
     round::settle(&limiter, &batch, &answer(Some(0)), T0, &mut store).unwrap();
     assert_eq!(read_state(&mut store).fleet_proxies, 1);
     round::settle(&limiter, &batch, &answer(Some(u64::MAX)), T0, &mut store).unwrap();

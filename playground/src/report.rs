@@ -152,8 +152,8 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
             .filter(|_| rule.consistency != Consistency::Local)
         {
             notes.push(format!(
-                "rule {} falls back to its limits divided among the proxies the counter service counts (share: fleet): the simulation has the service, so no fallback decides; a proxy that never heard a count assumes {} (assume_proxies)",
-                rule.name, share.assume_proxies
+                "rule {} falls back to its limits divided among the proxies the counter service counts (share: fleet): the simulation has the service, so no fallback decides; a count is believed up to {} (max_proxies); a proxy that never heard a count assumes {} (assume_proxies)",
+                rule.name, share.max_proxies, share.assume_proxies
             ));
         }
     }

@@ -251,7 +251,7 @@ fn cached_rules_and_shedding_are_named_in_the_notes() {
 fn a_fleet_share_fallback_is_named_with_what_it_assumes() {
     let config = r#"{"service": {"cluster": "s"}, "rules": [{"name": "shared", "key": ["const:all"],
         "consistency": "cached", "limits": [{"requests": 8, "per": "minute"}],
-        "fallback": {"policy": "fail_open", "share": "fleet", "assume_proxies": 4}}]}"#;
+        "fallback": {"policy": "fail_open", "share": "fleet", "assume_proxies": 4, "max_proxies": 16}}]}"#;
     let r = report(config, "0,a\n0,a\n0,a\n");
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(
@@ -267,7 +267,8 @@ fn a_fleet_share_fallback_is_named_with_what_it_assumes() {
     assert!(
         notes.iter().any(|n| n.starts_with(
             "rule shared falls back to its limits divided among the proxies the counter service counts (share: fleet)"
-        ) && n.ends_with("assumes 4 (assume_proxies)")),
+        ) && n.contains("believed up to 16 (max_proxies)")
+            && n.ends_with("assumes 4 (assume_proxies)")),
         "{notes:?}"
     );
 }

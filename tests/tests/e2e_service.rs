@@ -1194,6 +1194,10 @@ fn live_overrides_reach_every_proxy_within_an_interval_and_outlive_the_service()
 /// answers the count; once the service is killed, each proxy's fallback admits the limit divided among them on a key
 /// it never saw: ceil(40 / 2) = 20 an hour, exact (an hour refills nothing meanwhile), where the same rule without a
 /// share admits the whole 40. The count is the last one heard, kept while the service is away.
+///
+/// Then the attack: whoever holds the proxies' token syncs under 60 made-up proxy ids, and the service counts 62.
+/// A rule that believes at most 4 (`max_proxies`) falls back to ceil(40 / 4) = 10, not ceil(40 / 62) = 1; a rule
+/// that believes up to 100 follows the count to 1 (the bound is the operator's, and the count still works).
 #[test]
 fn a_fleet_share_fallback_admits_the_limit_divided_among_the_proxies_counted() {
     let _machine = machine();
@@ -1201,11 +1205,15 @@ fn a_fleet_share_fallback_admits_the_limit_divided_among_the_proxies_counted() {
     let mut service = Service::start(&redis.url()).unwrap();
     let rules = json!([
         {"name": "shared", "match": {"path_prefix": "/shared/"}, "key": ["header:x-user"], "consistency": "cached",
-         "limits": [{"requests": 40, "per": "hour"}], "fallback": {"policy": "fail_open", "share": "fleet"}},
+         "limits": [{"requests": 40, "per": "hour"}],
+         "fallback": {"policy": "fail_open", "share": "fleet", "max_proxies": 4}},
         {"name": "whole", "match": {"path_prefix": "/whole/"}, "key": ["header:x-user"], "consistency": "cached",
          "limits": [{"requests": 40, "per": "hour"}]},
+        {"name": "trusting", "match": {"path_prefix": "/trusting/"}, "key": ["header:x-user"],
+         "consistency": "cached", "limits": [{"requests": 40, "per": "hour"}],
+         "fallback": {"policy": "fail_open", "share": "fleet", "max_proxies": 100}},
     ]);
-    let plugin_config = config(service.token(), 100, rules);
+    let plugin_config = config(service.token(), 100, rules.clone());
     let proxies: Vec<Envoy> = (0..2)
         .map(|_| start_envoy(&service, plugin_config.clone(), 2))
         .collect();
@@ -1254,6 +1262,46 @@ fn a_fleet_share_fallback_admits_the_limit_divided_among_the_proxies_counted() {
             "proxy {p}: {shared:?}"
         );
     }
+
+    // The attack, with the service back: 60 made-up proxies under the proxies' own token.
+    let mut service = Service::start(&redis.url()).unwrap();
+    let plugin_config = config(service.token(), 100, rules);
+    let honest = start_envoy(&service, plugin_config, 2);
+    for i in 0..60 {
+        let body = json!({"proxy": format!("made-up-{i}"), "interval_ms": 1000, "entries": [],
+                          "fleet_share": true});
+        let reply = service.post("/v1/sync", &body.to_string()).unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || honest.stat(counted) >= 61),
+        "the honest proxy never heard the inflated count: {:?}\nservice log:\n{}",
+        honest.sluice_stats(),
+        service.log()
+    );
+    service.kill();
+    assert!(
+        eventually(Duration::from_secs(5), || honest.stat(breaker) == 1),
+        "the breaker never opened: {:?}",
+        honest.sluice_stats()
+    );
+    let heard = honest.stat(counted);
+    let statuses = |path: &str, n: usize| -> Vec<u16> {
+        (0..n)
+            .map(|_| {
+                get(&client, &honest.url(path), &[("x-user", "attacked")])
+                    .unwrap()
+                    .status
+            })
+            .collect()
+    };
+    let admitted = |s: &[u16]| s.iter().filter(|&&status| status == 200).count();
+    let (bounded, trusting) = (statuses("/shared/x", 20), statuses("/trusting/x", 20));
+    assert_eq!(
+        (admitted(&bounded), admitted(&trusting)),
+        (10, 40_usize.div_ceil(heard as usize)),
+        "a count of {heard}: believed up to 4, 40 / 4; up to 100, 40 / {heard}; bounded {bounded:?}, trusting {trusting:?}"
+    );
 }
 
 /// Live overrides invite automation: 40 limit overrides through the admin API, each with a new value (every tenth

@@ -415,6 +415,10 @@ struct RawFallback {
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(extend("minimum" = 1, "maximum" = MAX_ASSUME_PROXIES)))]
     assume_proxies: Option<u64>,
+    /// With share, required: the most proxies a count is believed up to (assume_proxies to 100000): the fleet's largest size. A larger count (one proxy credential can report made-up proxies) divides by this.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("minimum" = 1, "maximum" = MAX_ASSUME_PROXIES)))]
+    max_proxies: Option<u64>,
 }
 
 /// The counter service: an Envoy cluster, or an address for nginx (ngx_wasm_module).
@@ -1468,9 +1472,22 @@ fn fallback(
                     format!("must be 1 to {MAX_ASSUME_PROXIES}, got {assume}"),
                 ));
             }
+            let Some(max) = f.max_proxies else {
+                return Err(err(
+                    format!("{at}.fallback.max_proxies"),
+                    format!("a fleet share needs the most proxies it believes the counter service counts ({assume} to {MAX_ASSUME_PROXIES}: the fleet's largest size); without it, one proxy credential could report made-up proxies and shrink every proxy's fallback"),
+                ));
+            };
+            if max < assume || max > MAX_ASSUME_PROXIES as u64 {
+                return Err(err(
+                    format!("{at}.fallback.max_proxies"),
+                    format!("must be assume_proxies ({assume}) to {MAX_ASSUME_PROXIES}, got {max}"),
+                ));
+            }
             let assume = assume as u32;
             Some(FleetShare {
                 assume_proxies: assume,
+                max_proxies: max as u32,
                 proxies: assume,
             })
         }
@@ -1485,6 +1502,12 @@ fn fallback(
         return Err(err(
             format!("{at}.fallback.assume_proxies"),
             "only a fleet share (\"share\": \"fleet\") assumes a number of proxies",
+        ));
+    }
+    if share.is_none() && f.max_proxies.is_some() {
+        return Err(err(
+            format!("{at}.fallback.max_proxies"),
+            "only a fleet share (\"share\": \"fleet\") believes a count of proxies",
         ));
     }
     Ok(match f.policy.as_str() {
