@@ -12,6 +12,11 @@
 //! sent, ok (2xx), status counts, errors, timeouts, goodput (2xx answers per second of sending: ok / D,
 //! the steady-state rate of successes, since answers arrive over [latency, D + latency]) and the
 //! p50/p90/p99/max latency (ms) of the 2xx answers. `last_ok_s` says when the last 2xx arrived.
+//!
+//! `--phases` also reports the requests sent in each phase on their own; `--call SECONDS=URL` GETs
+//! a URL at that time on the load's own clock (so a capacity change starts exactly with its
+//! phase); `--timeline FILE` writes every request (sent, class, status, latency) as CSV. Every URL
+//! must be on a loopback address: the load never leaves the machine.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
