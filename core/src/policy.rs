@@ -390,21 +390,29 @@ impl TierOf {
 }
 
 impl Rule {
-    /// This rule counting with `limits` in place of its own: a fallback that was its own limits
-    /// becomes them, and a fleet share divides them among as many proxies as it did the old.
-    pub fn with_key_limits(&self, limits: &[Limit]) -> Rule {
+    /// This rule counting with `limits` in place of its own (a live override of the rule): a
+    /// fallback that was its own limits becomes them, a fleet share divides them among as many
+    /// proxies as it did the old, and its scale and schedule stay (a window whose layout no
+    /// longer matches the limits is skipped, [`crate::limit::dynamic::Dynamic::in_force`]).
+    pub fn with_limits(&self, limits: &[Limit]) -> Rule {
         let mut rule = self.clone();
         if rule.fallback == Fallback::Open(rule.limits.clone()) {
             rule.fallback = Fallback::Open(limits.to_vec());
         }
         rule.limits = limits.to_vec();
-        // A key's contract holds day and night: the rule's schedule is not the key's (its windows
-        // would put the rule's limits back in place of the key's); a scale still lowers them.
-        if let Some(dynamic) = rule.dynamic.as_mut() {
-            dynamic.schedule.clear();
-        }
         if let Some(share) = rule.share {
             rule.size_to_fleet(share.proxies);
+        }
+        rule
+    }
+
+    /// This rule as it counts one key with limits of its own: [`with_limits`](Self::with_limits),
+    /// without the schedule. A key's contract holds day and night: the rule's windows would put
+    /// the rule's limits back in place of the key's; a scale still lowers them.
+    pub fn with_key_limits(&self, limits: &[Limit]) -> Rule {
+        let mut rule = self.with_limits(limits);
+        if let Some(dynamic) = rule.dynamic.as_mut() {
+            dynamic.schedule.clear();
         }
         rule
     }

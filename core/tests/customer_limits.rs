@@ -342,7 +342,7 @@ fn limits_from_is_refused_where_it_cannot_be_right() {
         ),
         (
             r#""limits": [{"requests": 20, "per": "minute"}], "limits_from": {"from": "jwt:rate", "max": 5}"#,
-            "rules[0].limits_from.max: 5 is less than rules[0].limits[0].requests (20)",
+            "rules[0].limits_from.max: limits_from.max (5) is less than rules[0].limits[0].requests (20)",
         ),
         (
             r#""limits": [{"requests": 2, "per": "minute", "algorithm": "sliding_log"}], "limits_from": {"from": "jwt:rate", "max": 5}"#,
@@ -416,4 +416,131 @@ fn a_key_s_own_limits_hold_through_the_rule_s_schedule() {
     let mut store = MemoryStore::default();
     assert_eq!(admitted(&limiter, &mut store, 9, || customer("42")), 6);
     assert_eq!(admitted(&limiter, &mut store, 9, || customer("43")), 1);
+}
+
+/// A live override of a `limits_from` rule's limits passes the checks the configuration makes of
+/// them: an override adding an hourly cap used to be accepted, and a caller with a value was then
+/// counted under the value's limit alone, escaping the cap; one above `max` gave a caller without
+/// a value more than `max`. Both are refused, naming the override's limit, and the rule is left as
+/// configured; a one-limit override within `max` is taken.
+#[test]
+fn an_override_of_a_limits_from_rule_passes_its_checks() {
+    let configured = parse(FROM_CLAIM);
+    let rule_limits = |json: serde_json::Value| {
+        let serde_json::Value::Array(limits) = json else {
+            panic!("limits is a list")
+        };
+        LiveOverrides {
+            version: 1,
+            limits: [("api".to_string(), limits)].into(),
+            ..Default::default()
+        }
+    };
+    let refused = [
+        (
+            json!([{"requests": 2, "per": "minute"}, {"requests": 3, "per": "hour"}]),
+            "limits.api[1]: limits_from replaces the requests of one limit",
+        ),
+        (
+            json!([{"requests": 50, "per": "minute"}]),
+            "limits.api[0].requests: limits_from.max (5) is less than limits.api[0].requests (50)",
+        ),
+        (
+            json!([{"requests": 2, "per": "minute", "algorithm": "sliding_log"}]),
+            "limits.api[0].algorithm: limits_from takes a token_bucket",
+        ),
+    ];
+    for (limits, expected) in refused {
+        let (limiter, problems) = overridden(&configured, &rule_limits(limits.clone()));
+        assert!(
+            problems.len() == 1 && problems[0].starts_with(expected),
+            "{limits}: {problems:?}"
+        );
+        assert_eq!(
+            limiter.policy().rules[0].limits,
+            configured.rules[0].limits,
+            "{limits}: left as configured"
+        );
+        // the value's limit still holds, and no more
+        let mut store = MemoryStore::default();
+        assert_eq!(
+            admitted(&limiter, &mut store, 10, || user("erin", Some("4"))),
+            4
+        );
+    }
+    let (limiter, problems) = overridden(
+        &configured,
+        &rule_limits(json!([{"requests": 3, "per": "minute"}])),
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut store = MemoryStore::default();
+    assert_eq!(
+        admitted(&limiter, &mut store, 10, || user("frank", None)),
+        3
+    );
+    assert_eq!(
+        admitted(&limiter, &mut store, 10, || user("gina", Some("5"))),
+        5
+    );
+}
+
+/// A live override of a scheduled rule's limits keeps the rule's schedule, as the configuration
+/// reference says ("one that keeps the layout is scaled as the rule's own"): it used to be built
+/// as a key's own limits, which hold day and night, so any override dropped the night window on
+/// every proxy. A limit that cannot follow load or time is refused under a scale or a schedule,
+/// as the configuration refuses it.
+#[test]
+fn an_override_of_a_scheduled_rule_keeps_its_schedule() {
+    // T0 is 00:00 UTC: inside the night window.
+    let configured = parse(
+        r#"{"rules": [{"name": "api", "key": ["header:x-customer"],
+            "limits": [{"requests": 4, "per": "minute"}],
+            "schedule": [{"utc": "00:00-06:00", "limits": [{"requests": 1, "per": "minute"}]}]}]}"#,
+    );
+    let live = LiveOverrides {
+        version: 1,
+        limits: [(
+            "api".to_string(),
+            vec![json!({"requests": 6, "per": "minute"})],
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let (limiter, problems) = overridden(&configured, &live);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(limiter.policy().rules[0].limits[0].requests(), 6);
+    let mut store = MemoryStore::default();
+    assert_eq!(
+        admitted(&limiter, &mut store, 9, || customer("43")),
+        1,
+        "the night window still holds"
+    );
+
+    let scaled = parse(
+        r#"{"service": {"cluster": "svc"}, "shedding": {"bulkheads": [{"name": "api", "limit": {"static": 10}}]},
+            "rules": [{"name": "api", "key": ["header:x-customer"],
+            "consistency": "local", "limits": [{"requests": 4, "per": "minute"}], "scale": {"high": 0.5}}]}"#,
+    );
+    for (body, field) in [
+        (
+            json!({"requests": 4, "per": "minute", "algorithm": "sliding_log"}),
+            "limits.api[0].algorithm: limits[0] is a sliding_log",
+        ),
+        (
+            json!({"concurrent": 4, "algorithm": "concurrency"}),
+            "limits.api[0].",
+        ),
+    ] {
+        let live = LiveOverrides {
+            version: 1,
+            limits: [("api".to_string(), vec![body.clone()])].into(),
+            ..Default::default()
+        };
+        let (limiter, problems) = overridden(&scaled, &live);
+        assert!(
+            problems.len() == 1 && problems[0].starts_with(field),
+            "{body}: {problems:?}"
+        );
+        assert_eq!(limiter.policy().rules[0].limits, scaled.rules[0].limits);
+    }
 }

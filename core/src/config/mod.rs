@@ -1140,9 +1140,6 @@ fn rule(
             limits: &limits_at,
         };
         check_rule(&rule, max_keys, host, &fields)?;
-        if let Some(from) = &rule.limits_from {
-            check_limits_from(at, &limits_at, from, &rule)?;
-        }
         rules.push(rule);
     }
     Ok(rules)
@@ -1366,22 +1363,18 @@ fn limits_from(
 }
 
 /// A rule (one tier) with `limits_from`: one limit, of an algorithm whose record does not depend
-/// on its requests, and whose `max` it can take, at least the rule's own requests.
-fn check_limits_from(
-    at: &str,
-    limits_at: &str,
-    from: &LimitsFrom,
-    rule: &Rule,
-) -> Result<(), ConfigError> {
+/// on its requests, and whose `max` it can take, at least the rule's own requests. A live
+/// override of the rule's limits, or a key's own limits, must hold to it too.
+fn check_limits_from(at: &RuleAt<'_>, from: &LimitsFrom, rule: &Rule) -> Result<(), ConfigError> {
     let [own] = rule.limits.as_slice() else {
         return Err(err(
-            limit_field(limits_at, 1, ""),
+            limit_field(at.limits(), 1, ""),
             "limits_from replaces the requests of one limit: a rule with limits_from has one; count the others in another rule with the same key",
         ));
     };
     if own.with_requests(own.requests()).is_none() {
         return Err(err(
-            limit_field(limits_at, 0, "algorithm"),
+            limit_field(at.limits(), 0, "algorithm"),
             format!(
                 "limits_from takes a token_bucket, gcra, fixed_window or sliding_window limit, whose record does not depend on its requests, got {}",
                 own.algorithm().name()
@@ -1390,20 +1383,20 @@ fn check_limits_from(
     }
     if from.max < own.requests() {
         return Err(err(
-            format!("{at}.limits_from.max"),
+            at.rule_field("limits_from.max", 0, "requests"),
             format!(
-                "{} is less than {}[0].requests ({}), the limit of requests without a value: raise max",
+                "limits_from.max ({}) is less than {}[0].requests ({}), the limit of requests without a value: raise max, or lower the requests",
                 from.max,
-                limits_at,
+                at.limits(),
                 own.requests()
             ),
         ));
     }
     if own.with_requests(from.max).is_none() {
         return Err(err(
-            format!("{at}.limits_from.max"),
+            at.rule_field("limits_from.max", 0, "period"),
             format!(
-                "{} is more than a {} limit per {} can hold (at most one request per two microseconds of its window)",
+                "limits_from.max ({}) is more than a {} limit per {} can hold (at most one request per two microseconds of its window)",
                 from.max,
                 own.algorithm().name(),
                 own.period()
@@ -1746,6 +1739,26 @@ pub fn check_rule(
             ));
         }
     }
+    if let Some(from) = &rule.limits_from {
+        check_limits_from(at, from, rule)?;
+    }
+    // Only a limit whose record does not depend on its size follows load or time.
+    if let Some(dynamic) = &rule.dynamic {
+        if let Some(k) = position_of(limits, |a| !crate::limit::dynamic::follows(a)) {
+            let field = if dynamic.scale.is_some() {
+                "scale"
+            } else {
+                "schedule"
+            };
+            return Err(err(
+                at.rule_field(field, k, "algorithm"),
+                format!(
+                    "limits[{k}] is a {}: only token_bucket, gcra, fixed_window and sliding_window limits follow load or time (a log's or a slot's memory is sized by its limit)",
+                    limits.get(k).map_or("", |l| l.algorithm().name())
+                ),
+            ));
+        }
+    }
     // The local buckets keep a sliding log's timestamps for every key a proxy remembers.
     let buckets = crate::limiter::bucket_limits(rule);
     let log: usize = buckets.iter().map(Limit::log_len).sum();
@@ -1774,6 +1787,11 @@ pub fn check_rule(
         ));
     }
     Ok(())
+}
+
+/// The first of `limits` whose algorithm `test` holds for.
+fn position_of(limits: &[Limit], test: impl Fn(Algorithm) -> bool) -> Option<usize> {
+    limits.iter().position(|l| test(l.algorithm()))
 }
 
 /// A rule's own answer: an error status, and a message a JSON body and a gRPC answer carry

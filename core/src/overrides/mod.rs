@@ -202,7 +202,7 @@ pub fn check_limits(
     }
     let mut out = Vec::with_capacity(named.len());
     for (index, rule) in named {
-        let rule = rule.with_key_limits(&limits);
+        let rule = rule.with_limits(&limits);
         config::check_rule(
             &rule,
             policy.max_keys,
