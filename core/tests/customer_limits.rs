@@ -543,4 +543,65 @@ fn an_override_of_a_scheduled_rule_keeps_its_schedule() {
         );
         assert_eq!(limiter.policy().rules[0].limits, scaled.rules[0].limits);
     }
+
+/// The body of the quota path's answer to `request`.
+fn quota_answer(limiter: &Limiter, store: &mut MemoryStore, mut request: PlainRequest) -> String {
+    match Exchange::start(limiter, &mut request, None, Moment::at(T0), store).1 {
+        Step::Respond(reply) => reply.body,
+        other => panic!("not answered: {other:?}"),
+    }
+}
+
+/// The quota path tells a key with limits of its own those limits (what decides its requests),
+/// its remaining counted under them; every other key the rule's.
+#[test]
+fn the_quota_path_tells_a_key_its_own_limits() {
+    let configured = parse(
+        r#"{"rules": [{"name": "api", "key": ["header:x-customer"], "quota_path": "/rate_limit",
+            "limits": [{"requests": 1000, "per": "minute"}]}]}"#,
+    );
+    let live = key_limits(&[(
+        "api",
+        &["42"],
+        json!([{"requests": 20000, "per": "minute"}]),
+    )]);
+    let (limiter, problems) = overridden(&configured, &live);
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut store = MemoryStore::default();
+    assert_eq!(admitted(&limiter, &mut store, 3, || customer("42")), 3);
+    let asked = |id: &str| PlainRequest::get("/rate_limit").with_header("x-customer", id);
+    let body = quota_answer(&limiter, &mut store, asked("42"));
+    assert!(
+        body.contains(r#""limit":20000,"remaining":19997"#),
+        "{body}"
+    );
+    let body = quota_answer(&limiter, &mut store, asked("43"));
+    assert!(body.contains(r#""limit":1000,"remaining":1000"#), "{body}");
+}
+
+/// The quota path tells a caller the limit its `limits_from` value gives (bounded by `max`, the
+/// rule's own for a value that is not a number), as its requests are decided.
+#[test]
+fn the_quota_path_tells_the_limit_a_limits_from_value_gives() {
+    let limiter = Limiter::new(parse(
+        r#"{"rules": [{"name": "api", "key": ["jwt:sub"], "quota_path": "/rate_limit",
+            "limits": [{"requests": 100, "per": "minute"}],
+            "limits_from": {"from": "jwt:rate_per_minute", "max": 200}}]}"#,
+    ));
+    let mut store = MemoryStore::default();
+    assert_eq!(
+        admitted(&limiter, &mut store, 2, || user("alice", Some("150"))),
+        2
+    );
+    let asked = |rate: Option<&str>| {
+        let mut request = user("alice", rate);
+        request.path = "/rate_limit".into();
+        request
+    };
+    let body = quota_answer(&limiter, &mut store, asked(Some("150")));
+    assert!(body.contains(r#""limit":150,"remaining":148"#), "{body}");
+    let body = quota_answer(&limiter, &mut store, asked(Some("1000000")));
+    assert!(body.contains(r#""limit":200,"#), "at most max: {body}");
+    let body = quota_answer(&limiter, &mut store, asked(Some("junk")));
+    assert!(body.contains(r#""limit":100,"#), "the rule's own: {body}");
 }

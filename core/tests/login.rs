@@ -261,17 +261,125 @@ fn a_missing_or_forged_cookie_never_exempts_a_request() {
         keys(&["sid=junk", "sid=abc"]),
         vec!["r\u{1f}junk".to_string(), "r\u{1f}abc".to_string()]
     );
-    // Thousands of cookies are read no further than MAX_COOKIES pairs; a value as long as the
-    // header becomes a digest.
+    // A cookie buried behind thousands of others is still read: it is its own key, never
+    // missing. A value as long as the header becomes a digest.
     let many: String = (0..100_000).map(|i| format!("c{i}=v; ")).collect();
     let buried = format!("{many}sid=abc");
-    assert_eq!(keys(&[&buried]), missing);
+    assert_eq!(keys(&[&buried]), vec!["r\u{1f}abc".to_string()]);
     let huge = format!("sid={}", "x".repeat(100_000));
     let key = keys(&[&huge]);
     assert_eq!(key.len(), 1);
     assert!(key[0].len() <= sluice_core::limiter::key::MAX_KEY_BYTES);
     // A value that looks like sluice's own marker is not one.
     assert_ne!(keys(&["sid=\u{1e}missing"]), missing);
+}
+
+/// Attacker's test: a client buries its exhausted cookie behind more pairs than sluice keeps
+/// (`a=; a=; ...`, then `sid=abc`: the backend still reads `sid`). The request is counted in the
+/// cookie's own bucket, under `when_missing: "skip"` as under the default: never exempt, never
+/// the missing bucket.
+#[test]
+fn a_cookie_buried_behind_many_pairs_is_counted_in_its_own_bucket() {
+    for when_missing in ["", r#""when_missing": "skip","#] {
+        let limiter = limiter(&format!(
+            r#"{{"rules": [{{"name": "r", "key": ["cookie:sid"], {when_missing}
+                "limits": [{{"requests": 1, "per": "minute"}}]}}]}}"#
+        ));
+        let mut store = MemoryStore::default();
+        let admitted = |cookie: &str, now: u64, store: &mut MemoryStore| {
+            let mut request = PlainRequest::get("/").with_header("cookie", cookie);
+            start(&limiter, &mut request, now, store).1 == Step::Continue
+        };
+        assert!(admitted("sid=abc", T0, &mut store));
+        assert!(!admitted("sid=abc", T0 + 1, &mut store), "{when_missing}");
+        for junk in [256, 257, 20_000] {
+            let buried = format!("{}sid=abc", "a=; ".repeat(junk));
+            assert!(
+                !admitted(&buried, T0 + 2, &mut store),
+                "{junk} pairs before sid ({when_missing})"
+            );
+            // In a second Cookie header (HTTP/2 sends each cookie in its own).
+            let mut request = PlainRequest::get("/")
+                .with_header("cookie", &"a=; ".repeat(junk))
+                .with_header("cookie", "sid=abc");
+            assert_ne!(
+                start(&limiter, &mut request, T0 + 3, &mut store).1,
+                Step::Continue,
+                "{junk} pairs in another header ({when_missing})"
+            );
+        }
+        // Another session buried the same way has its own bucket.
+        let other = format!("{}sid=def", "a=; ".repeat(256));
+        assert!(admitted(&other, T0 + 4, &mut store), "{when_missing}");
+        assert!(!admitted(&other, T0 + 5, &mut store), "{when_missing}");
+    }
+}
+
+/// A Cookie header that is not UTF-8 (a junk cookie of bytes over 0x7f, which Envoy lets
+/// through) still yields the cookies around it: it does not hide `sid` from a rule that skips
+/// requests without it.
+#[test]
+fn a_cookie_header_that_is_not_utf8_still_yields_its_cookies() {
+    use sluice_core::request::{cookie_values, header_value};
+    let header = header_value(b"junk=\xff\xfe; sid=abc; theme=\xc3");
+    assert_eq!(cookie_values(&[header], "sid"), vec!["abc".to_string()]);
+    // The value itself not UTF-8: a value (never missing), the same for the same bytes.
+    let bad = |bytes: &[u8]| cookie_values(&[header_value(bytes)], "sid");
+    assert_eq!(bad(b"sid=\xff").len(), 1);
+    assert_eq!(bad(b"sid=\xff"), bad(b"x=1; sid=\xff"));
+}
+
+/// Cookie values are percent-decoded as query values are: `sid=%61bc` is `sid=abc` (a backend
+/// that decodes cookies sees one session), so re-encoding escapes neither a limit nor a penalty.
+/// `+`, `%2B` and `%20` are one (backends differ in which of them they decode).
+#[test]
+fn a_re_encoded_cookie_is_the_same_key() {
+    use sluice_core::limiter::key::build;
+    let limiter = limiter(
+        r#"{"rules": [{"name": "r", "key": ["cookie:sid"], "when_missing": "skip",
+            "limits": [{"requests": 1, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let admitted = |cookie: &str, now: u64, store: &mut MemoryStore| {
+        let mut request = PlainRequest::get("/").with_header("cookie", cookie);
+        start(&limiter, &mut request, now, store).1 == Step::Continue
+    };
+    assert!(admitted("sid=abc", T0, &mut store));
+    // The name too, as query names are: `s%69d` is `sid` to a backend that decodes names.
+    for encoded in [
+        "sid=%61bc",
+        "sid=%61%62%63",
+        "sid=\"%61bc\"",
+        "sid=ab%63",
+        "s%69d=abc",
+    ] {
+        assert!(!admitted(encoded, T0 + 1, &mut store), "{encoded}");
+    }
+    let rule = &limiter.policy().rules[0];
+    let key = |cookie: &str| {
+        build(
+            rule,
+            &mut PlainRequest::get("/").with_header("cookie", cookie),
+        )
+    };
+    assert_eq!(key("sid=a+b"), key("sid=a%2Bb"));
+    assert_eq!(key("sid=a+b"), key("sid=a%20b"));
+    assert_eq!(key("sid=%E2%82%AC"), key("sid=\u{20ac}"));
+    // Decoded to sluice's own marker, or to nothing: a value of its own, never missing.
+    let mut missing_rule = rule.clone();
+    missing_rule.when_missing = sluice_core::policy::WhenMissing::Count;
+    let missing = build(&missing_rule, &mut PlainRequest::get("/"));
+    let counted = |cookie: &str| {
+        build(
+            &missing_rule,
+            &mut PlainRequest::get("/").with_header("cookie", cookie),
+        )
+    };
+    assert_ne!(counted("sid=%1Emissing"), missing);
+    assert_eq!(counted("sid=%1Emissing"), counted("sid=\u{1e}missing"));
+    assert_eq!(counted("sid=%").len(), 1);
+    // Bad escapes stay as written.
+    assert_ne!(key("sid=%zz"), key("sid=zz"));
 }
 
 fn refused(json: &str, field: &str) {

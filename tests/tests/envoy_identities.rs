@@ -391,6 +391,14 @@ fn failed_logins_are_counted_by_the_answer_then_a_penalty_keeps_the_key_out() {
     let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
     assert!((590..=600).contains(&retry), "retry-after {retry}");
     assert_eq!(statuses(&envoy, "/login", &right, 4), [429; 4]);
+    // The cookie buried behind 256 junk pairs (the backend still reads it), or re-encoded
+    // (`%61` is `a` to a backend that decodes cookies), is the same key, still in its penalty.
+    let buried = format!("{}sid=alice", "a=; ".repeat(256));
+    let encoded = "theme=dark; sid=%61lic%65";
+    for (what, cookie) in [("re-encoded", encoded), ("buried", buried.as_str())] {
+        let headers = [("cookie", cookie), ("x-password", "right")];
+        assert_eq!(statuses(&envoy, "/login", &headers, 2), [429; 2], "{what}");
+    }
     // Another session is not touched; no cookie at all is one shared key, not a way out.
     let other = [("cookie", "sid=bob"), ("x-password", "right")];
     assert_eq!(statuses(&envoy, "/login", &other, 2), [200; 2]);

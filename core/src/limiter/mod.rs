@@ -470,8 +470,9 @@ impl Limiter {
 
     /// The caller's own quota of each rule whose `quota_path` is `path`, its key computed as
     /// for a limited request (the tightest of its keys; none if a key part it skips is
-    /// missing): what the rule would tell it now, spending nothing and writing nothing.
-    /// `None` when no rule answers `path`.
+    /// missing), under the limits that decide its requests (the rule as [`Limiter::counted_as`]
+    /// makes it for the request, then as [`Limiter::keyed`] for each key): what the rule would
+    /// tell it now, spending nothing and writing nothing. `None` when no rule answers `path`.
     pub fn quotas(
         &self,
         path: &str,
@@ -484,9 +485,13 @@ impl Limiter {
             if rule.quota_path.as_deref() != Some(path) {
                 continue;
             }
+            let valued = self.counted_as(id, rule, request);
+            let rule = valued.as_deref().unwrap_or(rule);
             let mut tightest: Option<Quota> = None;
             for key in key::keys(rule, request) {
-                let quota = self.quota_of(rule, table, &key, conditions, store);
+                let fingerprint = table.fingerprint(&key);
+                let rule = self.keyed(id, rule, fingerprint);
+                let quota = self.quota_of(rule, table, fingerprint, conditions, store);
                 if tightest.is_none_or(|t| quota.remaining < t.remaining) {
                     tightest = Some(quota);
                 }
@@ -496,20 +501,20 @@ impl Limiter {
         found
     }
 
-    /// What `rule` would tell `key` now: for each limit in force, its state read without a
-    /// cost, the fewest remaining answering. Reads the key's record and writes nothing.
+    /// What `rule` would tell the key of `fingerprint` now: for each limit in force, its state
+    /// read without a cost, the fewest remaining answering. Reads the key's record and writes
+    /// nothing.
     fn quota_of(
         &self,
         rule: &Rule,
         table: &Table,
-        key: &str,
+        fingerprint: u64,
         conditions: Conditions,
         store: &mut dyn Store,
     ) -> Quota {
         let now = conditions.now_us;
         let in_force = in_force(rule, conditions);
         let limits = in_force.as_slice();
-        let fingerprint = table.fingerprint(key);
         let read = store::update(store, &table.set_key(fingerprint), |set| {
             let mut record = table.find_or_fresh(set, fingerprint, bucket_limits(rule), now);
             let mut quota: Option<Quota> = None;
@@ -595,6 +600,22 @@ impl Limiter {
             .get(id.index())
             .and_then(|keys| keys.get(&fingerprint))
             .map_or(rule, |keyed| keyed)
+    }
+
+    /// Rule `id` (`rule`) as `request` sets its limits, before any key's own: with the limit its
+    /// `limits_from` value gives; `None` when it counts as configured. One test for a rule without
+    /// `limits_from`.
+    #[inline]
+    fn counted_as(
+        &self,
+        id: RuleId,
+        rule: &Rule,
+        request: &mut dyn RequestView,
+    ) -> Option<Arc<Rule>> {
+        match &rule.limits_from {
+            None => None,
+            Some(from) => self.valued(id, rule, from, request),
+        }
     }
 
     /// Rule `id` (`rule`, whose `limits_from` is `from`) as `request` sets its limit: `None` when
@@ -689,10 +710,7 @@ impl Limiter {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
                 continue;
             }
-            let valued = match &rule.limits_from {
-                None => None,
-                Some(from) => self.valued(id, rule, from, request),
-            };
+            let valued = self.counted_as(id, rule, request);
             let rule = valued.as_deref().unwrap_or(rule);
             // The key is built in this worker's buffer (given back below), and so is its set's
             // store key: a request of a single-keyed rule allocates neither.

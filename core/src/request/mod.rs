@@ -56,38 +56,84 @@ pub fn query_values(query: &str, name: &str, exact: bool) -> Vec<String> {
     distinct_of(values)
 }
 
-/// Most `name=value` pairs of a request's `Cookie` headers [`cookie_values`] reads: a header of
-/// thousands of cookies costs no more than this many (a cookie past them reads as missing, which
-/// counts the request in the rule's bucket of requests without it: never exempt).
-pub const MAX_COOKIES: usize = 256;
-
 /// The distinct values (at most [`MAX_VALUES`]: the first ones and the last, as a repeated
-/// header's) of cookie `name` in a request's `Cookie` header values, among their first
-/// [`MAX_COOKIES`] pairs. Pairs are separated by `;` (and HTTP/2's several `cookie` headers are
-/// read in order, as one); a name matches exactly (cookie names are case-sensitive), the value is
-/// trimmed of spaces and of one pair of double quotes (RFC 6265's `cookie-value`). A duplicate
-/// name counts the request against each of its values, as a repeated header does: a junk first
-/// cookie cannot escape an exhausted real one. A pair without `=`, or an empty value, is not a
-/// value: a request with nothing else reads as missing (never exempt). A header that is not
-/// UTF-8 came as [`header_value`] makes it and holds no cookie.
+/// header's) of cookie `name` in a request's `Cookie` header values. Pairs are separated by `;`
+/// (and HTTP/2's several `cookie` headers are read in order, as one), every pair of every header
+/// is read, however many (only the values kept are bounded): a cookie buried behind thousands of
+/// junk pairs is still the cookie its backend reads, never missing. A name matches exactly
+/// (cookie names are case-sensitive), the value is trimmed of spaces and of one pair of double
+/// quotes (RFC 6265's `cookie-value`), then percent-decoded as [`cookie_text`] says (`sid=%61bc`
+/// is `sid=abc`, as a backend that decodes cookies reads it). A duplicate name counts the request
+/// against each of its values, as a repeated header does: a junk first cookie cannot escape an
+/// exhausted real one. A pair without `=`, or an empty value, is not a value: a request with
+/// nothing else reads as missing (never exempt). A header that is not UTF-8 (as [`header_value`]
+/// made it) is read as its bytes are, a byte that is not UTF-8 as U+FFFD: a junk cookie of such
+/// bytes hides no other cookie.
 pub fn cookie_values(headers: &[String], name: &str) -> Vec<String> {
-    let values = headers
-        .iter()
-        .flat_map(|header| header.split(';'))
-        .take(MAX_COOKIES)
-        .filter_map(|pair| {
-            let (key, value) = pair.split_once('=')?;
-            if key.trim() != name {
-                return None;
+    let mut found = Distinct::default();
+    for header in headers {
+        let header = as_sent(header);
+        for pair in header.split(';') {
+            let Some((key, value)) = pair.split_once('=') else {
+                continue;
+            };
+            let key = key.trim();
+            if key != name && !(key.contains(['%', '+']) && cookie_text(key) == name) {
+                continue;
             }
             let value = value.trim();
             let value = value
                 .strip_prefix('"')
                 .and_then(|v| v.strip_suffix('"'))
                 .unwrap_or(value);
-            (!value.is_empty()).then(|| unmarked(value).into_owned())
-        });
-    distinct_of(values)
+            if !value.is_empty() {
+                found.push(unmarked(&cookie_text(value)).into_owned());
+            }
+        }
+    }
+    found.finish()
+}
+
+/// A cookie's name or value as sluice keys it: percent-decoded (a sequence that is not UTF-8 as
+/// U+FFFD, a `%` without two hex digits kept), as `query:` values are; then `+` as a space, so
+/// that `+`, `%2B` and `%20` are one (backends differ in which of them they decode, and none
+/// keeps a session's `a+b` apart from its `a b`). Borrowed when there is nothing to decode.
+pub fn cookie_text(text: &str) -> std::borrow::Cow<'_, str> {
+    let decoded = percent_encoding::percent_decode_str(text).decode_utf8_lossy();
+    if decoded.contains('+') {
+        std::borrow::Cow::Owned(decoded.replace('+', " "))
+    } else {
+        decoded
+    }
+}
+
+/// A header's text as the client sent it, [`header_value`] undone: the [`MARK`] it put in front
+/// taken off, and a header that was not UTF-8 decoded from its hex, a byte that is not UTF-8 as
+/// U+FFFD.
+fn as_sent(header: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let Some(rest) = header.strip_prefix(MARK) else {
+        return Cow::Borrowed(header);
+    };
+    if rest.starts_with(MARK) {
+        return Cow::Borrowed(rest);
+    }
+    let Some(hex) = rest.strip_prefix("hex:") else {
+        return Cow::Borrowed(header);
+    };
+    let digit = |b: u8| (b as char).to_digit(16);
+    let bytes: Option<Vec<u8>> = hex
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| match pair {
+            [high, low] => Some((digit(*high)? * 16 + digit(*low)?) as u8),
+            _ => None,
+        })
+        .collect();
+    match bytes {
+        Some(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
+        None => Cow::Borrowed(header),
+    }
 }
 
 /// Whether two names are the same in any case: ASCII without allocation; otherwise by Unicode
@@ -243,26 +289,43 @@ pub(crate) fn distinct(values: Vec<String>) -> Vec<String> {
 /// [`distinct`] of values as they come, holding at most [`MAX_VALUES`] of them and the last (a
 /// query of thousands of repeated parameters is read once, not collected).
 pub(crate) fn distinct_of(values: impl IntoIterator<Item = String>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut more = false;
-    let mut last = None;
+    let mut found = Distinct::default();
     for value in values {
-        if !out.contains(&value) {
-            if out.len() < MAX_VALUES {
-                out.push(value.clone());
+        found.push(value);
+    }
+    found.finish()
+}
+
+/// [`distinct_of`] filled one value at a time: at most [`MAX_VALUES`] of them and the last.
+#[derive(Default)]
+struct Distinct {
+    out: Vec<String>,
+    more: bool,
+    last: Option<String>,
+}
+
+impl Distinct {
+    fn push(&mut self, value: String) {
+        if !self.out.contains(&value) {
+            if self.out.len() < MAX_VALUES {
+                self.out.push(value.clone());
             } else {
-                more = true;
+                self.more = true;
             }
         }
-        last = Some(value);
+        self.last = Some(value);
     }
-    if more {
-        out.truncate(MAX_VALUES - 1);
-        if let Some(last) = last {
-            if !out.contains(&last) {
-                out.push(last);
+
+    fn finish(self) -> Vec<String> {
+        let mut out = self.out;
+        if self.more {
+            out.truncate(MAX_VALUES - 1);
+            if let Some(last) = self.last {
+                if !out.contains(&last) {
+                    out.push(last);
+                }
             }
         }
+        out
     }
-    out
 }
