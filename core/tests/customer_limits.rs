@@ -543,6 +543,7 @@ fn an_override_of_a_scheduled_rule_keeps_its_schedule() {
         );
         assert_eq!(limiter.policy().rules[0].limits, scaled.rules[0].limits);
     }
+}
 
 /// The body of the quota path's answer to `request`.
 fn quota_answer(limiter: &Limiter, store: &mut MemoryStore, mut request: PlainRequest) -> String {
