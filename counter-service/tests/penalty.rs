@@ -360,4 +360,10 @@ async fn a_check_costing_more_than_any_burst_is_refused_and_starts_no_penalty() 
     let answer = post(&state, "/v1/check", &body).await;
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     assert_eq!(answer.body["allowed"], true, "{answer:?}");
+    // What a credential can still do, as the key's own clients could (docs/security.md): spend
+    // the key past its limit, its next check denied and its penalty started.
+    let body = json!({"key": "login\u{1f}bob", "limits": [FIVE], "penalty_ms": TEN_MINUTES_MS});
+    let answer = post(&state, "/v1/check", &body).await;
+    assert_eq!(answer.body["allowed"], false, "{answer:?}");
+    assert_eq!(answer.body["retry_after_ms"], TEN_MINUTES_MS, "{answer:?}");
 }
