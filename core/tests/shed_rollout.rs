@@ -297,3 +297,47 @@ fn a_bulkhead_override_passes_every_check_of_the_configuration() {
         "shedding.bulkheads[0].limit.static: must be between 1 and 1000000, got 0"
     );
 }
+
+/// Attacker's test (an admin token, or the service's Redis): an override making every class of
+/// a bulkhead with a shedding curve never shed (null), which the configuration refuses (the
+/// curve would shed nothing), is refused naming `classes`, with the configuration's message, and
+/// the bulkhead is left as configured; one class still shed is taken.
+#[test]
+fn a_bulkhead_override_cannot_leave_its_curve_nothing_to_shed() {
+    let policy = parse(
+        r#"{"shedding": {"mode": "enforce", "class_header": "x-class",
+        "bulkheads": [{"name": "api", "limit": {"static": 10},
+                       "curve": [{"at": 0.7, "shed": 0.1}]}]}}"#,
+    );
+    let names: Vec<String> = policy
+        .shedding
+        .as_ref()
+        .unwrap()
+        .classes
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    let every: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .map(|name| (name.clone(), serde_json::Value::Null))
+        .collect();
+    let (p, problems) = overrides::apply(&policy, &live("api", json!({"classes": every})));
+    assert_eq!(p, policy, "left as configured");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with(
+            "bulkheads.api.classes: every class of this bulkhead is never shed (null): the curve would shed nothing"
+        ),
+        "{problems:?}"
+    );
+    // The service's own check says the same.
+    let error =
+        check_bulkhead(&policy, "api", &json!({"classes": every}), "bulkhead", "").unwrap_err();
+    assert_eq!(error.field, "classes", "{error}");
+    // With one class left to shed, the override is taken.
+    let mut one_left = every.clone();
+    one_left.insert(names[names.len() - 1].clone(), json!(0.5));
+    let (p, problems) = overrides::apply(&policy, &live("api", json!({"classes": one_left})));
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_ne!(p, policy);
+}

@@ -148,6 +148,25 @@ pub fn check_request(request: &CheckRequest, settings: &Settings) -> Result<(), 
             format!("must be between 1 and {MAX_TOKENS}"),
         ));
     }
+    // As the configuration refuses a rule whose cost is more than a limit ever admits at once
+    // (`check_rule`): no sluice proxy sends one, and its certain denial would start the penalty
+    // of a key it names.
+    let least = request
+        .limits
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, l)| l.burst);
+    if let Some((j, least)) = least {
+        if request.cost > least.burst {
+            return Err(AppError::invalid(
+                "cost",
+                format!(
+                    "{} is more than limits[{j}] ever admits at once ({}): no request could pass",
+                    request.cost, least.burst
+                ),
+            ));
+        }
+    }
     penalty("penalty_ms", request.penalty_ms)
 }
 

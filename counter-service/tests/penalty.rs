@@ -317,3 +317,53 @@ async fn a_penalty_out_of_bounds_is_refused_naming_it() {
         assert!(grant.refused.is_none(), "{good}: {grant:?}");
     }
 }
+
+/// Attacker's test: a strict check whose cost is more than the smallest burst of its limits
+/// (no request of a rule could cost it: the configuration refuses such a rule) is refused 400
+/// naming `cost`, and so denies nothing and starts no penalty: the key is still admitted by a
+/// check of a sluice proxy's cost. A cost of the smallest burst itself is taken.
+#[tokio::test]
+async fn a_check_costing_more_than_any_burst_is_refused_and_starts_no_penalty() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    let hourly = LimitSpec::token_bucket(100, 3_600_000, 50);
+    for (limits, cost) in [
+        (vec![FIVE], 1u64 << 31),
+        (vec![FIVE], 6),
+        (vec![hourly, FIVE], 6),
+        (vec![FIVE, hourly], 1u64 << 31),
+    ] {
+        let body = json!({"key": ALICE, "limits": limits, "cost": cost,
+                          "penalty_ms": TEN_MINUTES_MS});
+        let answer = post(&state, "/v1/check", &body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{cost}: {answer:?}");
+        let message = answer.body["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with("cost: "), "{cost}: {answer:?}");
+        assert!(message.contains("no request could pass"), "{answer:?}");
+    }
+    assert_eq!(
+        redis
+            .text(&[
+                "EXISTS",
+                &format!("{}:penalty", keys::limit_key(ALICE, &FIVE))
+            ])
+            .unwrap(),
+        "0"
+    );
+    assert_eq!(
+        check_at(&state, &[FIVE], TEN_MINUTES_MS, T0).await,
+        (true, 0)
+    );
+    // The whole burst at once is a cost a rule may have.
+    let body = json!({"key": "login\u{1f}bob", "limits": [FIVE], "cost": 5,
+                      "penalty_ms": TEN_MINUTES_MS});
+    let answer = post(&state, "/v1/check", &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.body["allowed"], true, "{answer:?}");
+    // What a credential can still do, as the key's own clients could (docs/security.md): spend
+    // the key past its limit, its next check denied and its penalty started.
+    let body = json!({"key": "login\u{1f}bob", "limits": [FIVE], "penalty_ms": TEN_MINUTES_MS});
+    let answer = post(&state, "/v1/check", &body).await;
+    assert_eq!(answer.body["allowed"], false, "{answer:?}");
+    assert_eq!(answer.body["retry_after_ms"], TEN_MINUTES_MS, "{answer:?}");
+}

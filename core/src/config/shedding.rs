@@ -847,5 +847,12 @@ pub fn override_bulkhead(
         raw.classes,
         bulkhead.thresholds.clone(),
     )?;
+    // As `curve` checks a configured bulkhead: a curve with no class left to shed sheds nothing.
+    if out.curve.is_some() && out.thresholds.iter().all(Option::is_none) {
+        return Err(err(
+            field("classes"),
+            "every class of this bulkhead is never shed (null): the curve would shed nothing",
+        ));
+    }
     Ok(out)
 }
