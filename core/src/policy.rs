@@ -218,7 +218,7 @@ impl RuleId {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     pub name: String,
-    pub matcher: Matcher,
+    pub matcher: std::sync::Arc<Matcher>,
     pub key: Vec<KeyPart>,
     pub limits: Vec<Limit>,
     pub mode: Mode,

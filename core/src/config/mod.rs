@@ -844,7 +844,9 @@ fn rule(
         ));
     }
 
-    let matcher = matcher(&format!("{at}.match"), raw.matcher)?;
+    // One matcher for every tier of the rule, and every copy of it (a key's own limits, a
+    // limits_from value): shared, never copied, however many paths it lists.
+    let matcher = std::sync::Arc::new(matcher(&format!("{at}.match"), raw.matcher)?);
 
     if raw.key.is_empty() {
         return Err(err(

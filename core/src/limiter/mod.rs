@@ -1799,6 +1799,61 @@ mod tests {
     use super::*;
     use crate::limit::{Period, Shaping};
 
+    /// The copies of a rule the limiter makes (one per distinct set of keys' own limits, one
+    /// per `limits_from` value) share the configured rule's matcher: a rule listing a thousand
+    /// paths, with ten thousand contracts and a client cycling its values, holds its paths once
+    /// per worker, not once per copy (the memory the configuration's bounds do not see).
+    #[test]
+    fn copies_of_a_rule_share_its_matcher() {
+        let paths: Vec<String> = (0..1_000)
+            .map(|i| format!("\"/api/v1/resource-{i}\""))
+            .collect();
+        let config = format!(
+            r#"{{"rules": [{{"name": "api", "match": {{"paths": [{}]}}, "key": ["header:x-customer"],
+                "limits": [{{"requests": 10, "per": "minute"}}]}},
+              {{"name": "claims", "match": {{"paths": [{}]}}, "key": ["jwt:sub"],
+                "limits": [{{"requests": 2, "per": "minute"}}],
+                "limits_from": {{"from": "jwt:rate", "max": 10000}}}}]}}"#,
+            paths.join(","),
+            paths.join(",")
+        );
+        let configured = crate::parse(config.as_bytes()).unwrap();
+        let contracts = (0..200u64)
+            .map(|i| {
+                let target = crate::overrides::key_limits_target("api", &[format!("c{i}")]);
+                (
+                    target,
+                    vec![serde_json::json!({"requests": 100 + i, "per": "minute"})],
+                )
+            })
+            .collect();
+        let live = crate::protocol::LiveOverrides {
+            version: 1,
+            limits: contracts,
+            ..Default::default()
+        };
+        let (applied, problems) = crate::overrides::apply(&configured, &live);
+        assert!(problems.is_empty(), "{problems:?}");
+        let limiter = Limiter::with_overrides(applied, &configured, [7, 9]);
+        let api = &limiter.policy().rules[0];
+        let keyed = limiter.keyed.first().map_or(0, HashMap::len);
+        assert_eq!(keyed, 200, "one copy per contract");
+        for rule in limiter.keyed.iter().flat_map(HashMap::values) {
+            assert!(Arc::ptr_eq(&rule.matcher, &api.matcher));
+        }
+        let claims = &limiter.policy().rules[1];
+        let id = RuleId::new(1);
+        for rate in 3..300u64 {
+            let mut request = crate::PlainRequest::get("/api/v1/resource-7")
+                .with_claim("sub", "alice")
+                .with_claim("rate", &rate.to_string());
+            let made = limiter.counted_as(id, claims, &mut request);
+            let made = made.expect("a copy with the value's limit");
+            assert_eq!(made.limits[0].requests(), rate);
+            assert!(Arc::ptr_eq(&made.matcher, &claims.matcher), "{rate}");
+        }
+    }
+
     /// A request's stream end skips the release of concurrency slots, and its response skips
     /// the `count_when` status, unless some rule has them: what the limiter works out once
     /// follows the rules.
