@@ -1648,6 +1648,52 @@ async fn with_the_proxies_configuration_an_override_is_checked_as_they_check_it(
     assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
 }
 
+/// A rule whose limit is read from the identity (`limits_from`) keeps its one limit, within its
+/// `max`, under an override too: with `--policy` the service refuses an hourly cap added beside
+/// it (a caller with a value would be counted under the value's limit alone, escaping the cap)
+/// and requests above `max`, 400 naming the limit, and stores nothing; one limit within `max` is
+/// taken.
+#[tokio::test]
+async fn an_override_of_a_limits_from_rule_is_checked_as_its_configuration_is() {
+    let redis = Redis::start().unwrap();
+    let policy = TextFile::new(
+        r#"{"service": {"cluster": "sluice_service"}, "rules": [
+        {"name": "rated", "key": ["jwt:sub"], "consistency": "local",
+         "limits": [{"requests": 2, "per": "minute"}],
+         "limits_from": {"from": "jwt:rate_per_minute", "max": 100}}]}"#,
+    );
+    let state = admin_state_with(&redis.url(), &["--policy", policy.path()]);
+    let path = "/admin/v1/overrides/limits/rated";
+    let cases = [
+        (
+            json!([{"requests": 2, "per": "minute"}, {"requests": 10, "per": "hour"}]),
+            "limits[1]: limits_from replaces the requests of one limit",
+        ),
+        (
+            json!([{"requests": 500, "per": "minute"}]),
+            "limits[0].requests: limits_from.max (100) is less than limits[0].requests (500)",
+        ),
+    ];
+    for (limits, message) in cases {
+        let answer = admin(&state, "PUT", path, Some(json!({ "limits": limits }))).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_request", message);
+    }
+    let listed = admin(&state, "GET", "/admin/v1/overrides", None).await;
+    assert!(
+        !listed.body.to_string().contains("rated"),
+        "nothing stored: {}",
+        listed.body
+    );
+    let taken = admin(
+        &state,
+        "PUT",
+        path,
+        Some(json!({"limits": [{"requests": 50, "per": "minute"}]})),
+    )
+    .await;
+    assert_eq!(taken.status, StatusCode::OK, "{:?}", taken.body);
+}
+
 /// Without `--policy` the service checks what needs no configuration: a key longer than the
 /// filter ever matches is refused all the same.
 #[tokio::test]
