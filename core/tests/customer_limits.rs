@@ -6,7 +6,7 @@ use serde_json::json;
 use sluice_core::exchange::{Effect, Exchange, Moment, Step};
 use sluice_core::overrides::{self, key_limits_target, MAX_KEY_LIMITS};
 use sluice_core::policy::RuleId;
-use sluice_core::protocol::LiveOverrides;
+use sluice_core::protocol::{KeyAction, LiveOverrides};
 use sluice_core::{Limiter, MemoryStore, PlainRequest, Policy};
 
 const T0: u64 = 1_795_996_800_000_000;
@@ -605,4 +605,43 @@ fn the_quota_path_tells_the_limit_a_limits_from_value_gives() {
     assert!(body.contains(r#""limit":200,"#), "at most max: {body}");
     let body = quota_answer(&limiter, &mut store, asked(Some("junk")));
     assert!(body.contains(r#""limit":100,"#), "the rule's own: {body}");
+}
+
+/// The quota path answers an operator's block or allow of the caller's key as its requests are
+/// decided: a blocked key has nothing left until the block ends (its reset is the block's time
+/// left), an allowed one is not limited by the rule (`null`); others are counted as ever.
+#[test]
+fn the_quota_path_tells_a_blocked_key_it_has_nothing_left_and_an_allowed_one_null() {
+    let configured = parse(
+        r#"{"rules": [{"name": "api", "key": ["header:x-customer"], "quota_path": "/rate_limit",
+            "limits": [{"requests": 1000, "per": "minute"}]}]}"#,
+    );
+    let in_90_s = T0 / 1_000 + 90_000;
+    let live = LiveOverrides {
+        version: 1,
+        keys: [(
+            "api".to_string(),
+            [
+                ("blocked".to_string(), KeyAction::Block),
+                ("vip".to_string(), KeyAction::Allow),
+            ]
+            .into(),
+        )]
+        .into(),
+        expires: [("api".to_string(), [("blocked".to_string(), in_90_s)].into())].into(),
+        ..Default::default()
+    };
+    let (limiter, problems) = overridden(&configured, &live);
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut store = MemoryStore::default();
+    let asked = |id: &str| PlainRequest::get("/rate_limit").with_header("x-customer", id);
+    let body = quota_answer(&limiter, &mut store, asked("blocked"));
+    assert!(
+        body.contains(r#""limit":1000,"remaining":0,"reset":90,"#),
+        "{body}"
+    );
+    let body = quota_answer(&limiter, &mut store, asked("vip"));
+    assert_eq!(body, r#"{"rules":{"api":null}}"#);
+    let body = quota_answer(&limiter, &mut store, asked("other"));
+    assert!(body.contains(r#""limit":1000,"remaining":1000"#), "{body}");
 }

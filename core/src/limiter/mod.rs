@@ -489,9 +489,22 @@ impl Limiter {
             let rule = valued.as_deref().unwrap_or(rule);
             let mut tightest: Option<Quota> = None;
             for key in key::keys(rule, request) {
-                let fingerprint = table.fingerprint(&key);
-                let rule = self.keyed(id, rule, fingerprint);
-                let quota = self.quota_of(rule, table, fingerprint, conditions, store);
+                // An operator's override of the key decides it as it decides its requests: an
+                // allowed key is not limited by the rule, a blocked one has nothing left until
+                // its block ends.
+                let quota = match self.policy.key_override_until(rule, &key) {
+                    Some((KeyAction::Allow, _)) => continue,
+                    Some((KeyAction::Block, expires_ms)) => Quota {
+                        limit: first_limit(rule),
+                        remaining: 0,
+                        reset_us: blocked_retry_us(expires_ms, conditions.now_us),
+                    },
+                    None => {
+                        let fingerprint = table.fingerprint(&key);
+                        let rule = self.keyed(id, rule, fingerprint);
+                        self.quota_of(rule, table, fingerprint, conditions, store)
+                    }
+                };
                 if tightest.is_none_or(|t| quota.remaining < t.remaining) {
                     tightest = Some(quota);
                 }
