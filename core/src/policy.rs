@@ -392,14 +392,27 @@ impl TierOf {
 impl Rule {
     /// This rule counting with `limits` in place of its own (a live override of the rule): a
     /// fallback that was its own limits becomes them, a fleet share divides them among as many
-    /// proxies as it did the old, and its scale and schedule stay (a window whose layout no
-    /// longer matches the limits is skipped, [`crate::limit::dynamic::Dynamic::in_force`]).
+    /// proxies as it did the old, and its scale and schedule stay, each window's limit at most
+    /// the override's (an override that lowers a limit holds through every window; one that
+    /// raises it leaves a lower window in force). A window whose layout no longer matches the
+    /// limits is skipped ([`crate::limit::dynamic::Dynamic::in_force`]).
     pub fn with_limits(&self, limits: &[Limit]) -> Rule {
         let mut rule = self.clone();
         if rule.fallback == Fallback::Open(rule.limits.clone()) {
             rule.fallback = Fallback::Open(limits.to_vec());
         }
         rule.limits = limits.to_vec();
+        if let Some(dynamic) = rule.dynamic.as_mut() {
+            for window in &mut dynamic.schedule {
+                if crate::limit::dynamic::same_layout(&window.limits, limits) {
+                    for (own, ceiling) in window.limits.iter_mut().zip(limits) {
+                        if ceiling.requests() < own.requests() {
+                            *own = *ceiling;
+                        }
+                    }
+                }
+            }
+        }
         if let Some(share) = rule.share {
             rule.size_to_fleet(share.proxies);
         }
@@ -407,13 +420,15 @@ impl Rule {
     }
 
     /// This rule as it counts one key with limits of its own: [`with_limits`](Self::with_limits),
-    /// without the schedule. A key's contract holds day and night: the rule's windows would put
-    /// the rule's limits back in place of the key's; a scale still lowers them.
+    /// without the schedule and without `limits_from`. A key's contract holds day and night (the
+    /// rule's windows would put the rule's limits back in place of the key's; a scale still
+    /// lowers them), and it is the key's limit whatever value its requests carry.
     pub fn with_key_limits(&self, limits: &[Limit]) -> Rule {
         let mut rule = self.with_limits(limits);
         if let Some(dynamic) = rule.dynamic.as_mut() {
             dynamic.schedule.clear();
         }
+        rule.limits_from = None;
         rule
     }
 

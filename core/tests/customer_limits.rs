@@ -516,6 +516,43 @@ fn an_override_of_a_scheduled_rule_keeps_its_schedule() {
         "the night window still holds"
     );
 
+    // An override that lowers a limit holds through a window that would allow more: an
+    // operator's emergency limit is not undone at night.
+    let generous = parse(
+        r#"{"rules": [{"name": "api", "key": ["header:x-customer"],
+            "limits": [{"requests": 100, "per": "minute"}],
+            "schedule": [{"utc": "00:00-06:00", "limits": [{"requests": 50, "per": "minute"}]}]}]}"#,
+    );
+    for (requests, at_night) in [(10, 10), (80, 50), (500, 50)] {
+        let live = LiveOverrides {
+            version: 1,
+            limits: [(
+                "api".to_string(),
+                vec![json!({"requests": requests, "per": "minute"})],
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let (limiter, problems) = overridden(&generous, &live);
+        assert!(problems.is_empty(), "{problems:?}");
+        let mut store = MemoryStore::default();
+        admitted(&limiter, &mut store, 600, || customer("44"));
+        // a minute on (00:01, still night): what the minute refilled
+        let refilled = (0..600)
+            .filter(|_| {
+                let mut request = customer("44");
+                let moment = Moment::at(T0 + 60_000_000);
+                let (_, step, _) =
+                    Exchange::start(&limiter, &mut request, None, moment, &mut store);
+                step == Step::Continue
+            })
+            .count();
+        assert_eq!(
+            refilled, at_night,
+            "an override of {requests} a minute, a night minute later"
+        );
+    }
+
     let scaled = parse(
         r#"{"service": {"cluster": "svc"}, "shedding": {"bulkheads": [{"name": "api", "limit": {"static": 10}}]},
             "rules": [{"name": "api", "key": ["header:x-customer"],
@@ -644,4 +681,32 @@ fn the_quota_path_tells_a_blocked_key_it_has_nothing_left_and_an_allowed_one_nul
     assert_eq!(body, r#"{"rules":{"api":null}}"#);
     let body = quota_answer(&limiter, &mut store, asked("other"));
     assert!(body.contains(r#""limit":1000,"remaining":1000"#), "{body}");
+}
+
+/// A key's own limits on a `limits_from` rule are the operator's contract: they may be above the
+/// rule's `max` (which bounds what a request's value can give), and they decide the key whatever
+/// value its requests carry; the others still follow their values.
+#[test]
+fn a_key_s_own_limits_on_a_limits_from_rule_may_pass_its_max() {
+    let configured = parse(FROM_CLAIM);
+    let live = key_limits(&[("api", &["acme"], json!([{"requests": 20, "per": "minute"}]))]);
+    let (limiter, problems) = overridden(&configured, &live);
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut store = MemoryStore::default();
+    assert_eq!(
+        admitted(&limiter, &mut store, 30, || user("acme", Some("3"))),
+        20
+    );
+    assert_eq!(
+        admitted(&limiter, &mut store, 30, || user("bob", Some("3"))),
+        3
+    );
+    // still one limit of the rule's form
+    let two = key_limits(&[(
+        "api",
+        &["acme"],
+        json!([{"requests": 20, "per": "minute"}, {"requests": 100, "per": "hour"}]),
+    )]);
+    let (_, problems) = overridden(&configured, &two);
+    assert_eq!(problems.len(), 1, "{problems:?}");
 }
