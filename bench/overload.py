@@ -346,6 +346,11 @@ def measure(variant, factor, workdir, tag, halving=False):
             if any(c.get("status") != 200 for c in result.get("calls", [])):
                 raise Failed(f"the upstream's capacity did not change: {result.get('calls')}")
             switched = [{"t": at, "workers": workers} for at, workers in switches]
+            # The samples' times onto the load's clock (that of the switches and the phases): the load starts
+            # after its process does, some tens of milliseconds after t0.
+            shift = result.get("start_unix_s", t0) - t0
+            for s in samples:
+                s["t"] = round(s["t"] - shift, 3)
             busy_after, wall = machine_busy(), time.time() - wall
             cpu = {k: cpu_seconds(p.proc.pid) - cpu_before[k] for k, p in (("envoy", envoy), ("upstream", upstream))}
             cpu["load"] = load_cpu
@@ -466,9 +471,9 @@ def tables(runs, unloaded, failures, info):
                   f"{HALVING_SAMPLE_S:g} s; \"at the new capacity\": at most 1.5 x the workers after the halving, at "
                   "least the workers after the restore; - when the variant has no adaptive limit. \"Over the p99 target, before "
                   "any answer was\": the half phase's admitted requests slower than the target that were sent before the "
-                  "first answer after the halving slower than the target arrived, so before a limiter learning from "
-                  "latency could have seen anything amiss; when they are more than 1% of the phase's admitted requests, "
-                  "no such limiter could have met the p99 target in that run.", ""]
+                  "first answer after the halving slower than the target arrived, so admitted before any answer over the "
+                  "target had come back; when they are more than 1% of the phase's admitted requests, a limiter that "
+                  "reacts to answers over the target could not have met the p99 target in that run, however fast.", ""]
     lines += [
         "Goodput: 2xx answers per second of the run (2xx / duration). "
         "p50, p99: latency of the 2xx answers, from when each request was sent. high ok, low ok: share of "

@@ -252,6 +252,10 @@ async fn main() {
     let mut tasks = JoinSet::new();
     let mut lags_ms = Vec::with_capacity(total as usize);
     let start = Instant::now() + Duration::from_millis(20);
+    // The same moment on the wall clock, so that a caller can put its own samples on this clock.
+    let start_unix_s = (std::time::SystemTime::now() + Duration::from_millis(20))
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let mut called = JoinSet::new();
     for (at, url) in calls {
         let client = client.clone();
@@ -407,6 +411,7 @@ async fn main() {
         .collect();
     let out = json!({
         "url": args.url,
+        "start_unix_s": start_unix_s,
         "offered_rate": args.rate,
         "duration_s": args.duration_s,
         "timeout_ms": args.timeout_ms,
