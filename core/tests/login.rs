@@ -327,6 +327,14 @@ fn a_cookie_header_that_is_not_utf8_still_yields_its_cookies() {
     let bad = |bytes: &[u8]| cookie_values(&[header_value(bytes)], "sid");
     assert_eq!(bad(b"sid=\xff").len(), 1);
     assert_eq!(bad(b"sid=\xff"), bad(b"x=1; sid=\xff"));
+    // Values that are not UTF-8 are keyed by their bytes, never merged: a client cannot put
+    // another's session into its penalty by sending some other bytes that are not UTF-8, sent
+    // as they are or percent-encoded.
+    assert_ne!(bad(b"sid=\xff"), bad(b"sid=\xfe"));
+    assert_ne!(bad(b"sid=%FF"), bad(b"sid=%FE"));
+    assert_ne!(bad(b"sid=a\xffb"), bad(b"sid=a\xfeb"));
+    assert_eq!(bad(b"sid=%FF"), bad(b"sid=\xff"), "encoded or not, one key");
+    assert_eq!(bad(b"sid=abc"), vec!["abc".to_string()]);
 }
 
 /// Cookie values are percent-decoded as query values are: `sid=%61bc` is `sid=abc` (a backend

@@ -62,64 +62,70 @@ pub fn query_values(query: &str, name: &str, exact: bool) -> Vec<String> {
 /// is read, however many (only the values kept are bounded): a cookie buried behind thousands of
 /// junk pairs is still the cookie its backend reads, never missing. A name matches exactly
 /// (cookie names are case-sensitive), the value is trimmed of spaces and of one pair of double
-/// quotes (RFC 6265's `cookie-value`), then percent-decoded as [`cookie_text`] says (`sid=%61bc`
+/// quotes (RFC 6265's `cookie-value`), then percent-decoded as [`cookie_bytes`] says (`sid=%61bc`
 /// is `sid=abc`, as a backend that decodes cookies reads it). A duplicate name counts the request
 /// against each of its values, as a repeated header does: a junk first cookie cannot escape an
 /// exhausted real one. A pair without `=`, or an empty value, is not a value: a request with
-/// nothing else reads as missing (never exempt). A header that is not UTF-8 (as [`header_value`]
-/// made it) is read as its bytes are, a byte that is not UTF-8 as U+FFFD: a junk cookie of such
-/// bytes hides no other cookie.
+/// nothing else reads as missing (never exempt). The header is read as the bytes the client sent
+/// (as [`header_value`] kept them), and a value whose bytes are not UTF-8 is keyed by their hex,
+/// as such a header is: two such values are two keys, never one.
 pub fn cookie_values(headers: &[String], name: &str) -> Vec<String> {
     let mut found = Distinct::default();
     for header in headers {
         let header = as_sent(header);
-        for pair in header.split(';') {
-            let Some((key, value)) = pair.split_once('=') else {
+        for pair in header.split(|&b| b == b';') {
+            let Some(eq) = pair.iter().position(|&b| b == b'=') else {
                 continue;
             };
-            let key = key.trim();
-            if key != name && !(key.contains(['%', '+']) && cookie_text(key) == name) {
+            let (key, rest) = pair.split_at(eq);
+            let (key, value) = (
+                key.trim_ascii(),
+                rest.get(1..).unwrap_or_default().trim_ascii(),
+            );
+            if key != name.as_bytes()
+                && !(key.iter().any(|b| matches!(b, b'%' | b'+'))
+                    && cookie_bytes(key) == name.as_bytes())
+            {
                 continue;
             }
-            let value = value.trim();
             let value = value
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
+                .strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
                 .unwrap_or(value);
             if !value.is_empty() {
-                found.push(unmarked(&cookie_text(value)).into_owned());
+                found.push(header_value(&cookie_bytes(value)));
             }
         }
     }
     found.finish()
 }
 
-/// A cookie's name or value as sluice keys it: percent-decoded (a sequence that is not UTF-8 as
-/// U+FFFD, a `%` without two hex digits kept), as `query:` values are; then `+` as a space, so
-/// that `+`, `%2B` and `%20` are one (backends differ in which of them they decode, and none
-/// keeps a session's `a+b` apart from its `a b`). Borrowed when there is nothing to decode.
-pub fn cookie_text(text: &str) -> std::borrow::Cow<'_, str> {
-    let decoded = percent_encoding::percent_decode_str(text).decode_utf8_lossy();
-    if decoded.contains('+') {
-        std::borrow::Cow::Owned(decoded.replace('+', " "))
-    } else {
-        decoded
+/// A cookie's name or value as sluice keys it: percent-decoded (a `%` without two hex digits
+/// kept), as `query:` values are; then `+` as a space, so that `+`, `%2B` and `%20` are one
+/// (backends differ in which of them they decode, and none keeps a session's `a+b` apart from
+/// its `a b`).
+pub fn cookie_bytes(text: &[u8]) -> Vec<u8> {
+    let mut decoded: Vec<u8> = percent_encoding::percent_decode(text).collect();
+    for b in &mut decoded {
+        if *b == b'+' {
+            *b = b' ';
+        }
     }
+    decoded
 }
 
-/// A header's text as the client sent it, [`header_value`] undone: the [`MARK`] it put in front
-/// taken off, and a header that was not UTF-8 decoded from its hex, a byte that is not UTF-8 as
-/// U+FFFD.
-fn as_sent(header: &str) -> std::borrow::Cow<'_, str> {
+/// A header's bytes as the client sent them, [`header_value`] undone: the [`MARK`] it put in
+/// front taken off, and a header that was not UTF-8 decoded from its hex.
+fn as_sent(header: &str) -> std::borrow::Cow<'_, [u8]> {
     use std::borrow::Cow;
     let Some(rest) = header.strip_prefix(MARK) else {
-        return Cow::Borrowed(header);
+        return Cow::Borrowed(header.as_bytes());
     };
     if rest.starts_with(MARK) {
-        return Cow::Borrowed(rest);
+        return Cow::Borrowed(rest.as_bytes());
     }
     let Some(hex) = rest.strip_prefix("hex:") else {
-        return Cow::Borrowed(header);
+        return Cow::Borrowed(header.as_bytes());
     };
     let digit = |b: u8| (b as char).to_digit(16);
     let bytes: Option<Vec<u8>> = hex
@@ -131,8 +137,8 @@ fn as_sent(header: &str) -> std::borrow::Cow<'_, str> {
         })
         .collect();
     match bytes {
-        Some(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
-        None => Cow::Borrowed(header),
+        Some(bytes) => Cow::Owned(bytes),
+        None => Cow::Borrowed(header.as_bytes()),
     }
 }
 
