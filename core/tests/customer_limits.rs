@@ -54,6 +54,18 @@ fn key_limits(entries: &[(&str, &[&str], serde_json::Value)]) -> LiveOverrides {
     }
 }
 
+/// `limits` (a JSON list) in place of rule `rule`'s own, as the service sends a rule override.
+fn rule_limits(rule: &str, limits: serde_json::Value) -> LiveOverrides {
+    let serde_json::Value::Array(limits) = limits else {
+        panic!("limits is a list")
+    };
+    LiveOverrides {
+        version: 1,
+        limits: [(rule.to_string(), limits)].into(),
+        ..Default::default()
+    }
+}
+
 fn overridden(configured: &Policy, live: &LiveOverrides) -> (Limiter, Vec<String>) {
     let (applied, problems) = overrides::apply(configured, live);
     let limiter = Limiter::with_overrides(applied, configured, [7, 9]);
@@ -426,16 +438,6 @@ fn a_key_s_own_limits_hold_through_the_rule_s_schedule() {
 #[test]
 fn an_override_of_a_limits_from_rule_passes_its_checks() {
     let configured = parse(FROM_CLAIM);
-    let rule_limits = |json: serde_json::Value| {
-        let serde_json::Value::Array(limits) = json else {
-            panic!("limits is a list")
-        };
-        LiveOverrides {
-            version: 1,
-            limits: [("api".to_string(), limits)].into(),
-            ..Default::default()
-        }
-    };
     let refused = [
         (
             json!([{"requests": 2, "per": "minute"}, {"requests": 3, "per": "hour"}]),
@@ -451,7 +453,7 @@ fn an_override_of_a_limits_from_rule_passes_its_checks() {
         ),
     ];
     for (limits, expected) in refused {
-        let (limiter, problems) = overridden(&configured, &rule_limits(limits.clone()));
+        let (limiter, problems) = overridden(&configured, &rule_limits("api", limits.clone()));
         assert!(
             problems.len() == 1 && problems[0].starts_with(expected),
             "{limits}: {problems:?}"
@@ -470,7 +472,7 @@ fn an_override_of_a_limits_from_rule_passes_its_checks() {
     }
     let (limiter, problems) = overridden(
         &configured,
-        &rule_limits(json!([{"requests": 3, "per": "minute"}])),
+        &rule_limits("api", json!([{"requests": 3, "per": "minute"}])),
     );
     assert!(problems.is_empty(), "{problems:?}");
     let mut store = MemoryStore::default();
@@ -497,15 +499,7 @@ fn an_override_of_a_scheduled_rule_keeps_its_schedule() {
             "limits": [{"requests": 4, "per": "minute"}],
             "schedule": [{"utc": "00:00-06:00", "limits": [{"requests": 1, "per": "minute"}]}]}]}"#,
     );
-    let live = LiveOverrides {
-        version: 1,
-        limits: [(
-            "api".to_string(),
-            vec![json!({"requests": 6, "per": "minute"})],
-        )]
-        .into(),
-        ..Default::default()
-    };
+    let live = rule_limits("api", json!([{"requests": 6, "per": "minute"}]));
     let (limiter, problems) = overridden(&configured, &live);
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(limiter.policy().rules[0].limits[0].requests(), 6);
@@ -524,15 +518,7 @@ fn an_override_of_a_scheduled_rule_keeps_its_schedule() {
             "schedule": [{"utc": "00:00-06:00", "limits": [{"requests": 50, "per": "minute"}]}]}]}"#,
     );
     for (requests, at_night) in [(10, 10), (80, 50), (500, 50)] {
-        let live = LiveOverrides {
-            version: 1,
-            limits: [(
-                "api".to_string(),
-                vec![json!({"requests": requests, "per": "minute"})],
-            )]
-            .into(),
-            ..Default::default()
-        };
+        let live = rule_limits("api", json!([{"requests": requests, "per": "minute"}]));
         let (limiter, problems) = overridden(&generous, &live);
         assert!(problems.is_empty(), "{problems:?}");
         let mut store = MemoryStore::default();
@@ -568,11 +554,7 @@ fn an_override_of_a_scheduled_rule_keeps_its_schedule() {
             "limits.api[0].",
         ),
     ] {
-        let live = LiveOverrides {
-            version: 1,
-            limits: [("api".to_string(), vec![body.clone()])].into(),
-            ..Default::default()
-        };
+        let live = rule_limits("api", json!([body.clone()]));
         let (limiter, problems) = overridden(&scaled, &live);
         assert!(
             problems.len() == 1 && problems[0].starts_with(field),
