@@ -582,49 +582,58 @@ impl Exchange {
     /// (`count_when`): the host then reads the status and calls [`Exchange::response_status`].
     pub fn counts_by_status(&self, limiter: &Limiter) -> bool {
         limiter.counts_by_status()
-            && self.chargeable.iter().any(|(rule, _)| {
-                limiter
-                    .rule(*rule)
-                    .is_some_and(|r| r.rule.count_when.is_some())
-            })
+            && self
+                .chargeable
+                .iter()
+                .any(|(rule, _)| counts_by_status(limiter, *rule))
     }
 
-    /// The response's status was seen: the rules that count by it (`count_when`) charge their
-    /// cost to their keys when it is one they count; a status they do not count spends nothing.
-    /// Runs once: later calls charge nothing. Returns the effects (announcements of keys whose
-    /// counts the sync has not seen, and what was charged).
+    /// The response's status was seen: the rules that count by it (`count_when`) keep the cost
+    /// their keys reserved when they admitted the request if it is a status they count, and
+    /// give it back otherwise. Runs once: later calls do nothing. Returns what was counted.
     pub fn response_status(
         &mut self,
         limiter: &Limiter,
         status: u32,
-        now_us: u64,
+        _now_us: u64,
         store: &mut dyn Store,
     ) -> Vec<Effect> {
         let mut effects = Vec::new();
         let (answered, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.chargeable)
             .into_iter()
-            .partition(|(rule, _)| {
-                limiter
-                    .rule(*rule)
-                    .is_some_and(|r| r.rule.count_when.is_some())
-            });
+            .partition(|(rule, _)| counts_by_status(limiter, *rule));
         self.chargeable = kept;
-        for (rule, key) in answered {
+        let mut not_counted: Vec<RuleId> = Vec::new();
+        for (rule, _) in answered {
             let Some(spec) = limiter.rule(rule).map(|r| r.rule) else {
                 continue;
             };
-            if !spec.count_when.as_ref().is_some_and(|c| c.counts(status)) {
-                continue;
+            if spec.count_when.as_ref().is_some_and(|c| c.counts(status)) {
+                effects.push(Effect::Charged {
+                    rule,
+                    cost: spec.cost,
+                });
+            } else if !not_counted.contains(&rule) {
+                not_counted.push(rule);
             }
-            if limiter.charge(rule, &key, spec.cost, now_us, store) {
-                effects.push(Effect::Announce { rule, key });
-            }
-            effects.push(Effect::Charged {
-                rule,
-                cost: spec.cost,
-            });
         }
+        self.give_back(limiter, &not_counted, store);
         effects
+    }
+
+    /// Gives back what `rules` spent on this request (the cost a `count_when` rule reserved
+    /// when its answer does not count).
+    fn give_back(&mut self, limiter: &Limiter, rules: &[RuleId], store: &mut dyn Store) {
+        if rules.is_empty() {
+            return;
+        }
+        let (back, keep): (Spending, Spending) = self
+            .spent
+            .iter()
+            .copied()
+            .partition(|s| rules.contains(&s.rule));
+        limiter.refund(&back, store);
+        self.spent = keep;
     }
 
     /// The response headers whose values the rules that admitted this request charge.
@@ -1022,6 +1031,21 @@ impl Exchange {
         Some((seat.bulkhead, crate::shed::policy::parse_saturation(value)?))
     }
 
+    /// [`Exchange::finish`]'s refund of the `count_when` reservations no status answered, out
+    /// of line.
+    #[inline(never)]
+    fn end_reservations(&mut self, limiter: &Limiter, store: &mut dyn Store) {
+        let mut pending: Vec<RuleId> = Vec::new();
+        self.chargeable.retain(|(rule, _)| {
+            let reserved = counts_by_status(limiter, *rule);
+            if reserved && !pending.contains(rule) {
+                pending.push(*rule);
+            }
+            !reserved
+        });
+        self.give_back(limiter, &pending, store);
+    }
+
     /// [`Exchange::finish`]'s release of the slots the request took, out of line.
     #[inline(never)]
     fn release_slots(&mut self, limiter: &Limiter, store: &mut dyn Store) {
@@ -1034,6 +1058,11 @@ impl Exchange {
     /// sample. Runs once; later calls do nothing.
     pub fn finish(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Vec<Effect> {
         let mut effects = Vec::new();
+        // A `count_when` rule's reservation whose answer never came (a reset, a timeout before
+        // the response's headers) goes back: such a request is not counted.
+        if limiter.counts_by_status() && !self.chargeable.is_empty() {
+            self.end_reservations(limiter, store);
+        }
         // Only a concurrent limit's slots go back (another rule's spent tokens stay spent).
         if limiter.holds_slots() && !self.spent.is_empty() {
             self.release_slots(limiter, store);
@@ -1054,6 +1083,13 @@ impl Exchange {
         }
         effects
     }
+}
+
+/// Whether `rule` counts its requests by their answer's status (`count_when`).
+fn counts_by_status(limiter: &Limiter, rule: RuleId) -> bool {
+    limiter
+        .rule(rule)
+        .is_some_and(|r| r.rule.count_when.is_some())
 }
 
 /// The request header (and response header) by which warn mode says what it would have shed.

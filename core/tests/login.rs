@@ -85,10 +85,12 @@ fn a_request_without_an_answer_or_denied_by_a_later_rule_is_not_counted() {
         {"name": "all", "key": ["const:all"], "limits": [{"requests": 3, "per": "minute"}]}]}"#,
     );
     let mut store = MemoryStore::default();
-    // Three requests without their answer seen (reset streams): nothing charged to the key.
+    // Three requests whose streams end without an answer (resets): what each held while it was
+    // in flight goes back, so nothing is charged to the key.
     for i in 0..3 {
-        let (_, step) = start(&limiter, &mut login("alice"), T0 + i, &mut store);
+        let (mut exchange, step) = start(&limiter, &mut login("alice"), T0 + i, &mut store);
         assert_eq!(step, Step::Continue);
+        exchange.finish(&limiter, &mut store);
     }
     // The second rule denies now: the first charges nothing for it, even on a 401.
     let (mut exchange, step) = start(&limiter, &mut login("alice"), T0 + 10, &mut store);
@@ -139,6 +141,145 @@ fn a_cached_rule_reports_what_its_answers_counted() {
         panic!("no entry");
     };
     assert_eq!((entry.spent, entry.denied), (3, 0), "three failures");
+}
+
+/// A burst of failed logins in flight at once: each request holds its cost from its admission
+/// until its answer, so no more requests of a key reach the backend than its limit, however many
+/// arrive before the first answer (20 concurrent streams of one HTTP/2 connection, say).
+#[test]
+fn a_burst_in_flight_reaches_the_backend_no_more_than_the_limit() {
+    let limiter = limiter(FAILED_LOGINS);
+    let mut store = MemoryStore::default();
+    let mut in_flight = Vec::new();
+    let mut denied = 0;
+    for i in 0..20 {
+        match start(&limiter, &mut login("alice"), T0 + i, &mut store) {
+            (exchange, Step::Continue) => in_flight.push(exchange),
+            (_, Step::Respond(reply)) => {
+                assert_eq!(reply.status, 429);
+                denied += 1;
+            }
+            (_, other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        (in_flight.len(), denied),
+        (5, 15),
+        "5 a minute: 5 forwarded"
+    );
+    // They all fail: the key stays at its limit, the next attempt is denied.
+    for mut exchange in in_flight {
+        exchange.response_status(&limiter, 401, T0 + 100, &mut store);
+        exchange.finish(&limiter, &mut store);
+    }
+    assert!(attempt(&limiter, "alice", 401, T0 + 200, &mut store).is_err());
+}
+
+/// What a request held while in flight goes back when its answer is not one the rule counts, and
+/// when its stream ends without an answer: successful logins in flight together never deny the
+/// next one once they are answered.
+#[test]
+fn an_answer_that_does_not_count_gives_its_hold_back() {
+    let limiter = limiter(FAILED_LOGINS);
+    let mut store = MemoryStore::default();
+    let held: Vec<Exchange> = (0..5)
+        .map(|i| {
+            let (exchange, step) = start(&limiter, &mut login("alice"), T0 + i, &mut store);
+            assert_eq!(step, Step::Continue);
+            exchange
+        })
+        .collect();
+    // All five held: a sixth in flight is denied.
+    assert!(attempt(&limiter, "alice", 200, T0 + 10, &mut store).is_err());
+    // Three succeed, two end without an answer (a reset, a timeout before the headers).
+    for (i, mut exchange) in held.into_iter().enumerate() {
+        if i < 3 {
+            assert!(exchange
+                .response_status(&limiter, 200, T0 + 20, &mut store)
+                .is_empty());
+        }
+        exchange.finish(&limiter, &mut store);
+    }
+    // Nothing was counted: five failures are let through again.
+    for i in 0..5 {
+        assert!(attempt(&limiter, "alice", 401, T0 + 30 + i, &mut store).is_ok());
+    }
+    assert!(attempt(&limiter, "alice", 401, T0 + 40, &mut store).is_err());
+}
+
+/// With a penalty, a burst in flight puts the key in it at the first request that finds its
+/// limit held: at most the limit reach the backend, and the key is then out for the penalty.
+#[test]
+fn a_burst_of_failures_in_flight_starts_the_penalty() {
+    let limiter = limiter(
+        r#"{"rules": [{"name": "login", "key": ["header:x-user"], "penalty": "10m",
+        "count_when": {"statuses": [401]}, "limits": [{"requests": 3, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let mut in_flight = Vec::new();
+    let mut retry_after = Vec::new();
+    for i in 0..20 {
+        match start(&limiter, &mut login("alice"), T0 + i, &mut store) {
+            (exchange, Step::Continue) => in_flight.push(exchange),
+            (_, Step::Respond(reply)) => {
+                retry_after.push(reply.headers.get("retry-after").map(str::to_string))
+            }
+            (_, other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(in_flight.len(), 3);
+    assert!(
+        retry_after.iter().all(|r| r.as_deref() == Some("600")),
+        "{retry_after:?}"
+    );
+    for mut exchange in in_flight {
+        exchange.response_status(&limiter, 401, T0 + 400_000, &mut store);
+        exchange.finish(&limiter, &mut store);
+    }
+    let later = attempt(&limiter, "alice", 401, T0 + 3 + 120 * SECOND, &mut store).unwrap_err();
+    assert_eq!(later.headers.get("retry-after"), Some("480"));
+}
+
+/// A cached rule's requests hold their cost from the lease while in flight, as a local rule's
+/// hold from its buckets: what is given back is back in the lease, and the sync reports only
+/// what was kept.
+#[test]
+fn a_cached_rule_holds_its_lease_while_in_flight() {
+    let limiter = limiter(
+        r#"{"service": {"cluster": "svc"}, "rules": [{"name": "login", "key": ["header:x-user"],
+        "consistency": "cached", "count_when": {"statuses": [401]},
+        "limits": [{"requests": 5, "per": "minute"}]}]}"#,
+    );
+    let rule = RuleId::new(0);
+    let key = "login\u{1f}alice";
+    let mut store = MemoryStore::default();
+    // A failure reported, then a lease of 4 from the service.
+    assert!(attempt(&limiter, "alice", 401, T0, &mut store).is_ok());
+    let Taken::Entry(_) = take(&limiter, rule, key, T0 + 1, 100_000, &mut store) else {
+        panic!("no entry");
+    };
+    apply_lease(&limiter, rule, key, &answer(4, 4, 0), T0 + 2, &mut store).unwrap();
+    let mut in_flight = Vec::new();
+    for i in 0..10 {
+        if let (exchange, Step::Continue) =
+            start(&limiter, &mut login("alice"), T0 + 10 + i, &mut store)
+        {
+            in_flight.push(exchange);
+        }
+    }
+    assert_eq!(in_flight.len(), 4, "no more in flight than the lease");
+    for (i, mut exchange) in in_flight.into_iter().enumerate() {
+        let status = if i == 0 { 401 } else { 200 };
+        exchange.response_status(&limiter, status, T0 + 30, &mut store);
+        exchange.finish(&limiter, &mut store);
+    }
+    let Taken::Entry(entry) = take(&limiter, rule, key, T0 + 40, 100_000, &mut store) else {
+        panic!("no entry");
+    };
+    assert_eq!(
+        entry.spent, 1,
+        "the one failure, the three successes given back"
+    );
 }
 
 const PENALTY: &str = r#"{"headers": "legacy", "rules": [{"name": "login", "key": ["header:x-user"],

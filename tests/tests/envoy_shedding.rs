@@ -1528,3 +1528,84 @@ fn a_rule_scaled_by_the_load_level_halves_its_limit_while_the_upstream_is_busy()
         "two of a halved 4: {last:?}"
     );
 }
+
+/// Failed logins in flight together (`count_when`): each request holds its cost from its admission until its answer,
+/// so 20 at once for one account, each answered 401 by an upstream that takes 400 ms, reach the upstream 3 times (the
+/// limit), the rest are denied, and the key is then in its penalty. An answer the rule does not count and a stream
+/// that ends without an answer give their hold back. (Seen failing with the cost charged only when the answer came:
+/// all 20 reached the upstream.)
+#[test]
+fn a_burst_of_failed_logins_reaches_the_upstream_no_more_than_the_limit() {
+    let _machine = machine();
+    let envoy = start_with(
+        json!({
+            "headers": "both",
+            "rules": [
+                {"name": "login", "match": {"path_prefix": "/login/"}, "key": ["header:x-user"],
+                 "count_when": {"statuses": [401]}, "penalty": "10m",
+                 "limits": [{"requests": 3, "per": "minute"}]},
+                {"name": "session", "match": {"path_prefix": "/api/"}, "key": ["header:x-user"],
+                 "count_when": {"statuses": [401]}, "limits": [{"requests": 3, "per": "minute"}]},
+            ],
+        }),
+        1,
+    );
+    let reached = || envoy.stat("http.upstream.downstream_rq_total");
+
+    let before = reached();
+    let burst = hold(
+        &envoy,
+        20,
+        "/login/x",
+        &[("x-user", "victim"), (DELAY, "400"), (ABORT, "401")],
+    );
+    let statuses: Vec<u16> = burst
+        .finish()
+        .into_iter()
+        .map(|(reply, _)| reply.status)
+        .collect();
+    let failed = statuses.iter().filter(|s| **s == 401).count();
+    let denied = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((failed, denied), (3, 17), "{statuses:?}");
+    assert_eq!(reached() - before, 3, "the upstream saw the limit, no more");
+    let (after, _) = send(&envoy, "/login/x", &[("x-user", "victim")]);
+    assert_eq!(after.status, 429, "{after:?}");
+    assert!(retry_after(&after) > 590, "the penalty's end: {after:?}");
+
+    // Without a penalty (`session`): the key's hold is all free again when a quick request is told it leaves
+    // two (its own is the third).
+    let alice = ("x-user", "alice");
+    let all_free = |what: &str| {
+        let mut last = None;
+        let free = eventually(Duration::from_secs(3), || {
+            let (reply, _) = send(&envoy, "/api/x", &[alice]);
+            let free = reply.status == 200 && reply.header("x-ratelimit-remaining") == Some("2");
+            last = Some(reply);
+            free
+        });
+        assert!(
+            free,
+            "after {what}, alice's hold did not come back: {last:?}"
+        );
+    };
+    // Three successful logins in flight hold the key's three: a fourth is denied until they are answered.
+    let held = hold(&envoy, 3, "/api/slow", &[alice, (DELAY, "1500")]);
+    let full = eventually(Duration::from_secs(3), || {
+        send(&envoy, "/api/x", &[alice, (ABORT, "200")]).0.status == 429
+    });
+    held.all_ok();
+    assert!(full, "three in flight did not hold alice's limit");
+    all_free("three successful answers");
+    // Three clients that give up before the answer: their streams' ends give the hold back.
+    let dangling: Vec<Dangling> = (0..3)
+        .map(|_| dangle(&envoy, "/api/gone", &[alice, (DELAY, "8000")]))
+        .collect();
+    let full = eventually(Duration::from_secs(3), || {
+        send(&envoy, "/api/x", &[alice]).0.status == 429
+    });
+    assert!(full, "the dangling requests did not hold alice's limit");
+    for d in dangling {
+        d.close();
+    }
+    all_free("three clients that gave up");
+}

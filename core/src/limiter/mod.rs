@@ -220,17 +220,14 @@ impl Tally<'_> {
         now_us: u64,
     ) {
         self.e.delay_us = self.e.delay_us.max(v.delay_us);
-        // A rule that counts by the answer spent nothing yet: nothing to give back.
-        if rule.count_when.is_none() {
-            self.e.spent.push(Spent {
-                rule: id,
-                fingerprint,
-                how: v.spend,
-                cost: rule.cost.min(u32::MAX as u64) as u32,
-                lapse_us: slot_lapse(rule, now_us),
-                valued: rule.given,
-            });
-        }
+        self.e.spent.push(Spent {
+            rule: id,
+            fingerprint,
+            how: v.spend,
+            cost: rule.cost.min(u32::MAX as u64) as u32,
+            lapse_us: slot_lapse(rule, now_us),
+            valued: rule.given,
+        });
         if rule.cost_header.is_some() || rule.count_when.is_some() {
             self.e.chargeable.push((id, key.to_string()));
         }
@@ -927,10 +924,9 @@ impl Limiter {
             };
             let was_unsynced = record.unsynced();
             let penalty_was = record.penalty_until_us;
-            let verdict = match rule.count_when {
-                None => judge(rule, &mut record, conditions),
-                Some(_) => peek(rule, &mut record, conditions),
-            };
+            // A `count_when` rule's request holds its cost while it is in flight, as any
+            // request's: its answer's status keeps it or gives it back (`Exchange::finish`).
+            let verdict = judge(rule, &mut record, conditions);
             // A local denial changes nothing a later request could tell apart (the refill is a
             // function of the stored stamp), so it skips the write, keeping the deny path to one
             // read; it still refreshes the key's recency once a second. A key seen later than
@@ -1391,20 +1387,6 @@ pub fn bucket_limits(rule: &Rule) -> &[Limit] {
         (_, Fallback::Open(limits)) => limits,
         (_, Fallback::Closed) => &[],
     }
-}
-
-/// A `count_when` rule's answer for one record: [`judge`]'s, spending nothing (the answer's
-/// status decides whether the request is charged: [`Limiter::charge`]). What a denial writes is
-/// kept: the demand the sync reports, and a penalty it starts.
-#[inline(never)]
-fn peek(rule: &Rule, record: &mut Record, conditions: Conditions) -> RuleVerdict {
-    let mut probe = record.clone();
-    let verdict = judge(rule, &mut probe, conditions);
-    if !verdict.allowed {
-        record.denied = probe.denied;
-        record.penalty_until_us = probe.penalty_until_us;
-    }
-    verdict
 }
 
 /// The denial of a key in its penalty until `until_us`: nothing spent, every limit told to wait
