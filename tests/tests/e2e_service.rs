@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice_tests::envoy::{
-    agent, get, sustain, sustain_until, Envoy, EnvoyOptions, Load, Sustained, Template,
+    agent, get, sustain, sustain_until, Demo, Envoy, EnvoyOptions, Load, Sustained, Template,
 };
 use sluice_tests::eventually;
 use sluice_tests::redis::Redis;
@@ -2389,4 +2389,50 @@ fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
     assert!(retry_after(&on_b) > 590, "{on_b:?}");
     let dave = get(&client, &b.url("/strict"), &[("x-user", "dave")]).unwrap();
     assert_eq!(dave.status, 200, "{dave:?}");
+}
+
+/// `envoy/production.yaml` as shipped serves the counter service's public `GET /v1/status` at `/v1/status`, through
+/// sluice (limited as any request) and Envoy's cache: whoever asks, and however often, the service is asked at most once
+/// per 2 s (its `Cache-Control: public, max-age=2`) by each Envoy, and an answer from the cache says its `Age`.
+#[test]
+fn the_shipped_status_route_answers_from_envoys_cache() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let production = Demo::production().unwrap();
+    let port = service.address().expect("the service listens").port();
+    let plugin = production.plugin_config_json.replace(
+        "\"token\": \"change-me\"",
+        &format!("\"token\": \"{}\"", service.token()),
+    );
+    let envoy = Envoy::start(production.options(plugin, 2, port).unwrap()).unwrap();
+    let client = agent();
+    let url = envoy.url("/v1/status");
+    let asked = || envoy.stat("cluster.sluice_status.upstream_rq_total");
+
+    let started = Instant::now();
+    let replies: Vec<_> = (0..40).map(|_| get(&client, &url, &[]).unwrap()).collect();
+    let elapsed = started.elapsed();
+    let fetched = asked();
+    for reply in &replies {
+        assert_eq!(reply.status, 200, "{reply:?}");
+        let body = reply.json().unwrap();
+        assert_eq!(body["status"], "operational", "{body}");
+        assert_eq!(body["limiter"], "up", "{body}");
+    }
+    let cached = replies.iter().filter(|r| r.header("age").is_some()).count() as u64;
+    // One fetch per 2 s the 40 requests spanned (and one more for a boundary), each a miss; every other answer
+    // came from the cache.
+    let bound = 1 + elapsed.as_secs() / 2 + 1;
+    assert!(fetched <= bound, "{fetched} fetches in {elapsed:?}");
+    assert_eq!(cached + fetched, 40, "{fetched} fetched, {cached} cached");
+    // Through sluice: the per-ip rule counted them.
+    assert!(
+        envoy.stat("wasmcustom.sluice.rule.per-ip.allowed") >= 40
+            || eventually(Duration::from_secs(3), || {
+                envoy.stat("wasmcustom.sluice.rule.per-ip.allowed") >= 40
+            }),
+        "{:?}",
+        envoy.sluice_stats()
+    );
 }

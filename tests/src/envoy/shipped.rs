@@ -97,7 +97,8 @@ impl Demo {
                 ("10000", "LISTEN_PORT", 1),
                 ("10001", "UPSTREAM_PORT", 2),
                 ("9901", "ADMIN_PORT", 1),
-                ("8081", "SERVICE_PORT", 1),
+                // The sync's cluster and the public status's.
+                ("8081", "SERVICE_PORT", 2),
             ],
         )?;
         let value_lines: Vec<String> = text
@@ -170,7 +171,8 @@ impl Demo {
                 // The upstream listener and the three clusters that point at it.
                 ("10201", "UPSTREAM_PORT", 4),
                 ("9921", "ADMIN_PORT", 1),
-                ("8081", "SERVICE_PORT", 1),
+                // The sync's cluster and the public status's.
+                ("8081", "SERVICE_PORT", 2),
             ],
         )?;
         // sluice's JSON is a block scalar: `value: |`, then the lines indented deeper than it.
