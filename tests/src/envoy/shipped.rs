@@ -97,8 +97,7 @@ impl Demo {
                 ("10000", "LISTEN_PORT", 1),
                 ("10001", "UPSTREAM_PORT", 2),
                 ("9901", "ADMIN_PORT", 1),
-                // The sync's cluster and the public status's.
-                ("8081", "SERVICE_PORT", 2),
+                ("8081", "SERVICE_PORT", 1),
             ],
         )?;
         let value_lines: Vec<String> = text
