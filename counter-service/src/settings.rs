@@ -150,8 +150,9 @@ pub struct Settings {
     )]
     pub fleet_max_proxies_per_credential: u64,
 
-    /// Most answers a second of `GET /v1/status`, the endpoint without credentials (1 to 10000);
-    /// past it, 429 with `Retry-After`. One status is built every 2 s at most, whatever the rate.
+    /// Most calls a second of `GET /v1/status`, the endpoint without credentials, that may build a
+    /// new status (1 to 10000); past it, a call gets the last status built, with its `Age` (429
+    /// with `Retry-After` only before any was built). One status is built every 2 s at most.
     #[arg(long, env = "SLUICE_STATUS_RATE_PER_S", default_value_t = 20)]
     pub status_rate_per_s: u64,
 }

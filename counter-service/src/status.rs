@@ -15,51 +15,67 @@
 //!   (`--fleet-report-max-age-ms`); `null` otherwise.
 //!
 //! Whoever can reach the service can call it, so it costs them nothing to ask and the service
-//! little to answer: one status is built at most every [`STATUS_TTL`] (one Redis read) and shared
-//! by every caller meanwhile (`Cache-Control: public, max-age=2`), and the endpoint answers at most
-//! `--status-rate-per-s` a second (a token bucket as deep as one second), past which it answers 429
-//! with `Retry-After`. It says nothing a proxy's answers do not already tell a client: no rule, no
-//! key, no token, no proxy id.
+//! little to answer: one status is built at most every [`STATUS_TTL`] (one Redis read), one at a
+//! time, and shared by every caller meanwhile (`Cache-Control: public, max-age=2`). At most
+//! `--status-rate-per-s` calls a second (a token bucket as deep as one second) may build a new
+//! one; past it, a call is answered the last status built, however old, so that a flood makes the
+//! answer at most one token's refill older and refuses no status page. A call answered a status
+//! built before it carries `Age` (whole seconds). Only a call past the rate before any status was
+//! built is answered 429 with `Retry-After`. It says nothing a proxy's answers do not already
+//! tell a client: no rule, no key, no token, no proxy id.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::http::header::{HeaderValue, CACHE_CONTROL};
+use axum::http::header::{HeaderValue, AGE, CACHE_CONTROL};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
 use crate::error::AppError;
 use crate::state::AppState;
-pub use crate::status_cache::StatusCache;
+use crate::status_cache::{Built, Serve};
+pub use crate::status_cache::{StatusCache, STATUS_TTL};
 
-/// How long one built status answers every caller.
-pub const STATUS_TTL: Duration = Duration::from_secs(2);
 /// The fleet utilization from which the status says `degraded`: bulkheads shed at `high`.
 pub const DEGRADED_UTILIZATION: f64 = 0.85;
 
 /// `GET /v1/status`.
 pub async fn status(State(state): State<AppState>) -> Result<Response, AppError> {
-    let now = Instant::now();
-    if !state.status.admit(state.settings.status_rate_per_s, now) {
-        return Err(AppError::TooManyRequests);
+    let cache = &state.status;
+    match cache.serve(state.settings.status_rate_per_s, Instant::now()) {
+        Serve::Cached(built) => return Ok(answer(built, true)),
+        Serve::Refuse => return Err(AppError::TooManyRequests),
+        Serve::Build => {}
     }
-    let body = {
-        let mut built = state.status.built.lock().await;
-        match &*built {
-            Some((at, body)) if now.saturating_duration_since(*at) < STATUS_TTL => body.clone(),
-            _ => {
-                let body = build(&state).await;
-                *built = Some((Instant::now(), body.clone()));
-                body
-            }
-        }
+    // One build at a time: a call that finds one under way answers the last status built (it
+    // waits for the one under way only when there is none).
+    let _building = match cache.building.try_lock() {
+        Ok(building) => building,
+        Err(_) => match cache.last() {
+            Some(built) => return Ok(answer(built, true)),
+            None => cache.building.lock().await,
+        },
     };
-    let mut response = Json(body).into_response();
+    if let Some(built) = cache.last() {
+        if Instant::now().saturating_duration_since(built.at) < STATUS_TTL {
+            return Ok(answer(built, true));
+        }
+    }
+    let body = build(&state).await;
+    Ok(answer(cache.store(body, Instant::now()), false))
+}
+
+/// The answer of `built`, said to be `cached` (built before this call: with its `Age`) or not.
+fn answer(built: Built, cached: bool) -> Response {
+    let age = cached.then(|| Instant::now().saturating_duration_since(built.at).as_secs());
+    let mut response = Json(built.body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("public, max-age=2"));
+    if let Some(age) = age {
+        headers.insert(AGE, HeaderValue::from(age));
+    }
     response
-        .headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("public, max-age=2"));
-    Ok(response)
 }
 
 /// A status from one read of the overrides' head (Redis up, the bypass) and the fleet level

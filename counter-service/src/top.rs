@@ -6,8 +6,11 @@
 //! [`KEYS_PER_KIND`] keys ([`sluice_core::top::Summary`]): for every key, the count answered is
 //! at most its true count and at most `error` below it, and `error` is at most the total over the
 //! smallest sketch that counted it (a proxy's `top_keys`). A query merges the minutes of its
-//! window per credential, then adds the credentials up without cutting any: what one credential
-//! reports never pushes another's keys out of the answer, nor lowers their counts.
+//! window per credential, then adds the credentials up without cutting any, so that no
+//! credential lowers another's counts. Which keys it lists ([`picked`]): of the C credentials that
+//! reported keys of the kind, each one's own top `limit / C` (by its own counts), then the rest
+//! largest count first. So what one credential reports never pushes another's top keys out of the
+//! answer while `limit` is at least C; below that, the slots go to the largest counts.
 //!
 //! What one caller can do is bounded here. A credential keeps at most [`SERIES_PER_CREDENTIAL`]
 //! rules and the replica at most [`MAX_SERIES`] (credential, rule) pairs: a report past either
@@ -139,24 +142,33 @@ impl Board {
     /// each kind merged per credential over the window, then summed over the credentials, its
     /// `limit` largest counts.
     pub fn query(&self, rule: &str, minutes: u64, limit: usize, now_ms: u64) -> Value {
-        let (admitted, denied, credentials) = self.merged(rule, minutes, now_ms);
+        let own = self.own(rule, minutes, now_ms);
+        let (admitted, denied) = summed(&own);
+        let admitted_own: Vec<&Summary> = own.iter().map(|(a, _)| a).collect();
+        let denied_own: Vec<&Summary> = own.iter().map(|(_, d)| d).collect();
         json!({
             "rule": rule,
             "window_minutes": minutes,
-            "credentials": credentials,
-            "admitted": shown(&admitted, limit),
-            "denied": shown(&denied, limit),
+            "credentials": own.len(),
+            "admitted": shown(&admitted, &admitted_own, limit),
+            "denied": shown(&denied, &denied_own, limit),
         })
     }
 
     /// What [`Board::query`] answers, whole: the admitted and denied summaries, and how many
     /// credentials reported the rule in the window.
     pub fn merged(&self, rule: &str, minutes: u64, now_ms: u64) -> (Summary, Summary, usize) {
+        let own = self.own(rule, minutes, now_ms);
+        let (admitted, denied) = summed(&own);
+        (admitted, denied, own.len())
+    }
+
+    /// The (admitted, denied) summaries of `rule` over the window, each credential's that
+    /// reported it merged over its minutes.
+    fn own(&self, rule: &str, minutes: u64, now_ms: u64) -> Vec<(Summary, Summary)> {
         let now = now_ms / MINUTE_MS;
         let from = now.saturating_sub(minutes.saturating_sub(1));
-        let mut admitted = Summary::default();
-        let mut denied = Summary::default();
-        let mut credentials = 0;
+        let mut credentials = Vec::new();
         if let Ok(series) = self.series.lock() {
             for ((_, r), kept) in series.iter() {
                 if r != rule {
@@ -167,30 +179,68 @@ impl Board {
                     own.0.merge(&m.admitted, KEYS_PER_KIND);
                     own.1.merge(&m.denied, KEYS_PER_KIND);
                 }
-                if own.0.is_empty() && own.1.is_empty() {
-                    continue;
+                if !(own.0.is_empty() && own.1.is_empty()) {
+                    credentials.push(own);
                 }
-                credentials += 1;
-                // Summed, never cut: one credential's keys take no room of another's.
-                admitted.merge(&own.0, usize::MAX);
-                denied.merge(&own.1, usize::MAX);
             }
         }
-        (admitted, denied, credentials)
+        credentials
     }
 }
 
-/// A kind as the answer shows it.
-fn shown(summary: &Summary, limit: usize) -> Value {
-    let keys: Vec<Value> = summary
-        .keys
-        .iter()
-        .take(limit)
-        .map(|(key, count)| json!({"key": key, "count": count, "at_most": count.saturating_add(summary.error)}))
+/// The credentials' summaries added up, never cut: one credential's keys take no room of
+/// another's.
+fn summed(own: &[(Summary, Summary)]) -> (Summary, Summary) {
+    let mut admitted = Summary::default();
+    let mut denied = Summary::default();
+    for (a, d) in own {
+        admitted.merge(a, usize::MAX);
+        denied.merge(d, usize::MAX);
+    }
+    (admitted, denied)
+}
+
+/// The `limit` keys of a kind the answer lists, with their summed counts, largest first: of the C
+/// credentials whose `own` summary lists keys, each one's top `limit / C` keys by its own counts
+/// (at most `limit` in all), then the rest of `summed` largest first. So a credential's report
+/// cannot push another's top `limit / C` out, however large its counts; with `limit` below C,
+/// every key is taken by its summed count.
+fn picked<'a>(summed: &'a Summary, own: &[&'a Summary], limit: usize) -> Vec<(&'a str, u64)> {
+    let counts: HashMap<&str, u64> = summed.keys.iter().map(|(k, c)| (k.as_str(), *c)).collect();
+    let reporting: Vec<&Summary> = own.iter().copied().filter(|s| !s.keys.is_empty()).collect();
+    let share = limit / reporting.len().max(1);
+    let mut listed: Vec<(&str, u64)> = Vec::with_capacity(limit);
+    let take = |listed: &mut Vec<(&'a str, u64)>, key: &'a str| {
+        if listed.len() < limit && !listed.iter().any(|(k, _)| *k == key) {
+            listed.push((key, counts.get(key).copied().unwrap_or(0)));
+        }
+    };
+    for rank in 0..share.min(KEYS_PER_KIND) {
+        for summary in &reporting {
+            if let Some((key, _)) = summary.keys.get(rank) {
+                take(&mut listed, key);
+            }
+        }
+    }
+    for (key, _) in &summed.keys {
+        if listed.len() >= limit {
+            break;
+        }
+        take(&mut listed, key);
+    }
+    listed.sort_unstable_by(|(ka, ca), (kb, cb)| cb.cmp(ca).then_with(|| ka.cmp(kb)));
+    listed
+}
+
+/// A kind as the answer shows it: `summed`'s totals and the keys [`picked`] from it.
+fn shown(summed: &Summary, own: &[&Summary], limit: usize) -> Value {
+    let keys: Vec<Value> = picked(summed, own, limit)
+        .into_iter()
+        .map(|(key, count)| json!({"key": key, "count": count, "at_most": count.saturating_add(summed.error)}))
         .collect();
     json!({
-        "total": summary.total,
-        "error_bound": summary.error,
+        "total": summed.total,
+        "error_bound": summed.error,
         "keys": keys,
     })
 }
@@ -469,7 +519,11 @@ mod tests {
         let answer = board.query("api", 1, 64, now);
         let keys = answer["denied"]["keys"].as_array().unwrap();
         assert_eq!(keys.len(), 64, "the limit");
-        let answer = board.query("api", 1, 64, now);
+        assert_eq!(
+            keys[63],
+            json!({"key": "api\u{1f}alice", "count": 40, "at_most": 40}),
+            "listed, last"
+        );
         assert_eq!(answer["credentials"], 2);
         let (_, all, _) = board.merged("api", 1, now);
         assert!(
@@ -478,6 +532,61 @@ mod tests {
             &all.keys[60..]
         );
         assert_eq!(all.total, MAX_TOP_COUNT + 50);
+    }
+
+    /// Of C credentials, each keeps its own top `limit / C` keys in the answer whatever the
+    /// others report; the other slots go to the largest counts; below C, all of them do.
+    #[test]
+    fn each_credential_keeps_its_top_share_of_the_limit() {
+        let board = Board::default();
+        let now = 1_700_000_000_000;
+        let keys = |prefix: &str, n: u64, count: u64| -> Vec<(String, u64)> {
+            (0..n)
+                .map(|i| (format!("{prefix}{i:02}"), count - i))
+                .collect()
+        };
+        let record = |credential: &str, keys: &[(String, u64)]| {
+            let keys: Vec<(&str, u64)> = keys.iter().map(|(k, c)| (k.as_str(), *c)).collect();
+            let total = keys.iter().map(|(_, c)| c).sum();
+            let kept = board.record(credential, 0, &report("api", &keys, total, 0), now);
+            assert_eq!(kept, Recorded::Kept { dropped: 0 });
+        };
+        // Two liars of 64 keys of about 5,000 and an honest credential of 10 keys of about 100.
+        record("liar-1", &keys("x", 64, 5_000));
+        record("liar-2", &keys("y", 64, 4_000));
+        record("honest", &keys("h", 10, 100));
+        let listed = |limit: usize| -> Vec<String> {
+            let answer = board.query("api", 1, limit, now);
+            let keys = answer["denied"]["keys"].as_array().unwrap().clone();
+            keys.iter()
+                .map(|k| {
+                    k["key"]
+                        .as_str()
+                        .unwrap()
+                        .trim_start_matches("api\u{1f}")
+                        .to_owned()
+                })
+                .collect()
+        };
+        let has = |listed: &[String], prefix: &str| {
+            listed.iter().filter(|k| k.starts_with(prefix)).count()
+        };
+        // 64 / 3 = 21 each: the honest one's 10, and 21 + 33 of the liars' (the 33 left by count).
+        let all = listed(64);
+        assert_eq!(all.len(), 64);
+        assert_eq!(
+            (has(&all, "h"), has(&all, "x"), has(&all, "y")),
+            (10, 33, 21)
+        );
+        // 6 / 3 = 2 each, largest first.
+        let six = listed(6);
+        assert_eq!(six, ["x00", "x01", "y00", "y01", "h00", "h01"]);
+        // Below the credentials, the largest counts.
+        assert_eq!(listed(2), ["x00", "x01"]);
+        // A key two credentials report is listed once, its counts summed.
+        record("honest", &[("x00".to_string(), 7)]);
+        let answer = board.query("api", 1, 3, now);
+        assert_eq!(answer["denied"]["keys"][0]["count"], 5_007);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::StatusCode;
-use common::{call, get, post, state, Answer};
+use common::{call, get, post, state, Answer, TextFile};
 use serde_json::{json, Value};
 use sluice_counter_service::fleet::{self, proxies_key, FLEET_CREDENTIALS_KEY, SHARED_CREDENTIAL};
 use sluice_counter_service::scripts::FLEET_LUA;
@@ -22,6 +22,14 @@ use sluice_tests::redis::{Redis, Reply};
 
 const T0_US: u64 = 1_700_000_000_000_000;
 const MS: u64 = 1_000;
+/// What a test of a long loop on the tests' clock gives its proxies: an interval of 30 minutes,
+/// so each report or share counts 90 minutes (under `--fleet-report-max-age-ms` at its most,
+/// [`LONGEST_AGE_MS`], 3 h: a member a few seconds ahead of another's is not dropped as from a
+/// clock ahead). The keys' expiry runs on Redis's own clock: with it, it cannot come before the
+/// loop ends however slow the machine.
+const LONG_INTERVAL_MS: u64 = 1_800_000;
+const LONG_WINDOW_MS: u64 = 3 * LONG_INTERVAL_MS;
+const LONGEST_AGE_MS: u64 = sluice_counter_service::settings::MAX_FLEET_REPORT_AGE_MS;
 
 fn sync_body(proxy: &str, interval_ms: u64, load: Option<Value>) -> Value {
     let mut body = json!({
@@ -106,19 +114,15 @@ fn assert_near(value: f64, expected: f64, context: &str) {
 }
 
 /// A state whose proxies hold the credentials of `tokens` (`name token` lines).
+///
+/// The file is one of its own (`TextFile`): named by the tokens' length, two tests running at
+/// once with the same tokens shared one, and one deleted it as the other read it.
 fn state_with_tokens(redis: &Redis, tokens: &str, more: &[&str]) -> AppState {
-    let file = std::env::temp_dir().join(format!(
-        "sluice-{}-fleet-tokens-{}",
-        std::process::id(),
-        tokens.len()
-    ));
-    std::fs::write(&file, tokens).unwrap();
-    let mut args = vec!["--tokens-file", file.to_str().unwrap()];
+    let file = TextFile::new(tokens);
+    let mut args = vec!["--tokens-file", file.path()];
     args.extend_from_slice(more);
     let settings = common::settings_without_token(&redis.url(), &args);
-    let state = AppState::new(settings).unwrap();
-    std::fs::remove_file(&file).unwrap();
-    state
+    AppState::new(settings).unwrap()
 }
 
 /// A sync of `proxy` under `token`, every `interval_ms`, reporting `load`.
@@ -524,9 +528,10 @@ async fn a_lie_is_clamped_and_stale_after_the_services_cap() {
 /// the level moves by at most 1 / credentials. A proxy already recorded under the liar's own
 /// credential still replaces its report, and stale reports make room.
 ///
-/// The reports say every 20 s (fresh for 60 s): the hashes' expiry runs on Redis's own clock,
-/// not the test's, and with 1 s (fresh for 3 s) a loop of 10,000 calls slower than 3 s on a busy
-/// machine would see the liar's hash expire in its middle (the test failed once in CI).
+/// The reports say every 30 minutes (fresh for 90): the hashes' expiry runs on
+/// Redis's own clock, not the test's, and the loop renews nothing once the liar is full. With 1 s
+/// (fresh for 3 s) a loop of 10,000 calls slower than 3 s on a busy machine saw the liar's hash
+/// expire in its middle (the test failed once in CI); with 20 s it would take a minute.
 #[tokio::test]
 async fn one_credential_fills_only_its_own_hash() {
     let redis = Redis::start().unwrap();
@@ -537,7 +542,7 @@ async fn one_credential_fills_only_its_own_hash() {
             "--fleet-max-proxies-per-credential",
             "256",
             "--fleet-report-max-age-ms",
-            "60000",
+            &LONGEST_AGE_MS.to_string(),
         ],
     );
     let at = |ms: u64| T0_US + ms * MS;
@@ -545,7 +550,7 @@ async fn one_credential_fills_only_its_own_hash() {
         let state = state.clone();
         async move {
             let load = utilization(value);
-            fleet::report(&state, credential, &proxy, &load, 20_000, now_us)
+            fleet::report(&state, credential, &proxy, &load, LONG_INTERVAL_MS, now_us)
                 .await
                 .unwrap()
         }
@@ -579,9 +584,15 @@ async fn one_credential_fills_only_its_own_hash() {
     let aggregates = redis.text(&["HLEN", FLEET_CREDENTIALS_KEY]).unwrap();
     assert_eq!(aggregates, "4", "three credentials and the totals");
 
-    // 60 s on (fresh for 3 intervals of 20 s), the liar's reports are stale: its hash empties as
-    // it reports again, and a new id of its own gets in
-    let seen = fleet("liar", "liar/fake-new".into(), 1.0, at(61_100)).await;
+    // 90 minutes on (fresh for 3 intervals of 30), the liar's reports are stale: its hash
+    // empties as it reports again, and a new id of its own gets in
+    let seen = fleet(
+        "liar",
+        "liar/fake-new".into(),
+        1.0,
+        at(LONG_WINDOW_MS + 1_100),
+    )
+    .await;
     assert!(seen.recorded, "{seen:?}");
     assert_eq!(fields_under(&redis, "liar"), 1);
 }
@@ -610,7 +621,18 @@ fn count(answer: &Answer) -> Option<u64> {
 
 /// A sync of `proxy` (under `token`, or the shared one) that asks to be counted (or not).
 async fn share_sync(state: &AppState, token: Option<&str>, proxy: &str, counted: bool) -> Answer {
-    let mut body = sync_body(proxy, 100, None);
+    share_sync_every(state, token, proxy, counted, 100).await
+}
+
+/// [`share_sync`] of a proxy that syncs every `interval_ms`.
+async fn share_sync_every(
+    state: &AppState,
+    token: Option<&str>,
+    proxy: &str,
+    counted: bool,
+    interval_ms: u64,
+) -> Answer {
+    let mut body = sync_body(proxy, interval_ms, None);
     if counted {
         body["fleet_share"] = json!(true);
     }
@@ -628,7 +650,7 @@ async fn share_sync(state: &AppState, token: Option<&str>, proxy: &str, counted:
         None => post(state, "/v1/sync", &body).await,
     };
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
-    assert_granted(&answer, 100);
+    assert_granted(&answer, interval_ms);
     answer
 }
 
@@ -726,19 +748,30 @@ async fn a_proxy_stops_counting_after_its_window_and_a_long_interval_does_not_st
 /// --fleet-max-proxies-per-credential of them, so it adds at most that to the count; the proxies
 /// of the other credentials always count (it cannot take them out); its own id already counted
 /// renews; and when it stops, its ids go stale with their window.
+///
+/// Every share says 30 minutes (counted 90): the keys' expiry runs on Redis's
+/// own clock, and the loop renews nothing once the liar is full. With 1 s (counted 3 s) a loop
+/// slower than 3 s let the liar's key expire in its middle, and 16 more of its ids got in
+/// (9,969 refused, not 9,985: it failed so on a busy machine).
 #[tokio::test]
 async fn one_credential_adds_at_most_its_cap_and_takes_nothing_from_the_count() {
     let redis = Redis::start().unwrap();
+    let max_age = LONGEST_AGE_MS.to_string();
     let state = state_with_tokens(
         &redis,
         "edge-a tok-a\nedge-b tok-b\nliar tok-liar\n",
-        &["--fleet-max-proxies-per-credential", "16"],
+        &[
+            "--fleet-max-proxies-per-credential",
+            "16",
+            "--fleet-report-max-age-ms",
+            &max_age,
+        ],
     );
     let at = |ms: u64| T0_US + ms * MS;
     let share = |credential: &'static str, proxy: String, now_us: u64| {
         let state = state.clone();
         async move {
-            fleet::share(&state, credential, &proxy, 1_000, now_us)
+            fleet::share(&state, credential, &proxy, LONG_INTERVAL_MS, now_us)
                 .await
                 .unwrap()
         }
@@ -762,11 +795,16 @@ async fn one_credential_adds_at_most_its_cap_and_takes_nothing_from_the_count() 
     assert!(honest.recorded, "{honest:?}");
     assert_eq!(honest.proxies, 3 + 16);
     // through the HTTP API (Redis TIME, so alone: the made-up times are long past), the same:
-    // the liar's sync over its cap is answered, its id not counted
+    // the liar's sync over its cap is answered, its id not counted. Every minute (counted 3
+    // minutes): 17 calls, however slow, end before the first id goes stale.
+    let http = |proxy: String| {
+        let state = state.clone();
+        async move { share_sync_every(&state, Some("tok-liar"), &proxy, true, 60_000).await }
+    };
     for i in 0..16 {
-        share_sync(&state, Some("tok-liar"), &format!("http-{i}"), true).await;
+        http(format!("http-{i}")).await;
     }
-    let answer = share_sync(&state, Some("tok-liar"), "http-more", true).await;
+    let answer = http("http-more".into()).await;
     assert_eq!(count(&answer), Some(16), "{answer:?}");
     let text = metrics(&state).await;
     assert!(
@@ -779,14 +817,14 @@ async fn one_credential_adds_at_most_its_cap_and_takes_nothing_from_the_count() 
     share("liar", "liar/real".into(), at(1_001)).await;
     share("edge-b", "edge-b/p1".into(), at(0)).await;
 
-    // 3 s on (1 s interval: 3 s window), the liar stopped: only its renewed id still counts
-    // until its own window ends
-    let later = share("edge-a", "edge-a/p1".into(), at(3_500)).await;
+    // a window on (90 minutes), the liar stopped: only its renewed id still counts until its own
+    // window ends
+    let later = share("edge-a", "edge-a/p1".into(), at(LONG_WINDOW_MS + 500)).await;
     assert_eq!(
         later.proxies, 3,
         "edge-a/p1, edge-a/p2, liar/real: {later:?}"
     );
-    let later = share("edge-b", "edge-b/p1".into(), at(4_100)).await;
+    let later = share("edge-b", "edge-b/p1".into(), at(LONG_WINDOW_MS + 1_100)).await;
     assert_eq!(later.proxies, 2, "edge-a/p1 and edge-b/p1: {later:?}");
 }
 

@@ -103,7 +103,9 @@ async fn a_zipf_workload_through_three_proxies_is_answered_within_its_error_boun
         assert_eq!(at_most, count + error);
     }
     // Every key counted more than the error (plus the last count answered, when the list is
-    // full) is answered: its count is above every key left out.
+    // full) is answered. Not listing the largest counts alone (each credential keeps its own top
+    // 32 first), the answer still does here: both credentials see the one workload, so each one's
+    // top keys are the fleet's.
     let last = match listed.len() {
         64 => listed[63]["count"].as_u64().unwrap(),
         _ => 0,
@@ -183,4 +185,58 @@ async fn bad_reports_and_bad_queries_are_refused_naming_their_field() {
             "{query}: {message}"
         );
     }
+}
+
+/// A report of `keys` (name, count) denied under `api`, of `total` denials.
+fn denied(keys: &[(String, u64)], total: u64) -> Value {
+    let keys: Vec<Value> = keys
+        .iter()
+        .map(|(key, count)| json!({"key": format!("api\u{1f}{key}"), "count": count}))
+        .collect();
+    json!([{"rule": "api", "admitted": {"total": 0, "error": 0},
+            "denied": {"total": total, "error": 0, "keys": keys}}])
+}
+
+fn listed(answer: &common::Answer) -> Vec<String> {
+    answer.body["denied"]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["key"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Attacker's test: credential a reports the abuser it sees (1,000 denials); credential b, a
+/// liar, reports 64 made-up keys of 5,000 denials each, as many as a report may hold. The answer
+/// keeps a's abuser: each of the C credentials that reported the rule keeps its own top
+/// `limit / C` keys (here 32 of 64). With a limit below C, the slots go to the credentials'
+/// largest first keys: `limit=1` answers b's. (Before, `limit=64` listed only b's keys.)
+#[tokio::test]
+async fn one_credentials_made_up_keys_do_not_hide_anothers_abuser() {
+    let redis = Redis::start().unwrap();
+    let (state, _tokens, _admins) = state(&redis);
+    let abuser = vec![("mallory".to_string(), 1_000)];
+    let answer = sync(&state, "token-a", "p1", denied(&abuser, 1_000)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let made_up: Vec<(String, u64)> = (0..64).map(|i| (format!("fake{i:02}"), 5_000)).collect();
+    let answer = sync(&state, "token-b", "p2", denied(&made_up, 64 * 5_000)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+
+    let all = top_of(&state, "rule=api&window=5m&limit=64").await;
+    assert_eq!(all.status, StatusCode::OK, "{all:?}");
+    assert_eq!(all.body["credentials"], 2);
+    let keys = listed(&all);
+    assert_eq!(keys.len(), 64, "{keys:?}");
+    assert!(keys.contains(&"api\u{1f}mallory".to_string()), "{keys:?}");
+    // Listed largest first, with the counts summed over the credentials, as before.
+    let last = &all.body["denied"]["keys"][63];
+    assert_eq!(last["key"], "api\u{1f}mallory");
+    assert_eq!(last["count"], 1_000);
+    assert_eq!(all.body["denied"]["total"], 1_000 + 64 * 5_000);
+    // limit=2, two credentials: one each.
+    let two = listed(&top_of(&state, "rule=api&window=5m&limit=2").await);
+    assert_eq!(two, ["api\u{1f}fake00", "api\u{1f}mallory"]);
+    // limit=1, below the credentials: the largest first key, the liar's.
+    let one = listed(&top_of(&state, "rule=api&window=5m&limit=1").await);
+    assert_eq!(one, ["api\u{1f}fake00"]);
 }
