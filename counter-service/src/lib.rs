@@ -28,6 +28,7 @@ pub mod state;
 pub mod status;
 pub mod status_cache;
 pub mod sync_handler;
+pub mod tls;
 pub mod top;
 pub mod validate;
 

@@ -21,6 +21,13 @@ async fn main() -> ExitCode {
         eprintln!("sluice-counter-service: {reason}");
         return ExitCode::from(2);
     }
+    let tls = match settings.tls() {
+        Ok(tls) => tls.map(std::sync::Arc::new),
+        Err(reason) => {
+            eprintln!("sluice-counter-service: {reason}");
+            return ExitCode::from(2);
+        }
+    };
     let bind = settings.bind;
     let cluster = settings.is_cluster();
     let admin_api = settings.admin_tokens_file.is_some();
@@ -41,9 +48,13 @@ async fn main() -> ExitCode {
     let address = listener.local_addr().unwrap_or(bind);
     // One line on stdout that tools can wait for (the port is the real one with `--bind …:0`).
     println!("sluice-counter-service listening on {address}");
-    tracing::info!(%address, cluster, admin_api, "listening");
+    let https = tls.is_some();
+    tracing::info!(%address, cluster, admin_api, https, "listening");
+    if let Some(tls) = &tls {
+        tls.clone().watch();
+    }
 
-    let served = server::serve(listener, state, shutdown()).await;
+    let served = server::serve_with(listener, state, tls, shutdown()).await;
     match served {
         Ok(()) => {
             tracing::info!("stopped");

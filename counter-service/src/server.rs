@@ -1,7 +1,9 @@
 //! The HTTP/1.1 server: accepts at most `--max-connections` connections at once (more wait in the
 //! listen backlog), closes a connection that does not send a request's headers within
 //! `--header-read-timeout-ms` (also how long a kept-alive connection may stay idle), and drains
-//! on shutdown.
+//! on shutdown. With TLS ([`crate::tls`]), each connection's handshake runs in its own task and
+//! must end within the header read timeout; a client that speaks plain HTTP to it is closed
+//! without an answer.
 
 use std::future::Future;
 use std::io;
@@ -17,6 +19,7 @@ use tokio::sync::Semaphore;
 
 use crate::app::app;
 use crate::state::AppState;
+use crate::tls::Tls;
 
 /// How long to wait after a failed `accept` (out of file descriptors, say) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -27,6 +30,16 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    serve_with(listener, state, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is given (HTTPS only: no plain HTTP on the same port).
+pub async fn serve_with(
+    listener: TcpListener,
+    state: AppState,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let settings = state.settings.clone();
@@ -62,13 +75,36 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let connection =
-            graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
         let metrics = metrics.clone();
         metrics.connections.inc();
+        let Some(tls) = &tls else {
+            let connection =
+                graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+            tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "connection closed");
+                }
+                metrics.connections.dec();
+                drop(permit);
+            });
+            continue;
+        };
+        // The certificate loaded last serves this connection, for as long as it lasts.
+        let acceptor = tls.acceptor();
+        let watcher = graceful.watcher();
+        let (http, service) = (http.clone(), service.clone());
+        let handshake_timeout = settings.header_read_timeout();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "connection closed");
+            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    let connection =
+                        watcher.watch(http.serve_connection(TokioIo::new(stream), service));
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, "connection closed");
+                    }
+                }
+                Ok(Err(error)) => tracing::debug!(%error, "tls handshake failed"),
+                Err(_) => tracing::debug!("tls handshake timed out"),
             }
             metrics.connections.dec();
             drop(permit);

@@ -55,6 +55,16 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_ADMIN_TOKENS_FILE", value_name = "PATH")]
     pub admin_tokens_file: Option<PathBuf>,
 
+    /// PEM certificate chain the service presents, with --tls-key-file: it then serves HTTPS
+    /// only (TLS 1.2 and 1.3). Both files are read again on SIGHUP and when either changes; a
+    /// reload that fails keeps the certificate in use.
+    #[arg(long, env = "SLUICE_TLS_CERT_FILE", value_name = "PATH")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert-file's certificate (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "SLUICE_TLS_KEY_FILE", value_name = "PATH")]
+    pub tls_key_file: Option<PathBuf>,
+
     /// The filter configuration the proxies run (the JSON of the plugin's `configuration`). With
     /// it, every admin PUT of limits or keys is checked as the proxies check it (an unknown rule
     /// or tier, limits a rule refuses, the memory their sliding logs take, a key that can match
@@ -260,7 +270,22 @@ impl Settings {
         if self.redis_nodes().is_empty() {
             return Err("--redis-url (SLUICE_REDIS_URL) is empty".into());
         }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => return Err("--tls-cert-file needs --tls-key-file".into()),
+            (None, Some(_)) => return Err("--tls-key-file needs --tls-cert-file".into()),
+            _ => {}
+        }
         Ok(())
+    }
+
+    /// The certificate to serve HTTPS with, read from --tls-cert-file and --tls-key-file;
+    /// `None` without them (plain HTTP). The reason names the flag whose file is wrong.
+    pub fn tls(&self) -> Result<Option<crate::tls::Tls>, String> {
+        self.validate()?;
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => crate::tls::Tls::load(cert, key).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// The Redis URLs: one for a single Redis, the seed nodes for a cluster.

@@ -1,6 +1,7 @@
 //! Fixtures for sluice's tests: Redis and Redis Cluster, the counter service, Envoy and nginx, each a real
 //! process on loopback ports, stopped when dropped. The proxy-wasm host lives in `sluice-host`.
 
+pub mod certs;
 pub mod contract;
 pub mod envoy;
 pub mod grpc;

@@ -6,4 +6,4 @@ mod process;
 
 pub use binary::service_binary;
 pub use client::Reply;
-pub use process::{Service, ServiceOptions};
+pub use process::{Service, ServiceOptions, ServiceTls};

@@ -28,6 +28,17 @@ pub struct ServiceOptions {
     pub bind: Option<SocketAddr>,
     /// The service's `RUST_LOG`.
     pub log_filter: String,
+    /// HTTPS: the certificate and key it serves (`--tls-cert-file`, `--tls-key-file`) and the
+    /// authority the fixture's own client trusts; `None`: plain HTTP.
+    pub tls: Option<ServiceTls>,
+}
+
+/// What a service started with HTTPS serves, and what its test client trusts.
+#[derive(Debug, Clone)]
+pub struct ServiceTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub ca_pem: String,
 }
 
 impl ServiceOptions {
@@ -38,7 +49,14 @@ impl ServiceOptions {
             args: Vec::new(),
             bind: None,
             log_filter: "info".to_owned(),
+            tls: None,
         }
+    }
+
+    /// Serves HTTPS with `tls`'s certificate; the fixture's client trusts its authority.
+    pub fn tls(mut self, tls: ServiceTls) -> ServiceOptions {
+        self.tls = Some(tls);
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<String>) -> ServiceOptions {
@@ -65,6 +83,10 @@ impl Service {
 
     /// Starts the service on a free loopback port and waits until `/healthz` answers 200.
     pub fn start_with(options: ServiceOptions) -> Result<Service> {
+        let agent = match &options.tls {
+            Some(tls) => crate::certs::agent_trusting(&tls.ca_pem)?,
+            None => agent(),
+        };
         let mut service = Service {
             options,
             binary: service_binary()?,
@@ -73,7 +95,7 @@ impl Service {
                 .tempdir()?,
             address: None,
             child: None,
-            agent: agent(),
+            agent,
         };
         service.restart()?;
         Ok(service)
@@ -84,11 +106,15 @@ impl Service {
         self.address
     }
 
-    /// `http://127.0.0.1:<port>`
+    /// `http://127.0.0.1:<port>` (`https://` when it serves TLS).
     pub fn url(&self) -> String {
+        let scheme = match self.options.tls {
+            Some(_) => "https",
+            None => "http",
+        };
         match self.address {
-            Some(address) => format!("http://{address}"),
-            None => "http://127.0.0.1:0".into(),
+            Some(address) => format!("{scheme}://{address}"),
+            None => format!("{scheme}://127.0.0.1:0"),
         }
     }
 
@@ -221,6 +247,14 @@ impl Service {
             // The environment, not a flag: flags show in the process list.
             .env("SLUICE_TOKEN", &self.options.token)
             .args(&self.options.args)
+            .args(self.options.tls.iter().flat_map(|tls| {
+                [
+                    "--tls-cert-file".as_ref(),
+                    tls.cert_file.as_os_str(),
+                    "--tls-key-file".as_ref(),
+                    tls.key_file.as_os_str(),
+                ]
+            }))
             .env("RUST_LOG", &self.options.log_filter)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,0 +1,194 @@
+//! HTTPS: the certificate and key the service presents (`--tls-cert-file`, `--tls-key-file`),
+//! read once at start (a file that cannot be read or parsed stops the start, naming its flag) and
+//! again on SIGHUP or when either file changes (checked every [`WATCH_INTERVAL`]). A reload that
+//! fails keeps the certificate in use and logs why; one that succeeds serves every connection
+//! accepted after it, while connections already open keep theirs (a reload never drops a request
+//! in flight). rustls with ring: TLS 1.2 and 1.3, no OpenSSL.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{self, ServerConfig};
+use tokio_rustls::TlsAcceptor;
+
+/// How often the files' modification times are compared with the last loaded ones.
+pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Most bytes read from a certificate or key file (a chain of a few certificates is a few KiB).
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The certificate in use, and where it comes from.
+pub struct Tls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    current: RwLock<Loaded>,
+}
+
+struct Loaded {
+    acceptor: TlsAcceptor,
+    /// The files' modification times when they were read.
+    stamps: (Option<SystemTime>, Option<SystemTime>),
+}
+
+impl Tls {
+    /// Reads and checks the certificate chain and its key. The reason names the flag whose file
+    /// is wrong; it never quotes a file's content.
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Tls, String> {
+        let loaded = read(cert_file, key_file)?;
+        Ok(Tls {
+            cert_file: cert_file.to_owned(),
+            key_file: key_file.to_owned(),
+            current: RwLock::new(loaded),
+        })
+    }
+
+    /// What accepts the next connection: the certificate loaded last.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        match self.current.read() {
+            Ok(current) => current.acceptor.clone(),
+            Err(poisoned) => poisoned.into_inner().acceptor.clone(),
+        }
+    }
+
+    /// Reads the files again; on success the new certificate serves the connections accepted
+    /// from now on. On failure the one in use stays, and the reason is returned.
+    pub fn reload(&self) -> Result<(), String> {
+        let loaded = read(&self.cert_file, &self.key_file)?;
+        match self.current.write() {
+            Ok(mut current) => *current = loaded,
+            Err(poisoned) => *poisoned.into_inner() = loaded,
+        }
+        Ok(())
+    }
+
+    /// Whether either file changed since it was read last (a file that cannot be stat'ed counts
+    /// as changed, so a reload says why).
+    fn changed(&self) -> bool {
+        let now = stamps(&self.cert_file, &self.key_file);
+        let then = match self.current.read() {
+            Ok(current) => current.stamps,
+            Err(poisoned) => poisoned.into_inner().stamps,
+        };
+        now != then || now.0.is_none() || now.1.is_none()
+    }
+
+    /// Reloads on SIGHUP and when a file changes, for as long as the process runs. A failed
+    /// reload from a change is tried again at the next change only (not every second).
+    pub fn watch(self: Arc<Tls>) {
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            let mut hangup =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            let mut failed_at = None;
+            loop {
+                #[cfg(unix)]
+                let signalled = match hangup.as_mut() {
+                    Some(signal) => tokio::select! {
+                        _ = signal.recv() => true,
+                        () = tokio::time::sleep(WATCH_INTERVAL) => false,
+                    },
+                    None => {
+                        tokio::time::sleep(WATCH_INTERVAL).await;
+                        false
+                    }
+                };
+                #[cfg(not(unix))]
+                let signalled = {
+                    tokio::time::sleep(WATCH_INTERVAL).await;
+                    false
+                };
+                let now = stamps(&self.cert_file, &self.key_file);
+                if !signalled && (!self.changed() || failed_at == Some(now)) {
+                    continue;
+                }
+                match self.reload() {
+                    Ok(()) => {
+                        failed_at = None;
+                        tracing::info!(
+                            cert = %self.cert_file.display(),
+                            signalled,
+                            "tls: certificate reloaded"
+                        );
+                    }
+                    Err(reason) => {
+                        failed_at = Some(now);
+                        tracing::error!(
+                            "tls: reload refused, the certificate in use is kept: {reason}"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn stamps(cert: &Path, key: &Path) -> (Option<SystemTime>, Option<SystemTime>) {
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    (modified(cert), modified(key))
+}
+
+fn read(cert_file: &Path, key_file: &Path) -> Result<Loaded, String> {
+    // The stamps first: a file written while it is read is read again at the next check.
+    let stamps = stamps(cert_file, key_file);
+    let cert_pem = bounded("--tls-cert-file", cert_file)?;
+    let key_pem = bounded("--tls-key-file", key_file)?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            format!(
+                "--tls-cert-file {}: not a PEM certificate chain",
+                cert_file.display()
+            )
+        })?;
+    if chain.is_empty() {
+        return Err(format!(
+            "--tls-cert-file {}: no certificate in it (PEM, -----BEGIN CERTIFICATE-----)",
+            cert_file.display()
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| {
+        format!(
+            "--tls-key-file {}: no private key in it (PEM: PKCS#8, PKCS#1 or SEC1)",
+            key_file.display()
+        )
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| format!("tls: {error}"))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|error| {
+            format!(
+                "--tls-key-file {}: does not go with --tls-cert-file {}: {error}",
+                key_file.display(),
+                cert_file.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Loaded {
+        acceptor: TlsAcceptor::from(Arc::new(config)),
+        stamps,
+    })
+}
+
+/// A file's bytes, at most [`MAX_FILE_BYTES`]; the reason names `flag`.
+fn bounded(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file =
+        std::fs::File::open(path).map_err(|error| format!("{flag} {}: {error}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| format!("{flag} {}: {error}", path.display()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{flag} {}: larger than {MAX_FILE_BYTES} bytes",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,397 @@
+//! The hop from the proxies to the counter service over TLS, all real parts on loopback: the service serving
+//! HTTPS (`--tls-cert-file`, `--tls-key-file`) with certificates the tests make (`sluice_tests::certs`), and Envoy
+//! calling it through a cluster with an `UpstreamTlsContext` that checks the service's certificate against a CA
+//! and a name (`envoy/sluice-service.yaml.tmpl` with that transport socket added, as docs/deploy.md shows). A proxy
+//! that trusts the service syncs and its limits hold; one whose CA, expected name or the service's certificate's
+//! dates are wrong never sends its token in the clear: its callouts fail, the breaker opens, and the fallback
+//! decides. The service refuses plain HTTP on its TLS port, and a certificate swapped on disk (for garbage, then
+//! for a renewed one) is taken or refused without dropping a connection.
+#![cfg(all(feature = "envoy", feature = "redis"))]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_tests::certs::{agent_trusting, Authority, Issued};
+use sluice_tests::envoy::{agent, get, wasm_path, DerivedTemplate, Envoy, EnvoyOptions, Template};
+use sluice_tests::eventually;
+use sluice_tests::redis::Redis;
+use sluice_tests::service::{Service, ServiceOptions, ServiceTls};
+
+static MACHINE: Mutex<()> = Mutex::new(());
+
+/// One test at a time: each starts Envoy, the service and Redis.
+fn machine() -> MutexGuard<'static, ()> {
+    MACHINE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The name the proxies expect the service's certificate to carry (and send as SNI).
+const SERVICE_NAME: &str = "sluice-service.internal";
+
+/// The cluster `sluice_service` of `envoy/sluice-service.yaml.tmpl`, made to speak TLS: the CA it trusts, the name
+/// it sends (SNI) and requires in the certificate.
+fn tls_template() -> DerivedTemplate {
+    DerivedTemplate::edited(
+        &Template::SluiceService,
+        &[(
+            "  - name: sluice_service\n    type: STATIC\n",
+            "  - name: sluice_service\n    type: STATIC\n    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        sni: \"{{SERVICE_NAME}}\"\n        common_tls_context:\n          validation_context:\n            trusted_ca: { filename: \"{{SERVICE_CA}}\" }\n            match_typed_subject_alt_names:\n            - san_type: DNS\n              matcher: { exact: \"{{SERVICE_NAME}}\" }\n",
+        )],
+    )
+    .unwrap()
+}
+
+/// sluice's configuration: one cached rule of 50 a minute for everyone, 3 a minute from its fallback, a quick
+/// breaker.
+fn config(token: &str) -> String {
+    json!({
+        "headers": "both",
+        "service": {
+            "cluster": "sluice_service",
+            "authority": SERVICE_NAME,
+            "token": token,
+            "timeout_ms": 300,
+            "sync_interval_ms": 100,
+            "breaker_failures": 2,
+            "breaker_cooldown_ms": 60000,
+        },
+        "rules": [{
+            "name": "shared",
+            "key": ["const:all"],
+            "consistency": "cached",
+            "limits": [{"requests": 50, "per": "minute"}],
+            "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]},
+        }],
+    })
+    .to_string()
+}
+
+/// Envoy calling the service on `service_port` over TLS, trusting `ca_file` and expecting `name`.
+fn start_envoy(
+    template: &DerivedTemplate,
+    service_port: u16,
+    ca_file: &std::path::Path,
+    name: &str,
+    token: &str,
+) -> Envoy {
+    Envoy::start(EnvoyOptions {
+        template: template.template(),
+        plugin_config_json: config(token),
+        concurrency: 2,
+        placeholders: vec![
+            (
+                "WASM".to_owned(),
+                wasm_path().unwrap().display().to_string(),
+            ),
+            ("SERVICE_PORT".to_owned(), service_port.to_string()),
+            ("SERVICE_CA".to_owned(), ca_file.display().to_string()),
+            ("SERVICE_NAME".to_owned(), name.to_owned()),
+        ],
+    })
+    .unwrap()
+}
+
+fn tls_options(redis: &Redis, ca: &Authority, issued: &Issued) -> ServiceOptions {
+    ServiceOptions::new(redis.url()).tls(ServiceTls {
+        cert_file: issued.cert_file.clone(),
+        key_file: issued.key_file.clone(),
+        ca_pem: ca.ca_pem.clone(),
+    })
+}
+
+fn tls_service(redis: &Redis, ca: &Authority, issued: &Issued) -> Service {
+    Service::start_with(tls_options(redis, ca, issued)).unwrap()
+}
+
+/// How many certificate reloads the service logged.
+fn reloads(service: &Service) -> usize {
+    service.log().matches("certificate reloaded").count()
+}
+
+/// A proxy that trusts the service's CA and name syncs over TLS, and the shared limit holds: 50 a minute, far
+/// more than the fallback's 3.
+#[test]
+fn a_proxy_that_trusts_the_service_syncs_over_tls_and_its_limit_holds() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("service").unwrap();
+    let issued = ca.issue("service", &[SERVICE_NAME, "127.0.0.1"]).unwrap();
+    let service = tls_service(&redis, &ca, &issued);
+    let port = service.address().unwrap().port();
+    let template = tls_template();
+    let envoy = start_envoy(
+        &template,
+        port,
+        &ca.ca_file(),
+        SERVICE_NAME,
+        service.token(),
+    );
+    let client = agent();
+    let url = envoy.url("/api/x");
+
+    // The first requests are the fallback's (no lease yet); once a sync answered, the lease decides.
+    let synced = eventually(Duration::from_secs(10), || {
+        let _ = get(&client, &url, &[]);
+        envoy.stat("wasmcustom.sluice.sync.ok") > 0
+    });
+    assert!(
+        synced,
+        "no sync over TLS; {:?}\nservice log:\n{}",
+        envoy.sluice_stats(),
+        service.log()
+    );
+    let statuses: Vec<u16> = (0..80)
+        .map(|_| get(&client, &url, &[]).unwrap().status)
+        .collect();
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    // Up to 50 in the minute, less what the warm-up spent; far above the fallback's 3; never more than the limit
+    // plus what the fallback admitted before the first lease.
+    assert!(
+        (20..=53).contains(&admitted),
+        "{admitted} admitted: {statuses:?}"
+    );
+    assert_eq!(
+        envoy.stat("wasmcustom.sluice.sync.failed"),
+        0,
+        "{:?}",
+        envoy.sluice_stats()
+    );
+    assert!(service.metric("sluice_syncs_total") > 0);
+}
+
+/// What a misconfigured proxy does: its CA is not the service's, or the service's certificate is for another name or
+/// expired. Each time Envoy refuses the handshake: no sync succeeds, the breaker opens, and the fallback decides
+/// (3 of 10 admitted). The service counts no request from it.
+#[test]
+fn a_proxy_that_cannot_verify_the_service_falls_back_and_syncs_nothing() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("service").unwrap();
+    let other = Authority::new("other").unwrap();
+    let template = tls_template();
+    // (what, the certificate the service serves, the CA Envoy trusts)
+    let cases: [(&str, Issued, std::path::PathBuf); 3] = [
+        (
+            "a CA that is not the service's",
+            ca.issue("right", &[SERVICE_NAME, "127.0.0.1"]).unwrap(),
+            other.ca_file(),
+        ),
+        (
+            "a certificate for another name",
+            ca.issue("wrong-name", &["someone-else.internal", "127.0.0.1"])
+                .unwrap(),
+            ca.ca_file(),
+        ),
+        (
+            "an expired certificate",
+            ca.issue_expired("expired", &[SERVICE_NAME, "127.0.0.1"])
+                .unwrap(),
+            ca.ca_file(),
+        ),
+    ];
+    for (what, served, trusted) in cases {
+        // The fixture's own client checks the certificate too: the service starts with a valid one, then the
+        // certificate of the case is put in its place (a reload).
+        let valid = ca.issue("valid", &[SERVICE_NAME, "127.0.0.1"]).unwrap();
+        let service = tls_service(&redis, &ca, &valid);
+        std::fs::copy(&served.key_file, &valid.key_file).unwrap();
+        std::fs::copy(&served.cert_file, &valid.cert_file).unwrap();
+        let swapped = eventually(Duration::from_secs(10), || {
+            reloads(&service) >= 1 && !service.log().contains("reload refused")
+        });
+        assert!(swapped, "{what}: not reloaded:\n{}", service.log());
+        let port = service.address().unwrap().port();
+        let envoy = start_envoy(&template, port, &trusted, SERVICE_NAME, service.token());
+        let client = agent();
+        let url = envoy.url("/api/x");
+        let mut statuses = Vec::new();
+        let open = eventually(Duration::from_secs(10), || {
+            statuses.push(get(&client, &url, &[]).unwrap().status);
+            envoy.stat("wasmcustom.sluice.breaker.open") == 1
+        });
+        assert!(
+            open,
+            "{what}: the breaker did not open; {:?}",
+            envoy.sluice_stats()
+        );
+        statuses.extend((0..10).map(|_| get(&client, &url, &[]).unwrap().status));
+        // No lease ever came: the fallback's 3 a minute, and no more.
+        let admitted = statuses.iter().filter(|s| **s == 200).count();
+        assert_eq!(admitted, 3, "{what}: {statuses:?}");
+        assert_eq!(
+            envoy.stat("wasmcustom.sluice.sync.ok"),
+            0,
+            "{what}: {:?}",
+            envoy.sluice_stats()
+        );
+        assert!(
+            envoy.stat("wasmcustom.sluice.sync.failed") > 0,
+            "{what}: {:?}",
+            envoy.sluice_stats()
+        );
+        // The service answered no sync.
+        assert_eq!(service.metric("sluice_syncs_total"), 0, "{what}");
+    }
+}
+
+/// A proxy pointed at an endpoint that does not speak TLS (here, a listener that records every byte it gets) sends a
+/// TLS ClientHello and nothing else: its token never crosses the network in the clear.
+#[test]
+fn a_proxy_never_sends_its_token_in_plaintext() {
+    let _machine = machine();
+    let ca = Authority::new("service").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(false).unwrap();
+    let recorder = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        // At most 8 connections, each read until Envoy gives up on it (bounded by a read timeout).
+        for _ in 0..8 {
+            let Ok((mut stream, _)) = listener.accept() else {
+                break;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(1500)));
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = stream.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buffer[..n]);
+            }
+            if seen.len() > 16 * 1024 {
+                break;
+            }
+        }
+        seen
+    });
+    let token = "a-token-that-must-never-be-seen-in-clear";
+    let template = tls_template();
+    let envoy = start_envoy(&template, port, &ca.ca_file(), SERVICE_NAME, token);
+    let client = agent();
+    let url = envoy.url("/api/x");
+    let open = eventually(Duration::from_secs(10), || {
+        let _ = get(&client, &url, &[]);
+        envoy.stat("wasmcustom.sluice.breaker.open") == 1
+    });
+    assert!(open, "the breaker did not open; {:?}", envoy.sluice_stats());
+    drop(envoy);
+    // Wake the recorder if it waits for a ninth connection.
+    for _ in 0..8 {
+        let _ = TcpStream::connect(("127.0.0.1", port)).map(|mut s| s.write_all(b""));
+    }
+    let seen = recorder.join().unwrap();
+    assert!(!seen.is_empty(), "Envoy never connected");
+    assert_eq!(
+        seen[0],
+        0x16,
+        "the first byte is not a TLS handshake record: {:?}",
+        &seen[..seen.len().min(16)]
+    );
+    let text = String::from_utf8_lossy(&seen);
+    assert!(!text.contains(token), "the token crossed in the clear");
+    assert!(
+        !text.contains("POST /v1/"),
+        "a request crossed in the clear"
+    );
+}
+
+/// The TLS port answers no plain HTTP, and stays up; a certificate swapped for garbage is refused (the one in use is
+/// kept, an error is logged), one swapped for a renewed certificate (another CA here, so the client can tell) serves
+/// the connections accepted after it, while a connection opened before it keeps working (SIGHUP and the file
+/// watch both reload).
+#[test]
+fn the_service_refuses_plain_http_and_reloads_its_certificate_without_dropping_a_connection() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("first").unwrap();
+    let renewed_ca = Authority::new("renewed").unwrap();
+    let issued = ca.issue("service", &["127.0.0.1"]).unwrap();
+    // Kept-alive connections stay open for a minute, so the one opened first outlives the reloads.
+    let service = Service::start_with(
+        tls_options(&redis, &ca, &issued)
+            .arg("--header-read-timeout-ms")
+            .arg("60000"),
+    )
+    .unwrap();
+    let address = service.address().unwrap();
+    let status = |agent: &ureq::Agent| {
+        agent
+            .get(format!("https://{address}/v1/status"))
+            .call()
+            .map_err(|e| e.to_string())
+            .and_then(|mut r| {
+                // Read whole, so the connection goes back to the agent's pool.
+                let status = r.status().as_u16();
+                r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+                Ok(status)
+            })
+    };
+
+    // Plain HTTP to the TLS port: no HTTP answer.
+    let mut plain = TcpStream::connect(address).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    plain
+        .write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(
+        !String::from_utf8_lossy(&answer).starts_with("HTTP/"),
+        "plain HTTP was answered: {answer:?}"
+    );
+
+    let first = agent_trusting(&ca.ca_pem).unwrap();
+    assert_eq!(status(&first), Ok(200));
+
+    // Garbage in place of the certificate: refused, the old one kept.
+    std::fs::write(&issued.cert_file, "not a certificate\n").unwrap();
+    let refused = eventually(Duration::from_secs(10), || {
+        service.log().contains("reload refused")
+    });
+    assert!(refused, "no refusal logged:\n{}", service.log());
+    assert_eq!(
+        status(&agent_trusting(&ca.ca_pem).unwrap()),
+        Ok(200),
+        "the old certificate still serves"
+    );
+
+    // A renewed certificate, by another CA: new connections get it; the kept-alive one still works.
+    let renewed = renewed_ca.issue("renewed", &["127.0.0.1"]).unwrap();
+    std::fs::copy(&renewed.key_file, &issued.key_file).unwrap();
+    std::fs::copy(&renewed.cert_file, &issued.cert_file).unwrap();
+    let second = agent_trusting(&renewed_ca.ca_pem).unwrap();
+    let taken = eventually(Duration::from_secs(10), || status(&second) == Ok(200));
+    assert!(
+        taken,
+        "the renewed certificate was not taken:\n{}",
+        service.log()
+    );
+    assert_eq!(
+        status(&first),
+        Ok(200),
+        "the connection opened before the reload was dropped"
+    );
+    assert!(
+        status(&agent_trusting(&ca.ca_pem).unwrap()).is_err(),
+        "a new connection still got the old certificate"
+    );
+    let after_renewal = reloads(&service);
+    assert!(after_renewal >= 1, "{}", service.log());
+
+    // SIGHUP reloads too (the files unchanged: the same certificate again).
+    // SAFETY: kill(2) on the pid of the service this test started.
+    unsafe {
+        libc::kill(service.pid().unwrap() as libc::pid_t, libc::SIGHUP);
+    }
+    let again = eventually(Duration::from_secs(10), || {
+        reloads(&service) > after_renewal
+    });
+    assert!(again, "SIGHUP did not reload:\n{}", service.log());
+    assert_eq!(status(&second), Ok(200));
+}
