@@ -663,3 +663,153 @@ fn a_lease_that_runs_out_starts_a_penalty_only_when_the_key_is_over() {
     apply_lease(&limiter, rule, ALICE, &answer(5, 58, 0), T0 + 1, &mut store).unwrap();
     assert!(decided(&limiter, "alice", T0 + 1, &mut store).is_some());
 }
+
+// A rule's missing bucket (requests without a key part) is shared by every such client: it is
+// limited, but never put into a penalty.
+
+/// A request of `cookie` (none when empty) at `now` answered `status`: its reply when sluice
+/// answered it, `None` when it went upstream.
+fn with_cookie(
+    limiter: &Limiter,
+    cookie: &str,
+    status: u32,
+    now: u64,
+    store: &mut MemoryStore,
+) -> Option<sluice_core::Reply> {
+    let mut request = PlainRequest::get("/login");
+    if !cookie.is_empty() {
+        request = request.with_header("cookie", cookie);
+    }
+    let (mut exchange, step) = start(limiter, &mut request, now, store);
+    match step {
+        Step::Continue => {
+            exchange.response_status(limiter, status, now, store);
+            None
+        }
+        Step::Respond(reply) => Some(reply),
+        other => panic!("{other:?}"),
+    }
+}
+
+const SESSION_PENALTY: &str = r#"{"headers": "legacy", "rules": [{"name": "login",
+    "key": ["cookie:sid"], "count_when": {"statuses": [401]}, "penalty": "10m",
+    "limits": [{"requests": 3, "per": "minute"}]}]}"#;
+
+fn retry_after(reply: &sluice_core::Reply) -> u64 {
+    reply.headers.get("retry-after").unwrap().parse().unwrap()
+}
+
+/// Attacker's test: a client without the session cookie fails logins until the rule's missing
+/// bucket is over. Every cookieless client (every fresh browser) shares that bucket: it is
+/// denied while the bucket is over, for the limit's wait, never for the 10-minute penalty; a
+/// session that went over still gets its penalty.
+#[test]
+fn failures_without_the_cookie_never_put_every_cookieless_client_into_a_penalty() {
+    let limiter = limiter(SESSION_PENALTY);
+    let mut store = MemoryStore::default();
+    for (i, cookie) in ["", "theme=dark", "sid=", "sid=\"\""]
+        .into_iter()
+        .enumerate()
+    {
+        let i = i as u64;
+        if i < 3 {
+            assert!(with_cookie(&limiter, cookie, 401, T0 + i, &mut store).is_none());
+        } else {
+            let denied = with_cookie(&limiter, cookie, 401, T0 + i, &mut store).unwrap();
+            assert!(retry_after(&denied) <= 60, "the limit's wait: {denied:?}");
+        }
+    }
+    // A newcomer a minute on: the bucket has room again, and no penalty holds it.
+    for (i, cookie) in ["", "theme=light", "sid="].into_iter().enumerate() {
+        let at = T0 + 61 * SECOND + i as u64 * 20 * SECOND;
+        assert!(
+            with_cookie(&limiter, cookie, 200, at, &mut store).is_none(),
+            "{cookie:?}: locked out by another client's failures"
+        );
+    }
+    // A session's own failures still start its penalty.
+    for i in 0..3 {
+        assert!(with_cookie(&limiter, "sid=mallory", 401, T0 + i, &mut store).is_none());
+    }
+    let denied = with_cookie(&limiter, "sid=mallory", 200, T0 + 3, &mut store).unwrap();
+    assert_eq!(retry_after(&denied), 600);
+    assert!(with_cookie(&limiter, "sid=mallory", 200, T0 + 300 * SECOND, &mut store).is_some());
+}
+
+/// The same through the counter service: a cached rule's missing bucket asks it for no penalty
+/// (its sync entry and a strict check carry none, so the service starts none) and takes none it
+/// answers; a key whose other parts make it long (replaced by its digest) is still the missing
+/// bucket. A session's key carries the rule's penalty.
+#[test]
+fn a_missing_bucket_asks_the_service_for_no_penalty_and_takes_none() {
+    use sluice_core::limiter::key::{build, in_missing_bucket, MAX_KEY_BYTES};
+    let json = r#"{"headers": "legacy", "service": {"cluster": "svc", "token": "t"},
+        "rules": [{"name": "login", "key": ["header:x-user", "cookie:sid"],
+        "consistency": "cached", "penalty": "10m",
+        "limits": [{"requests": 100, "per": "minute"}]}]}"#;
+    let limiter = limiter(json);
+    let rule = RuleId::new(0);
+    let long = "a".repeat(MAX_KEY_BYTES);
+    for (user, cookie, penalty_ms) in [
+        ("alice", "", 0),
+        (long.as_str(), "", 0),
+        ("alice", "sid=s1", 600_000),
+        (long.as_str(), "sid=s1", 600_000),
+    ] {
+        let what = format!("{} bytes of user, cookie {cookie:?}", user.len());
+        let request = || {
+            let request = login(user);
+            if cookie.is_empty() {
+                request
+            } else {
+                request.with_header("cookie", cookie)
+            }
+        };
+        let keys = build(&limiter.policy().rules[0], &mut request());
+        let [key] = keys.as_slice() else {
+            panic!("{keys:?}")
+        };
+        assert!(key.len() <= MAX_KEY_BYTES, "{what}");
+        assert_eq!(in_missing_bucket(key), penalty_ms == 0, "{what}: {key:?}");
+        let mut store = MemoryStore::default();
+        let _ = limiter.decide(&mut request(), up(T0), &mut store);
+        let Taken::Entry(entry) = take(&limiter, rule, key, T0, 100_000, &mut store) else {
+            panic!("{what}: an entry");
+        };
+        assert_eq!(entry.penalty_ms, penalty_ms, "{what}: the sync entry");
+        // Another proxy's traffic (or an older proxy) put the key in a penalty at the service.
+        apply_lease(
+            &limiter,
+            rule,
+            key,
+            &answer(50, 50, 400_000),
+            T0 + 1,
+            &mut store,
+        )
+        .unwrap();
+        let denied = !matches!(
+            limiter
+                .decide(&mut request(), up(T0 + 2), &mut store)
+                .decision,
+            sluice_core::Decision::Allow { .. }
+        );
+        assert_eq!(denied, penalty_ms > 0, "{what}: the answered penalty");
+
+        let strict = self::limiter(&json.replace("cached", "strict"));
+        let (_, _, effects) = Exchange::start(
+            &strict,
+            &mut request(),
+            None,
+            Moment::at(T0),
+            &mut MemoryStore::default(),
+        );
+        let checks: Vec<_> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Check { request, .. } => Some(request.penalty_ms),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(checks, vec![penalty_ms], "{what}: the strict check");
+    }
+}
