@@ -813,3 +813,58 @@ fn a_missing_bucket_asks_the_service_for_no_penalty_and_takes_none() {
         assert_eq!(checks, vec![penalty_ms], "{what}: the strict check");
     }
 }
+
+/// Attacker's test: a session in its penalty sent as `a=1, sid=victim` (or with white space
+/// between the pairs): RFC 6265 reads one cookie `a` of `1, sid=victim`, Python's `http.cookies`
+/// reads `sid=victim`. The request is counted against both readings: still in the penalty.
+#[test]
+fn a_cookie_after_a_comma_or_a_space_is_still_in_its_penalty() {
+    let limiter = limiter(SESSION_PENALTY);
+    let mut store = MemoryStore::default();
+    for i in 0..3 {
+        assert!(with_cookie(&limiter, "sid=victim", 401, T0 + i, &mut store).is_none());
+    }
+    assert!(with_cookie(&limiter, "sid=victim", 200, T0 + 3, &mut store).is_some());
+    for (i, cookie) in [
+        "a=1, sid=victim",
+        "a=1 sid=victim",
+        "a=1,sid=victim",
+        "a=1\tsid=victim",
+        "a=1 ,  sid=victim ",
+        "sid=victim, a=1",
+        "sid=victim a=1",
+        "theme=dark; a=1, sid=\"victim\"",
+        "a=1, s%69d=vict%69m",
+        "sid=x, sid=victim",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let at = T0 + 60 * SECOND + i as u64;
+        assert!(
+            with_cookie(&limiter, cookie, 200, at, &mut store).is_some(),
+            "{cookie:?} escaped the penalty of sid=victim"
+        );
+    }
+    // Another session spelled so is its own key, not the victim's.
+    assert!(with_cookie(&limiter, "a=1, sid=bob", 200, T0 + 70 * SECOND, &mut store).is_none());
+}
+
+/// What each reading yields, and a header of many such pairs is read once more at most: the last
+/// value is still found behind 100,000 pairs holding commas and spaces.
+#[test]
+fn the_pairs_inside_a_pair_are_read_too() {
+    use sluice_core::request::cookie_values;
+    let values = |header: &str| cookie_values(&[header.to_string()], "sid");
+    assert_eq!(values("a=1, sid=x"), vec!["x"]);
+    assert_eq!(values("sid=x, a=1"), vec!["x, a=1", "x"]);
+    assert_eq!(values("sid=x, sid=y"), vec!["x, sid=y", "x", "y"]);
+    assert_eq!(values("sid=x y"), vec!["x y", "x"]);
+    assert_eq!(values("sid=x,y"), vec!["x,y", "x"]);
+    assert_eq!(values("sid=x"), vec!["x"]);
+    assert_eq!(values("sid = x"), vec!["x"]);
+    assert!(values("a=1, b=2 c=3").is_empty());
+    assert!(values("a=1, sid=, sid=\"\"").is_empty());
+    let many: String = (0..100_000).map(|i| format!("c{i}=1, d=2 e=3; ")).collect();
+    assert_eq!(values(&format!("{many}x=1, sid=abc")), vec!["abc"]);
+}
