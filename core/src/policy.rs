@@ -419,6 +419,15 @@ impl Rule {
         rule
     }
 
+    /// This rule without its `penalty`: as it counts its missing bucket
+    /// ([`crate::limiter::key::in_missing_bucket`]).
+    pub fn without_penalty(&self) -> Rule {
+        Rule {
+            penalty_us: 0,
+            ..self.clone()
+        }
+    }
+
     /// This rule as it counts one key with limits of its own: [`with_limits`](Self::with_limits),
     /// without the schedule and without `limits_from`. A key's contract holds day and night (the
     /// rule's windows would put the rule's limits back in place of the key's; a scale still

@@ -804,3 +804,208 @@ fn a_lease_that_runs_out_starts_a_penalty_only_when_the_key_is_over() {
     apply_lease(&limiter, rule, ALICE, &answer(5, 58, 0), T0 + 1, &mut store).unwrap();
     assert!(decided(&limiter, "alice", T0 + 1, &mut store).is_some());
 }
+
+// A rule's missing bucket (requests without a key part) is shared by every such client: it is
+// limited, but never put into a penalty.
+
+/// A request of `cookie` (none when empty) at `now` answered `status`: its reply when sluice
+/// answered it, `None` when it went upstream.
+fn with_cookie(
+    limiter: &Limiter,
+    cookie: &str,
+    status: u32,
+    now: u64,
+    store: &mut MemoryStore,
+) -> Option<sluice_core::Reply> {
+    let mut request = PlainRequest::get("/login");
+    if !cookie.is_empty() {
+        request = request.with_header("cookie", cookie);
+    }
+    let (mut exchange, step) = start(limiter, &mut request, now, store);
+    match step {
+        Step::Continue => {
+            exchange.response_status(limiter, status, now, store);
+            None
+        }
+        Step::Respond(reply) => Some(reply),
+        other => panic!("{other:?}"),
+    }
+}
+
+const SESSION_PENALTY: &str = r#"{"headers": "legacy", "rules": [{"name": "login",
+    "key": ["cookie:sid"], "count_when": {"statuses": [401]}, "penalty": "10m",
+    "limits": [{"requests": 3, "per": "minute"}]}]}"#;
+
+fn retry_after(reply: &sluice_core::Reply) -> u64 {
+    reply.headers.get("retry-after").unwrap().parse().unwrap()
+}
+
+/// Attacker's test: a client without the session cookie fails logins until the rule's missing
+/// bucket is over. Every cookieless client (every fresh browser) shares that bucket: it is
+/// denied while the bucket is over, for the limit's wait, never for the 10-minute penalty; a
+/// session that went over still gets its penalty.
+#[test]
+fn failures_without_the_cookie_never_put_every_cookieless_client_into_a_penalty() {
+    let limiter = limiter(SESSION_PENALTY);
+    let mut store = MemoryStore::default();
+    for (i, cookie) in ["", "theme=dark", "sid=", "sid=\"\""]
+        .into_iter()
+        .enumerate()
+    {
+        let i = i as u64;
+        if i < 3 {
+            assert!(with_cookie(&limiter, cookie, 401, T0 + i, &mut store).is_none());
+        } else {
+            let denied = with_cookie(&limiter, cookie, 401, T0 + i, &mut store).unwrap();
+            assert!(retry_after(&denied) <= 60, "the limit's wait: {denied:?}");
+        }
+    }
+    // A newcomer a minute on: the bucket has room again, and no penalty holds it.
+    for (i, cookie) in ["", "theme=light", "sid="].into_iter().enumerate() {
+        let at = T0 + 61 * SECOND + i as u64 * 20 * SECOND;
+        assert!(
+            with_cookie(&limiter, cookie, 200, at, &mut store).is_none(),
+            "{cookie:?}: locked out by another client's failures"
+        );
+    }
+    // A session's own failures still start its penalty.
+    for i in 0..3 {
+        assert!(with_cookie(&limiter, "sid=mallory", 401, T0 + i, &mut store).is_none());
+    }
+    let denied = with_cookie(&limiter, "sid=mallory", 200, T0 + 3, &mut store).unwrap();
+    assert_eq!(retry_after(&denied), 600);
+    assert!(with_cookie(&limiter, "sid=mallory", 200, T0 + 300 * SECOND, &mut store).is_some());
+}
+
+/// The same through the counter service: a cached rule's missing bucket asks it for no penalty
+/// (its sync entry and a strict check carry none, so the service starts none) and takes none it
+/// answers; a key whose other parts make it long (replaced by its digest) is still the missing
+/// bucket. A session's key carries the rule's penalty.
+#[test]
+fn a_missing_bucket_asks_the_service_for_no_penalty_and_takes_none() {
+    use sluice_core::limiter::key::{build, in_missing_bucket, MAX_KEY_BYTES};
+    let json = r#"{"headers": "legacy", "service": {"cluster": "svc", "token": "t"},
+        "rules": [{"name": "login", "key": ["header:x-user", "cookie:sid"],
+        "consistency": "cached", "penalty": "10m",
+        "limits": [{"requests": 100, "per": "minute"}]}]}"#;
+    let limiter = limiter(json);
+    let rule = RuleId::new(0);
+    let long = "a".repeat(MAX_KEY_BYTES);
+    for (user, cookie, penalty_ms) in [
+        ("alice", "", 0),
+        (long.as_str(), "", 0),
+        ("alice", "sid=s1", 600_000),
+        (long.as_str(), "sid=s1", 600_000),
+    ] {
+        let what = format!("{} bytes of user, cookie {cookie:?}", user.len());
+        let request = || {
+            let request = login(user);
+            if cookie.is_empty() {
+                request
+            } else {
+                request.with_header("cookie", cookie)
+            }
+        };
+        let keys = build(&limiter.policy().rules[0], &mut request());
+        let [key] = keys.as_slice() else {
+            panic!("{keys:?}")
+        };
+        assert!(key.len() <= MAX_KEY_BYTES, "{what}");
+        assert_eq!(in_missing_bucket(key), penalty_ms == 0, "{what}: {key:?}");
+        let mut store = MemoryStore::default();
+        let _ = limiter.decide(&mut request(), up(T0), &mut store);
+        let Taken::Entry(entry) = take(&limiter, rule, key, T0, 100_000, &mut store) else {
+            panic!("{what}: an entry");
+        };
+        assert_eq!(entry.penalty_ms, penalty_ms, "{what}: the sync entry");
+        // Another proxy's traffic (or an older proxy) put the key in a penalty at the service.
+        apply_lease(
+            &limiter,
+            rule,
+            key,
+            &answer(50, 50, 400_000),
+            T0 + 1,
+            &mut store,
+        )
+        .unwrap();
+        let denied = !matches!(
+            limiter
+                .decide(&mut request(), up(T0 + 2), &mut store)
+                .decision,
+            sluice_core::Decision::Allow { .. }
+        );
+        assert_eq!(denied, penalty_ms > 0, "{what}: the answered penalty");
+
+        let strict = self::limiter(&json.replace("cached", "strict"));
+        let (_, _, effects) = Exchange::start(
+            &strict,
+            &mut request(),
+            None,
+            Moment::at(T0),
+            &mut MemoryStore::default(),
+        );
+        let checks: Vec<_> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Check { request, .. } => Some(request.penalty_ms),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(checks, vec![penalty_ms], "{what}: the strict check");
+    }
+}
+
+/// Attacker's test: a session in its penalty sent as `a=1, sid=victim` (or with white space
+/// between the pairs): RFC 6265 reads one cookie `a` of `1, sid=victim`, Python's `http.cookies`
+/// reads `sid=victim`. The request is counted against both readings: still in the penalty.
+#[test]
+fn a_cookie_after_a_comma_or_a_space_is_still_in_its_penalty() {
+    let limiter = limiter(SESSION_PENALTY);
+    let mut store = MemoryStore::default();
+    for i in 0..3 {
+        assert!(with_cookie(&limiter, "sid=victim", 401, T0 + i, &mut store).is_none());
+    }
+    assert!(with_cookie(&limiter, "sid=victim", 200, T0 + 3, &mut store).is_some());
+    for (i, cookie) in [
+        "a=1, sid=victim",
+        "a=1 sid=victim",
+        "a=1,sid=victim",
+        "a=1\tsid=victim",
+        "a=1 ,  sid=victim ",
+        "sid=victim, a=1",
+        "sid=victim a=1",
+        "theme=dark; a=1, sid=\"victim\"",
+        "a=1, s%69d=vict%69m",
+        "sid=x, sid=victim",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let at = T0 + 60 * SECOND + i as u64;
+        assert!(
+            with_cookie(&limiter, cookie, 200, at, &mut store).is_some(),
+            "{cookie:?} escaped the penalty of sid=victim"
+        );
+    }
+    // Another session spelled so is its own key, not the victim's.
+    assert!(with_cookie(&limiter, "a=1, sid=bob", 200, T0 + 70 * SECOND, &mut store).is_none());
+}
+
+/// What each reading yields, and a header of many such pairs is read once more at most: the last
+/// value is still found behind 100,000 pairs holding commas and spaces.
+#[test]
+fn the_pairs_inside_a_pair_are_read_too() {
+    use sluice_core::request::cookie_values;
+    let values = |header: &str| cookie_values(&[header.to_string()], "sid");
+    assert_eq!(values("a=1, sid=x"), vec!["x"]);
+    assert_eq!(values("sid=x, a=1"), vec!["x, a=1", "x"]);
+    assert_eq!(values("sid=x, sid=y"), vec!["x, sid=y", "x", "y"]);
+    assert_eq!(values("sid=x y"), vec!["x y", "x"]);
+    assert_eq!(values("sid=x,y"), vec!["x,y", "x"]);
+    assert_eq!(values("sid=x"), vec!["x"]);
+    assert_eq!(values("sid = x"), vec!["x"]);
+    assert!(values("a=1, b=2 c=3").is_empty());
+    assert!(values("a=1, sid=, sid=\"\"").is_empty());
+    let many: String = (0..100_000).map(|i| format!("c{i}=1, d=2 e=3; ")).collect();
+    assert_eq!(values(&format!("{many}x=1, sid=abc")), vec!["abc"]);
+}

@@ -69,6 +69,106 @@ fn the_login_recipe_keeps_an_account_out_for_ten_minutes() {
     assert_eq!(attempt(t0 + 606 * SECOND, 200), Step::Continue);
 }
 
+/// Attacker's test, on the login recipe as shipped: a client without the session cookie fails
+/// logins (a new account each time, so that the account rule never stops it) until it is denied.
+/// Another client without the cookie, at another address, is not locked out; the attacker is, for
+/// the limit's wait. A session in its penalty sent as `a=1, session=…` is still denied, and
+/// `Alice` and `ALICE` are two accounts.
+#[test]
+fn the_login_recipe_counts_clients_without_a_session_apart() {
+    use sluice_core::{Exchange, Limiter, MemoryStore, Moment, PlainRequest, Step};
+    let (_, block) = recipes().into_iter().next().unwrap();
+    let limiter = Limiter::new(sluice_core::parse(block.as_bytes()).unwrap());
+    let mut store = MemoryStore::default();
+    const SECOND: u64 = 1_000_000;
+    let t0 = 1_700_000_000 * SECOND;
+    let mut attempt = |at: u64, ip: &str, account: &str, cookie: &str, status: u32| {
+        let mut request = PlainRequest::get("/login")
+            .from_ip(ip)
+            .with_header("x-account", account);
+        if !cookie.is_empty() {
+            request = request.with_header("cookie", cookie);
+        }
+        request.method = "POST".into();
+        let (mut exchange, step, _) =
+            Exchange::start(&limiter, &mut request, None, Moment::at(at), &mut store);
+        if step == Step::Continue {
+            let _ = exchange.response_status(&limiter, status, at, &mut store);
+            let _ = exchange.finish(&limiter, &mut store);
+        }
+        step
+    };
+    let (mallory, newcomer) = ("203.0.113.66", "198.51.100.7");
+    let mut failed = 0;
+    for i in 0..40u64 {
+        match attempt(t0 + i, mallory, &format!("user{i}"), "", 401) {
+            Step::Continue => failed += 1,
+            Step::Respond(reply) => {
+                assert_eq!(reply.status, 429);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(failed, 20, "twenty failures a minute");
+    for cookie in ["", "theme=dark", "session="] {
+        assert_eq!(
+            attempt(t0 + 50, newcomer, "alice", cookie, 200),
+            Step::Continue,
+            "a newcomer with {cookie:?}, locked out by another client's failures"
+        );
+    }
+    assert!(matches!(
+        attempt(t0 + 51, mallory, "bob", "", 200),
+        Step::Respond(_)
+    ));
+
+    // A session that failed twenty times is in its penalty, however its cookie is spelled.
+    for i in 0..20u64 {
+        let step = attempt(
+            t0 + 100 + i,
+            mallory,
+            &format!("v{i}"),
+            "session=victim",
+            401,
+        );
+        assert_eq!(step, Step::Continue);
+    }
+    // The next attempt is denied: the penalty starts.
+    assert!(matches!(
+        attempt(t0 + 130, mallory, "v20", "session=victim", 401),
+        Step::Respond(_)
+    ));
+    for cookie in [
+        "session=victim",
+        "a=1, session=victim",
+        "a=1 session=victim",
+        "theme=dark; a=1, session=victim",
+    ] {
+        assert!(
+            matches!(
+                attempt(t0 + 300 * SECOND, newcomer, "carol", cookie, 200),
+                Step::Respond(_)
+            ),
+            "{cookie:?} escaped the penalty of session=victim"
+        );
+    }
+
+    // Five failures for `Alice` put `Alice` into its penalty, not `ALICE`.
+    for i in 0..5u64 {
+        let ip = format!("192.0.2.{i}");
+        assert_eq!(attempt(t0 + 400 + i, &ip, "Alice", "", 401), Step::Continue);
+    }
+    assert!(matches!(
+        attempt(t0 + 410, "192.0.2.9", "Alice", "", 200),
+        Step::Respond(_)
+    ));
+    assert_eq!(
+        attempt(t0 + 411, "192.0.2.9", "ALICE", "", 200),
+        Step::Continue
+    );
+}
+
 /// The night recipe does what the page says: by night a key gets the night's burst, and its
 /// denial says the night's limit; by day the day's burst.
 #[test]

@@ -365,7 +365,7 @@ fn a_rule_that_skips_a_missing_claim_counts_only_the_users() {
 /// Login protection as a user writes it: failed logins (401) counted per session cookie, a
 /// success never; once over, the cookie's key is denied for its 10-minute penalty (Retry-After
 /// says so), across Envoy's two workers; a request without the cookie is counted with every
-/// such request, never exempt.
+/// such request, never exempt, and never put into the penalty.
 #[test]
 fn failed_logins_are_counted_by_the_answer_then_a_penalty_keeps_the_key_out() {
     let envoy = start(
@@ -407,6 +407,12 @@ fn failed_logins_are_counted_by_the_answer_then_a_penalty_keeps_the_key_out() {
         statuses(&envoy, "/login", &anonymous, 5),
         [401, 401, 401, 429, 429]
     );
+    // That shared key is denied for the limit's wait, never put into the penalty: every client without
+    // the cookie (every fresh browser) is in it.
+    let denied = get(&client, &envoy.url("/login"), &anonymous).unwrap();
+    assert_eq!(denied.status, 429, "{denied:?}");
+    let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry <= 60, "the missing bucket in a penalty: {denied:?}");
 }
 
 /// A rule's limit read from the verified token (`limits_from`): each user gets the claim's number, at most `max`;

@@ -10,6 +10,8 @@
 //!   proxy from syncing.
 //! - `memory`: unique keys while the counter service is unreachable do not grow the proxy without bound.
 //! - `eviction`: keys aimed at a victim's set of the key table do not give the victim a full bucket again.
+//! - `login_recipe`: docs/recipes.md's login protection as shipped: failures without the session cookie lock out
+//!   no other client, and a session in its penalty is still denied when sent as `a=1, session=…`.
 //!
 //! Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`, `SLUICE_WASM` and
 //! `SLUICE_REDIS_SERVER`). Every load here is bounded in count and in time, on loopback only.
@@ -1175,5 +1177,119 @@ mod parser_differences {
             [200, 200, 200, 429, 429],
             "not an address: counted, once; {junk:?}"
         );
+    }
+}
+
+mod login_recipe {
+    use super::*;
+
+    /// The configuration of docs/recipes.md's "Login protection" as shipped, with the test service's token.
+    fn recipe(token: &str) -> String {
+        let text = std::fs::read_to_string(repo_root().join("docs/recipes.md")).unwrap();
+        let section = text
+            .split("\n## Login protection\n")
+            .nth(1)
+            .expect("docs/recipes.md has a Login protection section");
+        let block = section
+            .split("```json\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n```").next())
+            .expect("the section has a JSON block");
+        let mut config: Value = serde_json::from_str(block).unwrap();
+        assert_eq!(config["service"]["token"], json!("…"), "{block}");
+        config["service"]["token"] = json!(token);
+        config.to_string()
+    }
+
+    /// `envoy/sluice-service.yaml.tmpl` behind one load balancer (Envoy takes the client from the last
+    /// `X-Forwarded-For` entry, which the test writes, so each client has its own address), whose upstream's
+    /// `/login` answers 200 to `x-password: right` and 401 to any other.
+    fn start_proxy(service: &Service) -> (DerivedTemplate, Envoy) {
+        let template = DerivedTemplate::edited(
+            &Template::SluiceService,
+            &[
+                ("xff_num_trusted_hops: 0", "xff_num_trusted_hops: 1"),
+                (
+                    "              - match: { prefix: \"/llm\" }\n",
+                    "              - match:\n                  prefix: \"/login\"\n                  headers:\n                  - name: x-password\n                    string_match: { exact: \"right\" }\n                direct_response: { status: 200, body: { inline_string: \"welcome\\n\" } }\n              - match: { prefix: \"/login\" }\n                direct_response: { status: 401, body: { inline_string: \"wrong password\\n\" } }\n              - match: { prefix: \"/llm\" }\n",
+                ),
+            ],
+        )
+        .unwrap();
+        let port = service.address().expect("the service listens").port();
+        let envoy = start(
+            template.template(),
+            recipe(service.token()),
+            &[("SERVICE_PORT", port.to_string())],
+        );
+        (template, envoy)
+    }
+
+    /// `POST /login` from `client` for `account`, with `cookie` (none when empty) and `password`.
+    fn login(envoy: &Envoy, client: &str, account: &str, cookie: &str, password: &str) -> Reply {
+        let mut request = agent()
+            .post(envoy.url("/login"))
+            .header("x-forwarded-for", client)
+            .header("x-account", account)
+            .header("x-password", password);
+        if !cookie.is_empty() {
+            request = request.header("cookie", cookie);
+        }
+        let what = format!("POST /login from {client} for {account} with cookie {cookie:?}");
+        Reply::read(request.send_empty().unwrap(), &what).unwrap()
+    }
+
+    /// Attacker's test, on the recipe as shipped: a client without the session cookie fails logins (a new
+    /// account each time: the account rule never stops it) until it is denied. Then another client without the
+    /// cookie (a fresh browser at another address) still logs in; before, both shared the rule's missing
+    /// bucket, and its 10-minute penalty locked out every newcomer. A session that failed twenty times is in
+    /// its penalty however its cookie is written: `a=1, session=victim` is `session=victim` to Python's
+    /// `http.cookies`.
+    #[test]
+    fn one_client_without_a_session_does_not_lock_out_the_others() {
+        let redis = Redis::start().unwrap();
+        let service = Service::start(&redis.url()).unwrap();
+        let (_template, envoy) = start_proxy(&service);
+        let (mallory, newcomer) = ("203.0.113.66", "198.51.100.7");
+
+        let mut failed = 0;
+        let denied = (0..40)
+            .map(|i| login(&envoy, mallory, &format!("user{i}"), "", "wrong"))
+            .find(|reply| {
+                failed += usize::from(reply.status == 401);
+                reply.status != 401
+            })
+            .expect("denied within 40 failures");
+        assert_eq!(denied.status, 429, "{denied:?}");
+        assert_eq!(failed, 20, "twenty failures a minute");
+        for cookie in ["", "theme=dark", "session="] {
+            let reply = login(&envoy, newcomer, "alice", cookie, "right");
+            assert_eq!(
+                reply.status, 200,
+                "a newcomer with cookie {cookie:?}, locked out by another client's failures: {reply:?}"
+            );
+        }
+        assert_eq!(login(&envoy, mallory, "bob", "", "right").status, 429);
+
+        for i in 0..20 {
+            let reply = login(&envoy, mallory, &format!("v{i}"), "session=victim", "wrong");
+            assert_eq!(reply.status, 401, "failure {i}: {reply:?}");
+        }
+        let denied = login(&envoy, mallory, "v20", "session=victim", "wrong");
+        assert_eq!(denied.status, 429, "{denied:?}");
+        let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+        assert!((590..=600).contains(&retry), "the penalty: {denied:?}");
+        for cookie in [
+            "session=victim",
+            "a=1, session=victim",
+            "a=1 session=victim",
+            "theme=dark; a=1, session=victim",
+        ] {
+            let reply = login(&envoy, newcomer, "carol", cookie, "right");
+            assert_eq!(
+                reply.status, 429,
+                "{cookie:?} escaped the penalty of session=victim: {reply:?}"
+            );
+        }
     }
 }

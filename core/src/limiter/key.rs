@@ -196,21 +196,35 @@ pub fn keys_in(rule: &Rule, request: &mut dyn RequestView, buffer: String) -> Ke
     }
 }
 
-/// `key`, or when longer than [`MAX_KEY_BYTES`], the rule's name and the key's SHA-256.
+/// `key`, or when longer than [`MAX_KEY_BYTES`], the rule's name and the key's SHA-256 (after a
+/// [`MISSING`] part when the key has one, so that [`in_missing_bucket`] still tells it).
 fn bounded(rule: &str, key: String) -> String {
     if key.len() <= MAX_KEY_BYTES {
         return key;
     }
     let digest = Sha256::digest(key.as_bytes());
-    let mut short = String::with_capacity(rule.len() + 2 + 7 + 64);
+    let mut short = String::with_capacity(rule.len() + 2 + 7 + 64 + MISSING.len() + 1);
     short.push_str(rule);
     short.push(SEPARATOR);
+    if in_missing_bucket(&key) {
+        short.push_str(MISSING);
+        short.push(SEPARATOR);
+    }
     short.push(MARK);
     short.push_str("sha256:");
     for byte in digest {
         let _ = write!(short, "{byte:02x}");
     }
     short
+}
+
+/// Whether `key` (as [`keys`] builds it) is its rule's missing bucket: one of its parts is
+/// [`MISSING`], a part the request did not have. Every request without that part shares it (per
+/// value of the other parts), so it never starts a penalty: one client's failures would lock out
+/// every client without the part (a fresh browser has no session cookie yet). A value a client
+/// sends never equals [`MISSING`] ([`unmarked`]).
+pub fn in_missing_bucket(key: &str) -> bool {
+    key.split(SEPARATOR).skip(1).any(|part| part == MISSING)
 }
 
 /// What the access log says of a key: the first 8 bytes of the SHA-256 of the key as the filter

@@ -3,6 +3,7 @@
 pub mod decision;
 pub mod key;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -69,6 +70,9 @@ pub struct Limiter {
     /// The rules of `limits_from` as the values read made them, by rule and requests; at most
     /// [`MAX_VALUED`], forgotten all at once when full.
     valued: std::cell::RefCell<HashMap<(usize, u64), Arc<Rule>>>,
+    /// Per rule with a `penalty`, the rule without it: how it counts its missing bucket
+    /// ([`Limiter::penalizing`]).
+    unpenalized: Vec<Option<Arc<Rule>>>,
 }
 
 /// Most rules made from values `limits_from` read that a limiter keeps.
@@ -401,9 +405,15 @@ impl Limiter {
             .map(|r| (r.top_keys > 0).then(|| RuleTop::new(r.top_keys as usize)))
             .collect();
         let keyed = keyed_rules(&policy, &tables);
+        let unpenalized = policy
+            .rules
+            .iter()
+            .map(|rule| (rule.penalty_us > 0).then(|| Arc::new(rule.without_penalty())))
+            .collect();
         Limiter {
             top: std::cell::RefCell::new(top),
             keyed,
+            unpenalized,
             valued: Default::default(),
             needs_client_ip: policy.needs_client_ip(),
             strict: policy
@@ -590,13 +600,43 @@ impl Limiter {
     }
 
     /// The rule `id` names as it counts `key`: with the key's own limits when an operator gave
-    /// it some ([`Policy::key_limits`]), else as configured; with its table.
+    /// it some ([`Policy::key_limits`]), else as configured; without its penalty for its missing
+    /// bucket ([`Limiter::penalizing`]); with its table.
     pub fn rule_for(&self, id: RuleId, key: &str) -> Option<Enforced<'_>> {
         let mut enforced = self.rule(id)?;
         if !self.keyed.is_empty() {
             enforced.rule = self.keyed(id, enforced.rule, enforced.table.fingerprint(key));
         }
+        if let Cow::Borrowed(rule) = self.penalizing(id, enforced.rule, key) {
+            enforced.rule = rule;
+        }
         Some(enforced)
+    }
+
+    /// `rule` (rule `id`, as configured, as a key's own limits or a request's value made it) as
+    /// it counts `key`: without its penalty when `key` is the rule's missing bucket
+    /// ([`key::in_missing_bucket`]): that bucket is every client's without the part, and one
+    /// client's failures must not lock them all out for the penalty's length. So the proxy
+    /// starts none, asks the service for none (a sync entry or a check carries no penalty) and
+    /// takes none the service answers. One test for a rule without a penalty.
+    #[inline]
+    fn penalizing<'a>(&'a self, id: RuleId, rule: &'a Rule, key: &str) -> Cow<'a, Rule> {
+        if rule.penalty_us == 0 || !key::in_missing_bucket(key) {
+            return Cow::Borrowed(rule);
+        }
+        self.unpenalized(id, rule)
+    }
+
+    /// [`Limiter::penalizing`]'s rule without its penalty: made once for a rule as configured;
+    /// a copy for one a request's `limits_from` value made (a key's own limits are made without
+    /// it for a missing bucket: [`keyed_rules`]).
+    #[cold]
+    fn unpenalized<'a>(&'a self, id: RuleId, rule: &'a Rule) -> Cow<'a, Rule> {
+        let configured = self.policy.rule(id).is_some_and(|c| std::ptr::eq(c, rule));
+        match self.unpenalized.get(id.index()).and_then(Option::as_deref) {
+            Some(twin) if configured => Cow::Borrowed(twin),
+            _ => Cow::Owned(rule.without_penalty()),
+        }
     }
 
     /// `rule` (rule `id`) as it counts the key of `fingerprint`: with the key's own limits, if
@@ -857,6 +897,8 @@ impl Limiter {
         }
         let fingerprint = table.fingerprint(key);
         let rule = self.keyed(id, rule, fingerprint);
+        let counted = self.penalizing(id, rule, key);
+        let rule: &Rule = &counted;
         let notable = self.notable.get(id.index()).copied().unwrap_or(false);
         if notable {
             if let Some((quota, retry_after_us)) = self.noted(id, fingerprint, now) {
@@ -1003,6 +1045,8 @@ impl Limiter {
         }
         let fingerprint = table.fingerprint(key);
         let rule = self.keyed(index, rule, fingerprint);
+        let counted = self.penalizing(index, rule, key);
+        let rule: &Rule = &counted;
         if self.notable.get(index.index()).copied().unwrap_or(false) {
             if let Some(noted) = self.noted(index, fingerprint, now) {
                 return Some(noted);
@@ -1092,6 +1136,8 @@ impl Limiter {
         } = self.rule(rule)?;
         let fingerprint = table.fingerprint(key);
         let spec = self.keyed(rule, spec, fingerprint);
+        let counted = self.penalizing(rule, spec, key);
+        let spec: &Rule = &counted;
         let limits = bucket_limits(spec);
         let conditions = Conditions {
             now_us,
@@ -1142,6 +1188,8 @@ impl Limiter {
         }
         let fingerprint = table.fingerprint(key);
         let spec = self.keyed(rule, spec, fingerprint);
+        let counted = self.penalizing(rule, spec, key);
+        let spec: &Rule = &counted;
         let limits = bucket_limits(spec);
         let verdict = store::update(store, &table.set_key(fingerprint), |set| {
             let Some(mut record) = table.find(set, fingerprint) else {
@@ -1359,14 +1407,23 @@ fn keyed_rules(policy: &Policy, tables: &[Table]) -> Vec<HashMap<u64, Arc<Rule>>
             let Some(keys) = policy.key_limits.get(configured) else {
                 return HashMap::new();
             };
-            // Keys of the same limits (customers of one contract) share one rule.
-            let mut made: HashMap<&[Limit], Arc<Rule>> = HashMap::new();
+            // Keys of the same limits (customers of one contract) share one rule; a missing
+            // bucket's is without the penalty ([`Limiter::penalizing`]).
+            let mut made: HashMap<(&[Limit], bool), Arc<Rule>> = HashMap::new();
             keys.iter()
                 .map(|(parts, limits)| {
                     let key = format!("{}{}{parts}", rule.name, key::SEPARATOR);
+                    let missing = key::in_missing_bucket(&key);
                     let keyed = made
-                        .entry(limits.as_slice())
-                        .or_insert_with(|| Arc::new(rule.with_key_limits(limits)))
+                        .entry((limits.as_slice(), missing))
+                        .or_insert_with(|| {
+                            let keyed = rule.with_key_limits(limits);
+                            Arc::new(if missing {
+                                keyed.without_penalty()
+                            } else {
+                                keyed
+                            })
+                        })
                         .clone();
                     (table.fingerprint(&key), keyed)
                 })

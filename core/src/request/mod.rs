@@ -65,39 +65,63 @@ pub fn query_values(query: &str, name: &str, exact: bool) -> Vec<String> {
 /// quotes (RFC 6265's `cookie-value`), then percent-decoded as [`cookie_bytes`] says (`sid=%61bc`
 /// is `sid=abc`, as a backend that decodes cookies reads it). A duplicate name counts the request
 /// against each of its values, as a repeated header does: a junk first cookie cannot escape an
-/// exhausted real one. A pair without `=`, or an empty value, is not a value: a request with
-/// nothing else reads as missing (never exempt). The header is read as the bytes the client sent
-/// (as [`header_value`] kept them), and a value whose bytes are not UTF-8 is keyed by their hex,
-/// as such a header is: two such values are two keys, never one.
+/// exhausted real one. A pair holding a comma or white space inside is also read as the pairs
+/// they separate ([`more_separator`]), and the request counted against those values too:
+/// `a=1, sid=x` and `a=1 sid=x` are `a` alone to RFC 6265, but `sid=x` to Python's
+/// `http.cookies` (and to parsers of RFC 2965, which separates cookies by commas too). A pair
+/// without `=`, or an empty value, is not a value: a request with nothing else reads as missing
+/// (never exempt). The header is read as the bytes the client sent (as [`header_value`] kept
+/// them), and a value whose bytes are not UTF-8 is keyed by their hex, as such a header is: two
+/// such values are two keys, never one. Linear in the header: a pair holding such a separator is
+/// read once more.
 pub fn cookie_values(headers: &[String], name: &str) -> Vec<String> {
     let mut found = Distinct::default();
     for header in headers {
         let header = as_sent(header);
         for pair in header.split(|&b| b == b';') {
-            let Some(eq) = pair.iter().position(|&b| b == b'=') else {
-                continue;
-            };
-            let (key, rest) = pair.split_at(eq);
-            let (key, value) = (
-                key.trim_ascii(),
-                rest.get(1..).unwrap_or_default().trim_ascii(),
-            );
-            if key != name.as_bytes()
-                && !(key.iter().any(|b| matches!(b, b'%' | b'+'))
-                    && cookie_bytes(key) == name.as_bytes())
-            {
-                continue;
-            }
-            let value = value
-                .strip_prefix(b"\"")
-                .and_then(|v| v.strip_suffix(b"\""))
-                .unwrap_or(value);
-            if !value.is_empty() {
-                found.push(header_value(&cookie_bytes(value)));
+            cookie_pair(pair, name, &mut found);
+            let inner = pair.trim_ascii();
+            if inner.iter().any(|&b| more_separator(b)) {
+                for part in inner.split(|&b| more_separator(b)) {
+                    cookie_pair(part, name, &mut found);
+                }
             }
         }
     }
     found.finish()
+}
+
+/// Whether `byte` separates cookies to some backends, inside a `;`-separated pair: a comma (RFC
+/// 2965) and ASCII white space, `\t` to `\r` and the space (Python's `http.cookies`, which reads
+/// `a=1, sid=x` as `a` of `1,` and `sid` of `x`).
+pub fn more_separator(byte: u8) -> bool {
+    matches!(byte, b',' | b' ' | b'\t'..=b'\r')
+}
+
+/// The value of one `name=value` pair into `found`, when its name is `name` (as written or
+/// percent-decoded) and its value is not empty: [`cookie_values`]' reading of a pair.
+#[inline]
+fn cookie_pair(pair: &[u8], name: &str, found: &mut Distinct) {
+    let Some(eq) = pair.iter().position(|&b| b == b'=') else {
+        return;
+    };
+    let (key, rest) = pair.split_at(eq);
+    let (key, value) = (
+        key.trim_ascii(),
+        rest.get(1..).unwrap_or_default().trim_ascii(),
+    );
+    if key != name.as_bytes()
+        && !(key.iter().any(|b| matches!(b, b'%' | b'+')) && cookie_bytes(key) == name.as_bytes())
+    {
+        return;
+    }
+    let value = value
+        .strip_prefix(b"\"")
+        .and_then(|v| v.strip_suffix(b"\""))
+        .unwrap_or(value);
+    if !value.is_empty() {
+        found.push(header_value(&cookie_bytes(value)));
+    }
 }
 
 /// A cookie's name or value as sluice keys it: percent-decoded (a `%` without two hex digits
