@@ -114,7 +114,7 @@ test: deps ## everything CI checks: tests (with real Envoy, the newest and the o
 	MAKE="$(MAKE)" scripts/ci-test.sh
 
 # The suites that need real parts, by feature; `make deps build` put them all in place.
-E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tests/redis,sluice-counter-service/redis,sluice-cli/service,sluice-playground/browser
+E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tests/redis,sluice-counter-service/redis,sluice-cli/service,sluice-cli/envoy,sluice-playground/browser
 # Every test run and the test compile use exactly these arguments, so that nothing is compiled twice.
 TEST_ARGS := --workspace --features $(E2E_FEATURES)
 NEXTEST_RUN = SLUICE_REDIS_SERVER="$$(command -v redis-server)" SLUICE_SERVICE_BIN=$(CURDIR)/$(TEST_SERVICE) \

@@ -1,5 +1,6 @@
 //! Fixtures for sluice's tests: Redis and Redis Cluster, the counter service, Envoy and nginx, each a real
-//! process on loopback ports, stopped when dropped. The proxy-wasm host lives in `sluice-host`.
+//! process on loopback ports, stopped when dropped, and an HTTP upstream of the test's own that answers a set status
+//! or holds requests (`upstream`). The proxy-wasm host lives in `sluice-host`.
 
 pub mod certs;
 pub mod contract;
@@ -9,6 +10,7 @@ pub mod nginx;
 pub mod redis;
 pub mod reply;
 pub mod service;
+pub mod upstream;
 pub mod zipf;
 
 use std::time::{Duration, Instant};

@@ -18,8 +18,11 @@
 
 use std::time::Duration;
 
-use sluice_tests::envoy::{agent, free_ports, get, replace_exactly, repo_root, Demo, Envoy, Reply};
+use sluice_tests::envoy::{
+    agent, free_ports, get, replace_exactly, repo_root, Demo, Envoy, Reply, Stats,
+};
 use sluice_tests::eventually;
+use sluice_tests::upstream::{Mode, Upstream};
 
 // Tokens of the identity provider whose public key (RS256, kid `sluice-example-2025`) is the inline JWKS of
 // production.yaml, signed once when the file was written; the private key is not in the repository. Every one has
@@ -512,4 +515,453 @@ fn the_access_log_is_json_and_says_which_rule_denied_which_key_digest() {
             }
         }
     }
+}
+
+// The clusters' circuit breakers, outlier detection and retry budget, each driven by upstreams of the test's own
+// (`sluice_tests::upstream`): the clusters' endpoints point at them, everything else is as shipped.
+
+/// `envoy/production.yaml` as shipped.
+fn shipped_yaml() -> String {
+    std::fs::read_to_string(repo_root().join("envoy/production.yaml")).unwrap()
+}
+
+/// The number of `key:` in cluster `cluster`'s block of `yaml` (e.g. `max_requests`, or `budget_percent`, written
+/// `{ value: 20.0 }`).
+fn cluster_setting(yaml: &str, cluster: &str, key: &str) -> f64 {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let at = lines
+        .iter()
+        .position(|line| line.trim() == format!("- name: {cluster}"))
+        .unwrap_or_else(|| panic!("no cluster {cluster}"));
+    let value = lines[at + 1..]
+        .iter()
+        .take_while(|line| !line.trim_start().starts_with("- name: "))
+        .find_map(|line| line.trim().strip_prefix(&format!("{key}: ")))
+        .unwrap_or_else(|| panic!("cluster {cluster} has no {key}"));
+    value
+        .trim_matches(|c: char| c == '{' || c == '}' || c.is_whitespace())
+        .trim_start_matches("value:")
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{cluster}.{key}: {value:?}: {e}"))
+}
+
+/// production.yaml with the endpoints of `clusters` replaced by the test's upstreams, sluice's configuration
+/// `plugin` (as shipped when `None`), two workers, its counter service on a closed port.
+fn start_with_endpoints(clusters: &[(&str, &[u16])], plugin: Option<serde_json::Value>) -> Envoy {
+    let production = Demo::production_with_endpoints(&shipped_yaml(), clusters).unwrap();
+    let plugin = plugin
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| production.plugin_config_json.clone());
+    let service_port = free_ports(1).unwrap()[0];
+    Envoy::start(production.options(plugin, 2, service_port).unwrap()).unwrap()
+}
+
+/// `cluster.<cluster>.<name>` from one snapshot of Envoy's stats, 0 when absent.
+fn cluster_stat(stats: &Stats, cluster: &str, name: &str) -> u64 {
+    stats
+        .counter(&format!("cluster.{cluster}.{name}"))
+        .unwrap_or(0)
+}
+
+/// Sends `count` requests to `url`, each on a connection of its own from a thread of `scope`, one after the other
+/// once `upstream` holds the one before: every one of them is in flight when this returns.
+fn hold_in_flight<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    url: &'scope str,
+    upstream: &Upstream,
+    count: u64,
+) -> Vec<std::thread::ScopedJoinHandle<'scope, Reply>> {
+    let first = upstream.received();
+    (1..=count)
+        .map(|i| {
+            let handle = scope.spawn(move || get(&agent(), url, &[]).unwrap());
+            assert!(
+                upstream.received_reaching(first + i, Duration::from_secs(10)),
+                "request {i} never reached the upstream (it got {})",
+                upstream.received() - first
+            );
+            handle
+        })
+        .collect()
+}
+
+/// Both of Envoy's workers accepted connections on the edge listener: what a test saw spanned the workers.
+fn assert_both_workers_served(envoy: &Envoy, stats: &Stats) {
+    let port = envoy.url("").rsplit(':').next().unwrap().to_owned();
+    for worker in 0..2 {
+        let name = format!("listener.127.0.0.1_{port}.worker_{worker}.downstream_cx_total");
+        assert!(
+            stats.counter(&name).unwrap_or(0) > 0,
+            "{name}: {:?}",
+            stats.matching("downstream_cx_total")
+        );
+    }
+}
+
+/// sluice's payments bulkhead (static 32) is below the cluster's `max_requests` (64): with the upstream holding every
+/// request, sluice sheds by priority (anonymous requests are the class `free`, shed from 70% of the limit) and by
+/// concurrency with its own 503 and Retry-After, at most 32 are ever in flight upstream, and Envoy's breaker never
+/// overflows.
+#[test]
+fn the_payments_bulkhead_sheds_before_the_clusters_breaker() {
+    let yaml = shipped_yaml();
+    let max_requests = cluster_setting(&yaml, "payments", "max_requests") as u64;
+    let production = Demo::production().unwrap();
+    let config: serde_json::Value = serde_json::from_str(&production.plugin_config_json).unwrap();
+    let payments = &config["shedding"]["bulkheads"][2];
+    assert_eq!(payments["name"], "payments");
+    let bulkhead = payments["limit"]["static"].as_u64().unwrap();
+    assert!(bulkhead < max_requests, "{bulkhead} vs {max_requests}");
+
+    let upstream = Upstream::start(Mode::Hold).unwrap();
+    let envoy = start_with_endpoints(&[("payments", &[upstream.port()])], None);
+    let url = envoy.url("/payments/x");
+    std::thread::scope(|scope| {
+        // As many requests at once as the breaker allows and more, each held upstream or answered by sluice before
+        // the next is sent.
+        let mut held = Vec::new();
+        let mut shed = Vec::new();
+        for i in 0..max_requests + 8 {
+            let url = &url;
+            let handle = scope.spawn(move || get(&agent(), url, &[]).unwrap());
+            let before = held.len() as u64;
+            let settled = eventually(Duration::from_secs(10), || {
+                upstream.received() > before || handle.is_finished()
+            });
+            assert!(
+                settled,
+                "request {i} neither reached the upstream nor was answered"
+            );
+            if upstream.received() > before {
+                held.push(handle);
+            } else {
+                shed.push(handle.join().unwrap());
+            }
+        }
+        let in_flight = held.len() as u64;
+        eprintln!(
+            "{in_flight} in flight upstream, {} shed by sluice",
+            shed.len()
+        );
+        // Anonymous requests are the class `free`, shed once the bulkhead is that share full.
+        let free = config["shedding"]["classes"]["free"].as_f64().unwrap();
+        assert_eq!(
+            in_flight,
+            (free * bulkhead as f64).ceil() as u64,
+            "in flight upstream; the bulkhead is {bulkhead}, class free shed from {free}"
+        );
+        assert_eq!(upstream.received(), in_flight);
+        for reply in &shed {
+            assert_eq!(reply.status, 503, "{reply:?}");
+            assert!(
+                matches!(
+                    reply.header("x-sluice-shed"),
+                    Some("priority" | "concurrency")
+                ),
+                "{reply:?}"
+            );
+            assert!(reply.header("retry-after").is_some(), "{reply:?}");
+            assert_eq!(reply.header("x-envoy-overloaded"), None, "{reply:?}");
+        }
+        let stats = envoy.stats().unwrap();
+        for (name, expected) in [
+            ("upstream_rq_active_overflow", 0),
+            ("upstream_rq_pending_overflow", 0),
+            ("circuit_breakers.default.rq_open", 0),
+            (
+                "circuit_breakers.default.remaining_rq",
+                max_requests - in_flight,
+            ),
+            ("upstream_rq_active", in_flight),
+        ] {
+            assert_eq!(
+                cluster_stat(&stats, "payments", name),
+                expected,
+                "{name}: {:?}",
+                stats.matching("cluster.payments.")
+            );
+        }
+        upstream.release(200);
+        for handle in held {
+            assert_eq!(handle.join().unwrap().status, 200);
+        }
+    });
+}
+
+/// Envoy's breaker under sluice's bulkhead, reached with the bulkhead lifted: the payments cluster lets
+/// `max_requests` (64) requests in flight at once across both workers; every request over it is Envoy's own 503
+/// (`x-envoy-overloaded`, counted as an overflow) and never reaches the upstream.
+#[test]
+fn the_payments_breaker_caps_requests_in_flight_across_the_workers() {
+    let max_requests = cluster_setting(&shipped_yaml(), "payments", "max_requests") as u64;
+    const OVER: u64 = 16;
+    let production = Demo::production().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&production.plugin_config_json).unwrap();
+    let payments = &mut config["shedding"]["bulkheads"][2];
+    assert_eq!(payments["name"], "payments");
+    payments["limit"] = serde_json::json!({"static": 1000});
+    payments.as_object_mut().unwrap().remove("success_rate");
+
+    let upstream = Upstream::start(Mode::Hold).unwrap();
+    let envoy = start_with_endpoints(&[("payments", &[upstream.port()])], Some(config));
+    let url = envoy.url("/payments/x");
+    std::thread::scope(|scope| {
+        let held = hold_in_flight(scope, &url, &upstream, max_requests);
+        let client = agent();
+        for _ in 0..OVER {
+            let reply = get(&client, &url, &[]).unwrap();
+            assert_eq!(reply.status, 503, "{reply:?}");
+            assert_eq!(
+                reply.header("x-envoy-overloaded"),
+                Some("true"),
+                "{reply:?}"
+            );
+            assert_eq!(reply.header("x-sluice-shed"), None, "{reply:?}");
+        }
+        assert_eq!(upstream.received(), max_requests, "no overflow reached it");
+        // Envoy counts a request refused over max_requests in `upstream_rq_active_overflow` from 1.38 on, in
+        // `upstream_rq_pending_overflow` before (envoy/README.md, "Envoy releases").
+        let version = envoy.version().unwrap();
+        let (counted, not_counted) = if version >= (1, 38, 0) {
+            (
+                "upstream_rq_active_overflow",
+                "upstream_rq_pending_overflow",
+            )
+        } else {
+            (
+                "upstream_rq_pending_overflow",
+                "upstream_rq_active_overflow",
+            )
+        };
+        let stats = envoy.stats().unwrap();
+        for (name, expected) in [
+            (counted, OVER),
+            (not_counted, 0),
+            ("circuit_breakers.default.rq_open", 1),
+            ("circuit_breakers.default.remaining_rq", 0),
+            ("upstream_rq_active", max_requests),
+            // Nothing timed out: every held request was in flight when the others overflowed.
+            ("upstream_rq_timeout", 0),
+        ] {
+            assert_eq!(
+                cluster_stat(&stats, "payments", name),
+                expected,
+                "{name}: {:?}",
+                stats.matching("cluster.payments.")
+            );
+        }
+        assert_both_workers_served(&envoy, &stats);
+        upstream.release(200);
+        for handle in held {
+            assert_eq!(handle.join().unwrap().status, 200);
+        }
+    });
+    assert_eq!(
+        envoy.stat("cluster.payments.circuit_breakers.default.rq_open"),
+        0
+    );
+}
+
+/// The api route retries a 5xx at most twice, but the cluster's retry budget (20% of the requests in flight, at
+/// least 3 at once) bounds the retries in flight, not `max_retries` (64): 20 requests failing at once get 3 or 4
+/// retries (20% of 20, or the floor of 3 once fewer are in flight), the rest answer their 503 with
+/// `upstream_rq_retry_overflow`. sluice sees each client request once, however often Envoy retries it.
+#[test]
+fn the_api_retry_budget_bounds_the_retries_in_flight_to_its_share() {
+    let yaml = shipped_yaml();
+    assert_eq!(cluster_setting(&yaml, "api", "budget_percent"), 20.0);
+    assert_eq!(cluster_setting(&yaml, "api", "min_retry_concurrency"), 3.0);
+    assert!(cluster_setting(&yaml, "api", "max_retries") >= 20.0);
+    const IN_FLIGHT: u64 = 20;
+    // The originals must all fail before the first's per-try timeout (0.6 s): a machine stalled that long makes a
+    // run inconclusive (`upstream_rq_per_try_timeout` says so), and it is run again, three times at most.
+    for run in 1..=3 {
+        let upstream = Upstream::start(Mode::Hold).unwrap();
+        let envoy = start_with_endpoints(&[("api", &[upstream.port()])], None);
+        let url = envoy.url("/api/x");
+        let go = std::sync::Barrier::new(IN_FLIGHT as usize);
+        let conclusive = std::thread::scope(|scope| {
+            let clients: Vec<_> = (0..IN_FLIGHT)
+                .map(|_| {
+                    let (go, url) = (&go, &url);
+                    scope.spawn(move || {
+                        let client = agent();
+                        go.wait();
+                        get(&client, url, &[]).unwrap()
+                    })
+                })
+                .collect();
+            assert!(
+                upstream.received_reaching(IN_FLIGHT, Duration::from_secs(10)),
+                "{} of {IN_FLIGHT} reached the upstream",
+                upstream.received()
+            );
+            // Every original fails at once; the retries Envoy sends are held.
+            upstream.release(503);
+            let decided = |s: &Stats| {
+                cluster_stat(s, "api", "upstream_rq_retry")
+                    + cluster_stat(s, "api", "upstream_rq_retry_overflow")
+                    >= IN_FLIGHT
+            };
+            let stats = envoy.stats_when(decided);
+            let retried = cluster_stat(&stats, "api", "upstream_rq_retry");
+            let overflowed = cluster_stat(&stats, "api", "upstream_rq_retry_overflow");
+            let conclusive = cluster_stat(&stats, "api", "upstream_rq_per_try_timeout") == 0;
+            eprintln!("run {run}: {retried} retried, {overflowed} over the budget");
+            if conclusive {
+                assert!(
+                    decided(&stats),
+                    "{:?}",
+                    stats.matching("cluster.api.upstream_rq")
+                );
+                assert!(
+                    (3..=4).contains(&retried),
+                    "retried {retried} of {IN_FLIGHT}: the budget allows max(3, 20% of {IN_FLIGHT}); {:?}",
+                    stats.matching("cluster.api.upstream_rq")
+                );
+                assert_eq!(retried + overflowed, IN_FLIGHT);
+                assert!(
+                    upstream.received_reaching(IN_FLIGHT + retried, Duration::from_secs(5)),
+                    "{}",
+                    upstream.received()
+                );
+            }
+            upstream.set_mode(Mode::Answer(200));
+            upstream.release(200);
+            let replies: Vec<Reply> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+            if conclusive {
+                let failed = replies.iter().filter(|r| r.status == 503).count() as u64;
+                assert_eq!(
+                    failed, overflowed,
+                    "each request not retried answers the upstream's 503"
+                );
+                assert!(
+                    replies.iter().all(|r| [200, 503, 504].contains(&r.status)),
+                    "{replies:?}"
+                );
+                // sluice admitted each client request once: retries are not requests to it.
+                assert_eq!(
+                    envoy.stat_reaching("wasmcustom.sluice.shed.api.admitted", IN_FLIGHT),
+                    IN_FLIGHT,
+                    "{:?}",
+                    envoy.sluice_stats()
+                );
+            }
+            conclusive
+        });
+        if conclusive {
+            return;
+        }
+        eprintln!("run {run}: a per-try timeout fired before every original failed; again");
+    }
+    panic!("three runs in a row were inconclusive: the machine stalled past the per-try timeout each time");
+}
+
+/// Outlier detection on the api cluster given two hosts: the one answering 503 is ejected after its 5th in a row
+/// (not before), the route retries each of its failures on the other host (no client sees one), and once ejected it
+/// gets no request at all.
+#[test]
+fn a_host_failing_5_times_in_a_row_is_ejected_and_its_requests_retried_on_the_other() {
+    let consecutive = cluster_setting(&shipped_yaml(), "api", "consecutive_5xx") as u64;
+    let failing = Upstream::start(Mode::Answer(503)).unwrap();
+    let healthy = Upstream::start(Mode::Answer(200)).unwrap();
+    let envoy = start_with_endpoints(&[("api", &[failing.port(), healthy.port()])], None);
+    let client = agent();
+    let url = envoy.url("/api/x");
+    let ejected = "cluster.api.outlier_detection.ejections_enforced_total";
+    for _ in 0..50 {
+        if failing.received() >= consecutive {
+            break;
+        }
+        assert_eq!(
+            envoy.stat(ejected),
+            0,
+            "ejected after {}",
+            failing.received()
+        );
+        let reply = get(&client, &url, &[]).unwrap();
+        assert_eq!(reply.status, 200, "retried on the other host: {reply:?}");
+    }
+    assert_eq!(failing.received(), consecutive);
+    assert!(
+        eventually(Duration::from_secs(5), || envoy.stat(ejected) == 1
+            && envoy.stat("cluster.api.outlier_detection.ejections_active")
+                == 1),
+        "{:?}",
+        envoy.stats().unwrap().matching("outlier_detection")
+    );
+    assert_eq!(
+        envoy.stat("cluster.api.outlier_detection.ejections_enforced_consecutive_5xx"),
+        1
+    );
+    let before = failing.received();
+    for _ in 0..20 {
+        assert_eq!(get(&client, &url, &[]).unwrap().status, 200);
+    }
+    assert_eq!(failing.received(), before, "the ejected host got requests");
+    assert_eq!(envoy.stat("cluster.api.upstream_rq_retry"), before);
+}
+
+/// `max_ejection_percent: 50`: of two hosts both failing, one is ejected and the other kept (its ejection counted as
+/// an overflow); the single host the file ships is never ejected, however often it fails.
+#[test]
+fn never_more_than_half_the_hosts_are_ejected_and_a_lone_host_never() {
+    let yaml = shipped_yaml();
+    assert_eq!(cluster_setting(&yaml, "api", "max_ejection_percent"), 50.0);
+    let stat =
+        |envoy: &Envoy, name: &str| envoy.stat(&format!("cluster.api.outlier_detection.{name}"));
+    let consecutive = cluster_setting(&yaml, "api", "consecutive_5xx") as u64;
+    // Requests (each tried three times, every try failing) until every host failed `consecutive` times in a row
+    // and an ejection was refused; whether one was.
+    let fail = |envoy: &Envoy, upstreams: &[&Upstream]| {
+        let client = agent();
+        for _ in 0..40 {
+            if upstreams.iter().all(|u| u.received() >= consecutive)
+                && stat(envoy, "ejections_overflow") >= 1
+            {
+                return true;
+            }
+            let reply = get(&client, &envoy.url("/api/x"), &[]).unwrap();
+            assert_eq!(reply.status, 503, "{reply:?}");
+        }
+        eventually(Duration::from_secs(5), || {
+            stat(envoy, "ejections_overflow") >= 1
+        })
+    };
+
+    let (a, b) = (
+        Upstream::start(Mode::Answer(503)).unwrap(),
+        Upstream::start(Mode::Answer(503)).unwrap(),
+    );
+    let envoy = start_with_endpoints(&[("api", &[a.port(), b.port()])], None);
+    assert!(
+        fail(&envoy, &[&a, &b]),
+        "{:?}",
+        envoy.stats().unwrap().matching("outlier")
+    );
+    assert_eq!(stat(&envoy, "ejections_enforced_total"), 1);
+    assert_eq!(stat(&envoy, "ejections_active"), 1);
+    drop(envoy);
+
+    let lone = Upstream::start(Mode::Answer(503)).unwrap();
+    let envoy = start_with_endpoints(&[("api", &[lone.port()])], None);
+    assert!(
+        fail(&envoy, &[&lone]),
+        "{:?}",
+        envoy.stats().unwrap().matching("outlier")
+    );
+    assert!(stat(&envoy, "ejections_detected_consecutive_5xx") >= 1);
+    assert_eq!(stat(&envoy, "ejections_enforced_total"), 0);
+    assert_eq!(stat(&envoy, "ejections_active"), 0);
+    let before = lone.received();
+    assert_eq!(
+        get(&agent(), &envoy.url("/api/x"), &[]).unwrap().status,
+        503
+    );
+    assert!(
+        lone.received() > before,
+        "the lone host still gets requests"
+    );
 }

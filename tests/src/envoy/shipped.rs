@@ -163,12 +163,43 @@ impl Demo {
 
     /// A configuration of `production.yaml`'s shape.
     pub fn production_from_text(yaml: &str) -> Result<Demo> {
+        Demo::production_shaped(yaml, 0)
+    }
+
+    /// `yaml` (`production.yaml`'s shape) with the endpoints of each cluster named in `clusters` replaced by the
+    /// loopback ports given (upstreams of the test's own, e.g. failing ones), in order; the cluster's breakers,
+    /// outlier detection and everything else as they are. Each cluster must have its one shipped endpoint.
+    pub fn production_with_endpoints(yaml: &str, clusters: &[(&str, &[u16])]) -> Result<Demo> {
+        let mut text = yaml.to_owned();
+        for (cluster, ports) in clusters {
+            let endpoint = |port: &str| {
+                format!(
+                    "        - endpoint:\n            address:\n              socket_address: \
+                     {{ address: 127.0.0.1, port_value: {port} }}\n"
+                )
+            };
+            let head =
+                format!("      cluster_name: {cluster}\n      endpoints:\n      - lb_endpoints:\n");
+            let endpoints: String = ports.iter().map(|p| endpoint(&p.to_string())).collect();
+            text = replace_exactly(
+                &text,
+                &format!("{head}{}", endpoint("10201")),
+                &format!("{head}{endpoints}"),
+                1,
+            )
+            .with_context(|| format!("the endpoints of cluster {cluster}"))?;
+        }
+        Demo::production_shaped(&text, clusters.len())
+    }
+
+    /// `production.yaml`'s shape, `pointed_away` of its clusters no longer at the upstream listener.
+    fn production_shaped(yaml: &str, pointed_away: usize) -> Result<Demo> {
         let text = ports_and_wasm(
             yaml,
             &[
                 ("10200", "LISTEN_PORT", 1),
                 // The upstream listener and the three clusters that point at it.
-                ("10201", "UPSTREAM_PORT", 4),
+                ("10201", "UPSTREAM_PORT", 4 - pointed_away),
                 ("9921", "ADMIN_PORT", 1),
                 // The sync's cluster and the public status's.
                 ("8081", "SERVICE_PORT", 2),
@@ -311,5 +342,26 @@ mod tests {
         let bulkheads: Vec<&str> = shedding.bulkheads.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(bulkheads, ["api", "search", "payments"]);
         assert_eq!(shedding.class_header.as_deref(), Some("x-sluice-class"));
+    }
+
+    #[test]
+    fn a_production_cluster_points_at_a_tests_endpoints_and_nothing_else_changes() {
+        let yaml = std::fs::read_to_string(repo_root().join("envoy/production.yaml")).unwrap();
+        let edited = Demo::production_with_endpoints(&yaml, &[("api", &[4001, 4002])]).unwrap();
+        let text = std::fs::read_to_string(&edited.template.path).unwrap();
+        assert_every_placeholder(&text);
+        assert_eq!(text.matches("port_value: {{UPSTREAM_PORT}} }").count(), 3);
+        let api = &text[text.find("cluster_name: api").unwrap()..];
+        let api = &api[..api.find("- name: search").unwrap()];
+        assert_eq!(api.matches("- endpoint:").count(), 2, "{api}");
+        assert!(api.contains("port_value: 4001 }") && api.contains("port_value: 4002 }"));
+        let shipped = Demo::production().unwrap();
+        let shipped = std::fs::read_to_string(&shipped.template.path).unwrap();
+        let breakers = |t: &str| {
+            t[t.find("  clusters:").unwrap()..t.find("cluster_name: api").unwrap()].to_owned()
+        };
+        assert_eq!(breakers(&text), breakers(&shipped));
+        let err = Demo::production_with_endpoints(&yaml, &[("nowhere", &[4001])]).unwrap_err();
+        assert!(format!("{err:#}").contains("cluster nowhere"), "{err:#}");
     }
 }
