@@ -268,6 +268,48 @@ fn a_limit_pinned_at_min_measures_the_no_load_latency_again_within_a_bound() {
     );
 }
 
+/// A window with fewer than 5 answers moves nothing, at `min` too. Where `min` requests at the upstream's slow latency
+/// give fewer than 5 answers a window (2 in flight of 200 ms in windows of 100 ms: 1), a limit at `min` never
+/// measures the no-load latency again, not even every `probe_interval_ms`, and stays at `min` while the upstream
+/// is that slow. With 5 answers a window (2 of 40 ms) it measures again within the bound above.
+#[test]
+fn a_limit_at_min_with_fewer_than_five_answers_a_window_stays_there() {
+    let a = Adaptive {
+        probe_interval_ms: 1_000,
+        ..settings()
+    };
+    let pinned = || ControlState {
+        limit: 2.0,
+        baseline_us: 20_000.0,
+        next_probe_us: T0 as f64,
+        ..ControlState::default()
+    };
+    let mut state = pinned();
+    let mut now = T0;
+    for w in 1..=600 {
+        now += 100 * MS;
+        let one_answer = WindowStats {
+            count: 1.0,
+            ..full(200_000.0)
+        };
+        controller::step(&a, &mut state, one_answer, now, 0.5);
+        assert_eq!(controller::effective(&a, &state), 2, "window {w}");
+        assert_eq!(state.probe_saved, 0.0, "a probe at window {w}");
+    }
+    assert_eq!(state.baseline_us, 20_000.0, "{state:?}");
+
+    let mut state = pinned();
+    for _ in 1..=10 {
+        now += 100 * MS;
+        let five_answers = WindowStats {
+            count: 5.0,
+            ..full(40_000.0)
+        };
+        controller::step(&a, &mut state, five_answers, now, 0.5);
+    }
+    assert_eq!(state.baseline_us, 40_000.0, "{state:?}");
+}
+
 #[test]
 fn saturation_reports_parse_strictly() {
     for (value, parsed) in [

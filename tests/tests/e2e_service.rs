@@ -1,7 +1,8 @@
 //! sluice with its counter service, all real parts on loopback: Envoy (the pinned wheel, V8), the filter's
 //! `.wasm`, `sluice-counter-service` and `redis-server`. Two proxies share one cached limit within the README's
 //! bound, and one cached fixed window within its bound (its 429s wait no longer than the window's end); the edge never errs or waits when the service is killed or Redis restarts under it, and syncs come
-//! back after; a wrong token is refused loudly while fallbacks answer; strict rules are exact and fail closed
+//! back after; a wrong token is refused loudly while fallbacks answer; a proxy syncs at the interval the service
+//! advises (up to 10× its own); strict rules are exact and fail closed
 //! without a hang; strict windows are exact across proxies (a daily fixed window waits for 00:00 UTC, a
 //! sliding one does not double at a boundary); one key spent through Envoy is seen and reset through the admin API.
 //! Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`,
@@ -453,6 +454,96 @@ fn a_wrong_token_is_refused_loudly_and_the_fallback_answers() {
     assert_eq!(
         statuses, expected,
         "the fallback (3/minute) must answer every request; {stats:?}"
+    );
+}
+
+/// The interval the service advises (`hints.next_sync_ms`) is the one the proxy syncs at, up to 10 times its own.
+/// The service is made to advise 2 s whatever a proxy asks (`--min-sync-interval-ms`, as backpressure would on a
+/// slow Redis, but on demand). A proxy configured for 250 ms then syncs every 2 s (8×); one configured for 100 ms
+/// every 1 s (10×, its cap), not every 2 s; over 10 s, about 5 and 10 rounds, not the 40 and 100 of their own
+/// intervals. (Seen failing with the filter ignoring `next_sync_ms`: 98 rounds for the first.)
+#[test]
+fn the_proxy_syncs_at_the_interval_the_service_advises_up_to_ten_times_its_own() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start_with(
+        ServiceOptions::new(redis.url())
+            .arg("--min-sync-interval-ms")
+            .arg("2000"),
+    )
+    .unwrap();
+    // A cached rule far above the traffic: every lease outlasts its interval (a lease that runs out brings the next
+    // round forward).
+    let rules = json!([{
+        "name": "shared",
+        "key": ["const:all"],
+        "consistency": "cached",
+        "limits": [{"requests": 1000, "per": "second"}],
+        "fallback": {"policy": "fail_open", "limits": [{"requests": 1000, "per": "second"}]},
+    }]);
+    let capped = start_envoy(&service, config(service.token(), 100, rules.clone()), 2);
+    let obeyed = start_envoy(&service, config(service.token(), 250, rules), 2);
+    let proxies = [(&capped, "100 ms"), (&obeyed, "250 ms")];
+    let sent = "wasmcustom.sluice.sync.sent";
+    let ok = "wasmcustom.sluice.sync.ok";
+    // Two answered rounds each: the first answer carried the advice, and the second round was claimed under it.
+    for (envoy, interval) in proxies {
+        let advised = eventually(Duration::from_secs(5), || envoy.stat(ok) >= 2);
+        assert!(
+            advised,
+            "the proxy configured for {interval} did not sync twice within 5 s; {:?}\nservice log:\n{}",
+            envoy.sluice_stats(),
+            service.log()
+        );
+    }
+    let before: Vec<u64> = proxies.iter().map(|(envoy, _)| envoy.stat(sent)).collect();
+    // 10 s of a request every 200 ms on each proxy. The rounds are counted, not the answers: the proxy that reports
+    // the key first is leased the bucket and 1.5 intervals of its refill, so the other may get an empty lease and
+    // deny until its next round (about 0.8 s here, none with one proxy alone).
+    let client = agent();
+    let started = Instant::now();
+    let mut denied = Vec::new();
+    while started.elapsed() < Duration::from_secs(10) {
+        for (envoy, interval) in proxies {
+            let reply = get(&client, &envoy.url("/api/x"), &[]).unwrap();
+            assert!(matches!(reply.status, 200 | 429), "{reply:?}");
+            if reply.status == 429 {
+                denied.push((interval, started.elapsed()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let rounds: Vec<u64> = proxies
+        .iter()
+        .zip(&before)
+        .map(|((envoy, _), before)| envoy.stat(sent) - before)
+        .collect();
+    let stats: Vec<_> = proxies
+        .iter()
+        .map(|(envoy, _)| envoy.sluice_stats())
+        .collect();
+    assert_eq!(
+        service.metric("sluice_next_sync_ms"),
+        2000,
+        "the service's last advice"
+    );
+    assert!(
+        (7..=15).contains(&rounds[0]),
+        "configured for 100 ms and advised 2 s, the proxy should sync every 1 s (10×, the cap): about 10 rounds in \
+         10 s, not 100 (its own interval) nor 5 (the advice uncapped); {} rounds; {:?}",
+        rounds[0],
+        stats[0]
+    );
+    assert!(
+        (3..=7).contains(&rounds[1]),
+        "configured for 250 ms and advised 2 s, the proxy should sync every 2 s: about 5 rounds in 10 s, not 40; \
+         {} rounds; {:?}",
+        rounds[1],
+        stats[1]
+    );
+    eprintln!(
+        "rounds in 10 s: {rounds:?} (configured 100 ms and 250 ms, advised 2 s); denied (an empty \
+         lease) {denied:?}"
     );
 }
 

@@ -10,7 +10,8 @@
 
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -689,6 +690,247 @@ fn the_adaptive_limit_comes_down_when_latency_rises_over_the_baseline() {
         "never below min: {during:?}"
     );
     eprintln!("limit while probing {readings:?}; under load every 100 ms {during:?}; {shed} shed");
+}
+
+/// Clients of their own, each on its own connection, sending `GET path` in a loop until stopped: the `n`th request
+/// of client `i` waits `delay(i, n)` ms at the upstream, and client `i` starts `i × spread` late. Each answer must be
+/// 200 or shedding's 503 for `concurrency` (a probe at `min` sheds): after a 503 the client pauses 10 ms.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    clients: Vec<JoinHandle<u64>>,
+}
+
+impl Traffic {
+    fn start(
+        envoy: &Envoy,
+        path: &str,
+        clients: usize,
+        spread: Duration,
+        delay: impl Fn(usize, usize) -> u64 + Copy + Send + 'static,
+    ) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let clients = (0..clients)
+            .map(|i| {
+                let (url, stop) = (envoy.url(path), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    std::thread::sleep(spread * i as u32);
+                    let client = agent();
+                    let mut shed = 0;
+                    for n in 0.. {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let ms = delay(i, n).to_string();
+                        let reply = get(&client, &url, &[(DELAY, ms.as_str())])
+                            .unwrap_or_else(|e| panic!("GET {url}: {e:#}"));
+                        if reply.status == 503 {
+                            assert_eq!(shed_reason(&reply).as_deref(), Some("concurrency"));
+                            shed += 1;
+                            std::thread::sleep(Duration::from_millis(10));
+                        } else {
+                            assert_eq!(reply.status, 200, "{reply:?}");
+                        }
+                    }
+                    shed
+                })
+            })
+            .collect();
+        Traffic { stop, clients }
+    }
+
+    /// Stops every client and waits for its last answer: how many were shed.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.clients
+            .into_iter()
+            .map(|c| c.join().expect("a client panicked"))
+            .sum()
+    }
+}
+
+/// Lets each of `bulkheads` (its name, a path it governs) measure its no-load latency with every request `delay_ms`:
+/// 4 clients each (busy windows, in flight far below the limit) until the limit has read `min` (the probe) and then
+/// `initial` again for 300 ms, within 10 s.
+#[track_caller]
+fn learn_the_baseline(
+    envoy: &Envoy,
+    bulkheads: &[(&str, &str)],
+    delay_ms: u64,
+    min: u64,
+    initial: u64,
+) {
+    let traffic: Vec<Traffic> = bulkheads
+        .iter()
+        .map(|(_, path)| Traffic::start(envoy, path, 4, Duration::ZERO, move |_, _| delay_ms))
+        .collect();
+    let started = Instant::now();
+    let mut readings: Vec<Vec<u64>> = vec![Vec::new(); bulkheads.len()];
+    let mut settled_since: Option<Instant> = None;
+    while started.elapsed() < Duration::from_secs(10) {
+        for ((name, _), seen) in bulkheads.iter().zip(&mut readings) {
+            let now = shed_stat(envoy, name, "limit");
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+        }
+        let settled = readings
+            .iter()
+            .all(|seen| seen.contains(&min) && seen.last() == Some(&initial));
+        match (settled, settled_since) {
+            (true, None) => settled_since = Some(Instant::now()),
+            (true, Some(since)) if since.elapsed() > Duration::from_millis(300) => break,
+            (true, Some(_)) => {}
+            (false, _) => settled_since = None,
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for t in traffic {
+        t.stop();
+    }
+    assert!(
+        settled_since.is_some_and(|s| s.elapsed() > Duration::from_millis(300)),
+        "each limit should probe at min ({min}) and settle back at initial ({initial}) with {delay_ms} ms answers; \
+         readings by bulkhead {bulkheads:?}: {readings:?}"
+    );
+}
+
+/// The limit follows the latency's 90th percentile, not its mean: a slow tail that the mean hides brings it down.
+/// Two bulkheads alike but for `percentile` (90, and 0: the mean) learn a no-load latency of 20 ms, then take the
+/// same traffic: every 5th answer 200 ms (10×), the others 20 ms. The mean (0.8 × 20 + 0.2 × 200 = 56 ms, 2.8× the
+/// baseline) is within the tolerance (4×), so the mean's limit never comes down; the p90 (200 ms, 10×) is not, so
+/// its limit halves each window. (Seen failing with the controller fed the mean whatever `percentile` says: the p90
+/// bulkhead's limit never went below 20.)
+#[test]
+fn the_adaptive_limit_follows_the_p90_of_a_slow_tail_the_mean_hides() {
+    let _machine = machine();
+    let adaptive = |percentile: u64| {
+        json!({"adaptive": {"min": 2, "max": 40, "initial": 20, "tolerance": 4, "window_ms": 100,
+                            "probe_interval_ms": 60000, "percentile": percentile}})
+    };
+    let envoy = start(json!({
+        "classes": {"basic": 1.0},
+        "bulkheads": [
+            {"name": "p90", "match": {"path_prefix": "/p90/"}, "limit": adaptive(90)},
+            {"name": "mean", "match": {"path_prefix": "/mean/"}, "limit": adaptive(0)},
+        ],
+    }));
+    learn_the_baseline(&envoy, &[("p90", "/p90/x"), ("mean", "/mean/x")], 20, 2, 20);
+
+    // Sixteen clients a bulkhead (16 of 20 in flight: the windows count), their starts spread over a round of five
+    // requests (280 ms) so that the slow answers do not come together.
+    let tail = |_, n: usize| if n % 5 == 4 { 200 } else { 20 };
+    let spread = Duration::from_millis(280 / 16);
+    let p90 = Traffic::start(&envoy, "/p90/x", 16, spread, tail);
+    let mean = Traffic::start(&envoy, "/mean/x", 16, spread, tail);
+    let mut readings = (Vec::new(), Vec::new());
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(100));
+        readings.0.push(shed_stat(&envoy, "p90", "limit"));
+        readings.1.push(shed_stat(&envoy, "mean", "limit"));
+    }
+    let shed = (p90.stop(), mean.stop());
+    let (p90_lowest, mean_lowest) = (
+        readings.0.iter().copied().min().unwrap_or(20),
+        readings.1.iter().copied().min().unwrap_or(0),
+    );
+    assert!(
+        p90_lowest <= 6,
+        "the p90 (200 ms, 10× the baseline) is beyond the tolerance: the p90 limit should fall from 20 toward \
+         min (2); every 100 ms p90 {:?}, mean {:?}",
+        readings.0,
+        readings.1
+    );
+    assert!(
+        mean_lowest >= 12,
+        "the mean (about 56 ms, 2.8× the baseline) is within the tolerance (4×): the mean's limit should not come \
+         down; every 100 ms p90 {:?}, mean {:?}",
+        readings.0,
+        readings.1
+    );
+    eprintln!(
+        "every 100 ms: p90 {:?} ({} shed), mean {:?} ({} shed)",
+        readings.0, shed.0, readings.1, shed.1
+    );
+}
+
+/// The no-load latency is measured again every `probe_interval_ms` (here 1 s, jittered by 10%) by holding the
+/// limit at `min`, and the limit returns to where it was. Steady traffic far below the limit (the limit itself
+/// never moves): over 6 s the limit reads `min` in several separate spells, and otherwise its own 20. (Seen
+/// failing with the periodic probe taken out: one spell, the first.)
+#[test]
+fn the_adaptive_limit_probes_at_min_again_every_probe_interval() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "classes": {"basic": 1.0},
+        "bulkheads": [{"name": "api", "limit": {"adaptive": {
+            "min": 2, "max": 40, "initial": 20, "window_ms": 100, "probe_interval_ms": 1000}}}],
+    }));
+    let traffic = Traffic::start(&envoy, "/api/x", 4, Duration::ZERO, |_, _| 5);
+    let started = Instant::now();
+    let mut readings = Vec::new();
+    while started.elapsed() < Duration::from_secs(6) {
+        let now = shed_stat(&envoy, "api", "limit");
+        if readings.last() != Some(&now) {
+            readings.push(now);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let shed = traffic.stop();
+    let spells = readings.iter().filter(|&&l| l == 2).count();
+    // The first probe comes with the first busy window, then one every 1–1.1 s plus the probe's own 2–10 windows:
+    // about 5 in 6 s.
+    assert!(
+        (3..=8).contains(&spells),
+        "the limit should read min (2) once at start and then once every probe_interval_ms (1 s): {spells} \
+         spells at min in 6 s; readings {readings:?}"
+    );
+    assert!(
+        readings.iter().all(|&l| l == 2 || l == 20),
+        "between probes the limit should be the one it had (20, far above the 4 in flight): {readings:?}"
+    );
+    eprintln!("readings {readings:?}; {shed} shed during the probes");
+}
+
+/// A limit pinned at `min` by an upstream that became slower for good measures the no-load latency again after 5
+/// busy windows there, without waiting for `probe_interval_ms` (a minute here), and climbs back. The baseline is
+/// learned at 5 ms; then every answer takes 50 ms (10×): the limit falls to `min` (4, where a window of 100 ms
+/// still holds 8 answers: busy), measures 50 ms as the no-load latency and grows again under the same traffic.
+/// (Seen failing without the re-probe when pinned: the limit stayed at 4 for the whole 8 s.)
+#[test]
+fn a_limit_pinned_at_min_by_a_slower_upstream_measures_it_again_and_climbs_back() {
+    let _machine = machine();
+    let envoy = start(json!({
+        "classes": {"basic": 1.0},
+        "bulkheads": [{"name": "api", "limit": {"adaptive": {
+            "min": 4, "max": 40, "initial": 20, "window_ms": 100, "probe_interval_ms": 60000}}}],
+    }));
+    learn_the_baseline(&envoy, &[("api", "/api/x")], 5, 4, 20);
+
+    let slower = Traffic::start(&envoy, "/api/x", 16, Duration::ZERO, |_, _| 50);
+    let started = Instant::now();
+    let mut readings = Vec::new();
+    let mut pinned = false;
+    let mut climbed = false;
+    while started.elapsed() < Duration::from_secs(8) && !climbed {
+        let now = shed_stat(&envoy, "api", "limit");
+        if readings.last() != Some(&now) {
+            readings.push(now);
+        }
+        pinned |= now == 4;
+        climbed = pinned && now >= 12;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let shed = slower.stop();
+    assert!(
+        pinned,
+        "at 10× the baseline the limit should fall to min (4); readings {readings:?}"
+    );
+    assert!(
+        climbed,
+        "pinned at min, the limit should measure the no-load latency again (50 ms now) and climb back to 12 or \
+         more within 8 s; readings {readings:?}"
+    );
+    eprintln!("readings {readings:?}; {shed} shed");
 }
 
 #[test]

@@ -7,9 +7,13 @@
 //! window), and as queueing shows in the latency it shrinks in proportion, at once; a window
 //! that used less than half the limit leaves it alone (low load tells nothing about it). Timeouts shrink it by a fifth (the
 //! latency of a request that never answered is not in the mean). The no-load latency
-//! (`baseline`) is the lowest window mean seen, re-measured every `probe_interval_ms` by holding
-//! the limit at `min` for one window, as Envoy's `adaptive_concurrency` measures its minRTT:
-//! otherwise a baseline learned under load would let queueing in for good.
+//! (`baseline`) is the lowest window latency seen (the configured percentile, or the mean),
+//! re-measured every `probe_interval_ms` by holding the limit at `min` until the requests
+//! admitted before have drained and one more window has passed, as Envoy's
+//! `adaptive_concurrency` measures its minRTT: otherwise a baseline learned under load would let
+//! queueing in for good. A window with fewer than [`MIN_SAMPLES`] answers moves nothing, at
+//! `min` too: where `min` requests of the upstream's latency give fewer a window, a limit at
+//! `min` neither probes nor moves until the upstream is faster.
 
 use crate::shed::policy::{Adaptive, SuccessRate};
 
