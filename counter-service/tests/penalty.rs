@@ -1,8 +1,10 @@
 //! A rule's `penalty` shared through the service, on a real Redis with a fake clock: the syncs
 //! (`lua/sync.lua`, `lua/sync_window.lua`) and the strict checks (`lua/check.lua`) start it only
-//! where the service sees the key over its limit itself, answer it to every proxy of the key
-//! (an empty grant and the time left), and each proxy's penalty bounds it; every hostile value
-//! refused, naming its field.
+//! where the service sees the key over its limit itself (by what it leased and counted, without
+//! the largest debtor's spend beyond its leases), answer it to every proxy of the key (an empty
+//! grant and the time left), and each proxy's penalty bounds it; every hostile value refused,
+//! naming its field. Needs `redis-server` (the `redis` feature).
+#![cfg(feature = "redis")]
 
 mod common;
 
