@@ -45,12 +45,13 @@ for i = 1, n do
   -- refill; a new key starts full. The burst caps the tokens without the proxies' unreported
   -- spend, as in sync.lua.
   local tokens, ts = stored_bucket(stored_tokens, stored_ts, burst, now)
-  -- what the refill repaid of the debts beyond leases since the key was last written
-  local paid = math_max(now - ts, 0) * requests / (period_ms * 1000)
+  local written = ts
   tokens, ts = refill_bucket(tokens, ts, now, requests, period_ms, burst + unreported)
   local available = tokens - reserved
   local owed = 0
   if debts ~= nil then
+    -- less what the refill repaid since the key was last written
+    local paid = math_max(now - written, 0) * requests / (period_ms * 1000)
     owed = settle_debts(key, debts, paid, tokens, tokens, burst)
   end
   if not (available >= cost) then

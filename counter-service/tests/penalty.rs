@@ -670,3 +670,78 @@ async fn a_fallbacks_spend_holds_the_penalty_back_until_the_refill_repays_it() {
         "{over:?}"
     );
 }
+
+/// A state whose proxies hold the credentials of `tokens` (`name token` lines).
+fn state_with_tokens(redis: &Redis, tokens: &str) -> AppState {
+    let file = std::env::temp_dir().join(format!(
+        "sluice-{}-penalty-tokens-{}",
+        std::process::id(),
+        tokens.len()
+    ));
+    std::fs::write(&file, tokens).unwrap();
+    let settings =
+        common::settings_without_token(&redis.url(), &["--tokens-file", file.to_str().unwrap()]);
+    let state = AppState::new(settings).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    state
+}
+
+/// One sync through the router under `token`, as proxy `proxy`: its answer's grant.
+async fn sync_as(
+    state: &AppState,
+    token: &str,
+    proxy: &str,
+    entry: SyncEntry,
+) -> serde_json::Value {
+    let body = json!(one(proxy, entry));
+    let answer = common::call(
+        state,
+        "POST",
+        "/v1/sync",
+        Some(token),
+        axum::body::Body::from(body.to_string()),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    answer.body["grants"][0].clone()
+}
+
+/// Attacker's test, on Redis's clock through the router: with `--tokens-file`, a credential's
+/// debt is its own whatever proxy ids it reports under: two ids' reports of a whole bucket
+/// beyond any lease, with denials, are one debtor's and start no penalty. Two credentials whose
+/// proxies' fallbacks each admitted a whole bucket and denied more (the key's clients over
+/// through two proxies) do start it.
+#[tokio::test]
+async fn one_credential_is_one_debtor_whatever_its_proxy_ids() {
+    let redis = Redis::start().unwrap();
+    let state = state_with_tokens(&redis, "evil evil-token\nhonest honest-token\n");
+    let yearly = LimitSpec::token_bucket(5, 366 * 86_400_000, 5);
+    for proxy in ["p1", "p2"] {
+        let grant = sync_as(
+            &state,
+            "evil-token",
+            proxy,
+            report(ALICE, &[yearly], 5, 5, TEN_MINUTES_MS),
+        )
+        .await;
+        assert_eq!(
+            grant["penalty_ms"],
+            serde_json::Value::Null,
+            "{proxy}: {grant}"
+        );
+    }
+    assert!(!penalized(&redis, ALICE, &yearly));
+    assert_eq!(debts(&redis, ALICE, &yearly), ["u:evil"]);
+
+    for (token, proxy) in [("evil-token", "p1"), ("honest-token", "p1")] {
+        sync_as(
+            &state,
+            token,
+            proxy,
+            report(BOB, &[yearly], 5, 5, TEN_MINUTES_MS),
+        )
+        .await;
+    }
+    assert!(penalized(&redis, BOB, &yearly));
+    assert_eq!(debts(&redis, BOB, &yearly), ["u:evil", "u:honest"]);
+}
