@@ -565,32 +565,45 @@ async fn a_strict_check_starts_a_penalty_from_what_the_service_counted() {
     assert!(penalized(&redis, ALICE, &FIVE));
 }
 
-/// Attacker's test, windows (`lua/sync_window.lua`, `lua/window.lua`): a count reported beyond
-/// any lease is counted (the window full, every grant empty) but starts no penalty by itself, nor
-/// does an honest proxy's denial or a strict check denied by that count.
+/// Attacker's test, fixed and sliding windows (`lua/sync_window.lua`, `lua/window.lua`): a count
+/// reported beyond any lease is counted (the window full, every grant empty) but starts no
+/// penalty by itself, nor does an honest proxy's denial or a strict check denied by that count.
 #[tokio::test]
 async fn a_window_count_never_leased_starts_no_penalty_by_itself() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    let hourly = LimitSpec::window(AlgorithmSpec::FixedWindow, 3, 3_600_000);
-    let evil = sync_at(
-        &state,
-        &one("evil", report(ALICE, &[hourly], 5, 2, TEN_MINUTES_MS)),
-        T0,
-    )
-    .await;
-    assert_eq!((evil.tokens, evil.penalty_ms), (0, 0), "{evil:?}");
-    let honest = sync_at(
-        &state,
-        &one("b", report(ALICE, &[hourly], 0, 2, TEN_MINUTES_MS)),
-        T0 + SECOND,
-    )
-    .await;
-    assert_eq!((honest.tokens, honest.penalty_ms), (0, 0), "{honest:?}");
-    let (allowed, _) = check_at(&state, &[hourly], TEN_MINUTES_MS, T0 + 2 * SECOND).await;
-    assert!(!allowed);
-    assert!(!penalized(&redis, ALICE, &hourly));
-    assert_eq!(debts(&redis, ALICE, &hourly), ["u:evil"]);
+    for (key, algorithm) in [
+        (ALICE, AlgorithmSpec::FixedWindow),
+        (BOB, AlgorithmSpec::SlidingWindow),
+    ] {
+        let hourly = LimitSpec::window(algorithm, 3, 3_600_000);
+        let evil = sync_at(
+            &state,
+            &one("evil", report(key, &[hourly], 5, 2, TEN_MINUTES_MS)),
+            T0,
+        )
+        .await;
+        assert_eq!((evil.tokens, evil.penalty_ms), (0, 0), "{evil:?}");
+        let honest = sync_at(
+            &state,
+            &one("b", report(key, &[hourly], 0, 2, TEN_MINUTES_MS)),
+            T0 + SECOND,
+        )
+        .await;
+        assert_eq!((honest.tokens, honest.penalty_ms), (0, 0), "{honest:?}");
+        let request = CheckRequest {
+            key: key.into(),
+            limits: vec![hourly],
+            cost: 1,
+            penalty_ms: TEN_MINUTES_MS,
+        };
+        let answer = check_handler::decide(&state, &request, T0 + 2 * SECOND)
+            .await
+            .unwrap();
+        assert!(!answer.allowed, "{answer:?}");
+        assert!(!penalized(&redis, key, &hourly), "{algorithm:?}");
+        assert_eq!(debts(&redis, key, &hourly), ["u:evil"]);
+    }
 }
 
 /// Attacker's test: the debts a key keeps are bounded whatever the proxy ids a credential
