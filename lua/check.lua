@@ -6,15 +6,18 @@
 --       then, if the entry has a penalty, its penalty key (prelude's penalty_before).
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), cost, n_limits,
 --       then n_limits x (requests, period_ms, burst), then penalty_ms (0 or absent: none).
---       A key in its penalty is denied before anything is read or spent; a denial starts one.
+--       A key in its penalty is denied before anything is read or spent; a denial starts one
+--       if the check would be denied without the largest debtor's unleased debt too (prelude's
+--       settle_debts): one proxy credential's reports of spend it was never leased deny the key
+--       while they weigh, but start no penalty alone.
 -- Returns: {allowed (0/1), remaining, retry_after_ms, reset_ms}, integers:
 --   remaining: whole tokens left after the decision (the most restrictive limit, never below 0);
 --   retry_after_ms: when denied, until `cost` tokens are there on every limit, else 0;
 --   reset_ms: until every bucket is full again.
 --
--- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_leases, stored_bucket, refill_bucket, ms_to_full, expire_key, whole_remaining,
--- penalty_before and penalty_after.
+-- Runs after lua/prelude.lua (the service loads the two as one script) and uses its math_max,
+-- clock, load_leases, stored_bucket, refill_bucket, settle_debts, ms_to_full, expire_key,
+-- whole_remaining, penalty_before and penalty_after.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs (Bucket::take) so both agree
 -- bit for bit (see counter-service/tests/vectors.rs).
 
@@ -28,6 +31,8 @@ end
 
 local limits = {}
 local allowed = true
+-- whether a limit would deny the check without its largest debtor's unleased debt too
+local over = false
 for i = 1, n do
   local key = KEYS[i]
   local requests = tonumber(ARGV[1 + 3 * i])
@@ -35,15 +40,25 @@ for i = 1, n do
   local burst = tonumber(ARGV[3 + 3 * i])
   -- leases of the proxies that are still running, and what they likely spent and have not
   -- reported yet (as in sync.lua)
-  local _, stored_tokens, stored_ts, _, _, _, reserved, unreported, _, lease_end =
+  local _, stored_tokens, stored_ts, _, _, _, reserved, unreported, _, lease_end, _, debts =
     load_leases(key, now, nil, nil)
   -- refill; a new key starts full. The burst caps the tokens without the proxies' unreported
   -- spend, as in sync.lua.
   local tokens, ts = stored_bucket(stored_tokens, stored_ts, burst, now)
+  local written = ts
   tokens, ts = refill_bucket(tokens, ts, now, requests, period_ms, burst + unreported)
   local available = tokens - reserved
+  local owed = 0
+  if debts ~= nil then
+    -- less what the refill repaid since the key was last written
+    local paid = math_max(now - written, 0) * requests / (period_ms * 1000)
+    owed = settle_debts(key, debts, paid, tokens, tokens, burst)
+  end
   if not (available >= cost) then
     allowed = false
+    if not (available + owed >= cost) then
+      over = true
+    end
   end
   limits[i] = {
     key = key, requests = requests, period_ms = period_ms, burst = burst,
@@ -77,4 +92,4 @@ for i = 1, n do
 end
 
 return penalty_after({allowed and 1 or 0, whole_remaining(remaining), retry_after_ms, reset_ms},
-  penalty_us, penalty_key, now)
+  over, penalty_us, penalty_key, now)

@@ -127,7 +127,8 @@ end
 --     reported yet: each one's demand (tokens/s) over that time, at most its grant;
 --   demand: the sum of their demands;
 --   lease_end: when the last of them expires (us), `now` if none;
---   older: whether the hash holds a lease in the four-field layout.
+--   older: whether the hash holds a lease in the four-field layout;
+--   debts: the debtors' u:d fields (field -> value, see settle_debts), nil if it has none.
 -- A proxy whose lease is in both an l:q and a p:q field (its syncs went to replicas of both
 -- versions during an upgrade) is counted twice, so the leases granted meanwhile are smaller,
 -- never larger; the older field goes at its next sync to an upgraded replica, or expires.
@@ -141,6 +142,7 @@ local function load_leases(key, now, except, stale_before, forget_before)
   local tokens, ts, mine, mine_text, my_round = nil, nil, nil, nil, nil
   local reserved, unreported, demand, lease_end = 0, 0, 0, now
   local older = false
+  local debts = nil
   local except_l, except_p, except_r = nil, nil, nil
   if except ~= nil then
     local names = proxy_fields[except]
@@ -183,6 +185,10 @@ local function load_leases(key, now, except, stale_before, forget_before)
       end
     elseif b2 == 58 and b1 == 120 then
       older = true
+    elseif b2 == 58 and b1 == 117 then
+      -- 'u:' (117, 58): a debtor's unleased debt (see settle_debts)
+      debts = debts or {}
+      debts[field] = flat[i + 1]
     elseif field == 'tokens' then
       tokens = flat[i + 1]
     elseif field == 'ts' then
@@ -215,7 +221,7 @@ local function load_leases(key, now, except, stale_before, forget_before)
     end
   end
   return flat, tokens, ts, mine, mine_text, my_round, reserved, unreported, demand, lease_end,
-    older
+    older, debts
 end
 
 -- Whether a report labeled with round (epoch, counter) is newer than the round (e, c) last
@@ -268,6 +274,85 @@ local function forget_rounds(key, flat, except, forget_before)
       end
     end
   end
+end
+
+-- Unleased debt. A proxy's report counts what it spent since its last sync: from the lease the
+-- service granted it then (its grant, at most) and beyond it from its fallback (no lease, one
+-- that expired, the service unreachable), or from nothing at all (a made-up report): the service
+-- cannot tell those two apart, so it counts the whole (the count stays honest) and keeps the part
+-- beyond the lease apart, per debtor (the proxy's credential; its proxy id under one shared
+-- token, see counter-service/src/sync_handler.rs), in the limit key's hash: u:<debtor>, at most
+-- MAX_DEBTORS of them (the debt of any further debtor goes to u:*, one more). A penalty starts
+-- only from the count as the service sees it without the largest debtor's unleased debt: what it
+-- leased, what strict checks spent, and the others' claims; so one debtor's claims never start
+-- a penalty alone, and every lease and strict check still does. The refill repays a debt first:
+-- it weighs until the limit's rate (requests per period) has made up for it, and never once the
+-- bucket is full again, so an honest proxy's fallback holds the key's penalty back at most for
+-- the time the limit takes to refill what the fallback admitted beyond its lease.
+-- A token bucket's u:d is a number of tokens, never more than the bucket is below its burst (see
+-- settle_debts). A window's is text, "<window> <current> <previous> <at>" (window_debts): the
+-- window it was counted in (a fixed window's start, a sliding one's number), the debt counted in
+-- it and, for a sliding window, in the window before (never more than the window's own counts),
+-- and when it was last repaid (us).
+local MAX_DEBTORS = 16
+
+-- The field a debtor's debt is kept in, among the loaded `debts` (field -> value, nil: none):
+-- its own, or u:* once MAX_DEBTORS others have one.
+local function debt_field(debts, debtor)
+  local field = 'u:' .. debtor
+  if debts == nil or debts[field] ~= nil then
+    return field
+  end
+  local count = 0
+  for _ in pairs(debts) do
+    count = count + 1
+  end
+  if count >= MAX_DEBTORS then
+    return 'u:*'
+  end
+  return field
+end
+
+-- A bucket's debts (the loaded u:d fields, nil: none) once `paid` tokens were refilled since they
+-- were last settled (the refill repays them first), the bucket refilled to `refilled` tokens
+-- and then debited to `tokens`, `added` more (the part of the debit beyond the lease) owed by
+-- `debtor` (nil: none): each debt less `paid`, cut to what the refilled bucket is below its burst
+-- (without the debit it would be full), the debtor's own then to what the debited one is below
+-- it; written back where it changed (deleted at 0). Returns the largest debt.
+local function settle_debts(key, debts, paid, refilled, tokens, burst, debtor, added)
+  local field = nil
+  if debtor ~= nil and added > 0 then
+    field = debt_field(debts, debtor)
+  end
+  if debts == nil and field == nil then
+    return 0
+  end
+  local largest = 0
+  local cap = math_max(0, burst - refilled)
+  local room = math_max(0, burst - tokens)
+  local found = false
+  for name, value in pairs(debts or {}) do
+    local was = tonumber(value) or 0
+    local owed = math_min(was - paid, cap)
+    if name == field then
+      owed = math_min(owed + added, room)
+      found = true
+    end
+    if owed <= 0 then
+      redis.call('HDEL', key, name)
+    elseif owed ~= was then
+      redis.call('HSET', key, name, owed)
+    end
+    largest = math_max(largest, owed)
+  end
+  if field ~= nil and not found then
+    local owed = math_min(added, room)
+    if owed > 0 then
+      redis.call('HSET', key, field, owed)
+      largest = math_max(largest, owed)
+    end
+  end
+  return largest
 end
 
 -- The stored bucket (the hash's tokens and ts fields, as load_leases returns them), or, for a
@@ -357,9 +442,10 @@ local function penalty_before(key, penalty_ms, now)
 end
 
 -- A strict check's answer ({allowed, remaining, retry_after_ms, reset_ms}) once decided: a
--- denial starts the entry's penalty, and waits for it (as core's `judge`).
-local function penalty_after(answer, penalty_us, key, now)
-  if answer[1] == 0 and penalty_us > 0 and key ~= nil then
+-- denial starts the entry's penalty, and waits for it (as core's `judge`), if `over`: the check
+-- would be denied without the largest debtor's unleased debt too (see settle_debts).
+local function penalty_after(answer, over, penalty_us, key, now)
+  if answer[1] == 0 and over and penalty_us > 0 and key ~= nil then
     penalty_start(key, now, penalty_us)
     local penalty_ms = math_ceil(penalty_us / 1000)
     answer[3] = math_max(answer[3], penalty_ms)
@@ -476,4 +562,79 @@ local function window_state(w, fields, now)
     end
     w.weighted = w.count
   end
+end
+
+-- A window's debts (see settle_debts) from its loaded hash (the flat HGETALL reply), for window
+-- `w` after window_state (at `now`, us) and the report counted, `added` more of the count (the
+-- part of the report beyond the lease) owed by `debtor` (nil: none): each rolled to the window
+-- of `now` (a fixed window's debt ends with it; a sliding window's current one becomes the
+-- previous one), repaid at the limit's rate (requests per period) since it was last (within
+-- this window), cut to the window's counts, and written back (deleted at 0). Returns the
+-- largest debt as the window weighs it now.
+local function window_debts(key, flat, w, now, debtor, added)
+  local sliding = w.window == 'sliding'
+  local id = w.start
+  local counted = w.count
+  if sliding then
+    id, counted = w.number, w.current
+  end
+  local debts = nil
+  for i = 1, #flat, 2 do
+    local b1, b2 = string.byte(flat[i], 1, 2)
+    if b2 == 58 and b1 == 117 then
+      debts = debts or {}
+      debts[flat[i]] = flat[i + 1]
+    end
+  end
+  local field = nil
+  if debtor ~= nil and added > 0 then
+    field = debt_field(debts, debtor)
+  end
+  if debts == nil and field == nil then
+    return 0
+  end
+  local largest = 0
+  local found = false
+  local function settle(name, was, current, previous, paid)
+    local rest = math_max(paid - current, 0)
+    current = math_max(current - paid, 0)
+    previous = math_max(previous - rest, 0)
+    if name == field then
+      current = current + added
+      found = true
+    end
+    current = math_min(current, counted)
+    previous = math_min(previous, w.previous or 0)
+    if current <= 0 and previous <= 0 then
+      if was ~= nil then
+        redis.call('HDEL', key, name)
+      end
+    else
+      redis.call('HSET', key, name, string.format('%d %.17g %.17g %d', id, current, previous, now))
+    end
+    local weighed = current
+    if sliding then
+      weighed = previous * (1 - w.elapsed / w.length) + current
+    end
+    largest = math_max(largest, weighed)
+  end
+  local rate = w.requests / w.length
+  for name, value in pairs(debts or {}) do
+    local at, current, previous, since = string.match(value, '^(%S+) (%S+) (%S+) (%S+)$')
+    at, current, previous = tonumber(at), tonumber(current) or 0, tonumber(previous) or 0
+    since = tonumber(since) or now
+    if at ~= id then
+      if sliding and at == id - 1 then
+        current, previous = 0, current
+      else
+        current, previous = 0, 0
+      end
+      since = math_max(since, w.start)
+    end
+    settle(name, value, current, previous, math_max(now - since, 0) * rate)
+  end
+  if field ~= nil and not found then
+    settle(field, nil, 0, 0, 0)
+  end
+  return largest
 end

@@ -117,4 +117,4 @@ return penalty_after({
   chosen.remaining,
   math.ceil(chosen.retry / 1000),
   math.ceil(chosen.reset / 1000),
-}, penalty_us, penalty_key, now)
+}, true, penalty_us, penalty_key, now)

@@ -5,7 +5,8 @@
 -- KEYS: every limit key of every entry, in entry order then limit order:
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
---       interval_ms, grant_ttl_ms, report_window_ms, entry count,
+--       interval_ms, grant_ttl_ms, report_window_ms, entry count, debtor (the proxy's
+--       credential, or its id under one shared token: prelude's settle_debts),
 --       then per entry: n_limits, spent, denied, epoch, counter (its round: 0 0 when the proxy
 --       sends none), then n_limits x (requests, period_ms, burst), then penalty_ms (the
 --       rule's penalty, 0: none; if not 0, the entry's penalty key follows its limit keys in
@@ -23,7 +24,10 @@
 --   not one; and penalty_ms: the milliseconds left of the entry's penalty (0: none), its grant
 --   then empty. A penalty starts when the service sees the key over its limit itself: the
 --   report's denials when it has nothing to grant (as a strict check would deny), or its spend
---   putting the key in debt (the proxies admitted more than the key held). Seven per entry.
+--   of a lease putting the key in debt (the proxies admitted more than the key held); in both,
+--   without the largest debtor's unleased debt (prelude's settle_debts: what a proxy reports
+--   spent beyond the lease the service granted it at its last sync is counted, but kept apart
+--   per debtor). Seven per entry.
 --
 -- Each key is a hash: tokens (float, negative = debt), ts (us), and per proxy p one field l:p,
 -- seven doubles packed (prelude's lease_pack): its outstanding grant, the grant's expiry (us),
@@ -35,11 +39,13 @@
 -- breaker's cool-down, a replica's restart) is recognized; the lease in it counts only until its
 -- expiry. A key written by an earlier version holds a proxy's lease as text in p:p ("g x d s")
 -- with its round in r:p ("<epoch> <counter> <written>"), or in four fields, g:p, x:p, d:p, s:p:
--- they are read the same, and a proxy's own are replaced by its l:p at its next sync.
+-- they are read the same, and a proxy's own are replaced by its l:p at its next sync. Per
+-- debtor d, u:d holds what its proxies reported beyond the lease each was granted, as long as
+-- it weighs (prelude's settle_debts).
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its math_min,
 -- math_max, math_floor, math_ceil, clock, hash_fields, load_leases, lease_pack, lease_unpack, lease_numbers,
 -- round_numbers, round_is_newer, stored_bucket, refill_bucket, ms_to_full, expire_key,
--- whole_remaining, proxy_demand, penalty_end and penalty_start.
+-- whole_remaining, proxy_demand, settle_debts, penalty_end and penalty_start.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs so both agree bit for bit.
 --
 -- Bounds, whatever a proxy reports: a limit's tokens never go below -(burst + requests x
@@ -54,6 +60,7 @@ local interval_ms = tonumber(ARGV[3])
 local grant_ttl_ms = tonumber(ARGV[4])
 local report_window_ms = tonumber(ARGV[5])
 local count = tonumber(ARGV[6])
+local debtor = ARGV[7]
 local interval_us = interval_ms * 1000
 local grant_ttl_us = grant_ttl_ms * 1000
 local stale_before = now - grant_ttl_us
@@ -73,7 +80,7 @@ local r_field = 'r:' .. proxy
 local result = {}
 local answered = 0
 local limits = {}
-local arg = 7
+local arg = 8
 local key_index = 1
 for _ = 1, count do
   local n = tonumber(ARGV[arg])
@@ -86,6 +93,8 @@ for _ = 1, count do
   -- and the round to keep in the proxy's lease field
   local new = true
   local round_epoch, round_counter, round_written = 0, 0, 0
+  -- what the proxy reports spent beyond the lease it was granted at its last sync
+  local unleased = 0
 
   local last_sync, previous = nil, nil
   for i = 1, n do
@@ -100,19 +109,20 @@ for _ = 1, count do
     -- the unexpired leases of the other proxies, and an estimate of what they spent from them
     -- since their last sync; the fields of proxies silent for a grant TTL are dropped
     local flat, stored_tokens, stored_ts, mine, mine_text, my_round, others, unreported,
-      others_demand, _, older = load_leases(key, now, proxy, stale_before, forget_before)
+      others_demand, _, older, debts = load_leases(key, now, proxy, stale_before, forget_before)
     if i == 1 then
-      -- the proxy's last sync, demand and round: from its l: field, or from the p: and r: fields
-      -- of an earlier version (the later of the two where it has both), or the four fields
+      -- the proxy's last sync, demand, round and grant: from its l: field, or from the p: and
+      -- r: fields of an earlier version (the later of the two where it has both), or the four
       local e, c, w = nil, nil, nil
+      local leased = nil
       if mine ~= nil then
         local _
-        _, _, previous, last_sync, e, c, w = lease_unpack(mine)
+        leased, _, previous, last_sync, e, c, w = lease_unpack(mine)
       end
       if mine_text ~= nil then
-        local _, _, d, s = lease_numbers(mine_text)
+        local g, _, d, s = lease_numbers(mine_text)
         if s ~= nil and (last_sync == nil or s > last_sync) then
-          last_sync, previous = s, d
+          last_sync, previous, leased = s, d, g
         end
       end
       if my_round ~= nil then
@@ -124,11 +134,13 @@ for _ = 1, count do
       if last_sync == nil and older then
         local fields = hash_fields(flat)
         last_sync, previous = tonumber(fields[s_field]), tonumber(fields[d_field])
+        leased = tonumber(fields[g_field])
       end
       new = round_is_newer(e, c, epoch, counter)
       if not new then
         spent, denied = 0, 0
       end
+      unleased = spent - math_min(spent, leased or 0)
       if new and (epoch ~= 0 or counter ~= 0) then
         round_epoch, round_counter, round_written = epoch, counter, now
       else
@@ -143,8 +155,14 @@ for _ = 1, count do
     -- A new key: its first requests came up to an interval ago, decided by the proxies'
     -- fallbacks; the bucket starts full then, and refills over that interval what they spent.
     local tokens, ts = stored_bucket(stored_tokens, stored_ts, burst, now - interval_us)
+    -- what the refill repaid of the debts beyond leases since the key was last written
+    local paid = math_max(now - ts, 0) * requests / (period_ms * 1000)
     tokens, ts = refill_bucket(tokens, ts, now, requests, period_ms, burst + debit + unreported)
+    local refilled = tokens
     tokens = math_max(math_min(tokens - debit, burst + unreported), -most)
+    -- the debts beyond leases, the largest of which a penalty does not count
+    local owed = settle_debts(key, debts, paid, refilled, tokens, burst, debtor,
+      math_max(0, debit - (spent - unleased)))
     -- one table per limit position, reused by every entry (no table made per entry)
     local l = limits[i]
     if l == nil then
@@ -153,6 +171,7 @@ for _ = 1, count do
     end
     l.key, l.requests, l.period_ms, l.burst = key, requests, period_ms, burst
     l.tokens, l.ts, l.others, l.others_demand, l.older = tokens, ts, others, others_demand, older
+    l.owed = owed
     l.earlier = mine_text ~= nil or my_round ~= nil
   end
   local penalty_us = tonumber(ARGV[arg]) * 1000
@@ -186,6 +205,8 @@ for _ = 1, count do
   -- more (a proxy is never starved while the bucket holds plenty), never more than any limit
   -- still holds once the other proxies' leases are set aside.
   local grant = nil
+  -- whether a limit would have nothing to grant without its largest debtor's unleased debt
+  local starved = false
   for i = 1, n do
     local l = limits[i]
     -- The proxy's share of the fleet's demand also entitles it to that share of the refill
@@ -196,6 +217,9 @@ for _ = 1, count do
     end
     local refill = l.requests * interval_ms * 1.5 / l.period_ms
     local available = math_floor(l.tokens - l.others + refill * fraction)
+    if math_floor(l.tokens + l.owed - l.others + refill * fraction) <= 0 then
+      starved = true
+    end
     local share = math_floor(available * fraction)
     -- never more than the bucket holds for it, nor more than a full bucket and the refill
     local g = math_min(available, math_max(want, share), math_floor(l.burst + refill))
@@ -208,18 +232,20 @@ for _ = 1, count do
     grant = 0
   end
 
-  -- 3b. the penalty: a key in its penalty gets nothing; one this report shows over starts it
+  -- 3b. the penalty: a key in its penalty gets nothing; one this report shows over starts it,
+  -- as the service sees the key without the largest debtor's unleased debt: denials with
+  -- nothing to grant, or spend of a lease into debt
   local penalty_ms = 0
   if penalty_key ~= nil then
     local ends = penalty_end(penalty_key, penalty_us)
     if ends <= now then
       local debt = false
       for i = 1, n do
-        if limits[i].tokens < 0 then
+        if limits[i].tokens + limits[i].owed < 0 then
           debt = true
         end
       end
-      if (denied > 0 and grant == 0) or (spent > 0 and debt) then
+      if (denied > 0 and grant == 0 and starved) or (spent > unleased and debt) then
         ends = penalty_start(penalty_key, now, penalty_us)
       end
     end

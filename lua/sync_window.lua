@@ -43,7 +43,7 @@
 -- KEYS: every limit key of every entry, in entry order then limit order:
 --       sluice:{<16 hex of FNV-1a-64 of the entry key>}:<entry key>:<requests>/<period_ms>/<burst>/<algorithm>[/<calendar>]
 -- ARGV: now_override_us (0 = Redis TIME, the one clock; non-zero only in tests), proxy id,
---       interval_ms, grant_ttl_ms, report_window_ms, entry count,
+--       interval_ms, grant_ttl_ms, report_window_ms, entry count, debtor (as sync.lua),
 --       then per entry: n_limits, spent, denied, epoch, counter (its round, as sync.lua), then
 --       n_limits x (requests, period_ms, window), then penalty_ms (its key after the entry's
 --       limit keys in KEYS when not 0, as sync.lua),
@@ -53,7 +53,8 @@
 -- Returns: a flat array of integers, seven per entry in order: grant, ttl_ms, remaining,
 --   reset_ms, from the limit with the fewest requests left, 1 if the entry was a replay of a
 --   report already applied (nothing counted; as sync.lua) else 0, token_ms, and penalty_ms
---   (the milliseconds left of the entry's penalty, as sync.lua):
+--   (the milliseconds left of the entry's penalty, as sync.lua; started, as there, from the
+--   counts without the largest debtor's unleased debt, prelude's window_debts):
 --   remaining: whole requests left in the window once the report is counted (the lease is not
 --     subtracted: the proxy subtracts what it spends from it, as for a token bucket);
 --   reset_ms: core's Verdict.reset_us once the leases are spent: until the window ends (fixed),
@@ -67,14 +68,15 @@
 --
 -- Each key is a hash: the window's counts (window.lua's n, w or p, c, w), and per proxy p: g:p
 -- (outstanding grant), x:p (its expiry, us), d:p (demand, requests/s), s:p (last sync, us), and
--- r:p (the last round applied, when the proxy labels its reports; see sync.lua). A
+-- r:p (the last round applied, when the proxy labels its reports; see sync.lua), and per
+-- debtor d, u:d (what its proxies counted beyond their leases, prelude's window_debts). A
 -- fixed window's count, or a sliding window's current one, never exceeds requests plus what
 -- one report may count (requests x (1 + report_window_ms / period_ms)). The key expires a second
 -- after the window ends (sliding: after the next window, which still weighs its count); every
 -- lease ends before.
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
 -- load_hash, leases, window_state (the windows and their counts), proxy_demand, expire_key,
--- round_is_new, round_text, forget_rounds, penalty_end and penalty_start.
+-- round_is_new, round_text, forget_rounds, window_debts, penalty_end and penalty_start.
 
 local now = clock(ARGV[1])
 local proxy = ARGV[2]
@@ -82,6 +84,7 @@ local interval_ms = tonumber(ARGV[3])
 local grant_ttl_ms = tonumber(ARGV[4])
 local report_window_ms = tonumber(ARGV[5])
 local count = tonumber(ARGV[6])
+local debtor = ARGV[7]
 local interval_us = interval_ms * 1000
 local grant_ttl_us = grant_ttl_ms * 1000
 local stale_before = now - grant_ttl_us
@@ -136,7 +139,7 @@ local function room_after(w, more, now)
 end
 
 local result = {}
-local arg = 7
+local arg = 8
 local key_index = 1
 for _ = 1, count do
   local n = tonumber(ARGV[arg])
@@ -148,6 +151,8 @@ for _ = 1, count do
   local labeled = epoch ~= 0 or counter ~= 0
   -- whether this report is new (decided on the entry's first key: all are written together)
   local new = true
+  -- whether some of the report was spent from the lease granted at the proxy's last sync
+  local from_lease = false
 
   -- 1. each window at `now`, with the report counted in it
   local windows = {}
@@ -179,20 +184,32 @@ for _ = 1, count do
     forget_rounds(w.key, flat, proxy, forget_before)
     -- what the proxy's lease of the old window covered, if it last synced there
     local last_sync = tonumber(fields[s_field])
+    local leased = math.min(spent, tonumber(fields[g_field]) or 0)
+    if leased > 0 then
+      from_lease = true
+    end
     local late = 0
     if last_sync ~= nil and last_sync < w.start then
-      late = math.min(spent, tonumber(fields[g_field]) or 0)
+      late = leased
     end
+    local added = 0
     if w.window == 'sliding' then
       if late > 0 and last_sync >= w.start - w.length then
         w.previous = math.min(w.previous + late, most)
       end
+      local was = w.current
       w.current = math.min(w.current + spent - late, most)
+      added = w.current - was
       w.weighted = w.previous * (1 - w.elapsed / w.length) + w.current
     else
+      local was = w.count
       w.count = math.min(w.count + spent - late, most)
+      added = w.count - was
       w.weighted = w.count
     end
+    -- the debts beyond leases (what this window counted beyond the part of the proxy's lease
+    -- it holds), the largest of which a penalty does not count
+    w.owed = window_debts(w.key, flat, w, now, debtor, math.max(0, added - (leased - late)))
     if w.finish < lease_end then
       lease_end = w.finish
     end
@@ -216,6 +233,8 @@ for _ = 1, count do
   -- longer than the sooner of the lease TTL and the end of every window (whole milliseconds).
   local ttl_ms = math.floor((lease_end - now) / 1000)
   local grant = nil
+  -- whether a window would have nothing to grant without its largest debtor's unleased debt
+  local starved = false
   for i = 1, n do
     local w = windows[i]
     local fraction = 0
@@ -224,6 +243,9 @@ for _ = 1, count do
     end
     -- a hair of tolerance, as core and window.lua: the weight is exact to a microsecond
     local available = math.floor(w.requests - w.weighted - w.others + 1e-9)
+    if math.floor(w.requests - w.weighted + w.owed - w.others + 1e-9) <= 0 then
+      starved = true
+    end
     local share = math.floor(available * fraction)
     local g = math.min(available, math.max(want, share))
     if grant == nil or g < grant then
@@ -236,18 +258,19 @@ for _ = 1, count do
   end
 
   -- 3b. the penalty, as sync.lua: a key in its penalty gets nothing; one this report shows over
-  -- (denials with nothing to grant, or its spend counted past a window's requests) starts it
+  -- (denials with nothing to grant, or its spend of a lease counted past a window's requests),
+  -- without the largest debtor's unleased debt, starts it
   local penalty_ms = 0
   if penalty_key ~= nil then
     local ends = penalty_end(penalty_key, penalty_us)
     if ends <= now then
       local past = false
       for i = 1, n do
-        if windows[i].weighted > windows[i].requests + 1e-9 then
+        if windows[i].weighted - windows[i].owed > windows[i].requests + 1e-9 then
           past = true
         end
       end
-      if (denied > 0 and grant == 0) or (spent > 0 and past) then
+      if (denied > 0 and grant == 0 and starved) or (from_lease and past) then
         ends = penalty_start(penalty_key, now, penalty_us)
       end
     end

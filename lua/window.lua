@@ -10,7 +10,9 @@
 --       then n_limits x (requests, period_ms, window), the window one of: fixed (period_ms long,
 --       aligned to the Unix epoch, so to the UTC clock), week (from Monday 00:00 UTC), month
 --       (from the 1st 00:00 UTC), sliding (period_ms long, aligned to the epoch); then
---       penalty_ms (0 or absent: none), its key after the limit keys in KEYS (as check.lua).
+--       penalty_ms (0 or absent: none), its key after the limit keys in KEYS (as check.lua:
+--       a denial starts it if the check would be denied without the largest debtor's unleased
+--       debt too, prelude's window_debts).
 -- Each key is a hash. fixed, week, month: n (requests counted in the window), w (its start, us).
 --   sliding: p (the previous window's count), c (the current window's), w (the current window's
 --   number since the epoch). It is written only when a request is counted, and expires a second
@@ -28,8 +30,8 @@
 --   Times are core's microseconds rounded up to milliseconds.
 --
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its clock,
--- load_hash, leases, window_state (the windows and their counts), expire_key, penalty_before
--- and penalty_after.
+-- load_hash, leases, window_state (the windows and their counts), window_debts, expire_key,
+-- penalty_before and penalty_after.
 
 local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
@@ -44,6 +46,8 @@ end
 -- aside: they may spend them until they expire, at the latest when the window ends.
 local windows = {}
 local allowed = true
+-- whether a window would deny the check without its largest debtor's unleased debt too
+local over = false
 for i = 1, n do
   local w = {
     key = KEYS[i],
@@ -57,8 +61,12 @@ for i = 1, n do
   -- Counts are whole and the weight exact to a microsecond: a hair of tolerance keeps a
   -- request at exactly the limit from being refused by rounding (as core).
   w.ok = w.weighted + w.held + cost <= w.requests + 1e-9
+  local owed = window_debts(w.key, flat, w, now, nil, 0)
   if not w.ok then
     allowed = false
+    if not (w.weighted - owed + w.held + cost <= w.requests + 1e-9) then
+      over = true
+    end
   end
   windows[i] = w
 end
@@ -144,4 +152,4 @@ return penalty_after({
   chosen.remaining,
   math.ceil(chosen.retry / 1000),
   math.ceil(chosen.reset / 1000),
-}, penalty_us, penalty_key, now)
+}, over, penalty_us, penalty_key, now)

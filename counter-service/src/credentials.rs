@@ -39,6 +39,14 @@ impl Caller {
             None => proxy.to_owned(),
         }
     }
+
+    /// Whom the spend this caller reports beyond its leases is owed by (`lua/prelude.lua`'s
+    /// `settle_debts`): the credential's name with `--tokens-file` (however many proxy ids it
+    /// reports under), the proxy's own id otherwise. A penalty never starts from one debtor's
+    /// unleased reports alone.
+    pub fn debtor<'a>(&'a self, proxy: &'a str) -> &'a str {
+        self.name.as_deref().unwrap_or(proxy)
+    }
 }
 
 impl Credentials {

@@ -217,6 +217,9 @@ mod tests {
                 "round_numbers",
                 "round_text",
                 "forget_rounds",
+                "MAX_DEBTORS",
+                "debt_field",
+                "settle_debts",
                 "stored_bucket",
                 "refill_bucket",
                 "ms_to_full",
@@ -232,6 +235,7 @@ mod tests {
                 "civil_from_days",
                 "window_bounds",
                 "window_state",
+                "window_debts",
             ]
         );
         // the prelude only defines: each script reads its own KEYS and ARGV

@@ -38,6 +38,7 @@ pub async fn handle(
     validate::sync_batch(&request, &state.settings)?;
     let caller = caller.map(|Extension(caller)| caller).unwrap_or_default();
     let proxy = caller.proxy_id(&request.proxy);
+    let debtor = caller.debtor(&request.proxy);
     // The live overrides are read beside the grants (one more script call, concurrent): the
     // answer reflects every change made before it, on any replica.
     // The interval to advise (the proxy's own while all is well, longer under backpressure)
@@ -52,7 +53,7 @@ pub async fn handle(
         settings.max_concurrency,
     );
     let (grants, mut overrides) = tokio::join!(
-        apply_as(&state, &proxy, &request, next_sync_ms, 0),
+        apply_as(&state, &proxy, debtor, &request, next_sync_ms, 0),
         overrides::for_sync(
             &state,
             request.overrides_version,
@@ -127,7 +128,7 @@ fn record_top(state: &AppState, credential: Option<&str>, request: &SyncRequest)
     }
 }
 
-/// Applies a batch as its own proxy id ([`apply_as`]).
+/// Applies a batch as its own proxy id, its own debtor ([`apply_as`]).
 pub async fn apply(
     state: &AppState,
     request: &SyncRequest,
@@ -135,6 +136,7 @@ pub async fn apply(
 ) -> Result<Vec<Lease>, BackendError> {
     apply_as(
         state,
+        &request.proxy,
         &request.proxy,
         request,
         request.interval_ms,
@@ -144,7 +146,9 @@ pub async fn apply(
 }
 
 /// Applies a batch for the proxy id `proxy` (the request's, namespaced by its credential) and
-/// answers one grant per entry, in request order. An entry out of bounds is refused alone: its
+/// answers one grant per entry, in request order. What the proxy reports spent beyond the lease
+/// it was granted at its last sync of a key is counted all the same, and kept as `debtor`'s
+/// debt ([`crate::credentials::Caller::debtor`]): no penalty starts from one debtor's alone. An entry out of bounds is refused alone: its
 /// grant is empty and says why, and its counts are not applied. Leases are sized for
 /// `interval_ms` (the interval the proxy is advised: its own, or longer under backpressure),
 /// clamped to the service's bounds, and each entry's counts are cut to what its limits make possible over the
@@ -157,6 +161,7 @@ pub async fn apply(
 pub async fn apply_as(
     state: &AppState,
     proxy: &str,
+    debtor: &str,
     request: &SyncRequest,
     interval_ms: u64,
     now_override_us: u64,
@@ -167,6 +172,7 @@ pub async fn apply_as(
     let window_ms = validate::report_window_ms(settings, interval_ms);
     let call = Call {
         proxy,
+        debtor,
         interval_ms,
         grant_ttl_ms: settings.grant_ttl_ms(interval_ms),
         window_ms,
@@ -301,6 +307,7 @@ pub fn calls(keys: &[&str], cluster: bool) -> Vec<Vec<usize>> {
 /// What every script call of one batch shares.
 struct Call<'a> {
     proxy: &'a str,
+    debtor: &'a str,
     interval_ms: u64,
     grant_ttl_ms: u64,
     window_ms: u64,
@@ -327,7 +334,8 @@ impl Call<'_> {
             .arg(self.interval_ms)
             .arg(self.grant_ttl_ms)
             .arg(self.window_ms)
-            .arg(reports.len());
+            .arg(reports.len())
+            .arg(self.debtor);
         for report in &reports {
             let entry = report.entry;
             invocation

@@ -604,12 +604,24 @@ async fn a_key_is_shown_and_reset_on_a_redis_cluster_in_one_call() {
     }
 }
 
-/// A key in its penalty (a rule's `penalty`, started by the service) shows when it started and
-/// ends; the reset clears it with the counts, so the next sync grants again.
+/// A key in its penalty (a rule's `penalty`, started by the service: the proxy spent the lease it
+/// was granted and was denied more) shows when it started and ends; the reset clears it with the
+/// counts, so the next sync grants again.
 #[tokio::test]
 async fn a_penalty_is_shown_and_goes_with_the_reset() {
     let redis = Redis::start().unwrap();
     let state = admin_state(&redis.url(), &[]);
+    let lease = json!({
+        "proxy": "p1",
+        "interval_ms": 10_000,
+        "entries": [{"key": "api\u{1f}alice", "limits": [TEN], "spent": 0, "denied": 30,
+            "penalty_ms": 600_000}],
+    });
+    let leased = post(&state, "/v1/sync", &lease).await;
+    assert!(
+        leased.body["grants"][0]["tokens"].as_u64() >= Some(10),
+        "{leased:?}"
+    );
     let body = json!({
         "proxy": "p1",
         "interval_ms": 10_000,

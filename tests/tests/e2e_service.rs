@@ -2370,10 +2370,63 @@ fn a_key_spent_through_envoy_is_seen_and_its_reset_admits_it_again() {
     );
 }
 
-/// A rule's penalty through the service: a cached rule's penalty started by traffic through
-/// proxy A denies the key on proxy B (which had seen nothing of it) once B's first sync of the
-/// key is answered, told the penalty's time left; a strict rule's penalty, started by one proxy's
-/// check, denies the key on the other at once.
+/// Attacker's test: a proxy credential reports a strict rule's key spent far beyond any lease it
+/// was granted (it never synced the key). The count is honest: the key's next requests through a
+/// real proxy are denied until the refill repays the debt. But neither the proxy's strict checks
+/// then denied (after a report that carries no penalty) nor the report itself (carrying the
+/// rule's) starts the penalty: each denial waits for a token (about 140 s at 3 a minute from the
+/// debt's floor), not the rule's 10 minutes, and a key it did not touch is admitted.
+#[test]
+fn a_report_of_spend_never_leased_puts_no_strict_key_in_its_penalty() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let service = Service::start(&redis.url()).unwrap();
+    let rules = json!([{
+        "name": "strict",
+        "key": ["header:x-user"],
+        "consistency": "strict",
+        "penalty": "10m",
+        "limits": [{"requests": 3, "per": "minute"}],
+    }]);
+    let envoy = start_envoy(&service, config(service.token(), 100, rules), 1);
+    let client = agent();
+    let made_up = |penalty_ms: u64| {
+        json!({"proxy": "evil", "interval_ms": 100, "entries": [{
+            "key": "strict\u{1f}mallory",
+            "limits": [{"requests": 3, "period_ms": 60_000, "burst": 3}],
+            "spent": 1_000, "denied": 1_000, "penalty_ms": penalty_ms}]})
+    };
+    for penalty_ms in [0, 600_000] {
+        let reply = service
+            .post("/v1/sync", &made_up(penalty_ms).to_string())
+            .unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+        let grant = &reply.json().unwrap()["grants"][0];
+        assert_eq!(grant["penalty_ms"], Value::Null, "{reply:?}");
+        for _ in 0..2 {
+            let denied = get(&client, &envoy.url("/x"), &[("x-user", "mallory")]).unwrap();
+            assert_eq!(denied.status, 429, "the debt denies: {denied:?}");
+            let retry_after: u64 = denied
+                .header("retry-after")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            assert!(
+                (1..590).contains(&retry_after),
+                "a token's wait, not the penalty: {denied:?}"
+            );
+        }
+    }
+    let other = get(&client, &envoy.url("/x"), &[("x-user", "trent")]).unwrap();
+    assert_eq!(other.status, 200, "{other:?}");
+}
+
+/// A rule's penalty through the service: a cached rule's penalty started by traffic the service
+/// counted through proxy A (its checks and leases: the rule fails closed, so a key without a
+/// lease is asked) denies the key on proxy B (which had seen nothing of it) at B's first request,
+/// told the penalty's time left; a strict rule's penalty, started by one proxy's check, denies the
+/// key on the other at once. A burst that A's fallback alone decided (a new key, before its
+/// first lease) starts no penalty at the service: A keeps its own, and B starts its own once the
+/// service answers it the key empty.
 #[test]
 fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
     let _machine = machine();
@@ -2388,6 +2441,15 @@ fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
             "penalty": "10m",
             "limits": [{"requests": 3, "per": "minute"}],
             "fallback": {"policy": "fail_open", "limits": [{"requests": 3, "per": "minute"}]},
+        },
+        {
+            "name": "closed",
+            "match": {"path_prefix": "/closed"},
+            "key": ["header:x-user"],
+            "consistency": "cached",
+            "penalty": "10m",
+            "limits": [{"requests": 3, "per": "minute"}],
+            "fallback": {"policy": "fail_closed"},
         },
         {
             "name": "strict",
@@ -2409,11 +2471,25 @@ fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
             .unwrap_or(0)
     };
 
-    // Through A: three admitted, then over.
+    // Through A: three admitted, then over; from its fallback for alice, from what the service
+    // counted for erin.
     let started = Instant::now();
     let on_a: Vec<_> = (0..5)
         .map(|_| get(&client, &a.url("/login"), &[("x-user", "alice")]).unwrap())
         .collect();
+    let closed_on_a: Vec<u16> = (0..5)
+        .map(|_| {
+            get(&client, &a.url("/closed"), &[("x-user", "erin")])
+                .unwrap()
+                .status
+        })
+        .collect();
+    assert_eq!(
+        closed_on_a,
+        [200, 200, 200, 429, 429],
+        "{:?}",
+        a.sluice_stats()
+    );
     let statuses: Vec<u16> = on_a.iter().map(|r| r.status).collect();
     assert_eq!(
         statuses,
@@ -2422,16 +2498,27 @@ fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
         a.sluice_stats()
     );
     assert!(retry_after(&on_a[3]) > 590, "{:?}", on_a[3]);
-    // A's report reaches the service (its syncs every 100 ms): the service sees the key over. B
-    // asks 2.5 s on at the earliest: the time left it answers is then at most 598 s, where a
-    // penalty B started itself would say 600.
+    // A's report reaches the service (its syncs every 100 ms). B asks 2.5 s on at the earliest:
+    // the time left of a penalty the service started is then at most 598 s, where a penalty B
+    // started itself would say 600.
     assert!(eventually(Duration::from_secs(5), || {
         a.stat("wasmcustom.sluice.sync.ok") >= 2
     }));
     std::thread::sleep(Duration::from_millis(2_500).saturating_sub(started.elapsed()));
 
-    // Through B: at most its fallback's first admission before its first sync of the key is
-    // answered, then the penalty, told its time left (not the 20 s a token of 3 a minute takes).
+    // Erin through B: denied at once, told the time left of the penalty the service started.
+    let erin = get(&client, &b.url("/closed"), &[("x-user", "erin")]).unwrap();
+    assert_eq!(erin.status, 429, "{erin:?}");
+    let left = retry_after(&erin);
+    assert!(
+        (300..=598).contains(&left),
+        "the service's penalty's time left: {erin:?}"
+    );
+
+    // Alice through B: at most its fallback's first admission before its first sync of the key
+    // is answered, then a penalty (not the 20 s a token of 3 a minute takes): B's own, started
+    // when its lease ran out on a key the service answered empty, since A's fallback alone
+    // started none at the service.
     let mut admitted_on_b = 0;
     let mut denial = None;
     for _ in 0..30 {
@@ -2457,10 +2544,10 @@ fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
         admitted_on_b <= 2,
         "B admitted {admitted_on_b} before its sync answered"
     );
-    let left = retry_after(&denial);
-    assert!(
-        (300..=598).contains(&left),
-        "A's penalty's time left, not one of B's own: {denial:?}"
+    assert_eq!(
+        retry_after(&denial),
+        600,
+        "B's own penalty, not one the service started from A's fallback: {denial:?}"
     );
     // Another key is not in it.
     let bob = get(&client, &b.url("/login"), &[("x-user", "bob")]).unwrap();
