@@ -200,7 +200,7 @@ fn the_proxy_level_of_the_request_s_bulkhead_scales_its_limit() {
 }
 
 const QUOTA: &str = r#"{"rules": [{"name": "api", "key": ["header:x-user"],
-    "match": {"path_prefix": "/api/"}, "quota_path": "/rate_limit",
+    "match": {"path_prefix": "/api/"}, "quota_path": "/rate_limit", "quota_path_any_key": true,
     "limits": [{"requests": 5, "per": "minute"}]}]}"#;
 
 fn quota(limiter: &Limiter, store: &mut MemoryStore, request: &mut PlainRequest) -> Reply {
@@ -282,7 +282,7 @@ fn the_quota_path_of_a_rule_that_skips_the_caller_answers_null() {
 fn the_quota_path_reports_the_scheduled_limit() {
     let json = NIGHT.replace(
         r#""limits": [{"requests": 10"#,
-        r#""quota_path": "/rate_limit", "limits": [{"requests": 10"#,
+        r#""quota_path": "/rate_limit", "quota_path_any_key": true, "limits": [{"requests": 10"#,
     );
     let limiter = limiter(&json);
     let mut store = MemoryStore::default();
@@ -297,4 +297,51 @@ fn the_quota_path_reports_the_scheduled_limit() {
         "{}",
         reply.body
     );
+}
+
+/// A quota path answers only for a key the caller cannot choose: a rule keyed by anything the
+/// caller sends (a header, cookie, query parameter, the path or the method, alone, beside the
+/// address or as an alternative) is refused, naming the part and the opt-in, unless it accepts
+/// that anyone reads any key's quota (`quota_path_any_key`). The address, its network, a
+/// verified claim and a constant need no opt-in.
+#[test]
+fn a_quota_path_needs_a_key_the_caller_cannot_choose_or_the_opt_in() {
+    let config = |key: &str, opt_in: &str| {
+        format!(
+            r#"{{"rules": [{{"name": "api", "key": {key}, "quota_path": "/rate_limit",{opt_in}
+            "limits": [{{"requests": 5, "per": "minute"}}]}}]}}"#
+        )
+    };
+    for (key, part) in [
+        (r#"["header:x-user"]"#, "header:x-user"),
+        (r#"["client_ip", "cookie:sid"]"#, "cookie:sid"),
+        (r#"["query:api_key"]"#, "query:api_key"),
+        (r#"["client_ip", "path"]"#, "path"),
+        (r#"["client_ip", "method"]"#, "method"),
+        (r#"["jwt:sub|header:x-user"]"#, "header:x-user"),
+    ] {
+        for opt_in in ["", r#" "quota_path_any_key": false,"#] {
+            let error = sluice_core::parse(config(key, opt_in).as_bytes()).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "rules[0].quota_path: the key part {part} is sent by the caller, who could read any key's quota (another account's remaining requests, its penalty's end) by naming it: key the rule by client_ip or jwt: claims, or accept that with \"quota_path_any_key\": true"
+                ),
+                "{key}{opt_in}"
+            );
+        }
+        let accepted =
+            sluice_core::parse(config(key, r#" "quota_path_any_key": true,"#).as_bytes());
+        assert!(accepted.is_ok(), "{key}: {accepted:?}");
+    }
+    for key in [
+        r#"["client_ip"]"#,
+        r#"["client_ip/24"]"#,
+        r#"["jwt:sub"]"#,
+        r#"["jwt:org", "const:api"]"#,
+        r#"["jwt:sub|client_ip"]"#,
+    ] {
+        let accepted = sluice_core::parse(config(key, "").as_bytes());
+        assert!(accepted.is_ok(), "{key}: {accepted:?}");
+    }
 }
