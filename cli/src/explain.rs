@@ -839,7 +839,7 @@ pub fn render(e: &Explanation) -> String {
             };
             let _ = writeln!(
                 out,
-                "   quota path:  {path} answers {whose} of this rule (spends nothing)"
+                "   quota path:  {path} answers {whose} of this rule (spends nothing of it; the other rules decide the request as any)"
             );
         }
         if let Some(counters) = rule.top_keys {

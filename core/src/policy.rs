@@ -253,7 +253,7 @@ pub struct Rule {
     /// are always its own, which then pays one test for it ([`crate::limit::dynamic`]).
     pub dynamic: Option<Box<crate::limit::dynamic::Dynamic>>,
     /// A path (`/rate_limit`) answered with the caller's own quota of this rule, spending
-    /// nothing, never forwarded.
+    /// nothing of it, never forwarded: the request is decided by the other rules first, as any.
     pub quota_path: Option<String>,
     /// The rule's key has a part the caller sends, and its `quota_path` answers anyway
     /// (`quota_path_any_key`): whoever names a key reads its quota.

@@ -345,3 +345,65 @@ fn a_quota_path_needs_a_key_the_caller_cannot_choose_or_the_opt_in() {
         assert!(accepted.is_ok(), "{key}: {accepted:?}");
     }
 }
+
+/// A request of the quota path is decided by every other rule that matches it, as any request:
+/// a per-address rule spends a token on each probe and denies the probes past its limit with a
+/// 429, whatever key the probe names. The rule answering the path reads its key and spends
+/// nothing, even where its match takes the path. Answered or denied, a probe gives its
+/// bulkhead slot back at once (one slot serves them all).
+#[test]
+fn quota_path_probes_are_charged_to_a_per_address_rule() {
+    let limiter = limiter(
+        r#"{"shedding": {"bulkheads": [{"name": "all", "limit": {"static": 1}}]}, "rules": [
+        {"name": "per-ip", "key": ["client_ip"], "limits": [{"requests": 3, "per": "minute"}]},
+        {"name": "api", "key": ["header:x-user"], "quota_path": "/rate_limit",
+         "quota_path_any_key": true, "limits": [{"requests": 5, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let moment = Moment::at(MIDNIGHT);
+    let prober: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    let mut statuses = Vec::new();
+    for user in ["alice", "bob", "carol", "dave", "erin"] {
+        let request = &mut PlainRequest::get("/rate_limit")
+            .from_ip("203.0.113.7")
+            .with_header("x-user", user);
+        let (_, step, _) = Exchange::start(&limiter, request, Some(prober), moment, &mut store);
+        let Step::Respond(reply) = step else {
+            panic!("not answered: {step:?}");
+        };
+        if reply.status == 200 {
+            assert!(
+                reply.body.contains(r#""api":{"limit":5,"remaining":5"#),
+                "the answering rule spent nothing: {}",
+                reply.body
+            );
+        } else {
+            assert!(reply.body.contains("per-ip"), "{}", reply.body);
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "3 probes an address");
+    let gauge_key = &limiter.policy().shedding.as_ref().unwrap().bulkheads[0].gauge_key;
+    let (bytes, _) = store.get(gauge_key).unwrap().unwrap();
+    assert_eq!(Gauge::decode(&bytes).in_flight, 0, "every slot given back");
+    // The prober's address has nothing left for any request; another address is untouched.
+    let (_, step, _) = Exchange::start(
+        &limiter,
+        &mut PlainRequest::get("/api/x")
+            .from_ip("203.0.113.7")
+            .with_header("x-user", "zed"),
+        Some(prober),
+        moment,
+        &mut store,
+    );
+    assert!(matches!(step, Step::Respond(r) if r.status == 429));
+    let other: std::net::IpAddr = "198.51.100.1".parse().unwrap();
+    let request = &mut PlainRequest::get("/rate_limit")
+        .from_ip("198.51.100.1")
+        .with_header("x-user", "alice");
+    let (_, step, _) = Exchange::start(&limiter, request, Some(other), moment, &mut store);
+    assert!(
+        matches!(&step, Step::Respond(r) if r.status == 200),
+        "{step:?}"
+    );
+}

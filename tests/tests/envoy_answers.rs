@@ -360,3 +360,39 @@ fn a_quota_path_keyed_by_a_header_the_client_sends_is_refused_without_the_opt_in
         "{line}"
     );
 }
+
+/// Probes of a quota path are limited like any request: a per-address rule that matches the path spends a token
+/// on each and answers 429 past its limit, whatever else the probe names; the rule answering the path spends
+/// nothing of the key it reports.
+#[test]
+fn quota_path_probes_past_a_per_address_limit_get_429() {
+    let envoy = Envoy::start(EnvoyOptions {
+        template: Template::Sluice,
+        plugin_config_json: json!({"rules": [
+            {"name": "per-ip", "key": ["client_ip"], "limits": [{"requests": 3, "per": "minute"}]},
+            {"name": "api", "match": {"path_prefix": "/api/"}, "key": ["client_ip"],
+             "quota_path": "/rate_limit", "limits": [{"requests": 10, "per": "minute"}]}]})
+        .to_string(),
+        concurrency: 2,
+        ..EnvoyOptions::default()
+    })
+    .unwrap();
+    let client = agent();
+    let mut statuses = Vec::new();
+    for user in ["alice", "bob", "carol", "dave", "erin"] {
+        let reply = get(&client, &envoy.url("/rate_limit"), &[("x-user", user)]).unwrap();
+        if reply.status == 200 {
+            let body: Value = serde_json::from_str(&reply.body).unwrap();
+            assert_eq!(body["rules"]["api"]["remaining"], 10, "{reply:?}");
+        } else {
+            let body = checked_body(&reply.body);
+            assert_eq!(
+                (&body["error"], &body["rule"]),
+                (&json!("rate_limited"), &json!("per-ip")),
+                "{reply:?}"
+            );
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "3 probes an address");
+}

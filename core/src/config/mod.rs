@@ -212,10 +212,10 @@ struct RawRule {
     /// Other limits during windows of the UTC day, such as [{"utc": "22:00-06:00", "limits": [...]}]: the first window holding the request's time decides; the rule's own limits hold outside every window. Each window's limits keep the algorithm and per of the rule's limit in their place (only requests and burst change). Local rules, not with tiers.
     #[serde(default)]
     schedule: Option<Vec<RawWindow>>,
-    /// A path, such as /rate_limit, answered 200 with the caller's own quota of this rule as JSON (its key computed as for a limited request), spending nothing and never forwarded. The exact path, without a query. Local rules whose key the caller cannot choose (client_ip, jwt: claims, const:), unless quota_path_any_key.
+    /// A path, such as /rate_limit, answered 200 with the caller's own quota of this rule as JSON (its key computed as for a limited request), spending nothing of it and never forwarded; the request is first decided by the other rules that match it, as any request. The exact path, without a query. Local rules whose key the caller cannot choose (client_ip, jwt: claims, const:), unless quota_path_any_key.
     #[serde(default)]
     quota_path: Option<String>,
-    /// true: the quota_path answers although the key has a part the caller sends (a header, cookie, query parameter, the path or the method), so that anyone reads any key's quota (its remaining requests, its penalty's end) by naming it.
+    /// true: the quota_path answers although the key has a part the caller sends (a header, cookie, query parameter, the path or the method), so that anyone reads any key's quota (its remaining requests, its penalty's end) by naming it. Limit the probes with a per-address rule that matches the path.
     #[serde(default)]
     quota_path_any_key: Option<bool>,
     /// Counts the keys this rule admits and denies most, in a space-saving sketch of this many counters per worker and kind (4 to 64; absent: not counted). Reported to the counter service (GET /admin/v1/top, sluice top) or, without one, logged every minute. Local and cached rules.
