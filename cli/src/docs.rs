@@ -162,7 +162,7 @@ pub fn markdown(loaded: &Loaded) -> String {
     }
     for rule in policy.rules.iter().filter(|r| r.quota_path.is_some()) {
         notes.push(format!(
-            "`GET {}` answers your own quota of `{}` as JSON (limit, remaining, reset), without spending it.",
+            "`GET {}` answers your own quota of `{}` as JSON (limit, remaining, reset), without spending it; the request counts against the other limits that apply to it, as any.",
             rule.quota_path.as_deref().unwrap_or(""),
             rule.name
         ));

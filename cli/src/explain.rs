@@ -183,6 +183,9 @@ pub struct RuleReport {
     /// The path answered with the caller's own quota of this rule (`quota_path`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota_path: Option<String>,
+    /// The quota path answers for any key a caller names (`quota_path_any_key`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub quota_path_any_key: bool,
     /// The counters of its top-keys sketches (`top_keys`), per worker and kind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_keys: Option<u32>,
@@ -505,6 +508,7 @@ fn report(loaded: &Loaded, rule: &Rule, request: &mut PlainRequest) -> RuleRepor
             .map(text::window)
             .collect(),
         quota_path: rule.quota_path.clone(),
+        quota_path_any_key: rule.quota_path_any_key,
         top_keys: (rule.top_keys > 0).then_some(rule.top_keys),
         limits_from,
         consistency: text::consistency(rule.consistency),
@@ -829,9 +833,13 @@ pub fn render(e: &Explanation) -> String {
             let _ = writeln!(out, "   schedule:    {window}");
         }
         if let Some(path) = &rule.quota_path {
+            let whose = match rule.quota_path_any_key {
+                false => "the caller's own quota",
+                true => "the quota of any key the caller names (quota_path_any_key)",
+            };
             let _ = writeln!(
                 out,
-                "   quota path:  {path} answers the caller's own quota of this rule (spends nothing)"
+                "   quota path:  {path} answers {whose} of this rule (spends nothing of it; the other rules decide the request as any)"
             );
         }
         if let Some(counters) = rule.top_keys {

@@ -840,6 +840,7 @@ fn the_schema_lists_the_fields_of_the_configuration_and_of_a_rule() {
             "penalty",
             "query_names",
             "quota_path",
+            "quota_path_any_key",
             "ramp_percent",
             "scale",
             "schedule",
@@ -1080,7 +1081,23 @@ fn the_cli_knows_limits_that_follow_load_and_time_and_the_quota_path() {
         "{out}"
     );
     assert!(out.contains("   schedule:    22:00-06:00 UTC: 20"), "{out}");
-    assert!(out.contains("   quota path:  /rate_limit"), "{out}");
+    assert!(
+        out.contains("   quota path:  /rate_limit answers the caller's own quota of this rule"),
+        "{out}"
+    );
+    let any_key = String::from_utf8_lossy(config).replace(
+        r#""key": ["client_ip"], "quota_path": "/rate_limit","#,
+        r#""key": ["header:x-user"], "quota_path": "/rate_limit", "quota_path_any_key": true,"#,
+    );
+    let output = sluice(&["explain", "--path", "/", "-"], any_key.as_bytes());
+    assert!(
+        stdout(&output).contains(
+            "   quota path:  /rate_limit answers the quota of any key the caller names (quota_path_any_key)"
+        ),
+        "{}{}",
+        stdout(&output),
+        stderr(&output)
+    );
     let output = sluice(&["docs", "-"], config);
     let out = stdout(&output);
     assert!(

@@ -175,6 +175,19 @@ pub struct Exchange {
     decided_us: u64,
     /// The level shedding worked out for the request's bulkhead (normal outside any).
     level: Level,
+    /// A request of a quota path: its answer, given instead of forwarding it once the other
+    /// rules admit it.
+    probe: Option<Box<Probe>>,
+}
+
+/// A request of a quota path ([`follow`]).
+#[derive(Debug)]
+struct Probe {
+    /// The path, which the rules answering it do not decide
+    /// ([`Limiter::decide_except`]).
+    path: String,
+    /// The caller's own quota of those rules ([`crate::reply::quota`]).
+    reply: Reply,
 }
 
 /// The load levels a rule's `scale` reads: shedding's `proxy` level of the request's bulkhead,
@@ -212,9 +225,11 @@ fn load(limiter: &Limiter, exchange: &Exchange, fleet: Option<f64>, store: &mut 
 }
 
 /// What a policy with limits that follow load, or with quota paths, works out for a request
-/// shedding admitted: the load levels its `scale`s read ([`load`]), or, for a request of a
+/// shedding admitted: the load levels its `scale`s read ([`load`]), and, for a request of a
 /// quota path, its answer: the caller's own quota of each rule answering it
-/// ([`crate::reply::quota`]), nothing spent, never forwarded (its slot given back).
+/// ([`crate::reply::quota`]), read without spending. The other rules then decide the request
+/// as any ([`Limiter::decide_except`]); once they admit it, it is answered instead of
+/// forwarded (its slot given back: [`Exchange::admitted_step`]).
 #[inline(never)]
 fn follow(
     limiter: &Limiter,
@@ -222,13 +237,13 @@ fn follow(
     request: &mut dyn RequestView,
     moment: Moment,
     store: &mut dyn Store,
-) -> Result<Load, Reply> {
+) -> Load {
     let levels = match limiter.scales() {
         false => Load::default(),
         true => load(limiter, exchange, moment.fleet, store),
     };
     if !limiter.has_quota_paths() {
-        return Ok(levels);
+        return levels;
     }
     let path = request.path().to_string();
     let conditions = Conditions {
@@ -238,15 +253,15 @@ fn follow(
         load: levels,
     };
     let Some(quotas) = limiter.quotas(&path, request, conditions, store) else {
-        return Ok(levels);
+        return levels;
     };
-    exchange.answered = true;
-    exchange.give_up_seat(limiter, store);
     let named: Vec<(&str, Option<Quota>)> = quotas
         .iter()
         .filter_map(|(id, q)| limiter.rule(*id).map(|r| (r.rule.name.as_str(), *q)))
         .collect();
-    Err(crate::reply::quota(&named, moment.now_us))
+    let reply = crate::reply::quota(&named, moment.now_us);
+    exchange.probe = Some(Box::new(Probe { path, reply }));
+    levels
 }
 
 /// Names the warn rule that would have denied a request (on its response).
@@ -321,14 +336,11 @@ impl Exchange {
         // Limits that follow load and time, and quota paths: one test for a policy without them.
         let mut load = Load::default();
         if limiter.follows() {
-            match follow(limiter, exchange, request, moment, store) {
-                Ok(levels) => load = levels,
-                Err(reply) => return Step::Respond(reply),
-            }
+            load = follow(limiter, exchange, request, moment, store);
         }
         if moment.bypass || limiter.bypassed(request.path(), client) {
             effects.push(Effect::Bypassed);
-            let step = exchange.admitted_step();
+            let step = exchange.admitted_step(limiter, store);
             return step;
         }
         let service_back_us = if moment.service_up {
@@ -343,7 +355,8 @@ impl Exchange {
             load,
         };
         let mut evaluation = Evaluation::default();
-        limiter.decide_into(request, conditions, store, &mut evaluation);
+        let probe = exchange.probe.as_deref().map(|p| p.path.as_str());
+        limiter.decide_except(probe, request, conditions, store, &mut evaluation);
         effects.extend(
             evaluation
                 .outcomes
@@ -754,7 +767,7 @@ impl Exchange {
                     Step::Respond(self.denial(limiter, rule, &answer.quota, answer.retry_after_us))
                 }
             }
-            None => self.admitted_step(),
+            None => self.admitted_step(limiter, store),
         }
     }
 }
@@ -910,8 +923,11 @@ impl Exchange {
 
     /// Go on: after its delay if a leaky bucket shapes it (a request both shaped and queued by
     /// shedding goes after its delay, uncounted by the bulkhead: shaping already paces it), to
-    /// the queue if shedding asked for it, else upstream.
-    fn admitted_step(&mut self) -> Step {
+    /// the queue if shedding asked for it, else upstream; a quota path's request is answered.
+    fn admitted_step(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Step {
+        if self.probe.is_some() {
+            return self.answer_probe(limiter, store);
+        }
         if let Some(until_us) = self.delay_until {
             self.queued = None;
             return Step::Delay { until_us };
@@ -922,6 +938,21 @@ impl Exchange {
                 level,
                 wait_budget_us,
             },
+            None => Step::Continue,
+        }
+    }
+
+    /// A quota path's request the rules admitted: answered instead of forwarded, at once (what
+    /// the rules spent on it stays spent), its slot given back.
+    #[cold]
+    #[inline(never)]
+    fn answer_probe(&mut self, limiter: &Limiter, store: &mut dyn Store) -> Step {
+        self.answered = true;
+        self.delay_until = None;
+        self.chargeable.clear();
+        self.give_up_seat(limiter, store);
+        match self.probe.take() {
+            Some(probe) => Step::Respond(probe.reply),
             None => Step::Continue,
         }
     }

@@ -253,8 +253,11 @@ pub struct Rule {
     /// are always its own, which then pays one test for it ([`crate::limit::dynamic`]).
     pub dynamic: Option<Box<crate::limit::dynamic::Dynamic>>,
     /// A path (`/rate_limit`) answered with the caller's own quota of this rule, spending
-    /// nothing, never forwarded.
+    /// nothing of it, never forwarded: the request is decided by the other rules first, as any.
     pub quota_path: Option<String>,
+    /// The rule's key has a part the caller sends, and its `quota_path` answers anyway
+    /// (`quota_path_any_key`): whoever names a key reads its quota.
+    pub quota_path_any_key: bool,
     /// The rule's limit read from each request (a verified claim, a header a trusted filter
     /// sets), bounded; `None` for the rule's own limits alone.
     pub limits_from: Option<LimitsFrom>,
@@ -514,6 +517,25 @@ impl KeyPart {
             KeyPart::ClientIp | KeyPart::ClientIpPrefix { .. } => true,
             KeyPart::First(alts) => alts.iter().any(KeyPart::needs_client_ip),
             _ => false,
+        }
+    }
+
+    /// The part of it whose value the caller chooses, if any: a header, cookie or query
+    /// parameter it sends, the path or the method (of alternatives, the first such). The client
+    /// address (as `client_ip.trusted_hops` reads it), a claim of a token `jwt_authn` verified
+    /// and a constant are not the caller's to choose.
+    pub fn sent_by_caller(&self) -> Option<&KeyPart> {
+        match self {
+            KeyPart::Header(_)
+            | KeyPart::Cookie(_)
+            | KeyPart::Query { .. }
+            | KeyPart::Path
+            | KeyPart::Method => Some(self),
+            KeyPart::First(alts) => alts.iter().find_map(KeyPart::sent_by_caller),
+            KeyPart::ClientIp
+            | KeyPart::ClientIpPrefix { .. }
+            | KeyPart::Claim(_)
+            | KeyPart::Const(_) => None,
         }
     }
 }

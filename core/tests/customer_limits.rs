@@ -578,7 +578,7 @@ fn quota_answer(limiter: &Limiter, store: &mut MemoryStore, mut request: PlainRe
 fn the_quota_path_tells_a_key_its_own_limits() {
     let configured = parse(
         r#"{"rules": [{"name": "api", "key": ["header:x-customer"], "quota_path": "/rate_limit",
-            "limits": [{"requests": 1000, "per": "minute"}]}]}"#,
+            "quota_path_any_key": true, "limits": [{"requests": 1000, "per": "minute"}]}]}"#,
     );
     let live = key_limits(&[(
         "api",
@@ -633,7 +633,7 @@ fn the_quota_path_tells_the_limit_a_limits_from_value_gives() {
 fn the_quota_path_tells_a_blocked_key_it_has_nothing_left_and_an_allowed_one_null() {
     let configured = parse(
         r#"{"rules": [{"name": "api", "key": ["header:x-customer"], "quota_path": "/rate_limit",
-            "limits": [{"requests": 1000, "per": "minute"}]}]}"#,
+            "quota_path_any_key": true, "limits": [{"requests": 1000, "per": "minute"}]}]}"#,
     );
     let in_90_s = T0 / 1_000 + 90_000;
     let live = LiveOverrides {

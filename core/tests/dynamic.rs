@@ -200,7 +200,7 @@ fn the_proxy_level_of_the_request_s_bulkhead_scales_its_limit() {
 }
 
 const QUOTA: &str = r#"{"rules": [{"name": "api", "key": ["header:x-user"],
-    "match": {"path_prefix": "/api/"}, "quota_path": "/rate_limit",
+    "match": {"path_prefix": "/api/"}, "quota_path": "/rate_limit", "quota_path_any_key": true,
     "limits": [{"requests": 5, "per": "minute"}]}]}"#;
 
 fn quota(limiter: &Limiter, store: &mut MemoryStore, request: &mut PlainRequest) -> Reply {
@@ -282,7 +282,7 @@ fn the_quota_path_of_a_rule_that_skips_the_caller_answers_null() {
 fn the_quota_path_reports_the_scheduled_limit() {
     let json = NIGHT.replace(
         r#""limits": [{"requests": 10"#,
-        r#""quota_path": "/rate_limit", "limits": [{"requests": 10"#,
+        r#""quota_path": "/rate_limit", "quota_path_any_key": true, "limits": [{"requests": 10"#,
     );
     let limiter = limiter(&json);
     let mut store = MemoryStore::default();
@@ -296,5 +296,114 @@ fn the_quota_path_reports_the_scheduled_limit() {
         reply.body.contains(r#""limit":3,"remaining":3"#),
         "{}",
         reply.body
+    );
+}
+
+/// A quota path answers only for a key the caller cannot choose: a rule keyed by anything the
+/// caller sends (a header, cookie, query parameter, the path or the method, alone, beside the
+/// address or as an alternative) is refused, naming the part and the opt-in, unless it accepts
+/// that anyone reads any key's quota (`quota_path_any_key`). The address, its network, a
+/// verified claim and a constant need no opt-in.
+#[test]
+fn a_quota_path_needs_a_key_the_caller_cannot_choose_or_the_opt_in() {
+    let config = |key: &str, opt_in: &str| {
+        format!(
+            r#"{{"rules": [{{"name": "api", "key": {key}, "quota_path": "/rate_limit",{opt_in}
+            "limits": [{{"requests": 5, "per": "minute"}}]}}]}}"#
+        )
+    };
+    for (key, part) in [
+        (r#"["header:x-user"]"#, "header:x-user"),
+        (r#"["client_ip", "cookie:sid"]"#, "cookie:sid"),
+        (r#"["query:api_key"]"#, "query:api_key"),
+        (r#"["client_ip", "path"]"#, "path"),
+        (r#"["client_ip", "method"]"#, "method"),
+        (r#"["jwt:sub|header:x-user"]"#, "header:x-user"),
+    ] {
+        for opt_in in ["", r#" "quota_path_any_key": false,"#] {
+            let error = sluice_core::parse(config(key, opt_in).as_bytes()).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "rules[0].quota_path: the key part {part} is sent by the caller, who could read any key's quota (another account's remaining requests, its penalty's end) by naming it: key the rule by client_ip or jwt: claims, or accept that with \"quota_path_any_key\": true"
+                ),
+                "{key}{opt_in}"
+            );
+        }
+        let accepted =
+            sluice_core::parse(config(key, r#" "quota_path_any_key": true,"#).as_bytes());
+        assert!(accepted.is_ok(), "{key}: {accepted:?}");
+    }
+    for key in [
+        r#"["client_ip"]"#,
+        r#"["client_ip/24"]"#,
+        r#"["jwt:sub"]"#,
+        r#"["jwt:org", "const:api"]"#,
+        r#"["jwt:sub|client_ip"]"#,
+    ] {
+        let accepted = sluice_core::parse(config(key, "").as_bytes());
+        assert!(accepted.is_ok(), "{key}: {accepted:?}");
+    }
+}
+
+/// A request of the quota path is decided by every other rule that matches it, as any request:
+/// a per-address rule spends a token on each probe and denies the probes past its limit with a
+/// 429, whatever key the probe names. The rule answering the path reads its key and spends
+/// nothing, even where its match takes the path. Answered or denied, a probe gives its
+/// bulkhead slot back at once (one slot serves them all).
+#[test]
+fn quota_path_probes_are_charged_to_a_per_address_rule() {
+    let limiter = limiter(
+        r#"{"shedding": {"bulkheads": [{"name": "all", "limit": {"static": 1}}]}, "rules": [
+        {"name": "per-ip", "key": ["client_ip"], "limits": [{"requests": 3, "per": "minute"}]},
+        {"name": "api", "key": ["header:x-user"], "quota_path": "/rate_limit",
+         "quota_path_any_key": true, "limits": [{"requests": 5, "per": "minute"}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let moment = Moment::at(MIDNIGHT);
+    let prober: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    let mut statuses = Vec::new();
+    for user in ["alice", "bob", "carol", "dave", "erin"] {
+        let request = &mut PlainRequest::get("/rate_limit")
+            .from_ip("203.0.113.7")
+            .with_header("x-user", user);
+        let (_, step, _) = Exchange::start(&limiter, request, Some(prober), moment, &mut store);
+        let Step::Respond(reply) = step else {
+            panic!("not answered: {step:?}");
+        };
+        if reply.status == 200 {
+            assert!(
+                reply.body.contains(r#""api":{"limit":5,"remaining":5"#),
+                "the answering rule spent nothing: {}",
+                reply.body
+            );
+        } else {
+            assert!(reply.body.contains("per-ip"), "{}", reply.body);
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "3 probes an address");
+    let gauge_key = &limiter.policy().shedding.as_ref().unwrap().bulkheads[0].gauge_key;
+    let (bytes, _) = store.get(gauge_key).unwrap().unwrap();
+    assert_eq!(Gauge::decode(&bytes).in_flight, 0, "every slot given back");
+    // The prober's address has nothing left for any request; another address is untouched.
+    let (_, step, _) = Exchange::start(
+        &limiter,
+        &mut PlainRequest::get("/api/x")
+            .from_ip("203.0.113.7")
+            .with_header("x-user", "zed"),
+        Some(prober),
+        moment,
+        &mut store,
+    );
+    assert!(matches!(step, Step::Respond(r) if r.status == 429));
+    let other: std::net::IpAddr = "198.51.100.1".parse().unwrap();
+    let request = &mut PlainRequest::get("/rate_limit")
+        .from_ip("198.51.100.1")
+        .with_header("x-user", "alice");
+    let (_, step, _) = Exchange::start(&limiter, request, Some(other), moment, &mut store);
+    assert!(
+        matches!(&step, Step::Respond(r) if r.status == 200),
+        "{step:?}"
     );
 }

@@ -200,6 +200,44 @@ fn the_night_recipe_follows_the_clock() {
     }
 }
 
+/// The night recipe's quota reads are limited per address, whichever API key they name: 30 a
+/// minute are answered (each the key's own, unspent), the next is denied by `quota-reads`.
+#[test]
+fn the_night_recipe_limits_quota_reads_per_address() {
+    use sluice_core::{Exchange, Limiter, MemoryStore, Moment, PlainRequest, Step};
+    let (_, block) = recipes()
+        .into_iter()
+        .find(|(_, b)| b.contains("\"schedule\""))
+        .unwrap();
+    let limiter = Limiter::new(sluice_core::parse(block.as_bytes()).unwrap());
+    let mut store = MemoryStore::default();
+    // 2026-01-01 12:00 UTC.
+    let moment = Moment::at(1_767_268_800_000_000);
+    let mut answered = 0;
+    let denial = loop {
+        let key = format!("k{answered}");
+        let mut request = PlainRequest::get("/rate_limit")
+            .from_ip("203.0.113.7")
+            .with_header("x-api-key", &key);
+        match Exchange::start(&limiter, &mut request, None, moment, &mut store).1 {
+            Step::Respond(reply) if reply.status == 200 => {
+                assert!(reply.body.contains(r#""remaining":100"#), "{}", reply.body);
+                answered += 1;
+            }
+            Step::Respond(reply) => break reply,
+            other => panic!("{other:?}"),
+        }
+        assert!(answered <= 100);
+    };
+    assert_eq!(answered, 30);
+    assert_eq!(denial.status, 429);
+    assert!(
+        denial.body.contains(r#""rule":"quota-reads""#),
+        "{}",
+        denial.body
+    );
+}
+
 /// The per-customer recipe does what the page says: the token's limit up to 5,000 (100 without
 /// one), and customer 42's own limits, set through the counter service, past the 1,000 every
 /// other customer shares.

@@ -190,7 +190,7 @@ pub fn notes(policy: &Policy, statuses: bool) -> Vec<String> {
     }
     for rule in policy.rules.iter().filter(|r| r.quota_path.is_some()) {
         notes.push(format!(
-            "rule {} answers {} with the caller's own quota (quota_path): such requests of the trace are answered 200, spend nothing and are counted as admitted",
+            "rule {} answers {} with the caller's own quota (quota_path): such requests of the trace are decided by the other rules as any request and, admitted, answered 200 (decision answered), spending nothing of the rule's",
             rule.name,
             rule.quota_path.as_deref().unwrap_or("")
         ));

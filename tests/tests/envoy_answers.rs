@@ -280,7 +280,7 @@ fn a_scheduled_limit_is_reported_and_the_quota_path_reads_it_without_spending() 
         template: Template::Sluice,
         plugin_config_json: json!({"headers": "both", "rules": [
             {"name": "api", "match": {"path_prefix": "/api/"}, "key": ["header:x-user"],
-             "quota_path": "/rate_limit",
+             "quota_path": "/rate_limit", "quota_path_any_key": true,
              "limits": [{"requests": 50, "per": "minute"}],
              "schedule": [{"utc": window, "limits": [{"requests": 2, "per": "minute"}]}]}]})
         .to_string(),
@@ -330,4 +330,69 @@ fn a_scheduled_limit_is_reported_and_the_quota_path_reads_it_without_spending() 
         let reply = get(path, "alice");
         assert!(!reply.body.contains("\"rules\""), "{path}: {reply:?}");
     }
+}
+
+/// A quota path answers only for keys the caller cannot choose: a rule keyed by a header any client sends (here an
+/// account's name, with a penalty) and a quota path, without `quota_path_any_key`, is refused at load, naming the
+/// field, so an anonymous client cannot read another account's remaining requests or the end of its penalty by
+/// naming the account.
+#[test]
+fn a_quota_path_keyed_by_a_header_the_client_sends_is_refused_without_the_opt_in() {
+    let refusal = Envoy::start_expect_failure(EnvoyOptions {
+        template: Template::Sluice,
+        plugin_config_json: json!({"rules": [
+            {"name": "login", "match": {"path_prefix": "/login"}, "key": ["header:x-account"],
+             "quota_path": "/rate_limit", "penalty": "10m",
+             "limits": [{"requests": 5, "per": "minute"}]}]})
+        .to_string(),
+        concurrency: 2,
+        ..EnvoyOptions::default()
+    })
+    .unwrap();
+    let line = refusal
+        .log
+        .lines()
+        .find(|l| l.contains("sluice: invalid configuration"))
+        .unwrap_or_else(|| panic!("no refusal in Envoy's log:\n{}", refusal.log));
+    assert!(
+        line.contains("rules[0].quota_path: the key part header:x-account is sent by the caller")
+            && line.contains("quota_path_any_key"),
+        "{line}"
+    );
+}
+
+/// Probes of a quota path are limited like any request: a per-address rule that matches the path spends a token
+/// on each and answers 429 past its limit, whatever else the probe names; the rule answering the path spends
+/// nothing of the key it reports.
+#[test]
+fn quota_path_probes_past_a_per_address_limit_get_429() {
+    let envoy = Envoy::start(EnvoyOptions {
+        template: Template::Sluice,
+        plugin_config_json: json!({"rules": [
+            {"name": "per-ip", "key": ["client_ip"], "limits": [{"requests": 3, "per": "minute"}]},
+            {"name": "api", "match": {"path_prefix": "/api/"}, "key": ["client_ip"],
+             "quota_path": "/rate_limit", "limits": [{"requests": 10, "per": "minute"}]}]})
+        .to_string(),
+        concurrency: 2,
+        ..EnvoyOptions::default()
+    })
+    .unwrap();
+    let client = agent();
+    let mut statuses = Vec::new();
+    for user in ["alice", "bob", "carol", "dave", "erin"] {
+        let reply = get(&client, &envoy.url("/rate_limit"), &[("x-user", user)]).unwrap();
+        if reply.status == 200 {
+            let body: Value = serde_json::from_str(&reply.body).unwrap();
+            assert_eq!(body["rules"]["api"]["remaining"], 10, "{reply:?}");
+        } else {
+            let body = checked_body(&reply.body);
+            assert_eq!(
+                (&body["error"], &body["rule"]),
+                (&json!("rate_limited"), &json!("per-ip")),
+                "{reply:?}"
+            );
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "3 probes an address");
 }

@@ -212,9 +212,12 @@ struct RawRule {
     /// Other limits during windows of the UTC day, such as [{"utc": "22:00-06:00", "limits": [...]}]: the first window holding the request's time decides; the rule's own limits hold outside every window. Each window's limits keep the algorithm and per of the rule's limit in their place (only requests and burst change). Local rules, not with tiers.
     #[serde(default)]
     schedule: Option<Vec<RawWindow>>,
-    /// A path, such as /rate_limit, answered 200 with the caller's own quota of this rule as JSON (its key computed as for a limited request), spending nothing and never forwarded. The exact path, without a query. Local rules.
+    /// A path, such as /rate_limit, answered 200 with the caller's own quota of this rule as JSON (its key computed as for a limited request), spending nothing of it and never forwarded; the request is first decided by the other rules that match it, as any request. The exact path, without a query. Local rules whose key the caller cannot choose (client_ip, jwt: claims, const:), unless quota_path_any_key.
     #[serde(default)]
     quota_path: Option<String>,
+    /// true: the quota_path answers although the key has a part the caller sends (a header, cookie, query parameter, the path or the method), so that anyone reads any key's quota (its remaining requests, its penalty's end) by naming it. Limit the probes with a per-address rule that matches the path.
+    #[serde(default)]
+    quota_path_any_key: Option<bool>,
     /// Counts the keys this rule admits and denies most, in a space-saving sketch of this many counters per worker and kind (4 to 64; absent: not counted). Reported to the counter service (GET /admin/v1/top, sluice top) or, without one, logged every minute. Local and cached rules.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(range(min = 4, max = 64)))]
@@ -1093,9 +1096,27 @@ fn rule(
             }
         };
 
+    let quota_path_any_key = raw.quota_path_any_key.unwrap_or(false);
     let quota_path = match raw.quota_path {
+        None if raw.quota_path_any_key.is_some() => return Err(err(
+            format!("{at}.quota_path_any_key"),
+            "without a quota_path it accepts nothing: remove it, or add the quota_path it is for",
+        )),
         None => None,
-        Some(path) => Some(quota_path(&format!("{at}.quota_path"), path, consistency)?),
+        Some(path) => {
+            let at = format!("{at}.quota_path");
+            let chosen = key.iter().find_map(KeyPart::sent_by_caller);
+            if let (Some(part), false) = (chosen, quota_path_any_key) {
+                return Err(err(
+                    at,
+                    format!(
+                        "the key part {} is sent by the caller, who could read any key's quota (another account's remaining requests, its penalty's end) by naming it: key the rule by client_ip or jwt: claims, or accept that with \"quota_path_any_key\": true",
+                        part.name()
+                    ),
+                ));
+            }
+            Some(quota_path(&at, path, consistency)?)
+        }
     };
     if raw.schedule.is_some() && raw.tiers.is_some() {
         return Err(err(
@@ -1134,6 +1155,7 @@ fn rule(
             answer: answer.clone(),
             dynamic,
             quota_path: quota_path.clone(),
+            quota_path_any_key,
             limits_from: limits_from.clone(),
             given: 0,
         };

@@ -750,6 +750,21 @@ impl Limiter {
         store: &mut dyn Store,
         evaluation: &mut Evaluation,
     ) {
+        self.decide_except(None, request, conditions, store, evaluation);
+    }
+
+    /// [`decide_into`](Self::decide_into), but for a request of the quota path `probe`
+    /// ([`Limiter::quotas`]): every rule that matches it decides it as any request, except
+    /// those answering `probe`, which read the key they report and spend nothing of it. A
+    /// request that is not a quota path's (`None`) pays one test a matching rule for it.
+    pub fn decide_except(
+        &self,
+        probe: Option<&str>,
+        request: &mut dyn RequestView,
+        conditions: Conditions,
+        store: &mut dyn Store,
+        evaluation: &mut Evaluation,
+    ) {
         let mut tally = Tally {
             e: evaluation,
             tightest: None,
@@ -758,6 +773,9 @@ impl Limiter {
         };
         for Enforced { id, rule, table } in self.rules() {
             if rule.consistency == Consistency::Strict || !rule.applies(request) {
+                continue;
+            }
+            if probe.is_some() && rule.quota_path.as_deref() == probe {
                 continue;
             }
             let valued = self.counted_as(id, rule, request);
