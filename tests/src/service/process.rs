@@ -28,6 +28,8 @@ pub struct ServiceOptions {
     pub bind: Option<SocketAddr>,
     /// The service's `RUST_LOG`.
     pub log_filter: String,
+    /// More environment variables (e.g. `SLUICE_REDIS_PASSWORD`).
+    pub env: Vec<(String, String)>,
 }
 
 impl ServiceOptions {
@@ -38,11 +40,18 @@ impl ServiceOptions {
             args: Vec::new(),
             bind: None,
             log_filter: "info".to_owned(),
+            env: Vec::new(),
         }
     }
 
     pub fn arg(mut self, arg: impl Into<String>) -> ServiceOptions {
         self.args.push(arg.into());
+        self
+    }
+
+    /// One more environment variable for the service.
+    pub fn env(mut self, name: &str, value: &str) -> ServiceOptions {
+        self.env.push((name.to_owned(), value.to_owned()));
         self
     }
 }
@@ -222,6 +231,7 @@ impl Service {
             .env("SLUICE_TOKEN", &self.options.token)
             .args(&self.options.args)
             .env("RUST_LOG", &self.options.log_filter)
+            .envs(self.options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
