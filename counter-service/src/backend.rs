@@ -10,6 +10,10 @@
 //! saw 10 s). A fresh connection answers the live primaries' slots at once, and the promoted
 //! replica's as soon as the cluster has failed over. The crate does not retry a failed call
 //! itself (`retries(0)`): the proxies retry at their next sync.
+//!
+//! Through Redis Sentinel the same rule holds: a call that finds the primary gone (or read-only,
+//! or timed out) drops the connection, and the next asks the sentinels for the primary again
+//! (tests/tests/sentinel.rs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -573,6 +573,37 @@ mod tests {
     }
 
     #[test]
+    fn a_sentinel_name_is_checked_and_is_not_a_cluster() {
+        let sentinel = |name: &str, more: &[&str]| {
+            let mut args = vec![
+                "--token",
+                "t",
+                "--redis-url",
+                "redis://a:26379,redis://b:26379",
+                "--redis-sentinel",
+                name,
+            ];
+            args.extend_from_slice(more);
+            parse(&args)
+        };
+        assert!(sentinel("mymaster", &[]).validate().is_ok());
+        assert!(!sentinel("mymaster", &[]).is_cluster());
+        for bad in ["", "two words", "line\nbreak", &"n".repeat(257)] {
+            let error = sentinel(bad, &[]).validate().unwrap_err();
+            assert!(
+                error.starts_with("--redis-sentinel (SLUICE_REDIS_SENTINEL): "),
+                "{error}"
+            );
+        }
+        assert_eq!(
+            sentinel("mymaster", &["--redis-cluster"])
+                .validate()
+                .unwrap_err(),
+            "give only one of --redis-sentinel and --redis-cluster"
+        );
+    }
+
+    #[test]
     fn zero_limits_name_their_flag() {
         let settings = parse(&["--token", "t", "--max-batch", "0"]);
         assert_eq!(

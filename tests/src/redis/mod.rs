@@ -7,11 +7,13 @@ mod binaries;
 mod cluster;
 mod ports;
 mod resp;
+mod sentinel;
 mod server;
 mod tls;
 
 pub use binaries::{redis_cli, redis_server};
 pub use cluster::{ClusterOptions, NodeView, RedisCluster};
 pub use resp::{query, Reply};
+pub use sentinel::Sentinel;
 pub use server::Redis;
 pub use tls::{TestCertificates, TlsClient};
