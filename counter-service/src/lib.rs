@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod override_cache;
 pub mod overrides;
 pub mod probes;
+pub mod redis_access;
 pub mod scripts;
 pub mod server;
 pub mod settings;

@@ -38,6 +38,18 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Settings Redis refuses (an untrusted certificate, a wrong user or password) stop the
+    // service here, naming the flag; a Redis that is down does not.
+    match state.backend.check_at_start().await {
+        Ok(None) => {}
+        Ok(Some(reason)) => {
+            tracing::warn!(%reason, "Redis does not answer yet: starting anyway (503 until it does)")
+        }
+        Err(reason) => {
+            eprintln!("sluice-counter-service: {reason}");
+            return ExitCode::from(2);
+        }
+    }
     let listener = match TcpListener::bind(bind).await {
         Ok(listener) => listener,
         Err(error) => {

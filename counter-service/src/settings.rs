@@ -33,6 +33,30 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_REDIS_CLUSTER")]
     pub redis_cluster: bool,
 
+    /// Find the primary through Redis Sentinel: the name the sentinels monitor it under;
+    /// `--redis-url` then lists the sentinels (comma-separated).
+    #[arg(long, env = "SLUICE_REDIS_SENTINEL", value_name = "NAME")]
+    pub redis_sentinel: Option<String>,
+
+    /// PEM file of the certificate authorities that sign Redis's certificate (`rediss://` URLs).
+    /// Without it, the system's roots.
+    #[arg(long, env = "SLUICE_REDIS_CA_FILE", value_name = "PATH")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// PEM file of the client certificate (chain) the service shows Redis, for mutual TLS.
+    #[arg(long, env = "SLUICE_REDIS_CLIENT_CERT_FILE", value_name = "PATH")]
+    pub redis_client_cert_file: Option<PathBuf>,
+
+    /// PEM file of the client certificate's private key.
+    #[arg(long, env = "SLUICE_REDIS_CLIENT_KEY_FILE", value_name = "PATH")]
+    pub redis_client_key_file: Option<PathBuf>,
+
+    /// File holding the password of Redis's user (`redis://USER@host`, or the default user
+    /// without one): its content, one trailing newline trimmed. Or SLUICE_REDIS_PASSWORD; never
+    /// in the URL (a flag is visible in the process list).
+    #[arg(long, env = "SLUICE_REDIS_PASSWORD_FILE", value_name = "PATH")]
+    pub redis_password_file: Option<PathBuf>,
+
     /// Shared bearer token the proxies send (`Authorization: Bearer <token>`). Visible in the
     /// process list: prefer --token-file (or SLUICE_TOKEN).
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
@@ -275,6 +299,22 @@ impl Settings {
             (None, Some(_)) => return Err("--tls-key-file needs --tls-cert-file".into()),
             _ => {}
         }
+        crate::redis_access::check_urls(&self.redis_nodes())?;
+        if let Some(name) = &self.redis_sentinel {
+            if self.redis_cluster {
+                return Err("give only one of --redis-sentinel and --redis-cluster".into());
+            }
+            if name.is_empty()
+                || name.len() > 256
+                || name.chars().any(|c| c.is_control() || c == ' ')
+            {
+                return Err(
+                    "--redis-sentinel (SLUICE_REDIS_SENTINEL): the primary's name, 1 to 256 \
+                     characters without spaces"
+                        .into(),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -298,9 +338,23 @@ impl Settings {
             .collect()
     }
 
-    /// Whether Redis is a cluster: the flag, or more than one node URL.
+    /// Whether Redis is a cluster: the flag, or more than one node URL (not sentinels).
     pub fn is_cluster(&self) -> bool {
-        self.redis_cluster || self.redis_nodes().len() > 1
+        self.redis_sentinel.is_none() && (self.redis_cluster || self.redis_nodes().len() > 1)
+    }
+
+    /// How to reach Redis: the URLs, TLS, the user and password, read and checked. The reason
+    /// names the flag (or variable) and holds no secret.
+    pub fn redis_access(&self) -> Result<crate::redis_access::RedisAccess, String> {
+        let env = std::env::var(crate::redis_access::PASSWORD_ENV);
+        let env = match env {
+            Ok(value) => Some(value),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(format!("{}: not UTF-8", crate::redis_access::PASSWORD_ENV))
+            }
+        };
+        crate::redis_access::read(self, env)
     }
 
     pub fn redis_timeout(&self) -> Duration {
@@ -541,6 +595,37 @@ mod tests {
         assert_eq!(
             fleet("--fleet-max-proxies-per-credential", "0").unwrap_err(),
             "--fleet-max-proxies-per-credential must be at least 1"
+        );
+    }
+
+    #[test]
+    fn a_sentinel_name_is_checked_and_is_not_a_cluster() {
+        let sentinel = |name: &str, more: &[&str]| {
+            let mut args = vec![
+                "--token",
+                "t",
+                "--redis-url",
+                "redis://a:26379,redis://b:26379",
+                "--redis-sentinel",
+                name,
+            ];
+            args.extend_from_slice(more);
+            parse(&args)
+        };
+        assert!(sentinel("mymaster", &[]).validate().is_ok());
+        assert!(!sentinel("mymaster", &[]).is_cluster());
+        for bad in ["", "two words", "line\nbreak", &"n".repeat(257)] {
+            let error = sentinel(bad, &[]).validate().unwrap_err();
+            assert!(
+                error.starts_with("--redis-sentinel (SLUICE_REDIS_SENTINEL): "),
+                "{error}"
+            );
+        }
+        assert_eq!(
+            sentinel("mymaster", &["--redis-cluster"])
+                .validate()
+                .unwrap_err(),
+            "give only one of --redis-sentinel and --redis-cluster"
         );
     }
 

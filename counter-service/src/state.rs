@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::Backend;
 use crate::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::override_cache;
@@ -53,7 +53,7 @@ impl AppState {
         }
         let policy = settings.policy().map_err(StartError::Settings)?;
         let metrics = Arc::new(Metrics::new());
-        let backend = Backend::new(&settings, metrics.clone()).map_err(StartError::Redis)?;
+        let backend = Backend::new(&settings, metrics.clone()).map_err(StartError::Settings)?;
         Ok(AppState {
             settings: Arc::new(settings),
             credentials: Arc::new(credentials),
@@ -86,12 +86,10 @@ impl AppState {
 /// Why the service cannot start with these settings.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A flag is invalid (the message names it), or a token file cannot be read.
+    /// A flag is invalid (the message names it), or a token, password, CA or certificate file
+    /// cannot be read or used.
     #[error("{0}")]
     Settings(String),
-    /// `--redis-url` is not a Redis URL.
-    #[error("--redis-url: {0}")]
-    Redis(BackendError),
 }
 
 /// One request in flight (see [`AppState::enter`]).

@@ -32,17 +32,22 @@ pub fn query(port: u16, args: &[&str]) -> Result<Reply> {
         .with_context(|| format!("connecting to Redis on port {port}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(&packet(args))?;
+    read(&mut BufReader::new(stream))
+}
+
+/// One command as RESP.
+pub(crate) fn packet(args: &[&str]) -> Vec<u8> {
     let mut packet = format!("*{}\r\n", args.len()).into_bytes();
     for arg in args {
         packet.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
         packet.extend_from_slice(arg.as_bytes());
         packet.extend_from_slice(b"\r\n");
     }
-    stream.write_all(&packet)?;
-    read(&mut BufReader::new(stream))
+    packet
 }
 
-fn read(reader: &mut impl BufRead) -> Result<Reply> {
+pub(crate) fn read(reader: &mut impl BufRead) -> Result<Reply> {
     let mut line = String::new();
     if reader.read_line(&mut line)? == 0 {
         bail!("Redis closed the connection");

@@ -12,6 +12,7 @@ use tempfile::TempDir;
 use super::binaries::redis_server;
 use super::ports::free_port;
 use super::resp::{query, Reply};
+use super::tls::{TestCertificates, TlsClient};
 
 /// A running `redis-server` (no persistence), killed on drop.
 pub struct Redis {
@@ -19,6 +20,13 @@ pub struct Redis {
     dir: TempDir,
     extra: Vec<String>,
     child: Option<Child>,
+    /// TLS only (`--port 0 --tls-port`): the files and how the fixture itself connects.
+    tls: Option<Tls>,
+}
+
+struct Tls {
+    args: Vec<String>,
+    client: TlsClient,
 }
 
 impl Redis {
@@ -37,10 +45,38 @@ impl Redis {
         Redis::start_at(Some(port), extra)
     }
 
+    /// Starts a Redis that listens over TLS only (`--port 0 --tls-port`), with `certs`'s
+    /// `server.pem` and trusting its CA for client certificates (`--tls-auth-clients optional`;
+    /// `extra` may say `yes`, or override any of these). The fixture connects with `client.pem`.
+    pub fn start_tls(certs: &TestCertificates, extra: &[&str]) -> Result<Redis> {
+        let path = |name: &str| certs.path(name).display().to_string();
+        let args = vec![
+            "--tls-cert-file".to_owned(),
+            path("server.pem"),
+            "--tls-key-file".to_owned(),
+            path("server.key"),
+            "--tls-ca-cert-file".to_owned(),
+            path("ca.pem"),
+            "--tls-auth-clients".to_owned(),
+            "optional".to_owned(),
+        ];
+        let client = TlsClient::new(
+            &certs.path("ca.pem"),
+            &certs.path("client.pem"),
+            &certs.path("client.key"),
+        )?;
+        Redis::start_at_with(None, extra, Some(Tls { args, client }))
+    }
+
     fn start_at(port: Option<u16>, extra: &[&str]) -> Result<Redis> {
+        Redis::start_at_with(port, extra, None)
+    }
+
+    fn start_at_with(port: Option<u16>, extra: &[&str], tls: Option<Tls>) -> Result<Redis> {
         let with_bus = extra.contains(&"--cluster-enabled");
         let attempts = if port.is_some() { 1 } else { 3 };
         let mut last = None;
+        let mut tls = tls;
         for _ in 0..attempts {
             let mut redis = Redis {
                 port: match port {
@@ -50,10 +86,14 @@ impl Redis {
                 dir: tempfile::Builder::new().prefix("sluice-redis-").tempdir()?,
                 extra: extra.iter().map(|a| a.to_string()).collect(),
                 child: None,
+                tls: tls.take(),
             };
             match redis.restart() {
                 Ok(()) => return Ok(redis),
-                Err(error) => last = Some(error),
+                Err(error) => {
+                    tls = redis.tls.take();
+                    last = Some(error);
+                }
             }
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("Redis did not start")))
@@ -63,9 +103,13 @@ impl Redis {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`
+    /// `redis://127.0.0.1:<port>` (`rediss://localhost:<port>` over TLS: the name its
+    /// certificate is for).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls {
+            Some(_) => format!("rediss://localhost:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// `127.0.0.1:<port>`
@@ -90,7 +134,7 @@ impl Redis {
 
     /// Sends one command; a Redis error reply is an `Err`.
     pub fn query(&self, args: &[&str]) -> Result<Reply> {
-        match query(self.port, args)? {
+        match self.send(args)? {
             Reply::Error(message) => bail!("Redis {args:?}: {message}"),
             reply => Ok(reply),
         }
@@ -153,9 +197,16 @@ impl Redis {
         self.stop();
         let log = File::create(self.dir.path().join("redis.log"))?;
         let mut command = Command::new(redis_server());
+        let port = self.port.to_string();
+        match &self.tls {
+            Some(tls) => command
+                .args(["--port", "0", "--tls-port", &port])
+                .args(&tls.args),
+            None => command.args(["--port", &port]),
+        };
         command
             .current_dir(self.dir.path())
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .args(["--daemonize", "no", "--dir"])
             .arg(self.dir.path())
@@ -178,10 +229,18 @@ impl Redis {
         self.wait_for_ping(Duration::from_secs(10))
     }
 
+    /// One command over a fresh connection (TLS if Redis listens so), its reply as it is.
+    fn send(&self, args: &[&str]) -> Result<Reply> {
+        match &self.tls {
+            Some(tls) => tls.client.query(self.port, args),
+            None => query(self.port, args),
+        }
+    }
+
     fn wait_for_ping(&mut self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         loop {
-            if let Ok(Reply::Status(pong)) = query(self.port, &["PING"]) {
+            if let Ok(Reply::Status(pong)) = self.send(&["PING"]) {
                 if pong == "PONG" {
                     return Ok(());
                 }

@@ -31,6 +31,8 @@ pub struct ServiceOptions {
     /// HTTPS: the certificate and key it serves (`--tls-cert-file`, `--tls-key-file`) and the
     /// authority the fixture's own client trusts; `None`: plain HTTP.
     pub tls: Option<ServiceTls>,
+    /// More environment variables (e.g. `SLUICE_REDIS_PASSWORD`).
+    pub env: Vec<(String, String)>,
 }
 
 /// What a service started with HTTPS serves, and what its test client trusts.
@@ -50,6 +52,7 @@ impl ServiceOptions {
             bind: None,
             log_filter: "info".to_owned(),
             tls: None,
+            env: Vec::new(),
         }
     }
 
@@ -61,6 +64,12 @@ impl ServiceOptions {
 
     pub fn arg(mut self, arg: impl Into<String>) -> ServiceOptions {
         self.args.push(arg.into());
+        self
+    }
+
+    /// One more environment variable for the service.
+    pub fn env(mut self, name: &str, value: &str) -> ServiceOptions {
+        self.env.push((name.to_owned(), value.to_owned()));
         self
     }
 }
@@ -256,6 +265,7 @@ impl Service {
                 ]
             }))
             .env("RUST_LOG", &self.options.log_filter)
+            .envs(self.options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
