@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod override_cache;
 pub mod overrides;
 pub mod probes;
+pub mod reload;
 pub mod scripts;
 pub mod server;
 pub mod settings;
