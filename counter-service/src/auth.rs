@@ -22,7 +22,7 @@ pub async fn require_token(
         .get(AUTHORIZATION)
         .map(|value| value.as_bytes());
     let caller = state
-        .credentials
+        .proxies()
         .authenticate(authorization)
         .ok_or(AppError::Unauthorized)?;
     request.extensions_mut().insert(caller);
@@ -44,7 +44,7 @@ pub async fn require_admin(
     mut request: Request,
     next: Next,
 ) -> Result<Response, AppError> {
-    let admins = state.admin.as_ref().ok_or(AppError::AdminDisabled)?;
+    let admins = state.admins().ok_or(AppError::AdminDisabled)?;
     let authorization = request
         .headers()
         .get(AUTHORIZATION)

@@ -22,6 +22,7 @@ pub mod override_cache;
 pub mod overrides;
 pub mod probes;
 pub mod redis_access;
+pub mod reload;
 pub mod scripts;
 pub mod server;
 pub mod settings;

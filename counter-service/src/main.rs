@@ -65,6 +65,7 @@ async fn main() -> ExitCode {
     if let Some(tls) = &tls {
         tls.clone().watch();
     }
+    sluice_counter_service::reload::watch_credentials(state.clone());
 
     let served = server::serve_with(listener, state, tls, shutdown()).await;
     match served {

@@ -2,7 +2,7 @@
 //! what this replica remembers of the live overrides.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use crate::backend::Backend;
 use crate::credentials::Credentials;
@@ -15,9 +15,11 @@ use sluice_core::policy::Policy;
 #[derive(Clone)]
 pub struct AppState {
     pub settings: Arc<Settings>,
-    pub credentials: Arc<Credentials>,
-    /// Who may call the admin API (`--admin-tokens-file`); `None`: it is disabled.
-    pub admin: Option<Arc<Credentials>>,
+    /// Who may call `/v1`: replaced whole when its file is read again ([`crate::reload`]).
+    pub credentials: Arc<RwLock<Arc<Credentials>>>,
+    /// Who may call the admin API (`--admin-tokens-file`), replaced likewise; `None`: it is
+    /// disabled.
+    pub admin: Option<Arc<RwLock<Arc<Credentials>>>>,
     /// The proxies' configuration (`--policy`): admin changes are checked against it.
     pub policy: Option<Arc<Policy>>,
     pub backend: Arc<Backend>,
@@ -56,8 +58,8 @@ impl AppState {
         let backend = Backend::new(&settings, metrics.clone()).map_err(StartError::Settings)?;
         Ok(AppState {
             settings: Arc::new(settings),
-            credentials: Arc::new(credentials),
-            admin: admin.map(Arc::new),
+            credentials: Arc::new(RwLock::new(Arc::new(credentials))),
+            admin: admin.map(|admin| Arc::new(RwLock::new(Arc::new(admin)))),
             policy: policy.map(Arc::new),
             backend: Arc::new(backend),
             scripts: Arc::new(Scripts::new()),
@@ -67,6 +69,16 @@ impl AppState {
             top: Arc::default(),
             in_flight: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// Who may call `/v1` now.
+    pub fn proxies(&self) -> Arc<Credentials> {
+        read(&self.credentials)
+    }
+
+    /// Who may call the admin API now; `None` when it is disabled.
+    pub fn admins(&self) -> Option<Arc<Credentials>> {
+        self.admin.as_ref().map(|admin| read(admin))
     }
 
     /// Counts a request in flight until the guard drops.
@@ -80,6 +92,14 @@ impl AppState {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// The value behind a lock that is only ever replaced whole (a poisoned lock still holds one).
+fn read<T>(lock: &RwLock<Arc<T>>) -> Arc<T> {
+    match lock.read() {
+        Ok(value) => value.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
     }
 }
 

@@ -2614,3 +2614,115 @@ fn the_shipped_status_route_answers_from_envoys_cache() {
         envoy.sluice_stats()
     );
 }
+
+/// Credentials that rotate under load: the proxies' credential `fleet` holds the old token; the new one is added
+/// beside it (a reload), a proxy holding it syncs while the old proxy still does, then the old token is removed (a
+/// second reload) and is refused from then on. Not one sync of either proxy was refused before that, each reload is
+/// in the audit log without a token, and a file with a malformed line is refused naming the line, the set in use
+/// kept.
+#[test]
+fn a_token_rotates_under_load_without_a_refusal_and_the_removed_one_is_refused() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let admins = dir.path().join("admins");
+    std::fs::write(&tokens, "fleet old-token-for-rotation\n").unwrap();
+    std::fs::write(&admins, "oncall s3cret-admin-token\n").unwrap();
+    let mut options = ServiceOptions::new(redis.url())
+        .arg(format!("--tokens-file={}", tokens.display()))
+        .arg(format!("--admin-tokens-file={}", admins.display()));
+    // No shared token: the tokens file is the one source.
+    options.token = String::new();
+    let service = Service::start_with(options).unwrap();
+    let reloads = || service.log().matches("credentials: reloaded").count();
+    let rules = json!([{
+        "name": "shared", "key": ["header:x-user"], "consistency": "cached",
+        "limits": [{"requests": 100, "per": "second"}],
+    }]);
+    let old = start_envoy(&service, config("old-token-for-rotation", 100, rules.clone()), 2);
+    let refused = |envoy: &Envoy| envoy.stat("wasmcustom.sluice.sync.unauthorized");
+    let load = Load {
+        max_requests: 20_000,
+        pause: Duration::from_millis(5),
+        ..Load::new(old.url("/api/x"), 2, Duration::from_secs(30))
+    };
+    let stop = AtomicBool::new(false);
+    let (run, new) = std::thread::scope(|scope| {
+        let run = scope.spawn(|| sustain_until(&load, &stop));
+        let synced = |envoy: &Envoy| {
+            let before = envoy.stat("wasmcustom.sluice.sync.ok");
+            eventually(Duration::from_secs(10), || {
+                envoy.stat("wasmcustom.sluice.sync.ok") > before + 3
+            })
+        };
+        assert!(synced(&old), "the old proxy never synced:\n{}", service.log());
+        // 1. The new token beside the old one.
+        std::fs::write(
+            &tokens,
+            "fleet old-token-for-rotation\nfleet new-token-for-rotation\n",
+        )
+        .unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || reloads() == 1),
+            "{}",
+            service.log()
+        );
+        let new = start_envoy(&service, config("new-token-for-rotation", 100, rules.clone()), 2);
+        let client = agent();
+        for _ in 0..20 {
+            get(&client, &new.url("/api/x"), &[("x-user", "n")]).unwrap();
+        }
+        assert!(synced(&new), "the new proxy never synced:\n{}", service.log());
+        assert!(synced(&old), "the old proxy stopped syncing:\n{}", service.log());
+        assert_eq!((refused(&old), refused(&new)), (0, 0), "a sync refused during the move");
+        // 2. A file with a malformed line: refused naming it, the set in use kept.
+        std::fs::write(&tokens, "fleet new-token-for-rotation\nbroken line with three\n").unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || service.log().contains("line 2")),
+            "{}",
+            service.log()
+        );
+        assert!(synced(&old), "a refused file took the old token away");
+        assert_eq!(refused(&old), 0);
+        // 3. The old token removed: refused from the reload on, the new one never.
+        std::fs::write(&tokens, "fleet new-token-for-rotation\n").unwrap();
+        assert!(
+            eventually(Duration::from_secs(10), || reloads() == 2),
+            "{}",
+            service.log()
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || refused(&old) > 0),
+            "the removed token was not refused; {:?}",
+            old.sluice_stats()
+        );
+        assert!(synced(&new), "the new proxy stopped syncing");
+        assert_eq!(refused(&new), 0, "{:?}", new.sluice_stats());
+        stop.store(true, Ordering::Relaxed);
+        (run.join().unwrap(), new)
+    });
+    drop(new);
+    assert_edge_unharmed(&run, "the old proxy, across both reloads");
+
+    // The audit log: both reloads, by the service, with counts and no token.
+    let audit = service
+        .request("GET", "/admin/v1/audit", Some("s3cret-admin-token"), None)
+        .unwrap();
+    assert_eq!(audit.status, 200, "{audit:?}");
+    assert!(!audit.body.contains("token-for-rotation"), "{}", audit.body);
+    let entries: Vec<Value> = serde_json::from_str::<Value>(&audit.body).unwrap()["entries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let reloaded: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["action"] == "reload credentials")
+        .collect();
+    assert_eq!(reloaded.len(), 2, "{}", audit.body);
+    assert_eq!(reloaded[0]["target"], "--tokens-file");
+    assert_eq!(reloaded[0]["value"], json!({"names": 1, "tokens": 1}));
+    assert_eq!(reloaded[1]["value"], json!({"names": 1, "tokens": 2}));
+    // No token in the service's own log either.
+    assert!(!service.log().contains("token-for-rotation"), "{}", service.log());
+}
