@@ -104,9 +104,9 @@ fn proxies_file(settings: &Settings) -> Option<(&'static str, PathBuf)> {
 
 async fn reload(state: &AppState, settings: &Settings, file: &mut Watched) {
     let read = match file.flag {
-        "--admin-tokens-file" => settings.admin_credentials().and_then(|admins| {
-            admins.ok_or_else(|| "--admin-tokens-file: not given".to_owned())
-        }),
+        "--admin-tokens-file" => settings
+            .admin_credentials()
+            .and_then(|admins| admins.ok_or_else(|| "--admin-tokens-file: not given".to_owned())),
         _ => settings.credentials(),
     };
     let credentials = match read {

@@ -2640,7 +2640,11 @@ fn a_token_rotates_under_load_without_a_refusal_and_the_removed_one_is_refused()
         "name": "shared", "key": ["header:x-user"], "consistency": "cached",
         "limits": [{"requests": 100, "per": "second"}],
     }]);
-    let old = start_envoy(&service, config("old-token-for-rotation", 100, rules.clone()), 2);
+    let old = start_envoy(
+        &service,
+        config("old-token-for-rotation", 100, rules.clone()),
+        2,
+    );
     let refused = |envoy: &Envoy| envoy.stat("wasmcustom.sluice.sync.unauthorized");
     let load = Load {
         max_requests: 20_000,
@@ -2656,7 +2660,11 @@ fn a_token_rotates_under_load_without_a_refusal_and_the_removed_one_is_refused()
                 envoy.stat("wasmcustom.sluice.sync.ok") > before + 3
             })
         };
-        assert!(synced(&old), "the old proxy never synced:\n{}", service.log());
+        assert!(
+            synced(&old),
+            "the old proxy never synced:\n{}",
+            service.log()
+        );
         // 1. The new token beside the old one.
         std::fs::write(
             &tokens,
@@ -2668,16 +2676,36 @@ fn a_token_rotates_under_load_without_a_refusal_and_the_removed_one_is_refused()
             "{}",
             service.log()
         );
-        let new = start_envoy(&service, config("new-token-for-rotation", 100, rules.clone()), 2);
+        let new = start_envoy(
+            &service,
+            config("new-token-for-rotation", 100, rules.clone()),
+            2,
+        );
         let client = agent();
         for _ in 0..20 {
             get(&client, &new.url("/api/x"), &[("x-user", "n")]).unwrap();
         }
-        assert!(synced(&new), "the new proxy never synced:\n{}", service.log());
-        assert!(synced(&old), "the old proxy stopped syncing:\n{}", service.log());
-        assert_eq!((refused(&old), refused(&new)), (0, 0), "a sync refused during the move");
+        assert!(
+            synced(&new),
+            "the new proxy never synced:\n{}",
+            service.log()
+        );
+        assert!(
+            synced(&old),
+            "the old proxy stopped syncing:\n{}",
+            service.log()
+        );
+        assert_eq!(
+            (refused(&old), refused(&new)),
+            (0, 0),
+            "a sync refused during the move"
+        );
         // 2. A file with a malformed line: refused naming it, the set in use kept.
-        std::fs::write(&tokens, "fleet new-token-for-rotation\nbroken line with three\n").unwrap();
+        std::fs::write(
+            &tokens,
+            "fleet new-token-for-rotation\nbroken line with three\n",
+        )
+        .unwrap();
         assert!(
             eventually(Duration::from_secs(10), || service.log().contains("line 2")),
             "{}",
@@ -2724,5 +2752,9 @@ fn a_token_rotates_under_load_without_a_refusal_and_the_removed_one_is_refused()
     assert_eq!(reloaded[0]["value"], json!({"names": 1, "tokens": 1}));
     assert_eq!(reloaded[1]["value"], json!({"names": 1, "tokens": 2}));
     // No token in the service's own log either.
-    assert!(!service.log().contains("token-for-rotation"), "{}", service.log());
+    assert!(
+        !service.log().contains("token-for-rotation"),
+        "{}",
+        service.log()
+    );
 }
