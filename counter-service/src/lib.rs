@@ -15,6 +15,7 @@ pub mod check_handler;
 pub mod credentials;
 pub mod error;
 pub mod fleet;
+pub mod hangup;
 pub mod key_admin;
 pub mod keys;
 pub mod metrics;

@@ -9,8 +9,6 @@ use redis::{ClientTlsConfig, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::settings::Settings;
-
 /// The environment variable that may hold the Redis password (there is no flag: a flag's value
 /// is in the process list).
 pub const PASSWORD_ENV: &str = "SLUICE_REDIS_PASSWORD";
@@ -122,10 +120,19 @@ fn has_password_separator(text: &str) -> bool {
         .is_some_and(|(user, _)| user.contains(':'))
 }
 
+/// The Redis flags as given (`--redis-url`'s nodes, the TLS files, the password file).
+pub struct Flags<'a> {
+    pub urls: Vec<String>,
+    pub ca: Option<&'a Path>,
+    pub cert: Option<&'a Path>,
+    pub key: Option<&'a Path>,
+    pub password_file: Option<&'a Path>,
+}
+
 /// Reads and checks what the settings name, given the value of `SLUICE_REDIS_PASSWORD` (`None`:
 /// not set).
-pub fn read(settings: &Settings, password_env: Option<String>) -> Result<RedisAccess, String> {
-    let urls = settings.redis_nodes();
+pub fn read(flags: Flags<'_>, password_env: Option<String>) -> Result<RedisAccess, String> {
+    let urls = flags.urls;
     check_urls(&urls)?;
     let tls = urls.first().is_some_and(|url| url.starts_with("rediss://"));
     let username = match urls.first().map(|url| url::Url::parse(url)) {
@@ -148,9 +155,7 @@ pub fn read(settings: &Settings, password_env: Option<String>) -> Result<RedisAc
         }
     }
 
-    let ca = settings.redis_ca_file.as_deref();
-    let cert = settings.redis_client_cert_file.as_deref();
-    let key = settings.redis_client_key_file.as_deref();
+    let (ca, cert, key) = (flags.ca, flags.cert, flags.key);
     if !tls {
         for (flag, given) in [
             ("--redis-ca-file", ca.is_some()),
@@ -180,7 +185,7 @@ pub fn read(settings: &Settings, password_env: Option<String>) -> Result<RedisAc
         root_cert,
     });
 
-    let password = match (&settings.redis_password_file, password_env) {
+    let password = match (flags.password_file, password_env) {
         (Some(_), Some(_)) => {
             return Err(format!(
                 "give only one of --redis-password-file (SLUICE_REDIS_PASSWORD_FILE) and \

@@ -58,26 +58,9 @@ pub fn watch_credentials(state: AppState) {
         return;
     }
     tokio::spawn(async move {
-        #[cfg(unix)]
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut hangup = crate::hangup::Hangup::new();
         loop {
-            #[cfg(unix)]
-            let signalled = match hangup.as_mut() {
-                Some(signal) => tokio::select! {
-                    _ = signal.recv() => true,
-                    () = tokio::time::sleep(WATCH_INTERVAL) => false,
-                },
-                None => {
-                    tokio::time::sleep(WATCH_INTERVAL).await;
-                    false
-                }
-            };
-            #[cfg(not(unix))]
-            let signalled = {
-                tokio::time::sleep(WATCH_INTERVAL).await;
-                false
-            };
+            let signalled = hangup.or_sleep(WATCH_INTERVAL).await;
             for file in &mut watched {
                 let stamp = modified(&file.path);
                 if !signalled && stamp == file.stamp {

@@ -354,7 +354,14 @@ impl Settings {
                 return Err(format!("{}: not UTF-8", crate::redis_access::PASSWORD_ENV))
             }
         };
-        crate::redis_access::read(self, env)
+        let flags = crate::redis_access::Flags {
+            urls: self.redis_nodes(),
+            ca: self.redis_ca_file.as_deref(),
+            cert: self.redis_client_cert_file.as_deref(),
+            key: self.redis_client_key_file.as_deref(),
+            password_file: self.redis_password_file.as_deref(),
+        };
+        crate::redis_access::read(flags, env)
     }
 
     pub fn redis_timeout(&self) -> Duration {

@@ -79,27 +79,10 @@ impl Tls {
     /// reload from a change is tried again at the next change only (not every second).
     pub fn watch(self: Arc<Tls>) {
         tokio::spawn(async move {
-            #[cfg(unix)]
-            let mut hangup =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            let mut hangup = crate::hangup::Hangup::new();
             let mut failed_at = None;
             loop {
-                #[cfg(unix)]
-                let signalled = match hangup.as_mut() {
-                    Some(signal) => tokio::select! {
-                        _ = signal.recv() => true,
-                        () = tokio::time::sleep(WATCH_INTERVAL) => false,
-                    },
-                    None => {
-                        tokio::time::sleep(WATCH_INTERVAL).await;
-                        false
-                    }
-                };
-                #[cfg(not(unix))]
-                let signalled = {
-                    tokio::time::sleep(WATCH_INTERVAL).await;
-                    false
-                };
+                let signalled = hangup.or_sleep(WATCH_INTERVAL).await;
                 let now = stamps(&self.cert_file, &self.key_file);
                 if !signalled && (!self.changed() || failed_at == Some(now)) {
                     continue;
