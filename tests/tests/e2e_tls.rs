@@ -133,9 +133,17 @@ fn a_proxy_that_trusts_the_service_syncs_over_tls_and_its_limit_holds() {
     let client = agent();
     let url = envoy.url("/api/x");
 
-    // The first requests are the fallback's (no lease yet); once a sync answered, the lease decides.
+    // The first requests are the fallback's (no lease yet); once a sync answered, the lease decides. One request
+    // every 500 ms at most while waiting, so that a slow first handshake does not spend the minute's 50.
+    let mut polls = 0u32;
+    let mut warm_up: Vec<u16> = Vec::new();
     let synced = eventually(Duration::from_secs(10), || {
-        let _ = get(&client, &url, &[]);
+        if polls % 10 == 0 {
+            if let Ok(reply) = get(&client, &url, &[]) {
+                warm_up.push(reply.status);
+            }
+        }
+        polls += 1;
         envoy.stat("wasmcustom.sluice.sync.ok") > 0
     });
     assert!(
@@ -144,15 +152,22 @@ fn a_proxy_that_trusts_the_service_syncs_over_tls_and_its_limit_holds() {
         envoy.sluice_stats(),
         service.log()
     );
+    // 80 requests over 4 s, not at once: a lease follows the proxy's demand and the service may advise syncs up to
+    // 10 intervals apart when its Redis is slow (a busy machine), so a burst faster than one sync would meet one
+    // small lease (CI once saw 2 of 80 admitted in 0.3 s).
     let statuses: Vec<u16> = (0..80)
-        .map(|_| get(&client, &url, &[]).unwrap().status)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            get(&client, &url, &[]).unwrap().status
+        })
         .collect();
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     // Up to 50 in the minute, less what the warm-up spent; far above the fallback's 3; never more than the limit
     // plus what the fallback admitted before the first lease.
     assert!(
-        (20..=53).contains(&admitted),
-        "{admitted} admitted: {statuses:?}"
+        (15..=53).contains(&admitted),
+        "{admitted} admitted: {statuses:?} after a warm-up of {warm_up:?}; {:?}",
+        envoy.sluice_stats()
     );
     assert_eq!(
         envoy.stat("wasmcustom.sluice.sync.failed"),
