@@ -138,7 +138,7 @@ fn a_proxy_that_trusts_the_service_syncs_over_tls_and_its_limit_holds() {
     let mut polls = 0u32;
     let mut warm_up: Vec<u16> = Vec::new();
     let synced = eventually(Duration::from_secs(10), || {
-        if polls % 10 == 0 {
+        if polls.is_multiple_of(10) {
             if let Ok(reply) = get(&client, &url, &[]) {
                 warm_up.push(reply.status);
             }
