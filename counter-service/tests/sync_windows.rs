@@ -173,7 +173,7 @@ impl Proxy {
 }
 
 /// What the fleet admitted in each window: in all, and outside a lease (fallbacks).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Admitted {
     all: HashMap<u64, u64>,
     outside_leases: HashMap<u64, u64>,
@@ -181,17 +181,40 @@ struct Admitted {
 
 /// Two proxies at 4/s and 10/s (14/s against 100 a minute), syncing every second, for two
 /// minutes. Checks at every sync that the count and the unexpired leases together leave room
-/// for the grant, and that no lease outlives its window; `check` sees every admission.
+/// for the grant, and that no lease outlives its window; `check` sees every admission (of the
+/// run that is judged: the windows expire on Redis's own clock, and a run that falls a second
+/// behind it on a busy machine is run again, at most three times, `RedisPace`).
 async fn simulate(
     limit: LimitSpec,
     mut check: impl FnMut(u64, &Admitted),
 ) -> (Admitted, Vec<(u64, Vec<u64>)>) {
+    for attempt in 1..=3 {
+        let mut admissions = Vec::new();
+        if let Some(run) = simulate_once(limit, &mut admissions, attempt == 3).await {
+            for (now, admitted) in &admissions {
+                check(*now, admitted);
+            }
+            return run;
+        }
+        eprintln!("run {attempt} fell behind Redis's clock: again");
+    }
+    unreachable!("the third run is judged")
+}
+
+/// One run of [`simulate`]; `None` if it fell behind Redis's clock (unless it is `judged`
+/// anyway); each admission with the fleet's counts after it goes into `admissions`.
+async fn simulate_once(
+    limit: LimitSpec,
+    admissions: &mut Vec<(u64, Admitted)>,
+    judged: bool,
+) -> Option<(Admitted, Vec<(u64, Vec<u64>)>)> {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
     let key = keys::limit_key("k", &limit);
     let mut proxies = [Proxy::new("a", 250, 300), Proxy::new("b", 100, 700)];
     let mut admitted = Admitted::default();
     let mut first_grants: Vec<(u64, Vec<u64>)> = Vec::new();
+    let mut pace = common::RedisPace::new();
     for tick in 0..12_000u64 {
         let now = W0 + tick * 10 * MS;
         let window = (now - W0) / MINUTE;
@@ -218,7 +241,7 @@ async fn simulate(
                         proxy.denied += 1;
                     }
                 }
-                check(now, &admitted);
+                admissions.push((now, admitted.clone()));
             }
             if (tick * 10) % 1_000 != proxy.offset_ms {
                 continue;
@@ -226,6 +249,23 @@ async fn simulate(
             let (spent, denied) = (proxy.spent, proxy.denied);
             let request = batch(proxy.name, 1_000, vec![entry("k", &[limit], spent, denied)]);
             let grant = sync_at(&state, &request, now).await.remove(0);
+            // what Redis counts for the window after the grant (sliding: its number too)
+            let counted = match limit.algorithm {
+                AlgorithmSpec::SlidingWindow => {
+                    let number =
+                        |name| field(&redis, &key, name).and_then(|v| v.parse::<f64>().ok());
+                    let into = ((now % MINUTE) as f64) / MINUTE as f64;
+                    number("w")
+                        .zip(number("p").zip(number("c")))
+                        .map(|(w, (p, c))| (Some(w as u64), p * (1.0 - into) + c))
+                }
+                _ => field(&redis, &key, "n")
+                    .and_then(|v| v.parse().ok())
+                    .map(|n| (None, n)),
+            };
+            if !pace.keeps_up(now - W0) && !judged {
+                return None;
+            }
             let proxy = &mut proxies[p];
             (proxy.spent, proxy.denied) = (0, 0);
             proxy.lease = grant.tokens;
@@ -240,17 +280,10 @@ async fn simulate(
             }
             // At every grant, the window's count and every unexpired lease fit in it.
             if grant.tokens > 0 {
-                let counted = match limit.algorithm {
-                    AlgorithmSpec::SlidingWindow => {
-                        let number: u64 = field(&redis, &key, "w").unwrap().parse().unwrap();
-                        assert_eq!(number, now / MINUTE);
-                        let number =
-                            |name| -> f64 { field(&redis, &key, name).unwrap().parse().unwrap() };
-                        let into = ((now % MINUTE) as f64) / MINUTE as f64;
-                        number("p") * (1.0 - into) + number("c")
-                    }
-                    _ => field(&redis, &key, "n").unwrap().parse().unwrap(),
-                };
+                let (number, counted) = counted.expect("a grant leaves the window's count");
+                if let Some(number) = number {
+                    assert_eq!(number, now / MINUTE);
+                }
                 let leases: u64 = proxies
                     .iter()
                     .filter(|q| q.until > now)
@@ -264,7 +297,7 @@ async fn simulate(
             }
         }
     }
-    (admitted, first_grants)
+    Some((admitted, first_grants))
 }
 
 #[tokio::test]
