@@ -11,7 +11,8 @@
 //! - `memory`: unique keys while the counter service is unreachable do not grow the proxy without bound.
 //! - `eviction`: keys aimed at a victim's set of the key table do not give the victim a full bucket again.
 //! - `login_recipe`: docs/recipes.md's login protection as shipped: failures without the session cookie lock out
-//!   no other client, and a session in its penalty is still denied when sent as `a=1, session=…`.
+//!   no other client, a session in its penalty is still denied when sent as `a=1, session=…`, and a burst of failed
+//!   logins for one account on one HTTP/2 connection reaches the backend no more than the account's lease.
 //!
 //! Run with `make test` (it builds the filter and the service and sets `SLUICE_ENVOY`, `SLUICE_WASM` and
 //! `SLUICE_REDIS_SERVER`). Every load here is bounded in count and in time, on loopback only.
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice_tests::envoy::{
-    agent, free_ports, get, raw_get, repo_root, wasm_path, Demo, DerivedTemplate, Envoy,
+    agent, free_ports, get, raw_get, repo_root, streams, wasm_path, Demo, DerivedTemplate, Envoy,
     EnvoyOptions, Reply, Template,
 };
 use sluice_tests::eventually;
@@ -1291,5 +1292,77 @@ mod login_recipe {
                 "{cookie:?} escaped the penalty of session=victim: {reply:?}"
             );
         }
+    }
+
+    /// Attacker's test, on the recipe as shipped (its account rule `cached`, 5 a minute, with a `penalty`): 20 failed
+    /// logins for one account at once, as streams of one HTTP/2 connection, to a backend that takes 400 ms to answer
+    /// 401. Each attempt holds its token from its admission until its answer, out of the proxy's lease of the key,
+    /// so at most the lease (the limit, with one proxy) reaches the backend and the rest are denied; then the
+    /// account is denied. Across proxies, each holds at most what it was leased, so the fleet sends the backend at
+    /// most a cached rule's bound. (Counted only when the answer came, all 20 reached it.)
+    #[test]
+    fn a_burst_on_one_http2_connection_reaches_the_backend_no_more_than_the_lease() {
+        const DELAY: &str = "x-envoy-fault-delay-request";
+        const ABORT: &str = "x-envoy-fault-abort-request";
+        let redis = Redis::start().unwrap();
+        let service = Service::start(&redis.url()).unwrap();
+        let port = service.address().expect("the service listens").port();
+        // The shedding template's upstream delays and fails each request as its headers ask.
+        let envoy = start(
+            Template::Shedding,
+            recipe(service.token()),
+            &[("SERVICE_PORT", port.to_string())],
+        );
+        let account = ("x-account", "victim");
+        let attempt = |headers: &[(&str, &str)]| {
+            let mut request = agent().post(envoy.url("/login"));
+            for (name, value) in headers {
+                request = request.header(*name, *value);
+            }
+            Reply::read(request.send_empty().unwrap(), "POST /login").unwrap()
+        };
+
+        // A first login that succeeds gives its token back and makes the proxy ask for the account's lease at its
+        // next sync: two syncs on, it holds it.
+        assert_eq!(attempt(&[account]).status, 200);
+        let synced = envoy.stat("wasmcustom.sluice.sync.ok");
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                envoy.stat("wasmcustom.sluice.sync.ok") >= synced + 2
+            }),
+            "no sync; {:?}",
+            envoy.sluice_stats()
+        );
+
+        let reached = || envoy.stat("http.upstream.downstream_rq_total");
+        let (before, connections) = (reached(), envoy.stat("http.edge.downstream_cx_http2_total"));
+        let statuses = streams(
+            envoy.listen_port,
+            20,
+            "POST",
+            "/login",
+            &[account, (DELAY, "400"), (ABORT, "401")],
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let failed = statuses.iter().filter(|s| **s == 401).count();
+        let denied = statuses.iter().filter(|s| **s == 429).count();
+        eprintln!("20 streams of one connection: {failed} reached the backend, {denied} denied");
+        assert!(
+            (1..=5).contains(&failed) && failed + denied == 20,
+            "at most the lease's 5 reach the backend, the rest are denied: {statuses:?}"
+        );
+        assert_eq!(
+            reached() - before,
+            failed as u64,
+            "the backend saw only the attempts answered 401"
+        );
+        assert_eq!(
+            envoy.stat("http.edge.downstream_cx_http2_total") - connections,
+            1,
+            "the burst came on one HTTP/2 connection"
+        );
+        let next = attempt(&[account]);
+        assert_eq!(next.status, 429, "the account after the burst: {next:?}");
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice_tests::contract::checked_body;
-use sluice_tests::envoy::{agent, get, Envoy, EnvoyOptions, Reply, Template};
+use sluice_tests::envoy::{agent, get, streams, Envoy, EnvoyOptions, Reply, Template};
 use sluice_tests::eventually;
 
 /// The request header that names the class.
@@ -1773,7 +1773,8 @@ fn a_rule_scaled_by_the_load_level_halves_its_limit_while_the_upstream_is_busy()
 
 /// Failed logins in flight together (`count_when`): each request holds its cost from its admission until its answer,
 /// so 20 at once for one account, each answered 401 by an upstream that takes 400 ms, reach the upstream 3 times (the
-/// limit), the rest are denied, and the key is then in its penalty. An answer the rule does not count and a stream
+/// limit), the rest are denied, and the key is then in its penalty; 20 HTTP/1.1 connections and 20 streams of one
+/// HTTP/2 connection alike. An answer the rule does not count and a stream
 /// that ends without an answer give their hold back. (Seen failing with the cost charged only when the answer came:
 /// all 20 reached the upstream.)
 #[test]
@@ -1813,6 +1814,35 @@ fn a_burst_of_failed_logins_reaches_the_upstream_no_more_than_the_limit() {
     let (after, _) = send(&envoy, "/login/x", &[("x-user", "victim")]);
     assert_eq!(after.status, 429, "{after:?}");
     assert!(retry_after(&after) > 590, "the penalty's end: {after:?}");
+
+    // The same burst as 20 streams of one HTTP/2 connection, as a browser or a script multiplexes them.
+    let (before, connections) = (reached(), envoy.stat("http.edge.downstream_cx_http2_total"));
+    let statuses = streams(
+        envoy.listen_port,
+        20,
+        "POST",
+        "/login/x",
+        &[("x-user", "victim-h2"), (DELAY, "400"), (ABORT, "401")],
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let failed = statuses.iter().filter(|s| **s == 401).count();
+    let denied = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!(
+        (failed, denied),
+        (3, 17),
+        "one HTTP/2 connection: {statuses:?}"
+    );
+    assert_eq!(
+        reached() - before,
+        3,
+        "the upstream saw the limit over HTTP/2, no more"
+    );
+    assert_eq!(
+        envoy.stat("http.edge.downstream_cx_http2_total") - connections,
+        1,
+        "the burst came on one HTTP/2 connection"
+    );
 
     // Without a penalty (`session`): the key's hold is all free again when a quick request is told it leaves
     // two (its own is the third).

@@ -24,7 +24,8 @@
 //! ```
 //!
 //! The shipped configurations can be started as shipped ([`Demo`] for `envoy/demo.yaml`, [`DerivedTemplate`] for a
-//! template with exact text edits), and [`raw_get`] sends a request target byte for byte (`/./api/x`).
+//! template with exact text edits), [`raw_get`] sends a request target byte for byte (`/./api/x`), and [`streams`]
+//! sends many requests at once on one HTTP/2 connection.
 
 mod client;
 mod load;
@@ -34,6 +35,7 @@ mod process;
 mod raw;
 mod shipped;
 mod stats;
+mod streams;
 mod sustain;
 mod template;
 
@@ -45,5 +47,6 @@ pub use process::{Envoy, EnvoyOptions, EnvoyRefusal};
 pub use raw::{raw_get, raw_get_bytes, raw_get_to};
 pub use shipped::{replace_exactly, Demo, DerivedTemplate};
 pub use stats::Stats;
+pub use streams::streams;
 pub use sustain::{sustain, sustain_until, Load, Sample, Sustained};
 pub use template::{render, Template};
