@@ -1,5 +1,6 @@
 //! Who may call `/v1`: one shared token, or one credential per proxy (`--tokens-file`); and
-//! who may call the admin API (`--admin-tokens-file`, read as a tokens file).
+//! who may call the admin API (`--admin-tokens-file`, read as a tokens file). A client
+//! certificate may stand for a named credential too ([`crate::client_certs`], [`crate::auth`]).
 //!
 //! The scheme is matched case-insensitively (`Bearer`, `bearer`); the token must then follow
 //! after exactly one space and is compared byte for byte, in constant time: no padding, no
@@ -21,6 +22,9 @@ pub enum Credentials {
     Shared(Vec<u8>),
     /// Each proxy holds a named token (`--tokens-file`); the name namespaces its proxy ids.
     PerProxy(Vec<(Arc<str>, Vec<u8>)>),
+    /// No token is valid: callers are known by their client certificate alone
+    /// (`--client-certs-file` or `--admin-client-certs-file` without a tokens file).
+    NoToken,
 }
 
 /// The caller of a `/v1` request, as the token identified it (a request extension).
@@ -86,7 +90,7 @@ impl Credentials {
     /// The tokens it holds (none for [`Credentials::Open`]).
     pub fn tokens(&self) -> Vec<&[u8]> {
         match self {
-            Credentials::Open => Vec::new(),
+            Credentials::Open | Credentials::NoToken => Vec::new(),
             Credentials::Shared(token) => vec![token.as_slice()],
             Credentials::PerProxy(credentials) => {
                 credentials.iter().map(|(_, t)| t.as_slice()).collect()
@@ -99,6 +103,7 @@ impl Credentials {
         let given = authorization.and_then(bearer);
         match self {
             Credentials::Open => Some(Caller::default()),
+            Credentials::NoToken => None,
             Credentials::Shared(token) => token_matches(token, given?).then(Caller::default),
             Credentials::PerProxy(credentials) => {
                 let given = given?;
@@ -136,7 +141,9 @@ fn check_token(token: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+/// A credential's name: 1 to [`MAX_NAME_BYTES`] of `a-z A-Z 0-9 - _ .` (never a `/`, which
+/// separates it from the proxy id).
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_BYTES
         && name
@@ -189,6 +196,10 @@ mod tests {
         assert!(!ok("tok"));
         assert!(shared.authenticate(None).is_none());
         assert!(Credentials::Open.authenticate(None).is_some());
+        assert!(Credentials::NoToken.authenticate(None).is_none());
+        assert!(Credentials::NoToken
+            .authenticate(Some(b"Bearer "))
+            .is_none());
     }
 
     #[test]

@@ -15,6 +15,15 @@ pub enum AppError {
     /// No bearer token, or a wrong one.
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// The client certificate and the bearer token name different credentials.
+    #[error(
+        "the client certificate and the bearer token name different credentials: send one, or \
+         both of the same credential"
+    )]
+    CredentialsDisagree,
+    /// The client certificate's names map to more than one credential.
+    #[error("the client certificate's names map to more than one credential")]
+    CertificateAmbiguous,
     /// The body is not the JSON the endpoint takes.
     #[error("malformed JSON: {0}")]
     MalformedJson(String),
@@ -75,6 +84,8 @@ impl AppError {
     pub fn kind(&self) -> &'static str {
         match self {
             AppError::Unauthorized => "unauthorized",
+            AppError::CredentialsDisagree => "credentials_disagree",
+            AppError::CertificateAmbiguous => "certificate_ambiguous",
             AppError::MalformedJson(_) => "malformed_json",
             AppError::PayloadTooLarge(_) => "payload_too_large",
             AppError::Invalid { .. } => "invalid_request",
@@ -94,6 +105,7 @@ impl AppError {
     pub fn status(&self) -> StatusCode {
         match self {
             AppError::Unauthorized => StatusCode::UNAUTHORIZED,
+            AppError::CredentialsDisagree | AppError::CertificateAmbiguous => StatusCode::FORBIDDEN,
             AppError::MalformedJson(_) | AppError::Invalid { .. } => StatusCode::BAD_REQUEST,
             AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             AppError::Overloaded | AppError::Timeout | AppError::Unavailable(_) => {

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod backpressure;
 pub mod body;
 pub mod check_handler;
+pub mod client_certs;
 pub mod credentials;
 pub mod error;
 pub mod fleet;

@@ -30,7 +30,7 @@ async fn main() -> ExitCode {
     };
     let bind = settings.bind;
     let cluster = settings.is_cluster();
-    let admin_api = settings.admin_tokens_file.is_some();
+    let admin_api = settings.admin_api();
     let state = match AppState::new(settings) {
         Ok(state) => state,
         Err(error) => {
@@ -61,7 +61,8 @@ async fn main() -> ExitCode {
     // One line on stdout that tools can wait for (the port is the real one with `--bind …:0`).
     println!("sluice-counter-service listening on {address}");
     let https = tls.is_some();
-    tracing::info!(%address, cluster, admin_api, https, "listening");
+    let client_certs = https && state.settings.tls_client_ca_file.is_some();
+    tracing::info!(%address, cluster, admin_api, https, client_certs, "listening");
     if let Some(tls) = &tls {
         tls.clone().watch();
     }

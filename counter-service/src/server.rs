@@ -3,7 +3,8 @@
 //! `--header-read-timeout-ms` (also how long a kept-alive connection may stay idle), and drains
 //! on shutdown. With TLS ([`crate::tls`]), each connection's handshake runs in its own task and
 //! must end within the header read timeout; a client that speaks plain HTTP to it is closed
-//! without an answer.
+//! without an answer. The names of the client certificate a handshake verified go with every
+//! request of its connection (a [`crate::client_certs::PeerCertificate`] extension).
 
 use std::future::Future;
 use std::io;
@@ -16,6 +17,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tower::ServiceExt;
 
 use crate::app::app;
 use crate::state::AppState;
@@ -44,7 +46,8 @@ pub async fn serve_with(
 ) -> io::Result<()> {
     let settings = state.settings.clone();
     let metrics = state.metrics.clone();
-    let service = TowerToHyperService::new(app(state));
+    let router = app(state);
+    let service = TowerToHyperService::new(router.clone());
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout());
@@ -92,11 +95,20 @@ pub async fn serve_with(
         // The certificate loaded last serves this connection, for as long as it lasts.
         let acceptor = tls.acceptor();
         let watcher = graceful.watcher();
-        let (http, service) = (http.clone(), service.clone());
+        let (http, router) = (http.clone(), router.clone());
         let handshake_timeout = settings.header_read_timeout();
         tokio::spawn(async move {
             match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => {
+                    let peer = crate::tls::peer_certificate(&stream);
+                    let service = TowerToHyperService::new(router.map_request(
+                        move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+                            if let Some(peer) = &peer {
+                                request.extensions_mut().insert(peer.clone());
+                            }
+                            request
+                        },
+                    ));
                     let connection =
                         watcher.watch(http.serve_connection(TokioIo::new(stream), service));
                     if let Err(error) = connection.await {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::client_certs::CertNames;
 use crate::credentials::Credentials;
 
 /// The counter service's settings. Each flag also reads an environment variable.
@@ -88,6 +89,27 @@ pub struct Settings {
     /// PEM private key of --tls-cert-file's certificate (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, env = "SLUICE_TLS_KEY_FILE", value_name = "PATH")]
     pub tls_key_file: Option<PathBuf>,
+
+    /// PEM file of the certificate authorities that sign the clients' certificates (mutual TLS),
+    /// with --tls-cert-file and a mapping (--client-certs-file, --admin-client-certs-file). A
+    /// client may still connect without a certificate (and send a token); one whose certificate
+    /// this does not verify is refused in the handshake. Read again with --tls-cert-file.
+    #[arg(long, env = "SLUICE_TLS_CLIENT_CA_FILE", value_name = "PATH")]
+    pub tls_client_ca_file: Option<PathBuf>,
+
+    /// File mapping client certificates to the proxies' credentials, one `san name` a line (`#`
+    /// starts a comment): a DNS or URI SAN (e.g. spiffe://example.org/edge-eu) and the name of a
+    /// credential, as --tokens-file names them. A proxy showing a certificate with that SAN is
+    /// that credential on `/v1`, without a token or with one of the same name. Read again on
+    /// SIGHUP and when it changes.
+    #[arg(long, env = "SLUICE_CLIENT_CERTS_FILE", value_name = "PATH")]
+    pub client_certs_file: Option<PathBuf>,
+
+    /// File mapping client certificates to admin names, like --client-certs-file: a certificate
+    /// with one of its SANs is that admin on `/admin/v1` (only there), the name the audit log
+    /// records. Enables the admin API, as --admin-tokens-file does.
+    #[arg(long, env = "SLUICE_ADMIN_CLIENT_CERTS_FILE", value_name = "PATH")]
+    pub admin_client_certs_file: Option<PathBuf>,
 
     /// The filter configuration the proxies run (the JSON of the plugin's `configuration`). With
     /// it, every admin PUT of limits or keys is checked as the proxies check it (an unknown rule
@@ -220,9 +242,14 @@ impl Settings {
             self.tokens_file.is_some(),
         ];
         match sources.iter().filter(|&&given| given).count() {
-            0 if !self.insecure_no_auth => return Err(NO_TOKEN.into()),
+            0 if !self.insecure_no_auth && self.client_certs_file.is_none() => {
+                return Err(NO_TOKEN.into())
+            }
             0 | 1 => {}
             _ => return Err(ONE_TOKEN_SOURCE.into()),
+        }
+        if self.client_certs_file.is_some() && (sources[0] || sources[1]) {
+            return Err(CERTS_NEED_NAMES.into());
         }
         let positive = [
             ("--redis-timeout-ms", self.redis_timeout_ms),
@@ -299,6 +326,7 @@ impl Settings {
             (None, Some(_)) => return Err("--tls-key-file needs --tls-cert-file".into()),
             _ => {}
         }
+        self.validate_client_certs()?;
         crate::redis_access::check_urls(&self.redis_nodes())?;
         if let Some(name) = &self.redis_sentinel {
             if self.redis_cluster {
@@ -318,12 +346,40 @@ impl Settings {
         Ok(())
     }
 
-    /// The certificate to serve HTTPS with, read from --tls-cert-file and --tls-key-file;
-    /// `None` without them (plain HTTP). The reason names the flag whose file is wrong.
+    /// Mutual TLS: a CA needs the service's own certificate and something to map its clients'
+    /// certificates to; each mapping needs the CA.
+    fn validate_client_certs(&self) -> Result<(), String> {
+        let mapped = self.client_certs_file.is_some() || self.admin_client_certs_file.is_some();
+        match &self.tls_client_ca_file {
+            Some(_) if self.tls_cert_file.is_none() => Err(
+                "--tls-client-ca-file needs --tls-cert-file (client certificates are shown \
+                     over TLS only)"
+                    .into(),
+            ),
+            Some(_) if !mapped => Err("--tls-client-ca-file needs --client-certs-file or \
+                 --admin-client-certs-file (what a certificate's SAN is a credential of)"
+                .into()),
+            None if self.client_certs_file.is_some() => Err(
+                "--client-certs-file needs --tls-client-ca-file (who signs the certificates)"
+                    .into(),
+            ),
+            None if self.admin_client_certs_file.is_some() => Err(
+                "--admin-client-certs-file needs --tls-client-ca-file (who signs the certificates)"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The certificate to serve HTTPS with, read from --tls-cert-file and --tls-key-file, and
+    /// the clients' CA (--tls-client-ca-file); `None` without them (plain HTTP). The reason names
+    /// the flag whose file is wrong.
     pub fn tls(&self) -> Result<Option<crate::tls::Tls>, String> {
         self.validate()?;
         match (&self.tls_cert_file, &self.tls_key_file) {
-            (Some(cert), Some(key)) => crate::tls::Tls::load(cert, key).map(Some),
+            (Some(cert), Some(key)) => {
+                crate::tls::Tls::load(cert, key, self.tls_client_ca_file.as_deref()).map(Some)
+            }
             _ => Ok(None),
         }
     }
@@ -414,20 +470,58 @@ impl Settings {
             return Credentials::per_proxy(&text)
                 .map_err(|reason| format!("--tokens-file {}: {reason}", path.display()));
         }
-        Ok(Credentials::Open)
+        if self.insecure_no_auth {
+            Ok(Credentials::Open)
+        } else {
+            Ok(Credentials::NoToken)
+        }
     }
 
-    /// Who may call the admin API: reads `--admin-tokens-file`; `None` without it (the admin API
-    /// is disabled). The reason names the flag when it fails.
+    /// Who may call the admin API: reads `--admin-tokens-file`; no token without it but with
+    /// `--admin-client-certs-file`, `None` without either (the admin API is disabled). The reason
+    /// names the flag when it fails.
     pub fn admin_credentials(&self) -> Result<Option<Credentials>, String> {
         let Some(path) = &self.admin_tokens_file else {
-            return Ok(None);
+            let by_certificate = self.admin_client_certs_file.is_some();
+            return Ok(by_certificate.then_some(Credentials::NoToken));
         };
         let text = read("--admin-tokens-file", path)?;
         Credentials::per_proxy(&text)
             .map(Some)
             .map_err(|reason| format!("--admin-tokens-file {}: {reason}", path.display()))
     }
+}
+
+impl Settings {
+    /// Which client certificates are which proxy credential: reads `--client-certs-file`; `None`
+    /// without it. The reason names the flag and the line when it fails.
+    pub fn client_certs(&self) -> Result<Option<CertNames>, String> {
+        read_cert_names("--client-certs-file", self.client_certs_file.as_deref())
+    }
+
+    /// Which client certificates are which admin: reads `--admin-client-certs-file`; `None`
+    /// without it.
+    pub fn admin_client_certs(&self) -> Result<Option<CertNames>, String> {
+        read_cert_names(
+            "--admin-client-certs-file",
+            self.admin_client_certs_file.as_deref(),
+        )
+    }
+
+    /// Whether the admin API is enabled: an admin tokens file or an admin certificates file.
+    pub fn admin_api(&self) -> bool {
+        self.admin_tokens_file.is_some() || self.admin_client_certs_file.is_some()
+    }
+}
+
+fn read_cert_names(flag: &str, path: Option<&Path>) -> Result<Option<CertNames>, String> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text = read(flag, path)?;
+    CertNames::parse(&text)
+        .map(Some)
+        .map_err(|reason| format!("{flag} {}: {reason}", path.display()))
 }
 
 impl Settings {
@@ -446,7 +540,11 @@ impl Settings {
 }
 
 const NO_TOKEN: &str = "a token is required unless --insecure-no-auth: --token-file \
-    (SLUICE_TOKEN_FILE), --tokens-file (SLUICE_TOKENS_FILE) or --token (SLUICE_TOKEN)";
+    (SLUICE_TOKEN_FILE), --tokens-file (SLUICE_TOKENS_FILE) or --token (SLUICE_TOKEN); or client \
+    certificates (--client-certs-file)";
+const CERTS_NEED_NAMES: &str = "--client-certs-file names credentials as --tokens-file does: \
+    give the tokens in --tokens-file, not as one shared token (--token, --token-file), whose \
+    holders could pass for a certificate's proxies";
 const ONE_TOKEN_SOURCE: &str =
     "give only one of --token (SLUICE_TOKEN), --token-file (SLUICE_TOKEN_FILE) and \
     --tokens-file (SLUICE_TOKENS_FILE)";

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::backend::Backend;
+use crate::client_certs::CertNames;
 use crate::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::override_cache;
@@ -20,6 +21,11 @@ pub struct AppState {
     /// Who may call the admin API (`--admin-tokens-file`), replaced likewise; `None`: it is
     /// disabled.
     pub admin: Option<Arc<RwLock<Arc<Credentials>>>>,
+    /// Which client certificates are which proxy credential (`--client-certs-file`), replaced
+    /// likewise; `None`: a certificate is nobody on `/v1`.
+    pub client_certs: Option<Arc<RwLock<Arc<CertNames>>>>,
+    /// Which client certificates are which admin (`--admin-client-certs-file`), likewise.
+    pub admin_client_certs: Option<Arc<RwLock<Arc<CertNames>>>>,
     /// The proxies' configuration (`--policy`): admin changes are checked against it.
     pub policy: Option<Arc<Policy>>,
     pub backend: Arc<Backend>,
@@ -43,13 +49,29 @@ impl AppState {
             let shared = admin.tokens().into_iter().any(|token| {
                 let mut header = b"Bearer ".to_vec();
                 header.extend_from_slice(token);
-                !matches!(credentials, Credentials::Open)
+                !matches!(credentials, Credentials::Open | Credentials::NoToken)
                     && credentials.authenticate(Some(&header)).is_some()
             });
             if shared {
                 tracing::warn!(
                     "an admin token is also a proxy token: whoever holds it can call both \
                      /v1 and the admin API; give the admins tokens of their own"
+                );
+            }
+        }
+        let client_certs = settings.client_certs().map_err(StartError::Settings)?;
+        let admin_client_certs = settings
+            .admin_client_certs()
+            .map_err(StartError::Settings)?;
+        if let (Some(proxies), Some(admins)) = (&client_certs, &admin_client_certs) {
+            if admins
+                .sans()
+                .any(|san| proxies.sans().any(|other| other == san))
+            {
+                tracing::warn!(
+                    "a SAN is in both --client-certs-file and --admin-client-certs-file: a \
+                     certificate with it can call both /v1 and the admin API; give the admins \
+                     certificates of their own"
                 );
             }
         }
@@ -60,6 +82,9 @@ impl AppState {
             settings: Arc::new(settings),
             credentials: Arc::new(RwLock::new(Arc::new(credentials))),
             admin: admin.map(|admin| Arc::new(RwLock::new(Arc::new(admin)))),
+            client_certs: client_certs.map(|certs| Arc::new(RwLock::new(Arc::new(certs)))),
+            admin_client_certs: admin_client_certs
+                .map(|certs| Arc::new(RwLock::new(Arc::new(certs)))),
             policy: policy.map(Arc::new),
             backend: Arc::new(backend),
             scripts: Arc::new(Scripts::new()),
@@ -79,6 +104,16 @@ impl AppState {
     /// Who may call the admin API now; `None` when it is disabled.
     pub fn admins(&self) -> Option<Arc<Credentials>> {
         self.admin.as_ref().map(|admin| read(admin))
+    }
+
+    /// Which client certificates are which proxy credential now; `None` without a mapping.
+    pub fn proxy_certs(&self) -> Option<Arc<CertNames>> {
+        self.client_certs.as_ref().map(|certs| read(certs))
+    }
+
+    /// Which client certificates are which admin now; `None` without a mapping.
+    pub fn admin_certs(&self) -> Option<Arc<CertNames>> {
+        self.admin_client_certs.as_ref().map(|certs| read(certs))
     }
 
     /// Counts a request in flight until the guard drops.
