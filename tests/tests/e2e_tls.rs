@@ -5,7 +5,9 @@
 //! that trusts the service syncs and its limits hold; one whose CA, expected name or the service's certificate's
 //! dates are wrong never sends its token in the clear: its callouts fail, the breaker opens, and the fallback
 //! decides. The service refuses plain HTTP on its TLS port, and a certificate swapped on disk (for garbage, then
-//! for a renewed one) is taken or refused without dropping a connection.
+//! for a renewed one) is taken or refused without dropping a connection. A proxy whose upstream TLS context shows a
+//! client certificate the service maps to a credential (`--tls-client-ca-file`, `--client-certs-file`) syncs with no
+//! token at all.
 #![cfg(all(feature = "envoy", feature = "redis"))]
 
 use std::io::{Read, Write};
@@ -35,15 +37,23 @@ const SERVICE_NAME: &str = "sluice-service.internal";
 /// The cluster `sluice_service` of `envoy/sluice-service.yaml.tmpl`, made to speak TLS: the CA it trusts, the name
 /// it sends (SNI) and requires in the certificate.
 fn tls_template() -> DerivedTemplate {
+    tls_template_with("")
+}
+
+/// [`tls_template`], with `certificates` (YAML under `common_tls_context`) before its validation context.
+fn tls_template_with(certificates: &str) -> DerivedTemplate {
+    let transport = format!(
+        "  - name: sluice_service\n    type: STATIC\n    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        sni: \"{{{{SERVICE_NAME}}}}\"\n        common_tls_context:\n{certificates}          validation_context:\n            trusted_ca: {{ filename: \"{{{{SERVICE_CA}}}}\" }}\n            match_typed_subject_alt_names:\n            - san_type: DNS\n              matcher: {{ exact: \"{{{{SERVICE_NAME}}}}\" }}\n"
+    );
     DerivedTemplate::edited(
         &Template::SluiceService,
-        &[(
-            "  - name: sluice_service\n    type: STATIC\n",
-            "  - name: sluice_service\n    type: STATIC\n    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        sni: \"{{SERVICE_NAME}}\"\n        common_tls_context:\n          validation_context:\n            trusted_ca: { filename: \"{{SERVICE_CA}}\" }\n            match_typed_subject_alt_names:\n            - san_type: DNS\n              matcher: { exact: \"{{SERVICE_NAME}}\" }\n",
-        )],
+        &[("  - name: sluice_service\n    type: STATIC\n", &transport)],
     )
     .unwrap()
 }
+
+/// The client certificate Envoy shows the service (mutual TLS), from the files the placeholders name.
+const CLIENT_CERTIFICATE: &str = "          tls_certificates:\n          - certificate_chain: { filename: \"{{CLIENT_CERT}}\" }\n            private_key: { filename: \"{{CLIENT_KEY}}\" }\n";
 
 /// sluice's configuration: one cached rule of 50 a minute for everyone, 3 a minute from its fallback, a quick
 /// breaker.
@@ -78,19 +88,33 @@ fn start_envoy(
     name: &str,
     token: &str,
 ) -> Envoy {
+    start_envoy_with(template, service_port, ca_file, name, token, Vec::new())
+}
+
+/// [`start_envoy`], with more placeholders.
+fn start_envoy_with(
+    template: &DerivedTemplate,
+    service_port: u16,
+    ca_file: &std::path::Path,
+    name: &str,
+    token: &str,
+    more: Vec<(String, String)>,
+) -> Envoy {
+    let mut placeholders = more;
+    placeholders.extend([
+        (
+            "WASM".to_owned(),
+            wasm_path().unwrap().display().to_string(),
+        ),
+        ("SERVICE_PORT".to_owned(), service_port.to_string()),
+        ("SERVICE_CA".to_owned(), ca_file.display().to_string()),
+        ("SERVICE_NAME".to_owned(), name.to_owned()),
+    ]);
     Envoy::start(EnvoyOptions {
         template: template.template(),
         plugin_config_json: config(token),
         concurrency: 2,
-        placeholders: vec![
-            (
-                "WASM".to_owned(),
-                wasm_path().unwrap().display().to_string(),
-            ),
-            ("SERVICE_PORT".to_owned(), service_port.to_string()),
-            ("SERVICE_CA".to_owned(), ca_file.display().to_string()),
-            ("SERVICE_NAME".to_owned(), name.to_owned()),
-        ],
+        placeholders,
     })
     .unwrap()
 }
@@ -107,29 +131,8 @@ fn tls_service(redis: &Redis, ca: &Authority, issued: &Issued) -> Service {
     Service::start_with(tls_options(redis, ca, issued)).unwrap()
 }
 
-/// How many certificate reloads the service logged.
-fn reloads(service: &Service) -> usize {
-    service.log().matches("certificate reloaded").count()
-}
-
-/// A proxy that trusts the service's CA and name syncs over TLS, and the shared limit holds: 50 a minute, far
-/// more than the fallback's 3.
-#[test]
-fn a_proxy_that_trusts_the_service_syncs_over_tls_and_its_limit_holds() {
-    let _machine = machine();
-    let redis = Redis::start().unwrap();
-    let ca = Authority::new("service").unwrap();
-    let issued = ca.issue("service", &[SERVICE_NAME, "127.0.0.1"]).unwrap();
-    let service = tls_service(&redis, &ca, &issued);
-    let port = service.address().unwrap().port();
-    let template = tls_template();
-    let envoy = start_envoy(
-        &template,
-        port,
-        &ca.ca_file(),
-        SERVICE_NAME,
-        service.token(),
-    );
+/// The proxy syncs with the service, and the shared limit holds: 50 a minute, far more than the fallback's 3.
+fn syncs_and_the_limit_holds(envoy: &Envoy, service: &Service) {
     let client = agent();
     let url = envoy.url("/api/x");
 
@@ -176,6 +179,32 @@ fn a_proxy_that_trusts_the_service_syncs_over_tls_and_its_limit_holds() {
         envoy.sluice_stats()
     );
     assert!(service.metric("sluice_syncs_total") > 0);
+}
+
+/// How many certificate reloads the service logged.
+fn reloads(service: &Service) -> usize {
+    service.log().matches("certificate reloaded").count()
+}
+
+/// A proxy that trusts the service's CA and name syncs over TLS, and the shared limit holds: 50 a minute, far
+/// more than the fallback's 3.
+#[test]
+fn a_proxy_that_trusts_the_service_syncs_over_tls_and_its_limit_holds() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("service").unwrap();
+    let issued = ca.issue("service", &[SERVICE_NAME, "127.0.0.1"]).unwrap();
+    let service = tls_service(&redis, &ca, &issued);
+    let port = service.address().unwrap().port();
+    let template = tls_template();
+    let envoy = start_envoy(
+        &template,
+        port,
+        &ca.ca_file(),
+        SERVICE_NAME,
+        service.token(),
+    );
+    syncs_and_the_limit_holds(&envoy, &service);
 }
 
 /// What a misconfigured proxy does: its CA is not the service's, or the service's certificate is for another name or
@@ -409,4 +438,59 @@ fn the_service_refuses_plain_http_and_reloads_its_certificate_without_dropping_a
     });
     assert!(again, "SIGHUP did not reload:\n{}", service.log());
     assert_eq!(status(&second), Ok(200));
+}
+
+/// Mutual TLS: the proxy's upstream TLS context shows a client certificate (a DNS SAN the service's
+/// `--client-certs-file` maps to the credential `edge-a`, signed by the CA of `--tls-client-ca-file`), and its
+/// configuration has no token (the filter sends `Bearer ` and nothing more); the service has no token either, so the
+/// certificate is the only way in. The proxy syncs and the limit holds, as with a token.
+#[test]
+fn a_proxy_with_a_client_certificate_and_no_token_syncs_over_mutual_tls_and_its_limit_holds() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("service").unwrap();
+    let issued = ca.issue("service", &[SERVICE_NAME, "127.0.0.1"]).unwrap();
+    let proxies = Authority::new("proxies").unwrap();
+    let edge_a = proxies
+        .issue("edge-a", &["edge-a.proxies.internal"])
+        .unwrap();
+    let mapping = proxies.dir().join("client-certs");
+    std::fs::write(&mapping, "edge-a.proxies.internal edge-a\n").unwrap();
+    let service = Service::start_with(
+        tls_options(&redis, &ca, &issued)
+            // No token at all: the fixture's shared token is emptied.
+            .env("SLUICE_TOKEN", "")
+            .arg("--tls-client-ca-file")
+            .arg(proxies.ca_file().display().to_string())
+            .arg("--client-certs-file")
+            .arg(mapping.display().to_string()),
+    )
+    .unwrap();
+    let port = service.address().unwrap().port();
+    let template = tls_template_with(CLIENT_CERTIFICATE);
+    let envoy = start_envoy_with(
+        &template,
+        port,
+        &ca.ca_file(),
+        SERVICE_NAME,
+        "",
+        vec![
+            (
+                "CLIENT_CERT".to_owned(),
+                edge_a.cert_file.display().to_string(),
+            ),
+            (
+                "CLIENT_KEY".to_owned(),
+                edge_a.key_file.display().to_string(),
+            ),
+        ],
+    );
+    syncs_and_the_limit_holds(&envoy, &service);
+    // Not one call was refused: the certificate was the credential of every sync.
+    assert_eq!(
+        service.metric("sluice_errors_total{kind=\"unauthorized\"}"),
+        0,
+        "{}",
+        service.log()
+    );
 }
