@@ -270,9 +270,9 @@ test-failover: deps build ## a Redis Cluster primary killed under load (twice), 
 # How many Envoys `make run` starts (PROXIES=2: a second one on :10100, admin :9911, sharing the limits).
 PROXIES ?= 1
 
-run: deps build build-stack ## the demo: Redis (:6390), the counter service (:8081), Envoy with sluice on :10000, admin :9901; PROXIES=2 adds one on :10100 (Ctrl-C stops all)
+run: deps build build-stack ## the demo: Redis (:6390), the counter service (:8081), Envoy with sluice on :10000, admin :9901; PROXIES=2 adds one on :10100; TLS=1: the service over HTTPS, its CA in .run/demo/tls/ (Ctrl-C stops all)
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(STACK) --proxies $(PROXIES) --concurrency 4 \
-	  --redis-port 6390 --run-dir $(RUN_DIR)/demo --hints
+	  --redis-port 6390 --run-dir $(RUN_DIR)/demo $(if $(TLS),--tls) --hints
 
 bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a minimal Wasm filter vs sluice, then accuracy, service, Redis per request, latency, overload, shaping, algorithms, and nginx beside Envoy when the module is built (~20 min, ~35 with nginx)
 	$(VENV)/bin/python bench/bench.py

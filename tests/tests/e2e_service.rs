@@ -2571,13 +2571,18 @@ fn a_penalty_started_on_one_proxy_denies_the_key_on_the_other() {
 
 /// `envoy/production.yaml` as shipped serves the counter service's public `GET /v1/status` at `/v1/status`, through
 /// sluice (limited as any request) and Envoy's cache: whoever asks, and however often, the service is asked at most once
-/// per 2 s (its `Cache-Control: public, max-age=2`) by each Envoy, and an answer from the cache says its `Age`.
+/// per 2 s (its `Cache-Control: public, max-age=2`) by each Envoy, and an answer from the cache says its `Age`. The
+/// file speaks TLS to the service (its CA and name checked), for the status as for the sync: both go through.
 #[test]
 fn the_shipped_status_route_answers_from_envoys_cache() {
     let _machine = machine();
     let redis = Redis::start().unwrap();
-    let service = Service::start(&redis.url()).unwrap();
     let production = Demo::production().unwrap();
+    let tls = production
+        .service_tls()
+        .unwrap()
+        .expect("production.yaml speaks TLS to the service");
+    let service = Service::start_with(ServiceOptions::new(redis.url()).tls(tls)).unwrap();
     let port = service.address().expect("the service listens").port();
     let plugin = production.plugin_config_json.replace(
         "\"token\": \"change-me\"",
@@ -2613,6 +2618,17 @@ fn the_shipped_status_route_answers_from_envoys_cache() {
         "{:?}",
         envoy.sluice_stats()
     );
+    // The sync's cluster over TLS too: the proxy syncs, and each cluster made its connections with TLS.
+    let synced = eventually(Duration::from_secs(5), || {
+        envoy.stat("wasmcustom.sluice.sync.ok") > 0
+    });
+    assert!(synced, "no sync over TLS; {:?}", envoy.sluice_stats());
+    for cluster in ["sluice_service", "sluice_status"] {
+        assert!(
+            envoy.stat(&format!("cluster.{cluster}.ssl.handshake")) > 0,
+            "{cluster}: no TLS handshake"
+        );
+    }
 }
 
 /// Credentials that rotate under load: the proxies' credential `fleet` holds the old token; the new one is added
@@ -2757,4 +2773,93 @@ fn a_token_rotates_under_load_without_a_refusal_and_the_removed_one_is_refused()
         "{}",
         service.log()
     );
+}
+
+/// `make run TLS=1` and `envoy/production.yaml` together, as the file's header tells a user to try them: the stack
+/// (`sluice-stack --tls`, here on free ports) serves the counter service over HTTPS with a certificate from a CA of its
+/// run, its demo Envoy syncs with it over TLS, and so does `production.yaml` given that CA and the stack's token; the
+/// service's own port answers HTTPS to a client that trusts the CA. Closing the stack's stdin stops it.
+#[test]
+fn the_tls_demo_stack_and_the_production_file_sync_over_tls() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let _machine = machine();
+    let stack_binary = std::env::var("SLUICE_STACK").expect("SLUICE_STACK (make test sets it)");
+    let run_dir = tempfile::tempdir().unwrap();
+    let mut stack = Command::new(stack_binary)
+        .args(["--tls", "--free-ports", "--proxies", "1", "--run-dir"])
+        .arg(run_dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(stack.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let up: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let port = up["service"]["port"].as_u64().unwrap() as u16;
+    let ca_file = std::path::PathBuf::from(up["service"]["ca_file"].as_str().unwrap());
+    assert!(
+        up["service"]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("https://"),
+        "{up}"
+    );
+    let token = std::fs::read_to_string(up["token_file"].as_str().unwrap()).unwrap();
+    let demo_admin = up["envoys"][0]["admin_port"].as_u64().unwrap();
+    let client = agent();
+    let demo_stat = |name: &str| -> u64 {
+        let stats = get(
+            &client,
+            &format!("http://127.0.0.1:{demo_admin}/stats"),
+            &[],
+        )
+        .unwrap();
+        sluice_tests::envoy::Stats::parse(&stats.body)
+            .counter(name)
+            .unwrap_or(0)
+    };
+    let synced = eventually(Duration::from_secs(10), || {
+        demo_stat("wasmcustom.sluice.sync.ok") > 0
+    });
+    assert!(synced, "the demo Envoy never synced over TLS");
+    assert!(demo_stat("cluster.sluice_service.ssl.handshake") > 0);
+
+    let production = Demo::production().unwrap();
+    let plugin = production.plugin_config_json.replace(
+        "\"token\": \"change-me\"",
+        &format!("\"token\": \"{token}\""),
+    );
+    let mut options = production.options(plugin, 2, port).unwrap();
+    for (name, value) in &mut options.placeholders {
+        if name == "SERVICE_CA" {
+            *value = ca_file.display().to_string();
+        }
+    }
+    let envoy = Envoy::start(options).unwrap();
+    let synced = eventually(Duration::from_secs(10), || {
+        envoy.stat("wasmcustom.sluice.sync.ok") > 0
+    });
+    assert!(
+        synced,
+        "production.yaml never synced with the TLS stack; {:?}",
+        envoy.sluice_stats()
+    );
+    assert!(envoy.stat("cluster.sluice_service.ssl.handshake") > 0);
+    assert_eq!(envoy.stat("wasmcustom.sluice.sync.unauthorized"), 0);
+
+    let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+    let trusting = sluice_tests::certs::agent_trusting(&ca_pem).unwrap();
+    let metrics = get(&trusting, &format!("https://127.0.0.1:{port}/metrics"), &[]).unwrap();
+    assert_eq!(metrics.status, 200, "{metrics:?}");
+
+    drop(stack.stdin.take());
+    let stopped = eventually(Duration::from_secs(10), || {
+        stack.try_wait().unwrap().is_some()
+    });
+    assert!(stopped, "the stack did not stop when its stdin closed");
 }

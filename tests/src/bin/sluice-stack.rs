@@ -22,13 +22,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use sluice_tests::envoy::{repo_root, Demo, Envoy};
+use sluice_tests::certs::Authority;
+use sluice_tests::envoy::{replace_exactly, repo_root, Demo, Envoy};
 use sluice_tests::redis::Redis;
-use sluice_tests::service::{Service, ServiceOptions};
+use sluice_tests::service::{Service, ServiceOptions, ServiceTls};
 
 const USAGE: &str = "\
 usage: sluice-stack [--proxies N] [--config FILE] [--concurrency N] [--free-ports] [--redis-port PORT]
-                    [--run-dir DIR] [--hints] [-- SERVICE-FLAG...]
+                    [--run-dir DIR] [--tls] [--hints] [-- SERVICE-FLAG...]
 
   --proxies N        Envoys to start, 0 to 8 (default 1); all share the counter service
   --config FILE      the Envoys' configuration, of envoy/demo.yaml's shape (default: envoy/demo.yaml)
@@ -38,6 +39,9 @@ usage: sluice-stack [--proxies N] [--config FILE] [--concurrency N] [--free-port
                      edge and upstream 100 higher, its admin 10 higher (the second: 10100, 10101, 9911)
   --redis-port PORT  Redis's port (default: a free one)
   --run-dir DIR      where the token file and the pid file go, and the logs when it stops (default: a temp dir)
+  --tls              the counter service over HTTPS: a CA made for this run (RUN-DIR/tls/ca.pem) signs its
+                     certificate for sluice-service.internal and 127.0.0.1 (RUN-DIR/tls/service.pem, .key), and
+                     every Envoy's cluster sluice_service sends that name and trusts only that CA
   --hints            print the demo's curl lines to stderr once everything is up
   -- SERVICE-FLAG... more flags for the counter service, e.g. -- --redis-timeout-ms 1000";
 
@@ -52,6 +56,54 @@ const DEMO_SERVICE: u16 = 8081;
 const PORT_STEP: u16 = 100;
 const ADMIN_STEP: u16 = 10;
 const POLL: Duration = Duration::from_millis(100);
+/// The name the counter service's certificate carries with `--tls`, and that the Envoys send and require
+/// (`envoy/production.yaml`'s).
+const SERVICE_NAME: &str = "sluice-service.internal";
+/// The cluster `sluice_service` of `envoy/demo.yaml`'s shape, as it starts.
+const SERVICE_CLUSTER: &str = "  - name: sluice_service\n    type: STATIC\n";
+
+/// The files of `--tls`, under the run directory's `tls/`.
+struct TlsFiles {
+    ca_file: PathBuf,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    ca_pem: String,
+}
+
+/// A CA of this run's own and the certificate it signs for the service (the key readable by the owner only).
+fn make_tls_files(run_dir: &Path) -> Result<TlsFiles> {
+    let dir = run_dir.join("tls");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let ca = Authority::new("demo")?;
+    let issued = ca.issue("service", &[SERVICE_NAME, "127.0.0.1"])?;
+    let files = TlsFiles {
+        ca_file: dir.join("ca.pem"),
+        cert_file: dir.join("service.pem"),
+        key_file: dir.join("service.key"),
+        ca_pem: ca.ca_pem.clone(),
+    };
+    std::fs::write(&files.ca_file, &ca.ca_pem)
+        .with_context(|| format!("writing {}", files.ca_file.display()))?;
+    std::fs::write(&files.cert_file, &issued.cert_pem)
+        .with_context(|| format!("writing {}", files.cert_file.display()))?;
+    let key = std::fs::read_to_string(&issued.key_file)?;
+    write_private(&files.key_file, &key)?;
+    Ok(files)
+}
+
+/// `yaml` (`envoy/demo.yaml`'s shape) with its cluster `sluice_service` speaking TLS: the service's name sent (SNI)
+/// and required of its certificate, `ca_file` the one CA trusted.
+fn with_tls_to_the_service(yaml: &str, ca_file: &Path) -> Result<String> {
+    let tls = format!(
+        "{SERVICE_CLUSTER}    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \
+         \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        \
+         sni: {SERVICE_NAME}\n        common_tls_context:\n          validation_context:\n            \
+         trusted_ca: {{ filename: \"{}\" }}\n            match_typed_subject_alt_names:\n            \
+         - san_type: DNS\n              matcher: {{ exact: {SERVICE_NAME} }}\n",
+        ca_file.display()
+    );
+    replace_exactly(yaml, SERVICE_CLUSTER, &tls, 1).context("the cluster sluice_service")
+}
 
 #[derive(Debug)]
 struct Args {
@@ -61,6 +113,7 @@ struct Args {
     free_ports: bool,
     redis_port: Option<u16>,
     run_dir: Option<PathBuf>,
+    tls: bool,
     hints: bool,
     service_args: Vec<String>,
 }
@@ -73,6 +126,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>> {
         free_ports: false,
         redis_port: None,
         run_dir: None,
+        tls: false,
         hints: false,
         service_args: Vec::new(),
     };
@@ -95,6 +149,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>> {
                 parsed.redis_port = Some(value("--redis-port")?.parse().context("--redis-port")?);
             }
             "--run-dir" => parsed.run_dir = Some(value("--run-dir")?.into()),
+            "--tls" => parsed.tls = true,
             "--hints" => parsed.hints = true,
             "--" => {
                 parsed.service_args = args.by_ref().collect();
@@ -261,7 +316,13 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn start(args: &Args, demo: Option<&Demo>, plugin_config: &str, token: &str) -> Result<Stack> {
+fn start(
+    args: &Args,
+    demo: Option<&Demo>,
+    plugin_config: &str,
+    token: &str,
+    tls: Option<&TlsFiles>,
+) -> Result<Stack> {
     let redis = match args.redis_port {
         Some(port) => Redis::start_on(port, &[]),
         None => Redis::start(),
@@ -275,6 +336,13 @@ fn start(args: &Args, demo: Option<&Demo>, plugin_config: &str, token: &str) -> 
     }
     if let Some(filter) = std::env::var("RUST_LOG").ok().filter(|f| !f.is_empty()) {
         options.log_filter = filter;
+    }
+    if let Some(tls) = tls {
+        options = options.tls(ServiceTls {
+            cert_file: tls.cert_file.clone(),
+            key_file: tls.key_file.clone(),
+            ca_pem: tls.ca_pem.clone(),
+        });
     }
     let service = Service::start_with(options).context("starting the counter service")?;
     let service_port = service.address().context("the service's address")?.port();
@@ -319,9 +387,14 @@ fn run(args: Args) -> Result<bool> {
             temp.path().to_path_buf()
         }
     };
+    let tls = args.tls.then(|| make_tls_files(&run_dir)).transpose()?;
     let demo = if args.proxies > 0 {
-        let text = std::fs::read_to_string(&args.config)
+        let mut text = std::fs::read_to_string(&args.config)
             .with_context(|| format!("reading {}", args.config.display()))?;
+        if let Some(tls) = &tls {
+            text = with_tls_to_the_service(&text, &tls.ca_file)
+                .with_context(|| format!("{}: TLS to the service", args.config.display()))?;
+        }
         Some(Demo::from_text(&text).with_context(|| {
             format!(
                 "{} is not of envoy/demo.yaml's shape",
@@ -354,7 +427,7 @@ fn run(args: Args) -> Result<bool> {
     std::fs::write(&pid_file, std::process::id().to_string())?;
 
     let stdin_closed = watch_stdin()?;
-    let result = start(&args, demo.as_ref(), &plugin_config, &token);
+    let result = start(&args, demo.as_ref(), &plugin_config, &token, tls.as_ref());
     let mut stack = match result {
         Ok(stack) => stack,
         Err(error) => {
@@ -362,14 +435,19 @@ fn run(args: Args) -> Result<bool> {
             return Err(error);
         }
     };
-    let mut line = stack.describe(&token_file, &run_dir).to_string();
+    let mut description = stack.describe(&token_file, &run_dir);
+    if let Some(tls) = &tls {
+        description["service"]["ca_file"] = json!(tls.ca_file);
+        description["service"]["tls_name"] = json!(SERVICE_NAME);
+    }
+    let mut line = description.to_string();
     line.push('\n');
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(line.as_bytes())?;
     stdout.flush()?;
     drop(stdout);
     if args.hints {
-        eprintln!("{}", hints(&stack, &run_dir));
+        eprintln!("{}", hints(&stack, &run_dir, tls.as_ref()));
     }
 
     let mut failed = false;
@@ -402,7 +480,7 @@ fn run(args: Args) -> Result<bool> {
 }
 
 /// What to try on the demo, with the ports the stack got.
-fn hints(stack: &Stack, run_dir: &Path) -> String {
+fn hints(stack: &Stack, run_dir: &Path, tls: Option<&TlsFiles>) -> String {
     let service = stack.service.address().map_or(0, |a| a.port());
     let redis = stack.redis.port();
     let Some(first) = stack.envoys.first() else {
@@ -424,6 +502,20 @@ fn hints(stack: &Stack, run_dir: &Path) -> String {
         "  counter service     127.0.0.1:{service} (token in {}), Redis on 127.0.0.1:{redis}\n",
         run_dir.join("token").display()
     );
+    let metrics = match tls {
+        Some(tls) => {
+            text += &format!(
+                "  over TLS            its certificate for {SERVICE_NAME} from the CA in {}; envoy/production.yaml \
+                 trusts it too\n",
+                tls.ca_file.display()
+            );
+            format!(
+                "curl -s --cacert {} https://127.0.0.1:{service}/metrics",
+                tls.ca_file.display()
+            )
+        }
+        None => format!("curl -s http://127.0.0.1:{service}/metrics"),
+    };
     text += &format!(
         r#"Rule "demo"   (local):  5 requests per minute per client IP on /api/ (then one more every 12 s).
 Rule "shared" (cached): 10 requests per minute on /shared/ for everyone, shared by every proxy through the
@@ -437,7 +529,7 @@ Rule "shared" (cached): 10 requests per minute on /shared/ for everyone, shared 
 
   for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' http://127.0.0.1:{edge}/shared/x; sleep 0.2; done; echo
                                                # 10 × 200, then 429 429: the shared 10 per minute is spent
-  curl -s http://127.0.0.1:{service}/metrics | grep -E '^sluice_(syncs|granted_tokens)_total'
+  {metrics} | grep -E '^sluice_(syncs|granted_tokens)_total'
                                                # the service's view: syncs and tokens granted to proxies
   curl -s http://127.0.0.1:{admin}/stats | grep wasmcustom.sluice   # allowed, denied per rule; sync.ok, breaker.open
 "#

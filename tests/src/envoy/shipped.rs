@@ -22,6 +22,8 @@ use tempfile::TempDir;
 use super::paths::{repo_root, wasm_path};
 use super::process::EnvoyOptions;
 use super::template::Template;
+use crate::certs::Authority;
+use crate::service::ServiceTls;
 
 /// Template text written to a temp file (removed on drop), to start like any template.
 #[derive(Debug)]
@@ -77,6 +79,18 @@ pub struct Demo {
     template: DerivedTemplate,
     /// sluice's configuration as the file ships it (the JSON of its `configuration` value).
     pub plugin_config_json: String,
+    /// The CA the file's counter-service clusters trust, made for this start (`production.yaml` speaks TLS to the
+    /// service; the demo does not).
+    service_ca: Option<ServiceCa>,
+}
+
+/// The CA of a production-shaped start (only its file shows in `Debug`).
+struct ServiceCa(Authority);
+
+impl std::fmt::Debug for ServiceCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ServiceCa").field(&self.0.ca_file()).finish()
+    }
 }
 
 impl Demo {
@@ -125,6 +139,7 @@ impl Demo {
         Ok(Demo {
             template: DerivedTemplate::new(&text)?,
             plugin_config_json,
+            service_ca: None,
         })
     }
 
@@ -137,14 +152,40 @@ impl Demo {
         concurrency: u32,
         service_port: u16,
     ) -> Result<EnvoyOptions> {
-        shipped_options(
+        let mut options = shipped_options(
             &self.template,
             plugin_config_json,
             concurrency,
             service_port,
-        )
+        )?;
+        if let Some(ServiceCa(ca)) = &self.service_ca {
+            options
+                .placeholders
+                .push(("SERVICE_CA".to_owned(), ca.ca_file().display().to_string()));
+        }
+        Ok(options)
+    }
+
+    /// The certificate and key a counter service serves to be trusted by this configuration's proxies: a certificate
+    /// for `sluice-service.internal` (and 127.0.0.1, for the fixture's own health checks) from the CA the file's
+    /// clusters were given; `None` for a configuration that speaks plain HTTP to the service.
+    pub fn service_tls(&self) -> Result<Option<ServiceTls>> {
+        let Some(ServiceCa(ca)) = &self.service_ca else {
+            return Ok(None);
+        };
+        let issued = ca.issue("service", &[SERVICE_NAME, "127.0.0.1"])?;
+        Ok(Some(ServiceTls {
+            cert_file: issued.cert_file,
+            key_file: issued.key_file,
+            ca_pem: ca.ca_pem.clone(),
+        }))
     }
 }
+
+/// The name `envoy/production.yaml`'s proxies require of the counter service's certificate (and send as SNI).
+const SERVICE_NAME: &str = "sluice-service.internal";
+/// Where `envoy/production.yaml` reads the CA it trusts the counter service by (what `make run TLS=1` writes).
+const SHIPPED_SERVICE_CA: &str = "filename: \".run/demo/tls/ca.pem\"";
 
 /// `envoy/production.yaml`, the production-shaped example, as a template of the same kind: its fixed ports (edge 10200,
 /// upstream 10201, admin 9921, counter service 8081), its relative `.wasm` path and its sluice configuration (the JSON
@@ -242,9 +283,17 @@ impl Demo {
                 .iter()
                 .map(|l| l.to_string()),
         );
+        // Both clusters of the counter service trust the CA `make run TLS=1` writes: a CA of this start's own.
+        let text = replace_exactly(
+            &(rendered.join("\n") + "\n"),
+            SHIPPED_SERVICE_CA,
+            "filename: \"{{SERVICE_CA}}\"",
+            2,
+        )?;
         Ok(Demo {
-            template: DerivedTemplate::new(&(rendered.join("\n") + "\n"))?,
+            template: DerivedTemplate::new(&text)?,
             plugin_config_json,
+            service_ca: Some(ServiceCa(Authority::new("production-service")?)),
         })
     }
 }
