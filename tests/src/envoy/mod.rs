@@ -25,8 +25,10 @@
 //!
 //! The shipped configurations can be started as shipped ([`Demo`] for `envoy/demo.yaml`, [`DerivedTemplate`] for a
 //! template with exact text edits), [`raw_get`] sends a request target byte for byte (`/./api/x`), and [`streams`]
-//! sends many requests at once on one HTTP/2 connection.
+//! sends many requests at once on one HTTP/2 connection. Load held under a change is closed-loop ([`sustain_until`]:
+//! each connection sends its next request once answered) or open-loop ([`offer_until`]: requests due at a fixed rate).
 
+mod arrivals;
 mod client;
 mod load;
 mod paths;
@@ -39,6 +41,7 @@ mod streams;
 mod sustain;
 mod template;
 
+pub use arrivals::{offer_until, Arrivals};
 pub use client::{agent, get, Reply};
 pub use load::{burst, Burst};
 pub use paths::{envoy_binary, repo_root, wasm_path};
@@ -48,5 +51,5 @@ pub use raw::{raw_get, raw_get_bytes, raw_get_to};
 pub use shipped::{replace_exactly, Demo, DerivedTemplate};
 pub use stats::Stats;
 pub use streams::streams;
-pub use sustain::{sustain, sustain_until, Load, Sample, Sustained};
+pub use sustain::{latency_quantile, sustain, sustain_until, Load, Sample, Sustained};
 pub use template::{render, Template};

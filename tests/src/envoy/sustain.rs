@@ -42,9 +42,9 @@ impl Load {
 /// One request and how it ended.
 #[derive(Debug, Clone)]
 pub struct Sample {
-    /// When it was sent.
+    /// When it was sent (open-loop, [`offer_until`](super::offer_until): when it was due).
     pub at: Instant,
-    /// From sent to the whole response read (or the error).
+    /// From sent (or due) to the whole response read (or the error).
     pub latency: Duration,
     /// The status, or the transport error.
     pub outcome: Result<u16, String>,
@@ -162,4 +162,20 @@ pub fn sustain_until(load: &Load, stop: &AtomicBool) -> Sustained {
         elapsed: started.elapsed(),
         samples: per_thread.into_iter().flatten().collect(),
     }
+}
+
+/// The latency at quantile `q` (0..=1, nearest rank) of the requests of `runs` sent in `[from, to)`; zero
+/// when there were none.
+pub fn latency_quantile(runs: &[&Sustained], from: Instant, to: Instant, q: f64) -> Duration {
+    let mut latencies: Vec<Duration> = runs
+        .iter()
+        .flat_map(|r| r.samples.iter())
+        .filter(|s| s.at >= from && s.at < to)
+        .map(|s| s.latency)
+        .collect();
+    latencies.sort();
+    if latencies.is_empty() {
+        return Duration::ZERO;
+    }
+    latencies[((latencies.len() - 1) as f64 * q).round() as usize]
 }
