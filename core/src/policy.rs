@@ -644,6 +644,8 @@ pub struct Service {
     pub upstream: Upstream,
     pub authority: String,
     pub token: String,
+    /// Dispatch over TLS (nginx: the `:scheme https` of ngx_wasm_module's dispatches).
+    pub tls: bool,
     pub timeout_ms: u64,
     pub sync_interval_ms: u64,
     /// Consecutive failures that open the circuit breaker.

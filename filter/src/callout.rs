@@ -18,13 +18,18 @@ pub use sluice_core::sync::round::Failure;
 pub fn post(service: &Service, path: &str, body: &impl Serialize) -> Result<u32, Failure> {
     let body = serde_json::to_vec(body).map_err(|_| Failure::NotSent)?;
     let auth = format!("Bearer {}", service.token);
-    let headers = vec![
+    let mut headers = vec![
         (":method", "POST"),
         (":path", path),
         (":authority", service.authority.as_str()),
         ("content-type", "application/json"),
         ("authorization", auth.as_str()),
     ];
+    // nginx: ngx_wasm_module dispatches over TLS when asked so (`service.tls`, refused in Envoy, where TLS is the
+    // cluster's), checking the certificate against the authority, also its SNI.
+    if service.tls {
+        headers.push((":scheme", "https"));
+    }
     let timeout = Duration::from_millis(service.timeout_ms);
     hostcalls::dispatch_http_call(
         service.upstream.target(),

@@ -146,6 +146,11 @@ fn one_batch_per_interval_whatever_the_worker_count() {
     assert_eq!(call.upstream, upstream);
     assert_eq!(call.header("authorization"), Some("Bearer s3cret"));
     assert_eq!(call.header(":method"), Some("POST"));
+    assert_eq!(
+        call.header(":scheme"),
+        None,
+        "plain HTTP unless service.tls"
+    );
     assert_eq!(call.timeout, Some(Duration::from_millis(100)));
     let mut keys: Vec<_> = batch
         .entries
@@ -799,6 +804,39 @@ fn in_nginx_a_cluster_name_fails_like_any_unreachable_service() {
         );
         assert!(proxy.metric("sluice.sync.failed").unwrap_or(0) >= 2);
         assert_eq!(proxy.metric("sluice.sync.ok"), Some(0));
+    });
+}
+
+/// nginx with `service.tls`: every dispatch to the service asks ngx_wasm_module for TLS (`:scheme: https`), the
+/// sync's and the strict check's, with the authority it checks the certificate against.
+#[test]
+fn in_nginx_service_tls_asks_every_dispatch_for_https() {
+    hosts::run_as(sluice_host::HostProfile::NgxWasmModule, || {
+        let config = config("cached", "").replace(
+            hosts::service(),
+            &format!(
+                r#"{}, "authority": "sluice-service.internal", "tls": true"#,
+                hosts::service()
+            ),
+        );
+        let strict = config.replace(r#""consistency": "cached""#, r#""consistency": "strict""#);
+        // the sync's, an interval on; the strict check's, at once (its request waits for it)
+        for (config, wait) in [(config, 150), (strict, 0)] {
+            let proxy = proxy(&config, 1, 1);
+            status(&proxy, 0, request("alice"));
+            proxy.advance(Duration::from_millis(wait)).unwrap();
+            let calls = proxy.pending_calls();
+            assert!(!calls.is_empty(), "a dispatch: {config}");
+            for call in &calls {
+                assert_eq!(
+                    call.header(":scheme"),
+                    Some("https"),
+                    "{:?} {config}",
+                    call.header(":path")
+                );
+                assert_eq!(call.header(":authority"), Some("sluice-service.internal"));
+            }
+        }
     });
 }
 

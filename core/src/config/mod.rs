@@ -445,6 +445,9 @@ struct RawService {
     /// The bearer token the service expects.
     #[serde(default)]
     token: Option<String>,
+    /// nginx: dispatch to the service over TLS (ngx_wasm_module's :scheme https), the certificate checked as its wasm{} block says (tls_trusted_certificate, tls_verify_cert on, tls_verify_host on) against the authority, also sent as SNI. Envoy speaks TLS through the cluster's transport_socket: refused there. Default false.
+    #[serde(default)]
+    tls: Option<bool>,
     /// Timeout of every callout, sync and strict check (1 to 60000; default 200).
     #[serde(default)]
     timeout_ms: Option<u64>,
@@ -611,6 +614,7 @@ fn validate(raw: RawPolicy) -> Result<Policy, ConfigError> {
     let service = raw.service.map(service).transpose()?;
     if let Some(service) = &service {
         check_upstream(host, &service.upstream)?;
+        check_tls(host, service)?;
     }
     let jwt_payload_in_metadata = raw
         .jwt_payload_in_metadata
@@ -2246,6 +2250,18 @@ fn check_upstream(host: Host, upstream: &Upstream) -> Result<(), ConfigError> {
     }
 }
 
+/// TLS named the way `host` does it: `service.tls` in nginx; in Envoy, the cluster's `transport_socket` (a
+/// `service.tls` there would be ignored by Envoy, and a reader would believe the hop encrypted).
+fn check_tls(host: Host, service: &Service) -> Result<(), ConfigError> {
+    match host {
+        Host::Envoy if service.tls => Err(err(
+            "service.tls",
+            "Envoy speaks TLS to the counter service through the cluster's transport_socket (an UpstreamTlsContext, docs/deploy.md), not service.tls, which is for host: nginx",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a counter service address as nginx's dispatch takes it: `host:port`, the host an IP
 /// address (`[v6]` bracketed) or a DNS name, the port 1 to 65535; no scheme, path, user or
 /// spaces. Returns it as given.
@@ -2359,6 +2375,7 @@ fn service(raw: RawService) -> Result<Service, ConfigError> {
             .unwrap_or_else(|| upstream.target().to_string()),
         upstream,
         token: raw.token.unwrap_or_default(),
+        tls: raw.tls.unwrap_or(false),
         timeout_ms,
         sync_interval_ms,
         breaker_failures,
