@@ -184,7 +184,8 @@ ENVOY_OLDEST := $(RUN_DIR)/envoy-$(ENVOY_OLDEST_VERSION)/bin/envoy
 # Every suite with a real Envoy, and the part of them `make test` also runs on the oldest release.
 # (nginx_service also starts an Envoy: it runs with the real-nginx suite, `make test-nginx`.)
 ENVOY_SUITES := $(addprefix sluice-tests::,envoy_filter envoy_native envoy_production envoy_security envoy_shedding \
-  envoy_identities e2e_service e2e_tls envoy_answers envoy_reload clients failover soak ops_prometheus e2e_replicas) \
+  envoy_identities e2e_service e2e_tls envoy_answers envoy_reload clients failover soak ops_prometheus e2e_replicas \
+  sentinel) \
   sluice-cli::top_fleet
 # The smoke: the production configuration whole, and one e2e_service test for each way the filter meets the host
 # with a counter service (a cached sync, a callout timing out, a strict check, live overrides, a refused token, a
