@@ -2,14 +2,16 @@
 //! made by the test), asks for client certificates, and knows the service only as an ACL user
 //! with exactly the ACL docs/redis.md documents. Then what an operator (or an attacker with
 //! write access to the service's files or environment) can get wrong: each refused at start with
-//! one line naming the flag, and no secret in a process's arguments, a log line or a message.
+//! one line naming the flag, and no secret in a process's arguments, a log line or a message. And a
+//! Redis Cluster whose nodes listen over TLS only, under the same ACL plus docs/redis.md's Cluster
+//! addition.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_tests::redis::{Redis, TestCertificates};
+use sluice_tests::redis::{ClusterOptions, Redis, RedisCluster, TestCertificates};
 use sluice_tests::service::{service_binary, Service, ServiceOptions};
 
 const ADMIN_TOKEN: &str = "tls-admin-token";
@@ -34,6 +36,24 @@ fn documented_acl(password: &str) -> String {
         .expect("the documented ACL line");
     assert!(line.contains("><password>"), "{line}");
     line.replace("<password>", password)
+}
+
+/// What docs/redis.md says to add to the ACL line on a Redis Cluster: the backquoted `+…` of its
+/// bullet "On a Redis Cluster, add …".
+fn documented_cluster_additions() -> Vec<String> {
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/redis.md");
+    let text = std::fs::read_to_string(&docs).unwrap();
+    let bullet = text
+        .lines()
+        .find(|line| line.starts_with("- On a Redis Cluster, add"))
+        .expect("the documented Cluster addition");
+    bullet
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| word.starts_with('+'))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// A file in `dir`.
@@ -219,6 +239,112 @@ fn the_service_works_over_tls_as_an_acl_user_under_the_documented_acl() {
     assert!(!redis_log.contains(&secret));
 }
 
+/// A Redis Cluster of three primaries that listen over TLS only (client certificates required,
+/// the bus and replication over TLS), the service a user of each under the documented ACL plus
+/// what docs/redis.md adds for a Cluster. A sync whose keys fall on every primary and a strict
+/// check answer as on one Redis. Without the Cluster addition the client cannot read the slot map:
+/// the line is needed, not decoration.
+#[test]
+fn the_service_works_on_a_redis_cluster_over_tls_under_the_documented_acl() {
+    let certs = TestCertificates::generate().unwrap();
+    let secret = password();
+    let additions = documented_cluster_additions();
+    assert!(!additions.is_empty(), "docs/redis.md names no addition");
+    let acl = format!(
+        "user default on nopass ~* &* +@all\n{} {}\n",
+        documented_acl(&secret),
+        additions.join(" ")
+    );
+    let acl = write(certs.dir(), "users.acl", &acl);
+    let acl = acl.display().to_string();
+    let cluster = RedisCluster::start_tls(
+        ClusterOptions::new(3),
+        &certs,
+        &["--aclfile", &acl, "--tls-auth-clients", "yes"],
+    )
+    .unwrap();
+    let password_file = write(certs.dir(), "redis-password", &format!("{secret}\n"));
+    let urls = cluster
+        .nodes()
+        .iter()
+        .map(|node| user_url(node, "sluice"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut options = ServiceOptions::new(urls.clone());
+    options.log_filter = "debug".into();
+    for flag in tls_flags(&certs, &password_file) {
+        options = options.arg(flag);
+    }
+    let service = Service::start_with(options).unwrap();
+    let ready = service.get("/readyz").unwrap();
+    assert_eq!(ready.status, 200, "{ready:?}\n{}", service.log());
+
+    // 30 keys: every primary holds some (each runs the sync's script), all over TLS.
+    let bucket = json!({"requests": 10, "period_ms": 1000, "burst": 10});
+    let entries: Vec<serde_json::Value> = (0..30)
+        .map(|i| json!({"key": format!("api\u{1f}user-{i}"), "limits": [bucket], "spent": 1, "denied": 0}))
+        .collect();
+    let sync = json!({"proxy": "p1", "interval_ms": 100, "entries": entries});
+    let reply = service.post("/v1/sync", &sync.to_string()).unwrap();
+    assert_eq!(reply.status, 200, "{reply:?}\n{}", service.log());
+    let grants = reply.json().unwrap()["grants"].as_array().cloned().unwrap();
+    assert_eq!(grants.len(), 30, "{reply:?}");
+    assert!(
+        grants
+            .iter()
+            .all(|g| g.get("refused").is_none() && g["tokens"].as_u64() > Some(0)),
+        "{reply:?}"
+    );
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        assert!(
+            node.command_calls("evalsha").unwrap() > 0,
+            "primary {i} ran no script: the keys did not reach it"
+        );
+    }
+    let log = json!({"requests": 2, "period_ms": 60000, "burst": 2, "algorithm": "sliding_log"});
+    let check = json!({"key": "strict\u{1f}alice", "limits": [log]}).to_string();
+    let answers: Vec<String> = (0..3)
+        .map(|_| {
+            let reply = service.post("/v1/check", &check).unwrap();
+            assert_eq!(reply.status, 200, "{reply:?}\n{}", service.log());
+            reply.body
+        })
+        .collect();
+    assert!(answers[0].contains("\"allowed\":true"), "{answers:?}");
+    assert!(answers[1].contains("\"allowed\":true"), "{answers:?}");
+    assert!(answers[2].contains("\"allowed\":false"), "{answers:?}");
+    assert_eq!(
+        service.metric("sluice_errors_total"),
+        0,
+        "{}",
+        service.log()
+    );
+    assert!(!service.log().contains(&secret));
+    drop(service);
+
+    // The documented line without the Cluster addition: the slot map cannot be read.
+    for node in cluster.nodes() {
+        for addition in &additions {
+            let removed = addition.replacen('+', "-", 1);
+            node.query(&["ACL", "SETUSER", "sluice", &removed]).unwrap();
+        }
+    }
+    let mut args = vec!["--redis-url".to_owned(), urls];
+    args.extend(tls_flags(&certs, &password_file));
+    let (code, text) = start_refused(&args, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    let first = text
+        .lines()
+        .find(|line| line.starts_with("sluice-counter-service: "));
+    assert!(
+        first.is_some_and(|line| line.contains(
+            "Redis's ACL refuses the user in --redis-url (SLUICE_REDIS_URL) a command the service needs"
+        ) && line.contains("'cluster|slots'")),
+        "{text}"
+    );
+    assert!(!text.contains(&secret), "{text}");
+}
+
 /// The service started with `args` (and `env`) exits by itself: its status and stderr. Panics
 /// if it is still running after 20 s (it started).
 fn start_refused(args: &[String], env: &[(&str, &str)]) -> (Option<i32>, String) {
@@ -257,6 +383,12 @@ fn start_refused(args: &[String], env: &[(&str, &str)]) -> (Option<i32>, String)
     text.push_str(&seen);
     (status.code(), text)
 }
+
+/// The line a wrong user or password stops the service with: it names both places to look, the
+/// URL's user and the password's file (or variable).
+const REFUSED_USER_OR_PASSWORD: &str = "Redis refused the user or password: check the user in \
+    --redis-url (SLUICE_REDIS_URL) and the password in --redis-password-file \
+    (SLUICE_REDIS_PASSWORD_FILE) or SLUICE_REDIS_PASSWORD";
 
 /// Each thing an operator can get wrong about TLS or the user stops the service at start, with
 /// one line naming what to fix and not quoting the password.
@@ -303,12 +435,12 @@ fn wrong_certificates_users_and_passwords_stop_the_service_naming_the_flag() {
         (
             "a wrong password",
             with(url("sluice"), flags.clone(), &[("--redis-password-file", &wrong)]),
-            "Redis refused the user or password: check the user in --redis-url",
+            REFUSED_USER_OR_PASSWORD,
         ),
         (
             "a user Redis does not know",
             with(url("nobody"), flags.clone(), &[]),
-            "Redis refused the user or password: check the user in --redis-url",
+            REFUSED_USER_OR_PASSWORD,
         ),
         (
             "no client certificate where Redis asks for one",

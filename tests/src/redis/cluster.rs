@@ -1,6 +1,7 @@
 //! A local Redis Cluster made with `redis-cli --cluster create`: several primaries, each with
 //! replicas or none. A primary can be killed ([`RedisCluster::kill`]) and its replica's promotion
-//! awaited ([`RedisCluster::wait_for_failover`]).
+//! awaited ([`RedisCluster::wait_for_failover`]). Its nodes may listen over TLS only
+//! ([`RedisCluster::start_tls`]).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -9,6 +10,7 @@ use anyhow::{bail, Context, Result};
 
 use super::binaries::redis_cli;
 use super::server::Redis;
+use super::tls::TestCertificates;
 
 /// How to build a cluster.
 #[derive(Debug, Clone)]
@@ -78,6 +80,52 @@ impl RedisCluster {
     /// Starts `primaries × (1 + replicas)` nodes, joins them (`redis-cli` picks which node is
     /// which), and waits until every node reports `cluster_state:ok` and sees every replica.
     pub fn start_with(options: ClusterOptions) -> Result<RedisCluster> {
+        RedisCluster::start_nodes(options, &[], Redis::start_with, &[])
+    }
+
+    /// [`RedisCluster::start_with`], every node listening over TLS only (`--port 0 --tls-port`,
+    /// [`Redis::start_tls`] with `certs`), the cluster bus and replication over TLS too
+    /// (`tls-cluster`, `tls-replication`), each node showing `client.pem` to the others.
+    /// `extra` goes to every node (e.g. `--aclfile`, `--tls-auth-clients yes`). `redis-cli`
+    /// joins them over TLS; the fixture's own commands go over TLS ([`Redis::query`]).
+    pub fn start_tls(
+        options: ClusterOptions,
+        certs: &TestCertificates,
+        extra: &[&str],
+    ) -> Result<RedisCluster> {
+        let path = |name: &str| certs.path(name).display().to_string();
+        let (client, client_key, ca) = (path("client.pem"), path("client.key"), path("ca.pem"));
+        let mut tls: Vec<&str> = vec![
+            "--tls-cluster",
+            "yes",
+            "--tls-replication",
+            "yes",
+            "--tls-client-cert-file",
+            &client,
+            "--tls-client-key-file",
+            &client_key,
+        ];
+        tls.extend_from_slice(extra);
+        let cli = [
+            "--tls",
+            "--cacert",
+            ca.as_str(),
+            "--cert",
+            client.as_str(),
+            "--key",
+            client_key.as_str(),
+        ];
+        RedisCluster::start_nodes(options, &tls, |args| Redis::start_tls(certs, args), &cli)
+    }
+
+    /// Starts the nodes with `start` (the cluster's arguments, then `extra`), and joins them with
+    /// `redis-cli` (`cli` before `--cluster create`).
+    fn start_nodes(
+        options: ClusterOptions,
+        extra: &[&str],
+        start: impl Fn(&[&str]) -> Result<Redis>,
+        cli: &[&str],
+    ) -> Result<RedisCluster> {
         let timeout = options.node_timeout_ms.to_string();
         let coverage = if options.require_full_coverage {
             "yes"
@@ -87,7 +135,7 @@ impl RedisCluster {
         let count = options.primaries * (1 + options.replicas);
         let nodes = (0..count)
             .map(|_| {
-                Redis::start_with(&[
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
@@ -102,11 +150,14 @@ impl RedisCluster {
                     "0",
                     "--cluster-replica-validity-factor",
                     "0",
-                ])
+                ];
+                args.extend_from_slice(extra);
+                start(&args)
             })
             .collect::<Result<Vec<_>>>()?;
         let cluster = RedisCluster { nodes };
         let output = Command::new(redis_cli())
+            .args(cli)
             .arg("--cluster")
             .arg("create")
             .args(cluster.nodes.iter().map(Redis::address))
@@ -158,7 +209,7 @@ impl RedisCluster {
         &mut self.nodes
     }
 
-    /// Every node's `redis://` URL.
+    /// Every node's URL: `redis://127.0.0.1:<port>`, or `rediss://localhost:<port>` over TLS.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(Redis::url).collect()
     }
