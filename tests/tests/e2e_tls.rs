@@ -7,7 +7,8 @@
 //! decides. The service refuses plain HTTP on its TLS port, and a certificate swapped on disk (for garbage, then
 //! for a renewed one) is taken or refused without dropping a connection. A proxy whose upstream TLS context shows a
 //! client certificate the service maps to a credential (`--tls-client-ca-file`, `--client-certs-file`) syncs with no
-//! token at all.
+//! token at all. A request held open across a renewal is answered on its connection. And the secret grep: no token
+//! or Redis password in a process's arguments or environment, a log (the service's at debug, Envoy's) or an error.
 #![cfg(all(feature = "envoy", feature = "redis"))]
 
 use std::io::{Read, Write};
@@ -493,4 +494,439 @@ fn a_proxy_with_a_client_certificate_and_no_token_syncs_over_mutual_tls_and_its_
         "{}",
         service.log()
     );
+}
+
+/// A TLS connection to the service at `address` that trusts only `ca_pem` (the name `127.0.0.1`), its handshake
+/// done; `Err` if the handshake failed.
+fn tls_connection(
+    address: std::net::SocketAddr,
+    ca_pem: &str,
+) -> std::io::Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let tcp = TcpStream::connect(address)?;
+    // A bound on a test that would otherwise hang, not an assertion.
+    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    while stream.conn.is_handshaking() {
+        stream.conn.complete_io(&mut stream.sock)?;
+    }
+    Ok(stream)
+}
+
+/// The certificate a TLS connection was shown (DER).
+fn shown(stream: &rustls::StreamOwned<rustls::ClientConnection, TcpStream>) -> Vec<u8> {
+    stream.conn.peer_certificates().unwrap()[0].to_vec()
+}
+
+/// A certificate's DER, from its PEM.
+fn der(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .unwrap()
+        .to_vec()
+}
+
+/// A strict check held open across a certificate renewal: the client sends its headers, waits for the service's
+/// `100 Continue` (its handler is reading the body) and sends half its body; the certificate files are replaced by
+/// one of another CA and the service gets SIGHUP; only once a new connection is shown the renewed certificate does
+/// the client send the rest. The check is answered 200 on its original
+/// connection (which still holds the old certificate), so a reload drops no request in flight.
+#[test]
+fn a_request_in_flight_across_a_certificate_reload_is_answered_on_its_connection() {
+    let _machine = machine();
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("first").unwrap();
+    let renewed_ca = Authority::new("renewed").unwrap();
+    let issued = ca.issue("service", &["127.0.0.1"]).unwrap();
+    let renewed = renewed_ca.issue("renewed", &["127.0.0.1"]).unwrap();
+    // The request may take as long as the test needs: no deadline of the service's cuts it.
+    let service = Service::start_with(
+        tls_options(&redis, &ca, &issued)
+            .arg("--request-timeout-ms")
+            .arg("60000")
+            .arg("--header-read-timeout-ms")
+            .arg("60000"),
+    )
+    .unwrap();
+    let address = service.address().unwrap();
+    let body = json!({"key": "held", "limits": [{"requests": 5, "period_ms": 60000, "burst": 5}]})
+        .to_string();
+    let (first_half, second_half) = body.split_at(body.len() / 2);
+    let mut held = tls_connection(address, &ca.ca_pem).unwrap();
+    // `expect: 100-continue`: the service answers `100 Continue` once its handler starts reading the body, past
+    // the token's check, so the request is in the handler before anything is reloaded.
+    write!(
+        held,
+        "POST /v1/check HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         authorization: Bearer {}\r\ncontent-length: {}\r\nconnection: close\r\n\
+         expect: 100-continue\r\n\r\n",
+        service.token(),
+        body.len()
+    )
+    .unwrap();
+    held.flush().unwrap();
+    let mut interim = Vec::new();
+    let mut byte = [0u8; 1];
+    while !interim.ends_with(b"\r\n\r\n") && held.read(&mut byte).unwrap() == 1 {
+        interim.push(byte[0]);
+    }
+    assert!(
+        interim.starts_with(b"HTTP/1.1 100 "),
+        "{}",
+        String::from_utf8_lossy(&interim)
+    );
+    held.write_all(first_half.as_bytes()).unwrap();
+    held.flush().unwrap();
+    assert_eq!(shown(&held), der(&issued.cert_pem));
+
+    let before = reloads(&service);
+    std::fs::copy(&renewed.key_file, &issued.key_file).unwrap();
+    std::fs::copy(&renewed.cert_file, &issued.cert_file).unwrap();
+    // SAFETY: kill(2) on the pid of the service this test started.
+    unsafe {
+        libc::kill(service.pid().unwrap() as libc::pid_t, libc::SIGHUP);
+    }
+    let taken = eventually(Duration::from_secs(10), || {
+        reloads(&service) > before
+            && tls_connection(address, &renewed_ca.ca_pem)
+                .is_ok_and(|fresh| shown(&fresh) == der(&renewed.cert_pem))
+    });
+    assert!(
+        taken,
+        "the renewed certificate was not taken:\n{}",
+        service.log()
+    );
+    assert!(
+        agent_trusting(&ca.ca_pem)
+            .unwrap()
+            .get(format!("https://{address}/healthz"))
+            .call()
+            .is_err(),
+        "a new connection still got the old certificate"
+    );
+
+    held.write_all(second_half.as_bytes()).unwrap();
+    held.flush().unwrap();
+    let mut answer = Vec::new();
+    let read = held.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200 "),
+        "the held request was not answered 200 ({read:?}): {answer}\n{}",
+        service.log()
+    );
+    assert!(answer.contains("\"allowed\":true"), "{answer}");
+    assert_eq!(
+        shown(&held),
+        der(&issued.cert_pem),
+        "the held connection's certificate"
+    );
+}
+
+/// What a process's arguments and environment hold (`/proc/<pid>/cmdline` and `environ`).
+fn process_text(pid: u32) -> String {
+    let mut text = String::new();
+    for file in ["cmdline", "environ"] {
+        let bytes = std::fs::read(format!("/proc/{pid}/{file}")).unwrap_or_default();
+        text.push_str(&String::from_utf8_lossy(&bytes).replace('\0', " "));
+        text.push('\n');
+    }
+    text
+}
+
+/// The secret grep, through a real Envoy and the real service: the proxy's token (in the filter's configuration
+/// and `--tokens-file`), an admin token (`--admin-tokens-file`) and the Redis password (`--redis-password-file`, a
+/// TLS Redis with an ACL user) appear in no process's arguments or environment, not in the service's log at debug,
+/// not in Envoy's log, and not in any error the service answers, while each path that could leak one runs: syncs,
+/// refused tokens (each one sent where it is not valid), malformed bodies, Redis refusing the user (503), a tokens
+/// file that gives the proxy's token to two names and one with a malformed line holding it (both refused on
+/// reload), then the proxy's token removed, so Envoy's syncs are refused and the filter logs it.
+#[test]
+fn no_token_or_password_appears_in_processes_logs_or_errors() {
+    use sluice_tests::redis::TestCertificates;
+    let _machine = machine();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let proxy_token = format!("proxy-{}-{nanos}-Jw4", std::process::id());
+    let admin_token = format!("admin-{}-{nanos}-Kx5", std::process::id());
+    let password = format!("pw-{}-{nanos}-Ly6", std::process::id());
+    let secrets = [
+        ("the proxy token", proxy_token.as_str()),
+        ("the admin token", admin_token.as_str()),
+        ("the Redis password", password.as_str()),
+    ];
+
+    let redis_certs = TestCertificates::generate().unwrap();
+    let dir = redis_certs.dir();
+    let file = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let acl = file(
+        "users.acl",
+        &format!("user default on nopass ~* &* +@all\nuser sluice on >{password} ~* &* +@all\n"),
+    );
+    let redis = Redis::start_tls(
+        &redis_certs,
+        &[
+            "--aclfile",
+            acl.to_str().unwrap(),
+            "--tls-auth-clients",
+            "yes",
+        ],
+    )
+    .unwrap();
+    let password_file = file("redis-password", &format!("{password}\n"));
+    let tokens = file("tokens", &format!("edge {proxy_token}\n"));
+    let admins = file("admins", &format!("ops {admin_token}\n"));
+    let ca = Authority::new("service").unwrap();
+    let issued = ca.issue("service", &[SERVICE_NAME, "127.0.0.1"]).unwrap();
+    let mut options = ServiceOptions::new(format!("rediss://sluice@localhost:{}", redis.port()))
+        .tls(ServiceTls {
+            cert_file: issued.cert_file.clone(),
+            key_file: issued.key_file.clone(),
+            ca_pem: ca.ca_pem.clone(),
+        });
+    // No shared token: the files are the only credentials.
+    options.token = String::new();
+    options.log_filter = "debug".into();
+    let path = |name: &str| redis_certs.path(name).display().to_string();
+    for arg in [
+        "--tokens-file".to_owned(),
+        tokens.display().to_string(),
+        "--admin-tokens-file".to_owned(),
+        admins.display().to_string(),
+        "--redis-ca-file".to_owned(),
+        path("ca.pem"),
+        "--redis-client-cert-file".to_owned(),
+        path("client.pem"),
+        "--redis-client-key-file".to_owned(),
+        path("client.key"),
+        "--redis-password-file".to_owned(),
+        password_file.display().to_string(),
+        "--redis-timeout-ms".to_owned(),
+        "1000".to_owned(),
+    ] {
+        options = options.arg(arg);
+    }
+    let service = Service::start_with(options).unwrap();
+    let port = service.address().unwrap().port();
+    let template = tls_template();
+    let envoy = start_envoy(&template, port, &ca.ca_file(), SERVICE_NAME, &proxy_token);
+    let client = agent();
+    let url = envoy.url("/api/x");
+    let mut polls = 0u32;
+    let synced = eventually(Duration::from_secs(10), || {
+        if polls.is_multiple_of(10) {
+            let _ = get(&client, &url, &[]);
+        }
+        polls += 1;
+        envoy.stat("wasmcustom.sluice.sync.ok") > 0
+    });
+    assert!(
+        synced,
+        "no sync: {:?}\n{}",
+        envoy.sluice_stats(),
+        service.log()
+    );
+
+    // Every refusal the service can answer with a secret at hand: (what, method, path, token, body, status).
+    let sync = json!({"proxy": "p1", "interval_ms": 100, "entries": [
+        {"key": "k", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}], "spent": 1, "denied": 0}]})
+    .to_string();
+    let check = json!({"key": "k", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}]})
+        .to_string();
+    let near_miss = format!("{proxy_token}x");
+    let bypass = json!({"enabled": "yes", "reason": admin_token}).to_string();
+    let mut errors: Vec<(String, u16, String)> = Vec::new();
+    let mut call =
+        |what: &str, method: &str, path: &str, token: &str, body: Option<&str>, status: u16| {
+            let reply = service.request(method, path, Some(token), body).unwrap();
+            assert_eq!(reply.status, status, "{what}: {reply:?}");
+            errors.push((what.to_owned(), reply.status, reply.body));
+        };
+    call(
+        "the admin token on /v1",
+        "POST",
+        "/v1/sync",
+        &admin_token,
+        Some(&sync),
+        401,
+    );
+    call(
+        "a token one byte longer",
+        "POST",
+        "/v1/sync",
+        &near_miss,
+        Some(&sync),
+        401,
+    );
+    call(
+        "the proxy token on the admin API",
+        "GET",
+        "/admin/v1/audit",
+        &proxy_token,
+        None,
+        401,
+    );
+    call(
+        "a malformed sync",
+        "POST",
+        "/v1/sync",
+        &proxy_token,
+        Some("{\"proxy\":"),
+        400,
+    );
+    call(
+        "a malformed check",
+        "POST",
+        "/v1/check",
+        &proxy_token,
+        Some("[]"),
+        400,
+    );
+    call(
+        "a malformed bypass",
+        "PUT",
+        "/admin/v1/overrides/bypass",
+        &admin_token,
+        Some(&bypass),
+        400,
+    );
+    // Redis refuses the user every command: the calls answer 503, the service logs Redis's errors.
+    redis.query(&["ACL", "SETUSER", "sluice", "-@all"]).unwrap();
+    call(
+        "a sync Redis refuses",
+        "POST",
+        "/v1/sync",
+        &proxy_token,
+        Some(&sync),
+        503,
+    );
+    call(
+        "a check Redis refuses",
+        "POST",
+        "/v1/check",
+        &proxy_token,
+        Some(&check),
+        503,
+    );
+    call(
+        "an admin read Redis refuses",
+        "GET",
+        "/admin/v1/audit",
+        &admin_token,
+        None,
+        503,
+    );
+    redis.query(&["ACL", "SETUSER", "sluice", "+@all"]).unwrap();
+
+    // Files holding the secrets, refused on reload: the proxy's token given to two names (and the admin's), then a
+    // malformed line holding it.
+    let refusals = || service.log().matches("credentials: reload refused").count();
+    let hangup = || {
+        // SAFETY: kill(2) on the pid of the service this test started.
+        unsafe {
+            libc::kill(service.pid().unwrap() as libc::pid_t, libc::SIGHUP);
+        }
+    };
+    std::fs::write(
+        &tokens,
+        format!("edge {proxy_token}\nrogue {proxy_token}\n"),
+    )
+    .unwrap();
+    std::fs::write(&admins, format!("ops {admin_token}\nrogue {admin_token}\n")).unwrap();
+    hangup();
+    assert!(
+        eventually(Duration::from_secs(10), || refusals() >= 2),
+        "{}",
+        service.log()
+    );
+    std::fs::write(&admins, format!("ops {admin_token}\n")).unwrap();
+    std::fs::write(&tokens, format!("edge {proxy_token} {proxy_token}\n")).unwrap();
+    let before = refusals();
+    hangup();
+    assert!(
+        eventually(Duration::from_secs(10), || refusals() > before),
+        "{}",
+        service.log()
+    );
+    // The proxy's token removed: its syncs are refused, and the filter logs it.
+    std::fs::write(&tokens, "edge another-token\n").unwrap();
+    hangup();
+    let refused = eventually(Duration::from_secs(10), || {
+        let _ = get(&client, &url, &[]);
+        envoy.stat("wasmcustom.sluice.sync.unauthorized") > 0
+    });
+    assert!(refused, "{:?}\n{}", envoy.sluice_stats(), service.log());
+    let audit = service
+        .request("GET", "/admin/v1/audit", Some(&admin_token), None)
+        .unwrap();
+    assert_eq!(audit.status, 200, "{audit:?}");
+
+    // The greps could find a secret: each is where it belongs (the files, Envoy's configuration), and each log
+    // holds the lines of the paths above.
+    let envoy_config = std::fs::read_to_string(envoy.dir().join("envoy.yaml")).unwrap();
+    assert!(
+        envoy_config.contains(&proxy_token),
+        "the grep would not find the token"
+    );
+    let service_log = service.log();
+    let envoy_log = envoy.log();
+    for line in [
+        "DEBUG",
+        "credentials: reload refused",
+        "line 2",
+        "line 1",
+        "credentials: reloaded",
+        "NoPerm",
+    ] {
+        assert!(
+            service_log.contains(line),
+            "{line:?} not in the service's log:\n{service_log}"
+        );
+    }
+    assert!(envoy_log.contains("refused our token (401)"), "{envoy_log}");
+
+    let redis_log = std::fs::read_to_string(redis.log_path()).unwrap_or_default();
+    let places: Vec<(String, String)> = [
+        (
+            "the service's arguments and environment".to_owned(),
+            process_text(service.pid().unwrap()),
+        ),
+        (
+            "Envoy's arguments and environment".to_owned(),
+            process_text(envoy.pid()),
+        ),
+        ("the service's log".to_owned(), service_log),
+        ("Envoy's log".to_owned(), envoy_log),
+        ("Redis's log".to_owned(), redis_log),
+        ("the audit log".to_owned(), audit.body),
+    ]
+    .into_iter()
+    .chain(
+        errors
+            .into_iter()
+            .map(|(what, status, body)| (format!("{what} ({status})"), body)),
+    )
+    .collect();
+    for (place, text) in &places {
+        for (secret, value) in secrets {
+            assert!(!text.contains(value), "{secret} is in {place}:\n{text}");
+        }
+    }
 }
