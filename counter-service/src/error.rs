@@ -48,8 +48,8 @@ pub enum AppError {
     /// No such route.
     #[error("no such endpoint")]
     NotFound,
-    /// The admin API was not enabled (no `--admin-tokens-file`).
-    #[error("the admin API is disabled: start the service with --admin-tokens-file")]
+    /// The admin API was not enabled (neither `--admin-tokens-file` nor `--admin-client-certs-file`).
+    #[error("the admin API is disabled: start the service with --admin-tokens-file or --admin-client-certs-file")]
     AdminDisabled,
     /// The override to delete is not set (what it names).
     #[error("no {0} is set")]

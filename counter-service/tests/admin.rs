@@ -2,7 +2,7 @@
 //! proxies'; every malformed request refused naming its field; each kind set, read, deleted and
 //! audited; every sync answered the bypass, and the whole set when its version is not the
 //! current one, on any replica; expiry; a restart; a Redis failure; the caps; a Redis Cluster;
-//! and once through the built binary.
+//! and through the built binary (its tokens files reloaded on SIGHUP, an admin token rotated).
 
 mod common;
 
@@ -20,6 +20,7 @@ use sluice_counter_service::overrides::{
 };
 use sluice_counter_service::AppState;
 use sluice_protocol::KeyAction;
+use sluice_tests::eventually;
 use sluice_tests::redis::{Redis, RedisCluster, Reply};
 use sluice_tests::service::{Service, ServiceOptions};
 
@@ -167,7 +168,8 @@ async fn only_admin_tokens_open_the_admin_api_and_only_proxy_tokens_v1() {
     // nothing was changed
     assert_eq!(redis.text(&["EXISTS", VERSION_KEY]).unwrap(), "0");
 
-    // without --admin-tokens-file: 404 admin_disabled, whatever the token
+    // without --admin-tokens-file or --admin-client-certs-file: 404 admin_disabled, whatever the
+    // token, and the message names both ways to enable it
     let disabled = common::state(&redis.url());
     for token in [ALICE, TOKEN] {
         let answer = admin_as(&disabled, token, "GET", "/admin/v1/overrides", None).await;
@@ -175,7 +177,7 @@ async fn only_admin_tokens_open_the_admin_api_and_only_proxy_tokens_v1() {
             &answer,
             StatusCode::NOT_FOUND,
             "admin_disabled",
-            "the admin API is disabled: start the service with --admin-tokens-file",
+            "the admin API is disabled: start the service with --admin-tokens-file or --admin-client-certs-file",
         );
         let answer = admin_as(
             &disabled,
@@ -1447,6 +1449,177 @@ fn the_binary_serves_the_admin_api() {
     assert_eq!(view["keys"]["api"]["mallory"]["reason"], "abuse");
     let status = service.terminate(Duration::from_secs(10)).unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+/// SIGHUP to the service: its credentials files are read again.
+fn hang_up(service: &Service) {
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &service.pid().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -HUP: {status:?}");
+}
+
+/// The real binary's tokens files, read again on SIGHUP: a file that gives one token to two names
+/// (or holds the same line twice) is refused naming its flag and line, with an error in the log,
+/// and the set in use stays, for `--tokens-file` and `--admin-tokens-file` alike. An admin token
+/// rotates as a proxy's does: the new one beside the old, both valid; the old one removed and
+/// refused from that reload on, while the new one still reads and changes overrides.
+#[test]
+fn a_token_given_twice_is_refused_on_reload_and_an_admin_token_rotates() {
+    let redis = Redis::start().unwrap();
+    let tokens = TextFile::new("fleet proxy-old\n");
+    let admins = TextFile::new("oncall admin-old\n");
+    let mut options = ServiceOptions::new(redis.url())
+        .arg("--tokens-file")
+        .arg(tokens.path())
+        .arg("--admin-tokens-file")
+        .arg(admins.path());
+    // No shared token: the files are the only credentials.
+    options.token = String::new();
+    let service = Service::start_with(options).unwrap();
+    let lines = |what: &str, flag: &str| -> Vec<String> {
+        without_colors(&service.log())
+            .lines()
+            .filter(|line| line.contains(what) && line.contains(flag))
+            .map(str::to_owned)
+            .collect()
+    };
+    let refusals = |flag: &str| lines("credentials: reload refused", &format!("{flag} "));
+    let reloads = |flag: &str| lines("credentials: reloaded", &format!("flag=\"{flag}\"")).len();
+    let sync = json!({"proxy": "p1", "interval_ms": 100, "entries": []}).to_string();
+    let sync_as = |token: &str| {
+        service
+            .post_with_token("/v1/sync", &sync, Some(token))
+            .unwrap()
+            .status
+    };
+    let admin_as = |token: &str| {
+        service
+            .request("GET", "/admin/v1/overrides", Some(token), None)
+            .unwrap()
+            .status
+    };
+    assert_eq!((sync_as("proxy-old"), admin_as("admin-old")), (200, 200));
+
+    // (the file, its flag, the reason named); `proxy-new`, of the refused files, must never work
+    let cases = [
+        (
+            "fleet proxy-old\nfleet proxy-new\nrogue proxy-new\n",
+            "--tokens-file",
+            "line 3: this token is already given to a name",
+        ),
+        (
+            "fleet proxy-old\nfleet proxy-old\n",
+            "--tokens-file",
+            "line 2: this token is already given to a name",
+        ),
+    ];
+    for (text, flag, reason) in cases {
+        let before = refusals(flag).len();
+        std::fs::write(tokens.path(), text).unwrap();
+        hang_up(&service);
+        assert!(
+            eventually(Duration::from_secs(10), || refusals(flag).len() > before),
+            "{text:?}: no refusal logged\n{}",
+            service.log()
+        );
+        let refused = refusals(flag);
+        let line = refused.last().unwrap();
+        assert!(
+            line.contains("ERROR") && line.contains(&format!("{flag} {}: {reason}", tokens.path())),
+            "{text:?}: {line}"
+        );
+        assert_eq!(
+            sync_as("proxy-old"),
+            200,
+            "{text:?}: the set in use was dropped"
+        );
+        assert_eq!(
+            sync_as("proxy-new"),
+            401,
+            "{text:?}: the refused file was taken"
+        );
+    }
+    std::fs::write(tokens.path(), "fleet proxy-old\n").unwrap();
+
+    // 1. The new admin token beside the old one: both open the admin API.
+    std::fs::write(admins.path(), "oncall admin-old\noncall admin-new\n").unwrap();
+    hang_up(&service);
+    assert!(
+        eventually(Duration::from_secs(10), || reloads("--admin-tokens-file")
+            == 1),
+        "{}",
+        service.log()
+    );
+    assert_eq!((admin_as("admin-old"), admin_as("admin-new")), (200, 200));
+    // 2. The new token given to a second name as well: refused naming the line, both still valid.
+    let before = refusals("--admin-tokens-file").len();
+    std::fs::write(
+        admins.path(),
+        "oncall admin-old\noncall admin-new\nintruder admin-new\n",
+    )
+    .unwrap();
+    hang_up(&service);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            refusals("--admin-tokens-file").len() > before
+        }),
+        "{}",
+        service.log()
+    );
+    let refused = refusals("--admin-tokens-file");
+    assert!(
+        refused.last().unwrap().contains(&format!(
+            "--admin-tokens-file {}: line 3: this token is already given to a name",
+            admins.path()
+        )),
+        "{refused:?}"
+    );
+    assert_eq!((admin_as("admin-old"), admin_as("admin-new")), (200, 200));
+    // 3. The old token removed: refused from that reload on; the new one still changes overrides.
+    std::fs::write(admins.path(), "oncall admin-new\n").unwrap();
+    hang_up(&service);
+    assert!(
+        eventually(Duration::from_secs(10), || reloads("--admin-tokens-file")
+            == 2),
+        "{}",
+        service.log()
+    );
+    assert_eq!(admin_as("admin-old"), 401);
+    let bypass = json!({"enabled": true, "ttl_s": 60, "reason": "rotation"}).to_string();
+    let set = service
+        .request(
+            "PUT",
+            "/admin/v1/overrides/bypass",
+            Some("admin-new"),
+            Some(&bypass),
+        )
+        .unwrap();
+    assert_eq!(set.status, 200, "{set:?}");
+    let audit = service
+        .request("GET", "/admin/v1/audit", Some("admin-new"), None)
+        .unwrap();
+    assert_eq!(audit.status, 200, "{audit:?}");
+    let entries = audit.json().unwrap()["entries"].clone();
+    let entries = entries.as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["who"] == "oncall" && e["action"] == "set bypass"),
+        "{entries:?}"
+    );
+    // Two admin reloads and none of the proxies' (their set never changed); no token recorded.
+    let reloaded: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["action"] == "reload credentials")
+        .collect();
+    assert_eq!(reloaded.len(), 2, "{entries:?}");
+    assert!(reloaded
+        .iter()
+        .all(|e| e["target"] == "--admin-tokens-file"));
+    assert!(!audit.body.contains("admin-old") && !audit.body.contains("admin-new"));
+    assert_eq!(sync_as("proxy-old"), 200);
 }
 
 /// The proxies' configuration for `--policy`: a local sliding log keyed on the user or the
