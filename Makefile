@@ -149,7 +149,7 @@ NGX_WASM_MODULE_REF := prerelease-0.6.0
 NGX_WASM_MODULE_COMMIT := c62213bae4dd913328edc981769d66155b0948ae
 NGINX_MODULE_BUILT := target/nginx/ngx_wasmx_module.so
 .PHONY: nginx
-nginx: ## build ngx_wasm_module for Debian's nginx from a checkout (NGX_WASM_MODULE_SRC, default .deps/ngx_wasm_module)
+nginx: ## build ngx_wasm_module for Debian's nginx from a checkout (NGX_WASM_MODULE_SRC, default .deps/ngx_wasm_module), else from the pinned release tarball in NGX_WASM_MODULE_VENDOR
 	NGX_WASM_MODULE_SRC="$(NGX_WASM_MODULE_SRC)" NGX_WASM_MODULE_REF="$(NGX_WASM_MODULE_REF)" \
 	  NGX_WASM_MODULE_COMMIT="$(NGX_WASM_MODULE_COMMIT)" CARGO="$(CARGO)" scripts/nginx-module.sh
 

@@ -8,16 +8,21 @@
 #   3. `make -f objs/Makefile modules`: only the module is compiled (nginx-dev's tree writes no top Makefile).
 #
 # The module's source is a checkout of its public repository, named by NGX_WASM_MODULE_SRC (default
-# .deps/ngx_wasm_module), at the commit NGX_WASM_MODULE_COMMIT (both set by the Makefile). Everything is built under target/nginx/; the result is
-# target/nginx/ngx_wasmx_module.so.
+# .deps/ngx_wasm_module), at the commit NGX_WASM_MODULE_COMMIT (both set by the Makefile). With no source there,
+# the release tarball of that commit is unpacked there from NGX_WASM_MODULE_VENDOR (default ../shared/vendor,
+# where the machines that build sluice keep what no registry serves): ngx_wasm_module-<commit>.tar.gz, its commit
+# in its name. Everything is built under target/nginx/; the result is target/nginx/ngx_wasmx_module.so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 src="${NGX_WASM_MODULE_SRC:-.deps/ngx_wasm_module}"
 commit="${NGX_WASM_MODULE_COMMIT:?the pinned ngx_wasm_module commit (set by the Makefile)}"
 ref="${NGX_WASM_MODULE_REF:-$commit}"
+vendor="${NGX_WASM_MODULE_VENDOR:-../shared/vendor}"
 out="$PWD/target/nginx"
 cargo="${CARGO:-cargo}"
+# An unpacked tarball says its commit in this file (it is no git checkout).
+stamp=".sluice-commit"
 
 how_to_get() {
   cat >&2 <<EOF
@@ -28,13 +33,37 @@ then: make nginx   (NGX_WASM_MODULE_SRC=DIR for a checkout elsewhere)
 EOF
 }
 
+# No source yet: the vendored release tarball of the pinned commit, if the machine has it.
+tarball="$vendor/ngx_wasm_module-$commit.tar.gz"
+if [ ! -e "$src" ] && [ -f "$tarball" ]; then
+  echo "nginx: unpacking $tarball (commit $commit, as its name says) into $(dirname "$src")/"
+  mkdir -p "$(dirname "$src")"
+  unpacked="$(mktemp -d "$(dirname "$src")/.unpack.XXXXXX")"
+  tar -xzf "$tarball" -C "$unpacked"
+  echo "$commit" >"$unpacked/ngx_wasm_module/$stamp"
+  mv "$unpacked/ngx_wasm_module" "$src"
+  rmdir "$unpacked"
+elif [ ! -e "$src" ]; then
+  for other in "$vendor"/ngx_wasm_module-*.tar.gz; do
+    [ -f "$other" ] && echo "nginx: $other is not of the pinned commit $commit" >&2
+  done
+fi
+
 if [ ! -f "$src/config" ] || [ ! -d "$src/src/wasm" ]; then
   echo "nginx: NGX_WASM_MODULE_SRC=$src is not ngx_wasm_module's source (no config, no src/wasm)" >&2
   how_to_get
   exit 2
 fi
 src="$(cd "$src" && pwd)"
-if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+if [ -f "$src/$stamp" ]; then
+  unpacked="$(cat "$src/$stamp")"
+  if [ "$unpacked" != "$commit" ]; then
+    echo "nginx: $src was unpacked from a tarball of $unpacked, not the pinned $ref ($commit)" >&2
+    echo "  rm -rf $src   (make nginx unpacks the pinned one again)" >&2
+    exit 2
+  fi
+# A checkout of its own: not a directory of another repository (such as this one's .deps/).
+elif [ "$(git -C "$src" rev-parse --show-toplevel 2>/dev/null)" = "$src" ]; then
   head="$(git -C "$src" rev-parse HEAD)"
   if [ "$head" != "$commit" ]; then
     echo "nginx: $src is at $head, not the pinned $ref ($commit)" >&2
@@ -42,11 +71,11 @@ if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
     exit 2
   fi
 else
-  echo "nginx: $src is not a git checkout: its commit cannot be checked against $commit; building it anyway" >&2
+  echo "nginx: $src is neither a git checkout nor an unpacked tarball: its commit cannot be checked against $commit; building it anyway" >&2
 fi
 
-# nginx and its source tree (nginx-dev), the compiler and make.
-scripts/apt-install.sh nginx gcc make /usr/share/nginx/src/configure=nginx-dev
+# nginx and its source tree (nginx-dev), the compiler and make; cmake for wasmtime-c-api-impl's build script.
+scripts/apt-install.sh nginx gcc make cmake /usr/share/nginx/src/configure=nginx-dev
 
 # 1. Wasmtime's C API.
 echo "nginx: building the Wasmtime C API (nginx/wasmtime-c-api) ..."

@@ -68,6 +68,8 @@ pub struct NginxOptions {
     /// filter's request hook in the rewrite phase, where ngx_wasm_module does not hold a paused
     /// request (docs/nginx.md).
     pub headers_in_access: bool,
+    /// More directives of the `wasm {}` block (e.g. `tls_trusted_certificate ...;` for dispatches over TLS).
+    pub wasm_directives: String,
 }
 
 impl Default for NginxOptions {
@@ -77,6 +79,7 @@ impl Default for NginxOptions {
             plugin_config: r#"{"rules":[]}"#.to_owned(),
             workers: 2,
             headers_in_access: true,
+            wasm_directives: String::new(),
         }
     }
 }
@@ -230,6 +233,7 @@ impl Nginx {
                 }
                 .to_owned(),
             ),
+            ("WASM_DIRECTIVES", options.wasm_directives.clone()),
         ]
         .map(|(k, v)| (k.to_owned(), v));
         let template_path = template();
@@ -495,6 +499,7 @@ mod tests {
             "UPSTREAM_PORT",
             "PLUGIN_CONFIG",
             "HEADERS_IN_ACCESS",
+            "WASM_DIRECTIVES",
         ]
         .iter()
         .map(|k| ((*k).to_owned(), "x".to_owned()))

@@ -9,11 +9,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use sluice_tests::certs::Authority;
 use sluice_tests::contract::checked_body;
 use sluice_tests::envoy::{agent, get, sustain, Envoy, EnvoyOptions, Load, Sustained, Template};
 use sluice_tests::nginx::{Filter, Nginx, NginxOptions};
 use sluice_tests::redis::Redis;
-use sluice_tests::service::{Service, ServiceOptions};
+use sluice_tests::service::{Service, ServiceOptions, ServiceTls};
 
 static MACHINE: Mutex<()> = Mutex::new(());
 
@@ -133,6 +134,92 @@ fn a_strict_rule_is_exact_through_the_service_by_address_and_fails_closed() {
         assert_eq!(body["error"], "limiter_unavailable", "{body}");
         assert_eq!(body["rule"], "strict", "{body}");
     }
+}
+
+/// `service.tls` in real nginx: the service serves HTTPS with a certificate for `sluice-service.internal` from a CA
+/// of the test's; an nginx whose `wasm {}` block trusts that CA and checks the name (the service's `authority`)
+/// has its strict rule decided by the service, exactly. One that trusts another CA, and one that expects another
+/// name, never get an answer from the service: the handshake fails, no check is counted, and the rule's
+/// `fail_closed` fallback answers 503.
+#[test]
+fn over_tls_a_proxy_that_trusts_the_service_syncs_and_one_that_does_not_falls_back() {
+    let _machine = machine();
+    const NAME: &str = "sluice-service.internal";
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("nginx-service").unwrap();
+    let issued = ca.issue("service", &[NAME, "127.0.0.1"]).unwrap();
+    let service = Service::start_with(ServiceOptions::new(redis.url()).tls(ServiceTls {
+        cert_file: issued.cert_file.clone(),
+        key_file: issued.key_file.clone(),
+        ca_pem: ca.ca_pem.clone(),
+    }))
+    .unwrap();
+    let other_ca = Authority::new("not-the-service").unwrap();
+    let rules = json!([{
+        "name": "strict",
+        "key": ["header:x-api-key"],
+        "consistency": "strict",
+        "limits": [{"requests": 5, "per": "minute"}],
+        "fallback": {"policy": "fail_closed"},
+    }]);
+    let start = |ca_file: &std::path::Path, authority: &str| {
+        let mut config: Value =
+            serde_json::from_str(&config(address(&service), service.token(), rules.clone()))
+                .unwrap();
+        config["service"]["tls"] = json!(true);
+        config["service"]["authority"] = json!(authority);
+        Nginx::start(NginxOptions {
+            filter: Filter::Sluice,
+            plugin_config: config.to_string(),
+            workers: 1,
+            wasm_directives: format!(
+                "tls_trusted_certificate {}; tls_verify_cert on; tls_verify_host on;",
+                ca_file.display()
+            ),
+            ..NginxOptions::default()
+        })
+        .unwrap()
+    };
+    let statuses = |nginx: &Nginx, key: &str, n: usize| -> Vec<u16> {
+        let url = nginx.url("/api/x");
+        (0..n)
+            .map(|_| get(&agent(), &url, &[("x-api-key", key)]).unwrap().status)
+            .collect()
+    };
+
+    let trusting = start(&ca.ca_file(), NAME);
+    assert_eq!(
+        statuses(&trusting, "alice", 7),
+        [200, 200, 200, 200, 200, 429, 429],
+        "decided by the service over TLS; nginx errors: {:?}",
+        trusting.errors()
+    );
+    drop(trusting);
+
+    for (what, ca_file, authority) in [
+        ("another CA", other_ca.ca_file(), NAME),
+        ("another name", ca.ca_file(), "counter.elsewhere.internal"),
+    ] {
+        let nginx = start(&ca_file, authority);
+        assert_eq!(
+            statuses(&nginx, "bob", 3),
+            [503, 503, 503],
+            "{what}: the service cannot be trusted, so the rule fails closed; nginx errors: {:?}",
+            nginx.errors()
+        );
+        assert!(
+            nginx.log().contains("tls certificate"),
+            "{what}: nginx logs why the handshake failed:\n{}",
+            nginx.log()
+        );
+    }
+    // bob was never counted: the service saw no check of the untrusting proxies
+    let trusting = start(&ca.ca_file(), NAME);
+    assert_eq!(
+        statuses(&trusting, "bob", 6),
+        [200, 200, 200, 200, 200, 429],
+        "bob's 5 are whole"
+    );
 }
 
 /// One fleet, two hosts: an nginx (`service.address`) and an Envoy (`service.cluster`,
