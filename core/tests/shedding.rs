@@ -858,3 +858,89 @@ fn a_full_queue_sheds_the_newcomer_in_core_and_gives_back_its_spend() {
         .queue_full(&limiter, level, 0.5, &mut store)
         .is_none());
 }
+
+/// A store whose first read of `key` answers `stale` instead: another worker's tick read the gauge
+/// before this one's window ended and published a new limit.
+struct StaleRead {
+    inner: MemoryStore,
+    key: String,
+    stale: Option<Vec<u8>>,
+}
+
+impl Store for StaleRead {
+    fn get(&mut self, key: &str) -> Result<Option<(Vec<u8>, u32)>, sluice_core::StoreError> {
+        if key == self.key {
+            if let Some(stale) = self.stale.take() {
+                let version = self.inner.get(key)?.map_or(0, |(_, v)| v);
+                return Ok(Some((stale, version)));
+            }
+        }
+        self.inner.get(key)
+    }
+
+    fn set(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        version: u32,
+    ) -> Result<bool, sluice_core::StoreError> {
+        self.inner.set(key, value, version)
+    }
+}
+
+/// Just after a probe, a worker whose tick read the gauge while it still said the probe's `min` (2) folds
+/// its 4 in flight into the new window: measured against the restored limit (20) that is a fifth of it,
+/// which moves nothing; against the stale `min` it read as twice the limit, a busy window, and the limit
+/// grew by one each time (20 to 21: seen in real Envoy on a busy machine, between two probes of 4 in
+/// flight).
+#[test]
+fn a_stale_gauge_after_a_probe_does_not_move_the_restored_limit() {
+    use sluice_core::shed::state::Window;
+    let limiter = limiter(&shedding(
+        r#"{"name": "api", "limit": {"adaptive": {"min": 2, "max": 40, "initial": 20,
+            "window_ms": 100, "probe_interval_ms": 60000}}}"#,
+    ));
+    let shedding = limiter.policy().shedding.clone().unwrap();
+    let spec = &shedding.bulkheads[0];
+    let mut inner = MemoryStore::default();
+    // The window as the probe's end left it: the limit back at 20, the next probe a minute on.
+    let mut window = Window::default();
+    window.started_us = T0 as f64;
+    window.control.limit = 20.0;
+    window.control.baseline_us = 5_000.0;
+    window.control.next_probe_us = (T0 + 60_000 * MS) as f64;
+    assert!(inner.set(&spec.window_key, &window.encode(), 0).unwrap());
+    let gauge = |limit: u32| {
+        shed::Gauge {
+            in_flight: 4,
+            limit,
+            ..shed::Gauge::default()
+        }
+        .encode()
+    };
+    assert!(inner.set(&spec.gauge_key, &gauge(20), 0).unwrap());
+    let mut store = StaleRead {
+        inner,
+        key: spec.gauge_key.clone(),
+        stale: Some(gauge(2)),
+    };
+    // Answers at 5 ms, enough of them to move the limit if the window counted as busy.
+    let mut samples = vec![Samples::default()];
+    for _ in 0..10 {
+        samples[0].answered(5_000, 200, None);
+    }
+    shed::tick(&shedding, &mut samples, T0 + 50 * MS, 0.5, &mut store);
+    let folded = Window::decode(&store.inner.get(&spec.window_key).unwrap().unwrap().0);
+    assert!(
+        (folded.peak_use - 0.2).abs() < 1e-9,
+        "4 in flight of 20, whatever the gauge said when read: {}",
+        folded.peak_use
+    );
+    let mut samples = vec![Samples::default()];
+    shed::tick(&shedding, &mut samples, T0 + 100 * MS, 0.5, &mut store);
+    let ended = Window::decode(&store.inner.get(&spec.window_key).unwrap().unwrap().0);
+    assert_eq!(
+        ended.control.limit, 20.0,
+        "a window at a fifth of the limit moves nothing"
+    );
+}

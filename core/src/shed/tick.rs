@@ -84,8 +84,8 @@ pub fn tick(
     for (id, spec) in shedding.bulkheads.iter().enumerate() {
         let local = samples.get(id).copied().unwrap_or_default();
         let gauge = read_gauge(store, &spec.gauge_key);
-        let limit = limit_of(shedding, id, &gauge).max(1) as f64;
-        let use_now = gauge.in_flight as f64 / limit;
+        let gauge_limit = limit_of(shedding, id, &gauge).max(1) as f64;
+        let in_flight = gauge.in_flight as f64;
         let window_us = spec.window_ms() as f64 * 1_000.0;
         let percentile = match &spec.limit {
             LimitKind::Adaptive(a) => a.percentile,
@@ -96,6 +96,18 @@ pub fn tick(
             if w.started_us <= 0.0 || w.started_us > now {
                 w.started_us = now;
             }
+            // In flight over the limit this window is judged by: an adaptive limit as the window
+            // holds it (read with it in one update), not as the gauge read before said. Another
+            // worker may have ended the window in between, restoring the limit after a probe: 4
+            // in flight over the probe's `min` of 2 would read as a busy window of the restored 20
+            // and move it.
+            let limit = match &spec.limit {
+                LimitKind::Adaptive(a) if w.control.limit > 0.0 => {
+                    controller::effective(a, &w.control).max(1) as f64
+                }
+                _ => gauge_limit,
+            };
+            let use_now = in_flight / limit;
             w.count += local.count;
             w.sum_rtt_us += local.sum_rtt_us;
             w.errors += local.errors;
