@@ -904,11 +904,16 @@ fn a_stale_gauge_after_a_probe_does_not_move_the_restored_limit() {
     let spec = &shedding.bulkheads[0];
     let mut inner = MemoryStore::default();
     // The window as the probe's end left it: the limit back at 20, the next probe a minute on.
-    let mut window = Window::default();
-    window.started_us = T0 as f64;
-    window.control.limit = 20.0;
-    window.control.baseline_us = 5_000.0;
-    window.control.next_probe_us = (T0 + 60_000 * MS) as f64;
+    let window = Window {
+        started_us: T0 as f64,
+        control: sluice_core::shed::controller::ControlState {
+            limit: 20.0,
+            baseline_us: 5_000.0,
+            next_probe_us: (T0 + 60_000 * MS) as f64,
+            ..Default::default()
+        },
+        ..Window::default()
+    };
     assert!(inner.set(&spec.window_key, &window.encode(), 0).unwrap());
     let gauge = |limit: u32| {
         shed::Gauge {
