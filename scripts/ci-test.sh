@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test` (CI) after `make deps`: everything in the order that keeps two cores busy, each tier timed.
-#   1. clippy and rustfmt (`make lint`) start at once, niced and in a target dir of their own (target/lint: no wait
+#   1. clippy and rustfmt (`make lint`) start at once, niced to the lowest priority and in a target dir of their own (target/lint: no wait
 #      on the build lock), so they take the CPU the compiles and the tests leave, mostly while tests wait on Envoy;
 #   2. the Wasm artifacts (`make build-wasm`, release) beside the test compile (`make test-build`, the test profile,
 #      which also builds the counter service the suites start);
@@ -49,7 +49,7 @@ finish() {
   times+=("$name: $(($(cat "$logs/$name.ended") - ${began_at[$name]})) s (from ${began_at[$name]} s, in the background)")
 }
 
-background lint env CARGO_TARGET_DIR=target/lint nice -n 10 "$make" --no-print-directory lint
+background lint env CARGO_TARGET_DIR=target/lint nice -n 19 "$make" --no-print-directory lint
 nginx_src="${NGX_WASM_MODULE_SRC:-.deps/ngx_wasm_module}"
 build_nginx=no
 if [ -z "${SLUICE_NGINX_MODULE:-}" ] && [ -f "$nginx_src/config" ]; then
