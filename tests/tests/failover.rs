@@ -21,25 +21,17 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice_core::protocol::{fnv1a, KEY_PART_SEPARATOR};
-use sluice_tests::envoy::{sustain_until, Envoy, EnvoyOptions, Load, Sustained, Template};
+use sluice_tests::envoy::{latency_quantile, sustain_until, Envoy, Load, Sustained};
 use sluice_tests::eventually;
 use sluice_tests::redis::{ClusterOptions, Redis, RedisCluster};
 use sluice_tests::service::{Service, ServiceOptions};
 
-/// The filter's callout timeout (`service.timeout_ms`).
-const TIMEOUT_MS: u64 = 200;
-/// The sync interval (`service.sync_interval_ms`).
-const INTERVAL_MS: u64 = 100;
+#[path = "support/failover_fleet.rs"]
+mod failover_fleet;
+use failover_fleet::*;
+
 /// No request at the edge may take this long (the callout timeout plus a wide margin).
 const SLOWEST_ALLOWED: Duration = Duration::from_secs(1);
-/// The cached rule: 20/s, burst 20, per user; its fallback 40/s, burst 20: more generous than the
-/// global limit on purpose, so that what the fallback admits while the service cannot answer exceeds
-/// what the global bucket would have, and an undebited fallback shows in the count.
-const RATE: f64 = 20.0;
-const BURST: f64 = 20.0;
-const FALLBACK_RATE: f64 = 40.0;
-const FALLBACK_BURST: f64 = 20.0;
 
 static MACHINE: Mutex<()> = Mutex::new(());
 
@@ -52,22 +44,6 @@ fn machine() -> MutexGuard<'static, ()> {
 /// `make test-failover`: longer phases, more keys, a second failover.
 fn long() -> bool {
     std::env::var_os("SLUICE_FAILOVER_LONG").is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-/// The slot-deciding part of every Redis key of an entry (`counter-service/src/keys.rs`): `{<tag>}`.
-fn hash_tag(entry_key: &str) -> String {
-    format!("{{{:016x}}}", fnv1a(entry_key.as_bytes()))
-}
-
-/// The entry key the filter syncs for `rule` and one key part.
-fn entry_key(rule: &str, part: &str) -> String {
-    format!("{rule}{KEY_PART_SEPARATOR}{part}")
-}
-
-/// The Redis key of the cached rule's bucket for `user` (one limit: 20 per 1000 ms, burst 20).
-fn bucket_key(user: &str) -> String {
-    let entry = entry_key("users", user);
-    format!("sluice:{}:{entry}:20/1000/20", hash_tag(&entry))
 }
 
 fn check_body(key: &str) -> String {
@@ -216,22 +192,6 @@ fn a_dead_primary_is_a_503_for_its_slots_only_until_its_replica_takes_over() {
     assert!(!service.log().contains("panicked"));
 }
 
-/// Latency percentile (`q` in 0..=1) of the samples sent in `[from, to)`.
-fn percentile(run: &[&Sustained], from: Instant, to: Instant, q: f64) -> Duration {
-    let mut latencies: Vec<Duration> = run
-        .iter()
-        .flat_map(|r| r.samples.iter())
-        .filter(|s| s.at >= from && s.at < to)
-        .map(|s| s.latency)
-        .collect();
-    latencies.sort();
-    if latencies.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((latencies.len() - 1) as f64 * q).round() as usize;
-    latencies[index]
-}
-
 /// Every answer was 200 or 429 (no 5xx, no connection error), and none took [`SLOWEST_ALLOWED`].
 fn assert_edge_unharmed(runs: &[&Sustained], what: &str) {
     for run in runs {
@@ -254,44 +214,6 @@ fn assert_edge_unharmed(runs: &[&Sustained], what: &str) {
             );
         }
     }
-}
-
-/// sluice with a cached rule per user (`x-user` on `/api/`) and a strict one (`/strict/`).
-fn plugin_config(token: &str) -> String {
-    json!({
-        "headers": "both",
-        "service": {
-            "cluster": "sluice_service",
-            "authority": "sluice_service",
-            "token": token,
-            "timeout_ms": TIMEOUT_MS,
-            "sync_interval_ms": INTERVAL_MS,
-            "breaker_failures": 3,
-            "breaker_cooldown_ms": 1000,
-        },
-        "rules": [
-            {"name": "users", "match": {"path_prefix": "/api/"}, "key": ["header:x-user"],
-             "consistency": "cached",
-             "limits": [{"requests": 20, "per": "second", "burst": 20}],
-             "fallback": {"policy": "fail_open", "limits": [{"requests": 40, "per": "second", "burst": 20}]}},
-            {"name": "strict", "match": {"path_prefix": "/strict/"}, "key": ["header:x-user"],
-             "consistency": "strict",
-             "limits": [{"requests": 100, "per": "second", "burst": 100}],
-             "fallback": {"policy": "fail_open", "limits": [{"requests": 5, "per": "second", "burst": 5}]}},
-        ],
-    })
-    .to_string()
-}
-
-fn start_envoy(service: &Service) -> Envoy {
-    let port = service.address().expect("the service listens").port();
-    Envoy::start(EnvoyOptions {
-        template: Template::SluiceService,
-        plugin_config_json: plugin_config(service.token()),
-        concurrency: 2,
-        placeholders: vec![("SERVICE_PORT".to_owned(), port.to_string())],
-    })
-    .unwrap()
 }
 
 /// One connection per user on `/api/x` (up to about 65 a second each: over the fallback's 40), and one on
@@ -490,7 +412,7 @@ fn a_primary_killed_under_load_costs_the_edge_nothing_and_the_fallback_is_debite
         let before = (killed - Duration::from_secs(2), killed);
         let during = (killed, recovered_at);
         let after_window = (recovered_at, recovered_at + Duration::from_secs(2));
-        let p = |w: (Instant, Instant), q| percentile(&all, w.0, w.1, q);
+        let p = |w: (Instant, Instant), q| latency_quantile(&all, w.0, w.1, q);
         let edge = |w: (Instant, Instant), status| -> usize {
             all.iter().map(|r| r.count_between(status, w.0, w.1)).sum()
         };

@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_core::protocol::{fnv1a, KEY_PART_SEPARATOR};
-use sluice_tests::envoy::{
-    latency_quantile, offer_until, Arrivals, Envoy, EnvoyOptions, Sustained, Template,
-};
+use sluice_tests::envoy::{latency_quantile, offer_until, Arrivals, Envoy, Sustained};
 use sluice_tests::eventually;
 use sluice_tests::redis::{query, Redis, Reply, Sentinel};
 use sluice_tests::service::{Service, ServiceOptions};
+
+#[path = "support/failover_fleet.rs"]
+mod failover_fleet;
+use failover_fleet::*;
 
 /// A primary with one replica in sync, watched by three sentinels that see the replica.
 struct Watched {
@@ -150,16 +151,6 @@ fn the_service_follows_a_sentinel_failover() {
         .contains("asking the sentinels for the primary again"));
 }
 
-/// The filter's callout timeout (`service.timeout_ms`), and the service's Redis timeout.
-const TIMEOUT_MS: u64 = 200;
-/// The sync interval (`service.sync_interval_ms`).
-const INTERVAL_MS: u64 = 100;
-/// The cached rule, per user: 20/s, burst 20; each proxy's fallback 40/s, burst 20 (more generous than
-/// the global limit on purpose, as in `failover.rs`: an undebited fallback shows in the count).
-const RATE: f64 = 20.0;
-const BURST: f64 = 20.0;
-const FALLBACK_RATE: f64 = 40.0;
-const FALLBACK_BURST: f64 = 20.0;
 const PROXIES: usize = 2;
 const USERS: usize = 3;
 /// Each user's requests per second through each proxy: 100/s a user in all, five times the global limit,
@@ -167,54 +158,6 @@ const USERS: usize = 3;
 const USER_RATE_PER_PROXY: f64 = 50.0;
 /// The strict user's requests per second through each proxy (its limit 100/s, its fallback 5/s).
 const STRICT_RATE_PER_PROXY: f64 = 15.0;
-
-/// sluice with a cached rule per user (`x-user` on `/api/`) and a strict one (`/strict/`), as in
-/// `failover.rs`.
-fn plugin_config(token: &str) -> String {
-    json!({
-        "headers": "both",
-        "service": {
-            "cluster": "sluice_service",
-            "authority": "sluice_service",
-            "token": token,
-            "timeout_ms": TIMEOUT_MS,
-            "sync_interval_ms": INTERVAL_MS,
-            "breaker_failures": 3,
-            "breaker_cooldown_ms": 1000,
-        },
-        "rules": [
-            {"name": "users", "match": {"path_prefix": "/api/"}, "key": ["header:x-user"],
-             "consistency": "cached",
-             "limits": [{"requests": 20, "per": "second", "burst": 20}],
-             "fallback": {"policy": "fail_open", "limits": [{"requests": 40, "per": "second", "burst": 20}]}},
-            {"name": "strict", "match": {"path_prefix": "/strict/"}, "key": ["header:x-user"],
-             "consistency": "strict",
-             "limits": [{"requests": 100, "per": "second", "burst": 100}],
-             "fallback": {"policy": "fail_open", "limits": [{"requests": 5, "per": "second", "burst": 5}]}},
-        ],
-    })
-    .to_string()
-}
-
-fn start_envoy(service: &Service) -> Envoy {
-    let port = service.address().expect("the service listens").port();
-    Envoy::start(EnvoyOptions {
-        template: Template::SluiceService,
-        plugin_config_json: plugin_config(service.token()),
-        concurrency: 2,
-        placeholders: vec![("SERVICE_PORT".to_owned(), port.to_string())],
-    })
-    .unwrap()
-}
-
-/// The Redis key of the cached rule's bucket for `user` (`counter-service/src/keys.rs`).
-fn bucket_key(user: &str) -> String {
-    let entry = format!("users{KEY_PART_SEPARATOR}{user}");
-    format!(
-        "sluice:{{{:016x}}}:{entry}:20/1000/20",
-        fnv1a(entry.as_bytes())
-    )
-}
 
 /// The bucket's stored tokens (negative: debt), or `None` when the key is not there.
 fn stored_tokens(node: &Redis, user: &str) -> Option<f64> {
