@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::credentials::check_name;
+use crate::credentials::{check_name, field_pairs};
 
 /// Longest SAN a mapping file may name.
 pub const MAX_SAN_BYTES: usize = 2048;
@@ -89,16 +89,9 @@ impl CertNames {
     /// belongs to one name. The reason names the line.
     pub fn parse(text: &str) -> Result<CertNames, String> {
         let mut names = HashMap::new();
-        for (number, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let at = |reason: String| format!("line {}: {reason}", number + 1);
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let [san, name] = fields[..] else {
-                return Err(at("expected `san name`".into()));
-            };
+        for pair in field_pairs(text, "san name") {
+            let (number, san, name) = pair?;
+            let at = |reason: String| format!("line {number}: {reason}");
             let san = parse_san(san).map_err(at)?;
             check_name(name).map_err(at)?;
             if names.insert(san, Arc::<str>::from(name)).is_some() {

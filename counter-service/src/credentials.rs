@@ -53,6 +53,26 @@ impl Caller {
     }
 }
 
+/// The lines of a file of `first second` lines (a tokens file, a certificate mapping): each one's
+/// number (from 1) and its two fields. Blank lines and lines starting with `#` are skipped; a line
+/// of another shape is refused naming it and `shape`, e.g. `name token`.
+pub(crate) fn field_pairs<'a>(
+    text: &'a str,
+    shape: &'a str,
+) -> impl Iterator<Item = Result<(usize, &'a str, &'a str), String>> + 'a {
+    text.lines()
+        .enumerate()
+        .map(|(number, line)| (number + 1, line.trim()))
+        .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+        .map(move |(number, line)| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            match fields[..] {
+                [first, second] => Ok((number, first, second)),
+                _ => Err(format!("line {number}: expected `{shape}`")),
+            }
+        })
+}
+
 impl Credentials {
     /// One token for every proxy.
     pub fn shared(token: &str) -> Result<Credentials, String> {
@@ -64,16 +84,9 @@ impl Credentials {
     /// lines starting with `#` are skipped. A name may hold several tokens (for rotation).
     pub fn per_proxy(text: &str) -> Result<Credentials, String> {
         let mut credentials: Vec<(Arc<str>, Vec<u8>)> = Vec::new();
-        for (number, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let at = |reason: String| format!("line {}: {reason}", number + 1);
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, token] = fields[..] else {
-                return Err(at("expected `name token`".into()));
-            };
+        for pair in field_pairs(text, "name token") {
+            let (number, name, token) = pair?;
+            let at = |reason: String| format!("line {number}: {reason}");
             check_name(name).map_err(at)?;
             check_token(token).map_err(at)?;
             if credentials.iter().any(|(_, t)| t == token.as_bytes()) {
