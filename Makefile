@@ -118,7 +118,8 @@ E2E_FEATURES := sluice-host/wasm,sluice-tests/wasm,sluice-tests/envoy,sluice-tes
 # Every test run and the test compile use exactly these arguments, so that nothing is compiled twice.
 TEST_ARGS := --workspace --features $(E2E_FEATURES)
 # One test more than the cores: most real-part tests spend their time waiting on Envoy, Redis or a clock, and a
-# third thread fills those waits (on 2 cores the test tier went from 511 s to 369 s; BENCHMARKS.md, "CI").
+# third thread fills those waits (on 2 cores, in clean-clone CI runs, the test tier took 511 s on two threads and
+# 432 s on three; BENCHMARKS.md, "CI").
 # NEXTEST_TEST_THREADS=N overrides it.
 NEXTEST_RUN = SLUICE_REDIS_SERVER="$$(command -v redis-server)" SLUICE_SERVICE_BIN=$(CURDIR)/$(TEST_SERVICE) \
   NEXTEST_TEST_THREADS="$${NEXTEST_TEST_THREADS:-$$(( $$(nproc) + 1 ))}" \
