@@ -10,13 +10,18 @@
 --       if the check would be denied without the largest debtor's unleased debt too (prelude's
 --       settle_debts): one proxy credential's reports of spend it was never leased deny the key
 --       while they weigh, but start no penalty alone.
--- Returns: {allowed (0/1), remaining, retry_after_ms, reset_ms}, integers:
+--       Then the asking proxy's id (empty or absent: none), as sync.lua names its l:q fields:
+--       a check denied only because of the lease that proxy holds on the key (every limit would
+--       have the cost with that lease's grant) starts no penalty, and answers the lease.
+-- Returns: {allowed (0/1), remaining, retry_after_ms, reset_ms}, integers, then, when the
+-- asking proxy's own unexpired lease was set aside by a denial that it covers, lease_tokens and
+-- lease_ttl_ms: the grant the proxy may spend (its sync's answer may not have reached it yet).
 --   remaining: whole tokens left after the decision (the most restrictive limit, never below 0);
 --   retry_after_ms: when denied, until `cost` tokens are there on every limit, else 0;
 --   reset_ms: until every bucket is full again.
 --
 -- Runs after lua/prelude.lua (the service loads the two as one script) and uses its math_max,
--- clock, load_leases, stored_bucket, refill_bucket, settle_debts, ms_to_full, expire_key,
+-- math_floor, math_ceil, clock, load_leases, lease_unpack, stored_bucket, refill_bucket, settle_debts, ms_to_full, expire_key,
 -- whole_remaining, penalty_before and penalty_after.
 -- The bucket arithmetic is written in the order of core/src/bucket.rs (Bucket::take) so both agree
 -- bit for bit (see counter-service/tests/vectors.rs).
@@ -28,11 +33,19 @@ local penalized, penalty_us, penalty_key = penalty_before(KEYS[n + 1], ARGV[4 + 
 if penalized ~= nil then
   return penalized
 end
+local asker = ARGV[5 + 3 * n]
+local asker_field = nil
+if asker ~= nil and asker ~= '' then
+  asker_field = 'l:' .. asker
+end
 
 local limits = {}
 local allowed = true
--- whether a limit would deny the check without its largest debtor's unleased debt too
+-- whether a limit would deny the check without its largest debtor's unleased debt too, or
+-- without the asking proxy's own lease
 local over = false
+-- the asking proxy's own unexpired grant on every limit (the least of them) and its time left
+local own, own_ttl_us = nil, nil
 for i = 1, n do
   local key = KEYS[i]
   local requests = tonumber(ARGV[1 + 3 * i])
@@ -56,7 +69,26 @@ for i = 1, n do
   end
   if not (available >= cost) then
     allowed = false
-    if not (available + owed >= cost) then
+    local mine = 0
+    if asker_field ~= nil then
+      local g, expiry = nil, nil
+      local field = redis.call('HGET', key, asker_field)
+      if field then
+        g, expiry = lease_unpack(field)
+      end
+      if g ~= nil and expiry > now then
+        mine = g
+        if own == nil or g < own then
+          own = g
+        end
+        if own_ttl_us == nil or expiry - now < own_ttl_us then
+          own_ttl_us = expiry - now
+        end
+      else
+        own = 0
+      end
+    end
+    if not (available + owed + mine >= cost) then
       over = true
     end
   end
@@ -91,5 +123,11 @@ for i = 1, n do
   end
 end
 
-return penalty_after({allowed and 1 or 0, whole_remaining(remaining), retry_after_ms, reset_ms},
+local answer = penalty_after(
+  {allowed and 1 or 0, whole_remaining(remaining), retry_after_ms, reset_ms},
   over, penalty_us, penalty_key, now)
+if not allowed and not over and own ~= nil and own >= cost then
+  answer[5] = math_floor(own)
+  answer[6] = math_ceil(own_ttl_us / 1000)
+end
+return answer

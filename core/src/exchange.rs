@@ -100,8 +100,14 @@ pub enum Effect {
     /// A lease ran out: bring the next sync round forward ([`proxy::hurry`]).
     Hurry,
     /// Send this strict check; feed its answer (or its failure, even to be sent) to
-    /// [`Exchange::answered`] with `check`.
-    Check { check: usize, request: CheckRequest },
+    /// [`Exchange::answered`] with `check`. `asks`: the check of a cached key without a lease
+    /// (a fail-closed rule's): the host names its proxy id in it ([`CheckRequest::proxy`], as
+    /// its syncs do), so that a denial the proxy's own lease covers answers that lease.
+    Check {
+        check: usize,
+        request: CheckRequest,
+        asks: bool,
+    },
     /// A strict check failed; the breaker in the store counted it (metrics, and the host
     /// re-reads the breaker).
     CheckFailed,
@@ -410,8 +416,9 @@ impl Exchange {
                 }
                 // Strict rules, and fail-closed cached rules' keys without a lease (the limiter
                 // asks only while the service is up): one check each.
-                let checked = limiter.strict_keys(request).into_iter();
-                for (rule, key) in checked.chain(evaluation.asked) {
+                let checked = limiter.strict_keys(request).into_iter().map(|c| (c, false));
+                let asked = evaluation.asked.into_iter().map(|c| (c, true));
+                for ((rule, key), asks) in checked.chain(asked) {
                     if moment.service_up {
                         let Some(Enforced { rule: spec, .. }) = limiter.rule_for(rule, &key) else {
                             continue;
@@ -424,7 +431,9 @@ impl Exchange {
                                 limits: spec.limits.iter().map(LimitSpec::from).collect(),
                                 cost: spec.cost,
                                 penalty_ms: spec.penalty_ms(),
+                                proxy: None,
                             },
+                            asks,
                         });
                         exchange.checks.push(Some((rule, key)));
                     } else {
@@ -456,23 +465,26 @@ impl Exchange {
         };
         self.decided_us = moment.now_us;
         match answer {
-            Some(answer) => {
+            Some(checked) => {
                 let limit = limiter
                     .rule_for(rule, &key)
                     .and_then(|r| r.rule.limits.first().copied())
                     .unwrap_or(Limit::UNIT);
                 let answer = RuleAnswer {
-                    allowed: answer.allowed,
+                    allowed: checked.allowed,
                     quota: Quota {
                         limit,
-                        remaining: answer.remaining,
-                        reset_us: answer.reset_ms.saturating_mul(1_000),
+                        remaining: checked.remaining,
+                        reset_us: checked.reset_ms.saturating_mul(1_000),
                     },
-                    retry_after_us: answer.retry_after_ms.saturating_mul(1_000),
+                    retry_after_us: checked.retry_after_ms.saturating_mul(1_000),
                     unavailable: false,
                 };
                 // A cached key's sync may have brought it a lease while its check was out (the
-                // check set that lease aside): the lease admits what it holds.
+                // check set that lease aside): the lease admits what it holds. The service
+                // says that lease when the sync's answer has not come yet (it may come after
+                // this one): the same grant either way, so it is spent once.
+                let _ = proxy::apply_told_lease(limiter, rule, &key, &checked, moment.now_us, store);
                 let leased = match answer.allowed {
                     false => limiter.leased(rule, &key, moment.now_us, store),
                     true => None,

@@ -55,6 +55,7 @@ fn allowed(remaining: u64) -> Option<CheckResponse> {
         remaining,
         retry_after_ms: 0,
         reset_ms: 500,
+        lease: None,
     })
 }
 
@@ -64,6 +65,7 @@ fn denied(retry_after_ms: u64) -> Option<CheckResponse> {
         remaining: 0,
         retry_after_ms,
         reset_ms: 10_000,
+        lease: None,
     })
 }
 
@@ -136,7 +138,7 @@ fn a_strict_rule_waits_for_its_check_and_its_answer_sets_the_headers() {
     let mut store = MemoryStore::default();
     let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
     assert_eq!(step, Step::Wait);
-    let Some(Effect::Check { check, request }) =
+    let Some(Effect::Check { check, request, .. }) =
         effects.iter().find(|e| matches!(e, Effect::Check { .. }))
     else {
         panic!("no check in {effects:?}");
@@ -377,7 +379,7 @@ fn a_fail_closed_cached_key_without_a_lease_asks_the_service_instead_of_a_503() 
     // A new key: checked, announced, the round hurried; nothing answered yet.
     let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
     assert_eq!(step, Step::Wait, "{effects:?}");
-    let Some(Effect::Check { check, request }) =
+    let Some(Effect::Check { check, request, .. }) =
         effects.iter().find(|e| matches!(e, Effect::Check { .. }))
     else {
         panic!("no check in {effects:?}");
@@ -548,4 +550,77 @@ fn a_lease_granted_while_the_check_was_out_admits_what_the_check_set_aside() {
         matches!(step, Some(Step::Respond(ref r)) if r.status == 429),
         "{step:?}"
     );
+}
+
+/// The same race, with the check's answer first: the service had leased the key's rest to this
+/// proxy before the check reached Redis, and the sync's answer with that lease is still on its
+/// way. The denial tells the lease; the request is spent from it, and the sync's answer, when
+/// it comes, installs the same grant less that spend: the grant is spent once. A check whose
+/// request does not cover the lease (told none) still denies, and a strict rule's check never
+/// names the proxy.
+#[test]
+fn a_lease_told_by_the_checks_denial_admits_once_and_the_syncs_answer_keeps_the_count() {
+    let limiter = limiter(CACHED_CLOSED);
+    let rule = RuleId::new(0);
+    let key = "shared\u{1f}alice".to_string();
+    let mut store = MemoryStore::default();
+    let (mut exchange, step, effects) = start(&limiter, &mut store, at(T0));
+    assert_eq!(step, Step::Wait);
+    let asks = effects
+        .iter()
+        .any(|e| matches!(e, Effect::Check { asks: true, .. }));
+    assert!(asks, "a cached key's check asks: {effects:?}");
+    // The round carrying the key is composed (its counts taken) before the check's answer.
+    sluice_core::sync::proxy::take(&limiter, rule, &key, T0, 100_000, &mut store);
+    let told = Some(CheckResponse {
+        lease: Some(sluice_core::protocol::CheckLease {
+            tokens: 2,
+            ttl_ms: 300,
+        }),
+        ..denied(600_000).unwrap()
+    });
+    let check = checks(&effects)[0];
+    let (step, effects) = exchange.answered(&limiter, check, told, at(T0), &mut store);
+    assert_eq!(step, Some(Step::Continue), "{effects:?}");
+    assert_eq!(outcomes(&effects), vec![(rule, Outcome::Allowed)]);
+    // The sync's answer: the same grant of 2, one of it spent already.
+    sluice_core::sync::proxy::apply_lease(&limiter, rule, &key, &lease(2), T0, &mut store).unwrap();
+    let mut admitted = 0;
+    for i in 0..3 {
+        let now = T0 + 1_000 * (i + 1);
+        let (_, step, _) = start(&limiter, &mut store, at(now));
+        if step == Step::Continue {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 1, "one of the grant's two was left");
+    let taken = sluice_core::sync::proxy::take(&limiter, rule, &key, T0, 100_000, &mut store);
+    let sluice_core::sync::proxy::Taken::Entry(entry) = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!(entry.spent, 2, "both reported spent from the lease");
+    // Told no lease: the denial stands.
+    let later = T0 + 10 * SECOND;
+    let (mut exchange, _, effects) = start(&limiter, &mut store, at(later));
+    let (step, _) = exchange.answered(
+        &limiter,
+        checks(&effects)[0],
+        denied(600_000),
+        at(later),
+        &mut store,
+    );
+    assert!(
+        matches!(step, Some(Step::Respond(ref r)) if r.status == 429),
+        "{step:?}"
+    );
+    let strict = self::limiter(STRICT);
+    let (_, _, effects) = start(&strict, &mut MemoryStore::default(), at(T0));
+    let asks: Vec<bool> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Check { asks, .. } => Some(*asks),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asks, vec![false], "{effects:?}");
 }

@@ -4,8 +4,10 @@
 //! for sliding logs (the limits of one check share one algorithm, see `validate`).
 
 use axum::extract::State;
-use axum::Json;
-use sluice_protocol::{AlgorithmSpec, CheckRequest, CheckResponse};
+use axum::{Extension, Json};
+use sluice_protocol::{AlgorithmSpec, CheckLease, CheckRequest, CheckResponse};
+
+use crate::credentials::Caller;
 
 use crate::backend::BackendError;
 use crate::body::JsonBody;
@@ -16,20 +18,27 @@ use crate::validate;
 
 pub async fn handle(
     State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
     JsonBody(request): JsonBody<CheckRequest>,
 ) -> Result<Json<CheckResponse>, AppError> {
     let _in_flight = state.enter();
     validate::check_request(&request, &state.settings)?;
-    let response = decide(&state, &request, 0).await?;
+    let caller = caller.map(|Extension(caller)| caller).unwrap_or_default();
+    // The asking proxy's id under its credential, as its syncs' leases are kept: a caller
+    // reads only the leases of its own credential's proxies.
+    let asker = request.proxy.as_deref().map(|proxy| caller.proxy_id(proxy));
+    let response = decide(&state, &request, asker.as_deref(), 0).await?;
     state.metrics.checked(response.allowed);
     Ok(Json(response))
 }
 
-/// Decides a (validated) check. `now_override_us` is 0 in service (Redis `TIME`); tests pass
-/// a fake time.
+/// Decides a (validated) check for the proxy `asker` (its id as its leases are kept, if it
+/// named one: a denial its own lease covers answers that lease, token buckets only).
+/// `now_override_us` is 0 in service (Redis `TIME`); tests pass a fake time.
 pub async fn decide(
     state: &AppState,
     request: &CheckRequest,
+    asker: Option<&str>,
     now_override_us: u64,
 ) -> Result<CheckResponse, BackendError> {
     // The limits of one check share one algorithm (`validate`).
@@ -59,18 +68,32 @@ pub async fn decide(
         &request.limits,
         request.penalty_ms,
     );
+    invocation.arg(asker.unwrap_or(""));
     state.metrics.script_called("check", 1);
     let reply: Vec<i64> = state.backend.invoke("check", &invocation).await?;
-    match reply[..] {
-        [allowed, remaining, retry_after_ms, reset_ms] => Ok(CheckResponse {
-            allowed: allowed == 1,
-            remaining: u64::try_from(remaining).unwrap_or(0),
-            retry_after_ms: u64::try_from(retry_after_ms).unwrap_or(0),
-            reset_ms: u64::try_from(reset_ms).unwrap_or(0),
-        }),
-        _ => Err(BackendError::Reply(format!(
-            "the check script answered {} numbers, not 4",
-            reply.len()
-        ))),
-    }
+    let whole = |n: i64| u64::try_from(n).unwrap_or(0);
+    let (decision, lease) = match reply[..] {
+        [a, b, c, d] => ([a, b, c, d], None),
+        [a, b, c, d, tokens, ttl_ms] => (
+            [a, b, c, d],
+            Some(CheckLease {
+                tokens: whole(tokens),
+                ttl_ms: whole(ttl_ms),
+            }),
+        ),
+        _ => {
+            return Err(BackendError::Reply(format!(
+                "the check script answered {} numbers, not 4 or 6",
+                reply.len()
+            )))
+        }
+    };
+    let [allowed, remaining, retry_after_ms, reset_ms] = decision;
+    Ok(CheckResponse {
+        allowed: allowed == 1,
+        remaining: whole(remaining),
+        retry_after_ms: whole(retry_after_ms),
+        reset_ms: whole(reset_ms),
+        lease: lease.filter(|_| allowed != 1),
+    })
 }

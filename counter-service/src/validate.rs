@@ -141,6 +141,9 @@ pub fn report_cap(limits: &[LimitSpec], window_ms: u64) -> u64 {
 
 pub fn check_request(request: &CheckRequest, settings: &Settings) -> Result<(), AppError> {
     name("key", &request.key, settings.max_key_bytes)?;
+    if let Some(proxy) = &request.proxy {
+        name("proxy", proxy, settings.max_key_bytes)?;
+    }
     limits("limits", &request.limits)?;
     if request.cost == 0 || request.cost > MAX_TOKENS {
         return Err(AppError::invalid(
@@ -506,6 +509,7 @@ mod tests {
                 limits,
                 cost: 1,
                 penalty_ms: 0,
+                proxy: None,
             };
             check_request(&request, &settings)
                 .err()

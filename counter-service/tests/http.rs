@@ -442,6 +442,54 @@ async fn per_proxy_tokens_keep_each_holder_to_its_own_proxies() {
     assert_error(&nobody, StatusCode::UNAUTHORIZED, "unauthorized");
 }
 
+/// A cached key's check names its proxy: a denial that the proxy's own lease covers answers
+/// that lease (its sync's answer may still be on its way), under its own credential only. The
+/// holder of another token naming the same proxy id, a check naming no proxy, and one naming a
+/// proxy without a lease are told none; a proxy id that is empty or too long is refused, naming
+/// the field.
+#[tokio::test]
+async fn a_denied_check_tells_the_asking_proxy_its_own_lease_only() {
+    let redis = Redis::start().unwrap();
+    let file = TempFile::new("tokens", "edge-a tok-a\nedge-b tok-b\n");
+    let settings = common::settings_without_token(&redis.url(), &["--tokens-file", file.path()]);
+    let state = AppState::new(settings).unwrap();
+    let body = Body::from(sync_body(json!([ten_per_second("k")])).to_string());
+    let a = call(&state, "POST", "/v1/sync", Some("tok-a"), body).await;
+    assert_eq!(a.body["grants"][0]["tokens"], 11, "{a:?}");
+    let check = |token: &'static str, proxy: Value| {
+        let state = state.clone();
+        let mut body =
+            json!({"key": "k", "limits": [{"requests": 10, "period_ms": 1000, "burst": 10}]});
+        if !proxy.is_null() {
+            body["proxy"] = proxy;
+        }
+        async move { call(&state, "POST", "/v1/check", Some(token), Body::from(body.to_string())).await }
+    };
+    let mine = check("tok-a", json!("p1")).await;
+    assert_eq!(mine.status, StatusCode::OK, "{mine:?}");
+    assert_eq!(mine.body["allowed"], false, "a holds the bucket: {mine:?}");
+    assert_eq!(mine.body["lease"]["tokens"], 11, "{mine:?}");
+    let ttl = mine.body["lease"]["ttl_ms"].as_u64().unwrap();
+    assert!((1..=10_000).contains(&ttl), "{mine:?}");
+    for (token, proxy) in [
+        ("tok-b", json!("p1")),
+        ("tok-a", json!("p2")),
+        ("tok-a", Value::Null),
+    ] {
+        let other = check(token, proxy.clone()).await;
+        assert_eq!(other.body["allowed"], false, "{proxy}: {other:?}");
+        assert_eq!(other.body.get("lease"), None, "{token} {proxy}: {other:?}");
+    }
+    for proxy in [json!(""), json!("p".repeat(600))] {
+        let refused = check("tok-a", proxy).await;
+        assert_error(&refused, StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(
+            refused.body["message"].as_str().unwrap().contains("proxy"),
+            "{refused:?}"
+        );
+    }
+}
+
 /// A 1 MB body nested 500,000 deep in an unknown field was parsed (skipped) in full; now the
 /// nesting is measured first, in one pass over the bytes.
 #[tokio::test]

@@ -52,8 +52,9 @@ async fn check_at(
         limits: limits.to_vec(),
         cost: 1,
         penalty_ms,
+        proxy: None,
     };
-    let answer = check_handler::decide(state, &request, now).await.unwrap();
+    let answer = check_handler::decide(state, &request, None, now).await.unwrap();
     (answer.allowed, answer.retry_after_ms)
 }
 
@@ -126,6 +127,49 @@ async fn denials_with_nothing_left_start_a_penalty_every_proxy_is_answered() {
     assert_eq!(again.penalty_ms, TEN_MINUTES_MS, "{again:?}");
     let strict = check_at(&state, &[FIVE], TEN_MINUTES_MS, T0 + 603 * SECOND).await;
     assert_eq!(strict, (false, 599_000));
+}
+
+/// A cached key's check races its sync: the sync leased the rest of the key to proxy a before
+/// a's next check reached Redis. The check is denied (the lease is set aside as any proxy's),
+/// but the key is not over its limit: no penalty starts, and a is told the lease it holds (its
+/// sync's answer may not have reached it yet). The same check from proxy b, which holds no
+/// lease, is over: it is told none and starts the penalty.
+#[tokio::test]
+async fn a_check_denied_by_the_askers_own_lease_starts_no_penalty_and_tells_the_lease() {
+    let redis = Redis::start().unwrap();
+    let state = state(&redis.url());
+    assert_eq!(check_at(&state, &[FIVE], TEN_MINUTES_MS, T0).await, (true, 0));
+    let grant = sync_at(
+        &state,
+        &one("a", report(ALICE, &[FIVE], 0, 1, TEN_MINUTES_MS)),
+        T0 + 10_000,
+    )
+    .await;
+    assert_eq!(grant.tokens, 4, "the rest of the bucket: {grant:?}");
+    let ask = |proxy: &'static str| {
+        let state = state.clone();
+        async move {
+            let request = CheckRequest {
+                key: ALICE.into(),
+                limits: vec![FIVE],
+                cost: 1,
+                penalty_ms: TEN_MINUTES_MS,
+                proxy: Some(proxy.into()),
+            };
+            check_handler::decide(&state, &request, Some(proxy), T0 + 20_000)
+                .await
+                .unwrap()
+        }
+    };
+    let mine = ask("a").await;
+    assert!(!mine.allowed, "{mine:?}");
+    let lease = mine.lease.expect("a's own lease");
+    assert_eq!(lease.tokens, 4, "{mine:?}");
+    assert!(lease.ttl_ms > 0 && lease.ttl_ms <= grant.ttl_ms, "{mine:?} {grant:?}");
+    assert!(!penalized(&redis, ALICE, &FIVE), "a's own lease covers it");
+    let theirs = ask("b").await;
+    assert_eq!((theirs.allowed, theirs.lease), (false, None), "{theirs:?}");
+    assert!(penalized(&redis, ALICE, &FIVE), "b's check is over the limit");
 }
 
 /// Attacker's test: one proxy's credential reporting denials on a key that still has tokens
@@ -329,6 +373,7 @@ async fn a_penalty_out_of_bounds_is_refused_naming_it() {
             limits: vec![FIVE],
             cost: 1,
             penalty_ms: bad,
+            proxy: None,
         };
         let answer = post(&state, "/v1/check", &json!(request)).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
@@ -596,8 +641,9 @@ async fn a_window_count_never_leased_starts_no_penalty_by_itself() {
             limits: vec![hourly],
             cost: 1,
             penalty_ms: TEN_MINUTES_MS,
+            proxy: None,
         };
-        let answer = check_handler::decide(&state, &request, T0 + 2 * SECOND)
+        let answer = check_handler::decide(&state, &request, None, T0 + 2 * SECOND)
             .await
             .unwrap();
         assert!(!answer.allowed, "{answer:?}");

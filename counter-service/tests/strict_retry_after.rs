@@ -59,7 +59,7 @@ fn check(
     now_us: u64,
 ) -> (bool, u64) {
     let answer = runtime
-        .block_on(check_handler::decide(state, request, now_us))
+        .block_on(check_handler::decide(state, request, None, now_us))
         .unwrap();
     (answer.allowed, answer.retry_after_ms)
 }
@@ -93,6 +93,7 @@ fn a_strict_denial_says_when_the_request_would_be_admitted() {
                         limits: limits.clone(),
                         cost,
                         penalty_ms: 0,
+                        proxy: None,
                     };
                     validate::check_request(&request, &state.settings)
                         .unwrap_or_else(|e| panic!("{request:?} refused: {e}"));

@@ -90,8 +90,9 @@ async fn a_lease_ends_with_its_window_and_a_late_report_is_not_charged_to_the_ne
         limits: vec![FIXED],
         cost: 1,
         penalty_ms: 0,
+        proxy: None,
     };
-    let answer = check_handler::decide(&state, &check, w1 + 60 * MS)
+    let answer = check_handler::decide(&state, &check, None, w1 + 60 * MS)
         .await
         .unwrap();
     assert!(!answer.allowed, "{answer:?}");
@@ -104,7 +105,7 @@ async fn a_lease_ends_with_its_window_and_a_late_report_is_not_charged_to_the_ne
     let a = sync_at(&state, &one("a", &[FIXED], 93, 20), w1 + 150 * MS).await;
     assert_eq!(a, vec![grant(0, 300, 0, 59_850, 59_850)]);
     // after a's lease expires, the strict check waits for the window's end too
-    let answer = check_handler::decide(&state, &check, w1 + 30_000 * MS)
+    let answer = check_handler::decide(&state, &check, None, w1 + 30_000 * MS)
         .await
         .unwrap();
     assert_eq!(

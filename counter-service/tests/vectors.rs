@@ -320,6 +320,7 @@ fn service_decide(
         limits: limits.iter().map(LimitSpec::from).collect(),
         cost,
         penalty_ms: 0,
+        proxy: None,
     };
     let least = limits.iter().map(Limit::burst).min().unwrap_or(0);
     match validate::check_request(&request, &state.settings) {
@@ -337,7 +338,7 @@ fn service_decide(
         ),
     }
     let answer = runtime
-        .block_on(check_handler::decide(state, &request, now_us))
+        .block_on(check_handler::decide(state, &request, None, now_us))
         .unwrap();
     Some((
         answer.allowed,
@@ -981,11 +982,12 @@ fn service_penalized(
         limits: limits.to_vec(),
         cost: 1,
         penalty_ms,
+        proxy: None,
     };
     validate::check_request(&request, &state.settings)
         .unwrap_or_else(|e| panic!("{request:?} refused: {e}"));
     let answer = runtime
-        .block_on(check_handler::decide(state, &request, now_us))
+        .block_on(check_handler::decide(state, &request, None, now_us))
         .unwrap();
     (
         answer.allowed,

@@ -172,7 +172,14 @@ impl Request {
                         }
                     }
                 }
-                Effect::Check { check, request } => {
+                Effect::Check {
+                    check,
+                    mut request,
+                    asks,
+                } => {
+                    if asks && !shared.proxy_id.is_empty() {
+                        request.proxy = Some(shared.proxy_id.clone());
+                    }
                     let sent = limiter
                         .policy()
                         .service

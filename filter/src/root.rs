@@ -103,6 +103,7 @@ impl RootContext for Root {
             limiter,
             secret,
             metrics,
+            self.proxy_id.clone(),
             Announcer::new(self.syncer.queue()),
             shedder,
         )));

@@ -29,6 +29,9 @@ pub struct Shared {
     /// had them (0: none heard, each rule's `assume_proxies`; always 0 without such a rule).
     fleet_proxies: Cell<u32>,
     pub metrics: Metrics,
+    /// This proxy's id towards the counter service (empty without one), named in the checks
+    /// of cached keys as in its syncs.
+    pub proxy_id: String,
     /// Announces keys with unsynced counts to the worker that syncs.
     pub announcer: Announcer,
     /// The breaker is closed: leases and strict checks may be used.
@@ -112,6 +115,7 @@ impl Shared {
         limiter: Limiter,
         secret: [u64; 2],
         metrics: Metrics,
+        proxy_id: String,
         announcer: Announcer,
         shedder: Option<Shedder>,
     ) -> Shared {
@@ -123,6 +127,7 @@ impl Shared {
             overridden: RefCell::new(None),
             fleet_proxies: Cell::new(0),
             metrics,
+            proxy_id,
             announcer,
             service_up: Cell::new(true),
             bypass: Cell::new(false),

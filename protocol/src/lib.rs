@@ -462,6 +462,11 @@ pub struct CheckRequest {
     /// by older services.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub penalty_ms: u64,
+    /// The id of the proxy asking, as its syncs name it ([`SyncRequest::proxy`]): a denied
+    /// answer then says the lease the service holds for that proxy on the key
+    /// ([`CheckResponse::lease`]). Absent: the answer says none. Ignored by older services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
 }
 
 fn one() -> u64 {
@@ -478,6 +483,21 @@ pub struct CheckResponse {
     pub retry_after_ms: u64,
     /// Milliseconds until the bucket is full again.
     pub reset_ms: u64,
+    /// When denied, and the request named its [`CheckRequest::proxy`]: the unexpired lease the
+    /// service granted that proxy on the key (token buckets), which the check set aside as any
+    /// proxy's. A sync's answer may still be on its way with it: the proxy may spend it as it
+    /// would the sync's grant (the same grant, so applying both spends it once). Absent: none,
+    /// or an older service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<CheckLease>,
+}
+
+/// The lease a [`CheckResponse`] says its proxy holds: `tokens` more until `ttl_ms` from the
+/// answer, as a [`Lease`] grants them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckLease {
+    pub tokens: u64,
+    pub ttl_ms: u64,
 }
 
 /// The JSON body of every error the service answers.

@@ -377,6 +377,7 @@ fn check_answer(proxy: &Proxy, allowed: bool) {
         remaining: if allowed { 4 } else { 0 },
         retry_after_ms: if allowed { 0 } else { 2_500 },
         reset_ms: 9_000,
+        lease: None,
     };
     proxy
         .answer_call(
@@ -840,6 +841,46 @@ fn in_nginx_service_tls_asks_every_dispatch_for_https() {
     });
 }
 
+/// A fail-closed cached key's second check races the sync its first one brought forward: the
+/// service leased the key's rest to this proxy, then denied the check (it sets every lease
+/// aside), and the check's answer came before the sync's. The check names the proxy as its
+/// syncs do, the denial tells the lease, and the request is admitted from it; the sync's answer,
+/// the same grant, then holds only what was left: 2 admitted in all, then 429.
+fn a_check_answered_before_the_syncs_lease_is_admitted_from_it_once() {
+    let fallback = r#", "fallback": {"policy": "fail_closed"}"#;
+    let proxy = proxy(&config("cached", fallback), 1, 12);
+    let first = proxy.worker(0).request(request("alice")).unwrap();
+    check_answer(&proxy, true);
+    assert!(first.state().unwrap().is_continued());
+    proxy.advance(Duration::from_millis(100)).unwrap();
+    let (sync, batch) = sync_calls(&proxy).remove(0);
+    let second = proxy.worker(0).request(request("alice")).unwrap();
+    let call = proxy
+        .pending_calls()
+        .into_iter()
+        .find(|c| c.header(":path") == Some("/v1/check"))
+        .expect("the second check");
+    let asked: sluice_core::protocol::CheckRequest = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(asked.proxy.as_deref(), Some(batch.proxy.as_str()));
+    let told = CheckResponse {
+        allowed: false,
+        remaining: 0,
+        retry_after_ms: 600,
+        reset_ms: 9_000,
+        lease: Some(sluice_core::protocol::CheckLease {
+            tokens: 2,
+            ttl_ms: 300,
+        }),
+    };
+    let body = serde_json::to_vec(&told).unwrap();
+    proxy.answer_call(call.token, 200, &[], &body).unwrap();
+    let state = second.state().unwrap();
+    assert!(state.is_continued(), "{state:?}");
+    grant_all(&proxy, &sync, &batch, 2);
+    assert_eq!(status(&proxy, 0, request("alice")), 200);
+    assert_eq!(status(&proxy, 0, request("alice")), 429, "the grant is spent");
+}
+
 both_hosts!(
     one_batch_per_interval_whatever_the_worker_count,
     a_grant_is_a_lease_spent_exactly_across_workers,
@@ -858,4 +899,5 @@ both_hosts!(
     exhausted_leases_sync_at_most_four_times_an_interval,
     a_covered_lease_reports_every_interval,
     a_starved_key_asks_again_before_its_lease_lapses_not_every_round,
+    a_check_answered_before_the_syncs_lease_is_admitted_from_it_once,
 );

@@ -6,7 +6,7 @@ use crate::limit::table::Record;
 use crate::limit::Limit;
 use crate::limiter::{Enforced, Limiter};
 use crate::policy::RuleId;
-use crate::protocol::{Lease, LimitSpec, SyncEntry};
+use crate::protocol::{CheckResponse, Lease, LimitSpec, SyncEntry};
 use crate::store::{self, Store, StoreError};
 use crate::sync::breaker::Breaker;
 
@@ -462,6 +462,53 @@ pub fn apply_lease(
     now_us: u64,
     store: &mut dyn Store,
 ) -> Result<(), StoreError> {
+    install_lease(limiter, rule, key, grant, now_us, false, store)
+}
+
+/// The lease a check's denial told a cached key's proxy it holds ([`CheckResponse::lease`]):
+/// its sync's grant, whose answer may still be on its way. Installed as that answer would
+/// install it ([`apply_lease`]), if the key holds no lease yet: the sync's answer, when it comes,
+/// installs the same grant less what was spent since its batch was composed, as here, so the
+/// grant is spent once.
+pub fn apply_told_lease(
+    limiter: &Limiter,
+    rule: RuleId,
+    key: &str,
+    answer: &CheckResponse,
+    now_us: u64,
+    store: &mut dyn Store,
+) -> Result<(), StoreError> {
+    let Some(lease) = answer.lease.filter(|_| !answer.allowed) else {
+        return Ok(());
+    };
+    let cached = limiter
+        .rule_for(rule, key)
+        .is_some_and(|enforced| enforced.rule.consistency == crate::policy::Consistency::Cached);
+    if !cached {
+        return Ok(());
+    }
+    let grant = Lease {
+        tokens: lease.tokens,
+        ttl_ms: lease.ttl_ms,
+        remaining: answer.remaining,
+        reset_ms: answer.reset_ms,
+        token_ms: None,
+        refused: None,
+        penalty_ms: 0,
+    };
+    install_lease(limiter, rule, key, &grant, now_us, true, store)
+}
+
+/// [`apply_lease`]; `unleased_only`: not over a lease the key still holds.
+fn install_lease(
+    limiter: &Limiter,
+    rule: RuleId,
+    key: &str,
+    grant: &Lease,
+    now_us: u64,
+    unleased_only: bool,
+    store: &mut dyn Store,
+) -> Result<(), StoreError> {
     let Some(Enforced {
         rule: spec, table, ..
     }) = limiter.rule_for(rule, key)
@@ -472,6 +519,9 @@ pub fn apply_lease(
     let fingerprint = table.fingerprint(key);
     store::update(store, &table.set_key(fingerprint), |set| {
         let mut record = table.find_or_fresh(set, fingerprint, limits, now_us);
+        if unleased_only && now_us < record.lease_until_us {
+            return ((), false);
+        }
         let tokens = grant.tokens.min(u32::MAX as u64) as u32;
         record.lease = tokens.saturating_sub(record.spent);
         record.lease_until_us = now_us.saturating_add(grant.ttl_ms.saturating_mul(1_000));
