@@ -484,7 +484,8 @@ impl Exchange {
                 // check set that lease aside): the lease admits what it holds. The service
                 // says that lease when the sync's answer has not come yet (it may come after
                 // this one): the same grant either way, so it is spent once.
-                let _ = proxy::apply_told_lease(limiter, rule, &key, &checked, moment.now_us, store);
+                let _ =
+                    proxy::apply_told_lease(limiter, rule, &key, &checked, moment.now_us, store);
                 let leased = match answer.allowed {
                     false => limiter.leased(rule, &key, moment.now_us, store),
                     true => None,

@@ -25,6 +25,7 @@ pub mod overrides;
 pub mod probes;
 pub mod redis_access;
 pub mod reload;
+pub mod rls;
 pub mod scripts;
 pub mod server;
 pub mod settings;

@@ -29,6 +29,16 @@ async fn main() -> ExitCode {
         }
     };
     let bind = settings.bind;
+    let rls = match (&settings.grpc_bind, &settings.rls_config) {
+        (Some(address), Some(path)) => match sluice_counter_service::rls::load(path) {
+            Ok(config) => Some((*address, path.clone(), config)),
+            Err(reason) => {
+                eprintln!("sluice-counter-service: {reason}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
     let cluster = settings.is_cluster();
     let admin_api = settings.admin_api();
     let state = match AppState::new(settings) {
@@ -67,6 +77,39 @@ async fn main() -> ExitCode {
         tls.clone().watch();
     }
     sluice_counter_service::reload::watch_credentials(state.clone());
+    if let Some((address, path, config)) = rls {
+        let listener = match TcpListener::bind(address).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                eprintln!(
+                    "sluice-counter-service: cannot listen on {address} (--grpc-bind): {error}"
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        let address = listener.local_addr().unwrap_or(address);
+        println!("sluice-counter-service rate limit service listening on {address}");
+        tracing::info!(%address, "rate limit service listening");
+        let config = std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(config)));
+        sluice_counter_service::rls::watch(path, config.clone());
+        let router = sluice_counter_service::rls::RateLimiter::new(state.clone(), config).router();
+        let (settings, metrics, tls) = (state.settings.clone(), state.metrics.clone(), tls.clone());
+        tokio::spawn(async move {
+            let served = server::serve_router(
+                listener,
+                router,
+                &settings,
+                metrics,
+                tls,
+                server::Protocol::Http2,
+                std::future::pending(),
+            )
+            .await;
+            if let Err(error) = served {
+                tracing::error!(%error, "the rate limit service failed");
+            }
+        });
+    }
 
     let served = server::serve_with(listener, state, tls, shutdown()).await;
     match served {

@@ -33,6 +33,8 @@ pub struct Metrics {
     script_calls: Family<Labels, Counter>,
     /// Strict checks, by decision.
     checks: Family<Labels, Counter>,
+    /// Descriptors of the rate limit service counted (`--grpc-bind`), by decision.
+    rls_descriptors: Family<Labels, Counter>,
     /// Requests the proxies reported as denied (unmet demand).
     pub reported_denials: Counter,
     /// Grants answered, and those of zero tokens.
@@ -107,6 +109,7 @@ impl Metrics {
             replayed_entries: Counter::default(),
             script_calls: Family::default(),
             checks: Family::default(),
+            rls_descriptors: Family::default(),
             reported_denials: Counter::default(),
             grants: Counter::default(),
             empty_grants: Counter::default(),
@@ -165,6 +168,11 @@ impl Metrics {
             "checks",
             "Strict checks, by decision",
             metrics.checks.clone(),
+        );
+        registry.register(
+            "rls_descriptors",
+            "Descriptors of Envoy's rate limit protocol counted, by decision",
+            metrics.rls_descriptors.clone(),
         );
         registry.register(
             "reported_denials",
@@ -301,6 +309,19 @@ impl Metrics {
         self.script_calls
             .get_or_create(&vec![("script", script)])
             .inc_by(calls);
+    }
+
+    /// A descriptor of the rate limit service counted: `allowed`, `denied`, or (over, but in
+    /// `shadow_mode`) `shadow_denied`.
+    pub fn rls_decided(&self, allowed: bool, shadow: bool) {
+        let decision = match (allowed, shadow) {
+            (true, _) => "allowed",
+            (false, false) => "denied",
+            (false, true) => "shadow_denied",
+        };
+        self.rls_descriptors
+            .get_or_create(&vec![("decision", decision)])
+            .inc();
     }
 
     pub fn checked(&self, allowed: bool) {

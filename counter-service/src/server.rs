@@ -1,4 +1,4 @@
-//! The HTTP/1.1 server: accepts at most `--max-connections` connections at once (more wait in the
+//! The HTTP/1.1 server (and the rate limit service's HTTP/2 one, [`Protocol`]): accepts at most `--max-connections` connections at once (more wait in the
 //! listen backlog), closes a connection that does not send a request's headers within
 //! `--header-read-timeout-ms` (also how long a kept-alive connection may stay idle), and drains
 //! on shutdown. With TLS ([`crate::tls`]), each connection's handshake runs in its own task and
@@ -11,8 +11,8 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -20,8 +20,17 @@ use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 use crate::app::app;
+use crate::metrics::Metrics;
+use crate::settings::Settings;
 use crate::state::AppState;
 use crate::tls::Tls;
+
+/// What a listener speaks: the HTTP API (HTTP/1.1), or gRPC (HTTP/2, prior knowledge or TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    Http2,
+}
 
 /// How long to wait after a failed `accept` (out of file descriptors, say) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -47,10 +56,43 @@ pub async fn serve_with(
     let settings = state.settings.clone();
     let metrics = state.metrics.clone();
     let router = app(state);
+    serve_router(
+        listener,
+        router,
+        &settings,
+        metrics,
+        tls,
+        Protocol::Http1,
+        shutdown,
+    )
+    .await
+}
+
+/// Serves `router` on `listener` as [`serve_with`] serves the HTTP API, speaking `protocol`:
+/// the same connection cap, TLS and drain.
+pub async fn serve_router(
+    listener: TcpListener,
+    router: axum::Router,
+    settings: &Settings,
+    metrics: Arc<Metrics>,
+    tls: Option<Arc<Tls>>,
+    protocol: Protocol,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
     let service = TowerToHyperService::new(router.clone());
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout());
+    let mut http = auto::Builder::new(TokioExecutor::new());
+    match protocol {
+        Protocol::Http1 => {
+            http = http.http1_only();
+            http.http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(settings.header_read_timeout());
+        }
+        Protocol::Http2 => {
+            http = http.http2_only();
+            http.http2().timer(TokioTimer::new());
+        }
+    }
     let permits = Arc::new(Semaphore::new(settings.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -81,9 +123,10 @@ pub async fn serve_with(
         let metrics = metrics.clone();
         metrics.connections.inc();
         let Some(tls) = &tls else {
-            let connection =
-                graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+            let (http, service, watcher) = (http.clone(), service.clone(), graceful.watcher());
             tokio::spawn(async move {
+                let connection =
+                    watcher.watch(http.serve_connection(TokioIo::new(stream), service));
                 if let Err(error) = connection.await {
                     tracing::debug!(%error, "connection closed");
                 }

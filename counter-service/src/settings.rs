@@ -22,6 +22,27 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_BIND", default_value = "127.0.0.1:8081")]
     pub bind: SocketAddr,
 
+    /// Also serve Envoy's rate limit service (gRPC `envoy.service.ratelimit.v3.RateLimitService`,
+    /// HTTP/2, over TLS too with `--tls-cert-file`) on this address, with the limits of
+    /// `--rls-config`.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_BIND",
+        value_name = "ADDR",
+        requires = "rls_config"
+    )]
+    pub grpc_bind: Option<SocketAddr>,
+
+    /// The rate limit service's descriptors: YAML in envoyproxy/ratelimit's format, one domain per
+    /// document (docs/envoy-ratelimit.md); read again within a second of a change.
+    #[arg(
+        long,
+        env = "SLUICE_RLS_CONFIG",
+        value_name = "PATH",
+        requires = "grpc_bind"
+    )]
+    pub rls_config: Option<PathBuf>,
+
     /// Redis URL (`redis://host:port`), or a comma-separated list of Redis Cluster node URLs.
     #[arg(
         long,

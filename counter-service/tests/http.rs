@@ -463,7 +463,16 @@ async fn a_denied_check_tells_the_asking_proxy_its_own_lease_only() {
         if !proxy.is_null() {
             body["proxy"] = proxy;
         }
-        async move { call(&state, "POST", "/v1/check", Some(token), Body::from(body.to_string())).await }
+        async move {
+            call(
+                &state,
+                "POST",
+                "/v1/check",
+                Some(token),
+                Body::from(body.to_string()),
+            )
+            .await
+        }
     };
     let mine = check("tok-a", json!("p1")).await;
     assert_eq!(mine.status, StatusCode::OK, "{mine:?}");

@@ -54,7 +54,9 @@ async fn check_at(
         penalty_ms,
         proxy: None,
     };
-    let answer = check_handler::decide(state, &request, None, now).await.unwrap();
+    let answer = check_handler::decide(state, &request, None, now)
+        .await
+        .unwrap();
     (answer.allowed, answer.retry_after_ms)
 }
 
@@ -138,7 +140,10 @@ async fn denials_with_nothing_left_start_a_penalty_every_proxy_is_answered() {
 async fn a_check_denied_by_the_askers_own_lease_starts_no_penalty_and_tells_the_lease() {
     let redis = Redis::start().unwrap();
     let state = state(&redis.url());
-    assert_eq!(check_at(&state, &[FIVE], TEN_MINUTES_MS, T0).await, (true, 0));
+    assert_eq!(
+        check_at(&state, &[FIVE], TEN_MINUTES_MS, T0).await,
+        (true, 0)
+    );
     let grant = sync_at(
         &state,
         &one("a", report(ALICE, &[FIVE], 0, 1, TEN_MINUTES_MS)),
@@ -165,11 +170,17 @@ async fn a_check_denied_by_the_askers_own_lease_starts_no_penalty_and_tells_the_
     assert!(!mine.allowed, "{mine:?}");
     let lease = mine.lease.expect("a's own lease");
     assert_eq!(lease.tokens, 4, "{mine:?}");
-    assert!(lease.ttl_ms > 0 && lease.ttl_ms <= grant.ttl_ms, "{mine:?} {grant:?}");
+    assert!(
+        lease.ttl_ms > 0 && lease.ttl_ms <= grant.ttl_ms,
+        "{mine:?} {grant:?}"
+    );
     assert!(!penalized(&redis, ALICE, &FIVE), "a's own lease covers it");
     let theirs = ask("b").await;
     assert_eq!((theirs.allowed, theirs.lease), (false, None), "{theirs:?}");
-    assert!(penalized(&redis, ALICE, &FIVE), "b's check is over the limit");
+    assert!(
+        penalized(&redis, ALICE, &FIVE),
+        "b's check is over the limit"
+    );
 }
 
 /// Attacker's test: one proxy's credential reporting denials on a key that still has tokens

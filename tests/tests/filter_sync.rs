@@ -878,7 +878,11 @@ fn a_check_answered_before_the_syncs_lease_is_admitted_from_it_once() {
     assert!(state.is_continued(), "{state:?}");
     grant_all(&proxy, &sync, &batch, 2);
     assert_eq!(status(&proxy, 0, request("alice")), 200);
-    assert_eq!(status(&proxy, 0, request("alice")), 429, "the grant is spent");
+    assert_eq!(
+        status(&proxy, 0, request("alice")),
+        429,
+        "the grant is spent"
+    );
 }
 
 both_hosts!(
