@@ -310,9 +310,11 @@ fn limit(raw: &RawRateLimit, at: &str) -> Result<Verdict, String> {
         None | Some("fixed_window") => AlgorithmSpec::FixedWindow,
         Some("token_bucket") | Some("gcra") => AlgorithmSpec::TokenBucket,
         Some("sliding_window") => AlgorithmSpec::SlidingWindow,
-        Some(other) => return Err(format!(
+        Some(other) => {
+            return Err(format!(
             "{at}.algorithm: {other:?} is not fixed_window, sliding_window, token_bucket or gcra"
-        )),
+        ))
+        }
     };
     let calendar = match unit {
         Unit::Week => Some(Calendar::Week),
