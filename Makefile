@@ -188,6 +188,7 @@ ENVOY_OLDEST_VERSION ?= 1.36.4
 ENVOY_OLDEST := $(RUN_DIR)/envoy-$(ENVOY_OLDEST_VERSION)/bin/envoy
 # Every suite with a real Envoy, and the part of them `make test` also runs on the oldest release.
 # (nginx_service also starts an Envoy: it runs with the real-nginx suite, `make test-nginx`.)
+# (envoy_ratelimit needs Envoy 1.40's enable_retry_after_header: it runs on the pinned release only.)
 ENVOY_SUITES := $(addprefix sluice-tests::,envoy_filter envoy_native envoy_production envoy_security envoy_shedding \
   envoy_identities e2e_service e2e_tls envoy_answers envoy_reload clients failover soak ops_prometheus e2e_replicas \
   sentinel) \

@@ -121,6 +121,7 @@ impl RateLimitService for RateLimiter {
         self.authenticate(&request)?;
         let _in_flight = self.state.enter();
         let request = request.into_inner();
+        tracing::debug!(?request, "ShouldRateLimit");
         let plans = plan(&self.config(), &request, self.state.settings.max_key_bytes)?;
         let checks = plans.iter().map(|planned| async move {
             let limit = planned.limit.as_ref()?;

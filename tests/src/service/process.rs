@@ -33,6 +33,9 @@ pub struct ServiceOptions {
     pub tls: Option<ServiceTls>,
     /// More environment variables (e.g. `SLUICE_REDIS_PASSWORD`).
     pub env: Vec<(String, String)>,
+    /// Envoy's rate limit service too, on a free loopback port (`--grpc-bind`), with this
+    /// descriptor configuration (`--rls-config`).
+    pub rls_config: Option<PathBuf>,
 }
 
 /// What a service started with HTTPS serves, and what its test client trusts.
@@ -53,7 +56,14 @@ impl ServiceOptions {
             log_filter: "info".to_owned(),
             tls: None,
             env: Vec::new(),
+            rls_config: None,
         }
+    }
+
+    /// Serves Envoy's rate limit service too, with the descriptors of `config` (a file).
+    pub fn rls(mut self, config: impl Into<PathBuf>) -> ServiceOptions {
+        self.rls_config = Some(config.into());
+        self
     }
 
     /// Serves HTTPS with `tls`'s certificate; the fixture's client trusts its authority.
@@ -80,6 +90,7 @@ pub struct Service {
     binary: PathBuf,
     dir: TempDir,
     address: Option<SocketAddr>,
+    grpc_address: Option<SocketAddr>,
     child: Option<Child>,
     agent: ureq::Agent,
 }
@@ -103,6 +114,7 @@ impl Service {
                 .prefix("sluice-service-")
                 .tempdir()?,
             address: None,
+            grpc_address: None,
             child: None,
             agent,
         };
@@ -113,6 +125,11 @@ impl Service {
     /// `127.0.0.1:<port>` (kept across restarts).
     pub fn address(&self) -> Option<SocketAddr> {
         self.address
+    }
+
+    /// Where the rate limit service listens (kept across restarts), if it was asked for.
+    pub fn grpc_address(&self) -> Option<SocketAddr> {
+        self.grpc_address
     }
 
     /// `http://127.0.0.1:<port>` (`https://` when it serves TLS).
@@ -264,6 +281,23 @@ impl Service {
                     tls.key_file.as_os_str(),
                 ]
             }))
+            .args(
+                self.options
+                    .rls_config
+                    .iter()
+                    .flat_map(|config| {
+                        let grpc = self
+                            .grpc_address
+                            .map_or("127.0.0.1:0".to_owned(), |a| a.to_string());
+                        [
+                            "--grpc-bind".into(),
+                            grpc.into(),
+                            "--rls-config".into(),
+                            config.as_os_str().to_owned(),
+                        ]
+                    })
+                    .collect::<Vec<std::ffi::OsString>>(),
+            )
             .env("RUST_LOG", &self.options.log_filter)
             .envs(self.options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -288,19 +322,27 @@ impl Service {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(address) = line.rsplit(' ').next() {
                     if line.contains("listening on") {
-                        let _ = tx.send(address.to_owned());
+                        let grpc = line.contains("rate limit service");
+                        let _ = tx.send((grpc, address.to_owned()));
                     }
                 }
             }
         });
-        let address = match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(address) => address,
-            Err(_) => {
-                self.kill();
-                bail!("the service did not start listening: {}", self.log());
+        let wanted = 1 + usize::from(self.options.rls_config.is_some());
+        for _ in 0..wanted {
+            let (grpc, address) = match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => line,
+                Err(_) => {
+                    self.kill();
+                    bail!("the service did not start listening: {}", self.log());
+                }
+            };
+            let address = Some(address.parse().context("the service's listening address")?);
+            match grpc {
+                true => self.grpc_address = address,
+                false => self.address = address,
             }
-        };
-        self.address = Some(address.parse().context("the service's listening address")?);
+        }
         self.wait_for_health(Duration::from_secs(10))
     }
 
