@@ -136,7 +136,10 @@ pub async fn serve_router(
             continue;
         };
         // The certificate loaded last serves this connection, for as long as it lasts.
-        let acceptor = tls.acceptor();
+        let acceptor = match protocol {
+            Protocol::Http1 => tls.acceptor(),
+            Protocol::Http2 => tls.h2_acceptor(),
+        };
         let watcher = graceful.watcher();
         let (http, router) = (http.clone(), router.clone());
         let handshake_timeout = settings.header_read_timeout();

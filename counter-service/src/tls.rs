@@ -47,6 +47,9 @@ struct Files {
 
 struct Loaded {
     acceptor: TlsAcceptor,
+    /// The same certificate for gRPC (`--grpc-bind`): ALPN `h2`, where the HTTP API's is
+    /// `http/1.1` only.
+    h2_acceptor: TlsAcceptor,
     /// The files' modification times when they were read (the certificate's, the key's, the
     /// clients' CAs').
     stamps: Vec<Option<SystemTime>>,
@@ -77,6 +80,14 @@ impl Tls {
         match self.current.read() {
             Ok(current) => current.acceptor.clone(),
             Err(poisoned) => poisoned.into_inner().acceptor.clone(),
+        }
+    }
+
+    /// [`Tls::acceptor`] for gRPC: the same certificate, ALPN `h2`.
+    pub fn h2_acceptor(&self) -> TlsAcceptor {
+        match self.current.read() {
+            Ok(current) => current.h2_acceptor.clone(),
+            Err(poisoned) => poisoned.into_inner().h2_acceptor.clone(),
         }
     }
 
@@ -200,9 +211,12 @@ fn read(files: &Files) -> Result<Loaded, String> {
             cert_file.display()
         )
     })?;
+    let mut h2 = config.clone();
+    h2.alpn_protocols = vec![b"h2".to_vec()];
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Loaded {
         acceptor: TlsAcceptor::from(Arc::new(config)),
+        h2_acceptor: TlsAcceptor::from(Arc::new(h2)),
         stamps,
     })
 }

@@ -5,14 +5,17 @@
 //! exact across two Envoys and two service replicas; `hits_addend`; `shadow_mode`; `unlimited`;
 //! the draft rate-limit headers and `Retry-After` against the real admission time;
 //! `failure_mode_deny` both ways, with the service gone and with one that never answers (the
-//! timeout); a proxy with a wrong credential.
+//! timeout); a proxy with a wrong credential; TLS with the certificate checked.
 
 use std::net::TcpListener;
 use std::time::Duration;
 
-use sluice_tests::envoy::{agent, get, repo_root, Envoy, EnvoyOptions, Reply, Template};
+use sluice_tests::certs::Authority;
+use sluice_tests::envoy::{
+    agent, get, replace_exactly, repo_root, Envoy, EnvoyOptions, Reply, Template,
+};
 use sluice_tests::redis::Redis;
-use sluice_tests::service::{Service, ServiceOptions};
+use sluice_tests::service::{Service, ServiceOptions, ServiceTls};
 
 fn descriptors() -> std::path::PathBuf {
     repo_root().join("envoy/ratelimit-descriptors.yaml")
@@ -232,4 +235,71 @@ fn a_proxy_with_a_wrong_credential_is_refused() {
         Some("4"),
         "{reply:?}"
     );
+}
+
+/// The rate limit service over TLS (`--tls-cert-file` serves both ports; gRPC's with ALPN
+/// `h2`): Envoy with the service's CA and its name checked is answered and limited; an Envoy
+/// that trusts another CA never gets an answer, and its requests are refused
+/// (`failure_mode_deny`), never admitted uncounted.
+#[test]
+fn envoy_speaks_to_the_rate_limit_service_over_tls_and_checks_its_certificate() {
+    let redis = Redis::start().unwrap();
+    let ca = Authority::new("rls").unwrap();
+    let issued = ca
+        .issue("rls", &["sluice-rls.internal", "127.0.0.1"])
+        .unwrap();
+    let options = ServiceOptions::new(redis.url())
+        .rls(descriptors())
+        .tls(ServiceTls {
+            cert_file: issued.cert_file.clone(),
+            key_file: issued.key_file.clone(),
+            ca_pem: ca.ca_pem.clone(),
+        });
+    let rls = Service::start_with(options).unwrap();
+    let port = grpc_port(&rls);
+    let other = Authority::new("other").unwrap();
+    let client = agent();
+    for (trusted, expected) in [
+        (ca.ca_file(), [200, 200, 200, 200, 429]),
+        (other.ca_file(), [500; 5]),
+    ] {
+        let template =
+            std::fs::read_to_string(repo_root().join("envoy/ratelimit-service.yaml.tmpl")).unwrap();
+        let tls = format!(
+            "    lb_policy: ROUND_ROBIN\n    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        sni: sluice-rls.internal\n        common_tls_context:\n          alpn_protocols: [h2]\n          validation_context:\n            trusted_ca: {{ filename: {} }}\n            match_typed_subject_alt_names:\n            - san_type: DNS\n              matcher: {{ exact: sluice-rls.internal }}\n",
+            trusted.display()
+        );
+        let derived = replace_exactly(&template, "    lb_policy: ROUND_ROBIN\n", &tls, 1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ratelimit-tls.yaml.tmpl");
+        std::fs::write(&path, derived).unwrap();
+        let edge = Envoy::start(EnvoyOptions {
+            template: Template::File(path),
+            concurrency: 1,
+            placeholders: vec![
+                ("RLS_PORT_A".into(), port.to_string()),
+                ("RLS_PORT_B".into(), port.to_string()),
+                ("TOKEN".into(), rls.token().into()),
+                ("FAILURE_MODE_DENY".into(), "true".into()),
+                ("RLS_TIMEOUT".into(), "2s".into()),
+            ],
+            ..EnvoyOptions::default()
+        })
+        .unwrap();
+        let user = format!("tls-{}", expected[0]);
+        let seen: Vec<u16> = (0..5)
+            .map(|_| {
+                get(&client, &edge.url("/by-user"), &[("x-user", &user)])
+                    .unwrap()
+                    .status
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            expected,
+            "trusting {}: {}",
+            trusted.display(),
+            edge.log()
+        );
+    }
 }
