@@ -54,7 +54,7 @@ export SLUICE_STACK := $(CURDIR)/$(STACK)
 .PHONY: help deps rust-deps apt-deps playground-deps nextest-deps build build-filter build-service build-stack build-playground playground check test test-only lint fuzz run bench bench-accuracy bench-service bench-redis bench-hotpath bench-latency bench-overload bench-shaping bench-algorithms clean-run
 .PHONY: bench-service bench-latency
 .PHONY: test-nginx bench-nginx
-.PHONY: build-wasm test-build test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix test-replicas test-reload bench-redis-scripts
+.PHONY: build-wasm test-build test-envoy-oldest-smoke test-envoy-oldest test-envoy-matrix test-replicas test-reload bench-redis-scripts bench-rls
 
 help: ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -288,6 +288,7 @@ bench: deps build build-stack ## no limiter vs Envoy's local_ratelimit vs a mini
 	$(PYTHON) bench/plot_accuracy.py
 	$(VENV)/bin/python bench/service.py
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-tests --features wasm,redis --example redis_cost
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-counter-service --example rls_load
 	$(VENV)/bin/python bench/latency.py
 	$(VENV)/bin/python bench/overload.py
 	$(VENV)/bin/python bench/shaping.py
@@ -318,6 +319,9 @@ bench-service: deps build-service build-stack ## counter service key updates/s v
 
 bench-redis: deps build ## Redis CPU per admitted request, cached vs strict, Zipf and uniform keys, four proxies (~1 min)
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-tests --features wasm,redis --example redis_cost
+
+bench-rls: deps ## Envoy's rate limit protocol (ShouldRateLimit over gRPC) beside a strict check (POST /v1/check): calls/s, p50, p99, Redis time per call (~30 s)
+	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-counter-service --example rls_load
 
 bench-redis-scripts: deps ## Redis time per call of check.lua and per entry of sync.lua (0, 1, 3, 4 leases, new keys) vs token_bucket.lua, and of fleet.lua after 10,000 made-up proxy ids, in isolation (~1 min)
 	SLUICE_REDIS_SERVER="$$(command -v redis-server)" $(CARGO) run -q --release -p sluice-counter-service --example redis_scripts
