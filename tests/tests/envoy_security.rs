@@ -335,6 +335,11 @@ mod client_address {
         let mut missing = Vec::new();
         for file in &files {
             let text = std::fs::read_to_string(file).unwrap();
+            if !text.contains("static_resources:") && !text.contains("resources:") {
+                // Not an Envoy configuration (envoy/ratelimit-descriptors.yaml is the rate limit
+                // service's).
+                continue;
+            }
             if text.contains("lds_config:") && !text.contains("stat_prefix: edge") {
                 // A bootstrap whose listeners come from a file of their own (envoy/reload.yaml.tmpl
                 // and its reload-lds.yaml.tmpl, which this loop checks as it checks the others).
